@@ -1,0 +1,41 @@
+"""Backends by kind, resolved through ``CHATPARITY["BACKEND_CLASSES"]``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+from django.utils.module_loading import import_string
+
+from ..conf import app_settings
+from .base import BackendConfig, ChatBackend
+
+if TYPE_CHECKING:
+    from ..models import Backend
+
+_instances: dict[tuple[int, object], ChatBackend] = {}
+
+
+def backend_class(kind: str) -> type[ChatBackend]:
+    return cast("type[ChatBackend]", import_string(app_settings.BACKEND_CLASSES[kind]))
+
+
+def get_backend(row: Backend) -> ChatBackend:
+    """The live backend for a database row, reused until the row changes."""
+    key = (row.pk, row.updated_at)
+    backend = _instances.get(key)
+    if backend is None:
+        for stale in [k for k in _instances if k[0] == row.pk]:
+            del _instances[stale]
+        config = BackendConfig(
+            name=row.name,
+            kind=row.kind,
+            base_url=row.base_url,
+            secret=row.secret,
+            options=dict(row.options),
+            timeout=row.timeout,
+        )
+        backend = _instances[key] = backend_class(row.kind)(config)
+    return backend
+
+
+__all__ = ["BackendConfig", "ChatBackend", "backend_class", "get_backend"]

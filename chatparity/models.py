@@ -1,0 +1,144 @@
+"""API keys, backends, model aliases and the request log."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models.functions import Lower
+
+from .conf import app_settings
+
+
+def hash_key(plaintext: str) -> str:
+    return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+class ApiKeyManager(models.Manager["ApiKey"]):
+    def create_key(self, name: str, **fields: Any) -> tuple[ApiKey, str]:
+        """Create a key; return it with its plaintext, which is never stored."""
+        plaintext = app_settings.KEY_PREFIX + secrets.token_urlsafe(32)
+        key = self.create(
+            name=name,
+            prefix=plaintext[: len(app_settings.KEY_PREFIX) + 4],
+            hashed_key=hash_key(plaintext),
+            **fields,
+        )
+        return key, plaintext
+
+
+class ApiKey(models.Model):
+    """A bearer key. Only its SHA-256 and a short display prefix are stored."""
+
+    name = models.CharField(max_length=200)
+    prefix = models.CharField(max_length=32, editable=False)
+    hashed_key = models.CharField(max_length=64, unique=True, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    objects = ApiKeyManager()
+
+    class Meta:
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+
+class Backend(models.Model):
+    """Where completions come from: the embedded model or an upstream."""
+
+    class Kind(models.TextChoices):
+        LOCAL = "local", "Local llama.cpp model"
+        OPENAI = "openai", "OpenAI-compatible upstream"
+        COMMAND = "command", "Command-line program"
+
+    name = models.CharField(max_length=100, unique=True)
+    kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.LOCAL)
+    base_url = models.URLField(blank=True)
+    secret = models.CharField(max_length=500, blank=True)
+    options = models.JSONField(default=dict, blank=True)
+    timeout = models.FloatField(default=600.0, help_text="Seconds.")
+    enabled = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ModelAlias(models.Model):
+    """A public model id mapped to a backend, an upstream model and defaults."""
+
+    public_id = models.CharField(max_length=200, help_text="Matched case-insensitively.")
+    backend = models.ForeignKey(Backend, on_delete=models.PROTECT, related_name="aliases")
+    model = models.CharField(max_length=200, blank=True, help_text="Effective upstream model.")
+    default_params = models.JSONField(
+        default=dict, blank=True, help_text="Request parameters applied when the client omits them."
+    )
+    enabled = models.BooleanField(default=True)
+    listed = models.BooleanField(default=True, help_text="Shown in /v1/models.")
+    owned_by = models.CharField(max_length=100, default="chatparity")
+    context_window = models.PositiveIntegerField(null=True, blank=True)
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = "model alias"
+        verbose_name_plural = "model aliases"
+        constraints = [
+            models.UniqueConstraint(Lower("public_id"), name="chatparity_alias_public_id_ci"),
+        ]
+
+    def __str__(self) -> str:
+        return self.public_id
+
+
+class RequestLog(models.Model):
+    """One row for every request that got past authentication."""
+
+    completion_id = models.CharField(max_length=64, blank=True)
+    request_id = models.CharField(max_length=64)
+    api_key = models.ForeignKey(ApiKey, null=True, on_delete=models.SET_NULL)
+    key_prefix = models.CharField(max_length=32)
+    alias = models.CharField(max_length=200, blank=True)
+    backend = models.CharField(max_length=100, blank=True)
+    upstream_model = models.CharField(max_length=200, blank=True)
+    stream = models.BooleanField(default=False)
+    n = models.PositiveIntegerField(default=1)
+    status_code = models.PositiveSmallIntegerField()
+    error_type = models.CharField(max_length=64, blank=True)
+    error_code = models.CharField(max_length=64, blank=True)
+    cancelled = models.BooleanField(default=False)
+    finish_reasons = models.JSONField(default=list, blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    total_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(default=0)
+    reasoning_tokens = models.PositiveIntegerField(default=0)
+    time_to_first_token_ms = models.FloatField(null=True, blank=True)
+    duration_ms = models.FloatField()
+    client_ip = models.GenericIPAddressField(null=True, blank=True)
+    user_agent = models.CharField(max_length=500, blank=True)
+    request_body = models.JSONField(null=True, blank=True)
+    response_body = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.request_id} {self.alias} {self.status_code}"
+
+    @property
+    def output_tokens_per_second(self) -> float | None:
+        if self.time_to_first_token_ms is None or not self.completion_tokens:
+            return None
+        generating = (self.duration_ms - self.time_to_first_token_ms) / 1000
+        return self.completion_tokens / generating if generating > 0 else None

@@ -1,0 +1,87 @@
+"""OpenAI's error envelope: ``{"error": {message, type, param, code}}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class APIError(Exception):
+    """An error the client sees in OpenAI's envelope with an HTTP status."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def envelope(self) -> dict[str, Any]:
+        """The JSON body OpenAI sends for this error."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def __repr__(self) -> str:
+        return f"APIError({self.status}, {self.type!r}, {self.code!r}, {self.message!r})"
+
+
+def invalid_json() -> APIError:
+    return APIError(
+        "We could not parse the JSON body of your request. (HINT: This likely means you"
+        " aren't using your HTTP library correctly. The OpenAI API expects a JSON payload,"
+        " but what was sent was not valid JSON. If you have trouble figuring out how to fix"
+        " this, please contact us through our help center at help.openai.com.)"
+    )
+
+
+def missing_api_key() -> APIError:
+    return APIError(
+        "You didn't provide an API key. You need to provide your API key in an Authorization"
+        " header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+        status=401,
+    )
+
+
+def invalid_api_key(presented: str) -> APIError:
+    shown = f"{presented[:3]}{'*' * 6}{presented[-4:]}" if len(presented) > 8 else "*" * 8
+    return APIError(
+        f"Incorrect API key provided: {shown}.", status=401, code="invalid_api_key"
+    )
+
+
+def model_not_found(model: str) -> APIError:
+    return APIError(
+        f"The model `{model}` does not exist or you do not have access to it.",
+        status=404,
+        code="model_not_found",
+    )
+
+
+def context_length_exceeded(limit: int, prompt_tokens: int, completion_tokens: int) -> APIError:
+    return APIError(
+        f"This model's maximum context length is {limit} tokens. However, you requested"
+        f" {prompt_tokens + completion_tokens} tokens ({prompt_tokens} in the messages,"
+        f" {completion_tokens} in the completion). Please reduce the length of the messages"
+        " or completion.",
+        param="messages",
+        code="context_length_exceeded",
+    )
+
+
+def server_error(message: str = "The server had an error while processing your request.",
+                 *, code: str | None = None) -> APIError:
+    return APIError(message, status=500, type="server_error", code=code)

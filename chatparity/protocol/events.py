@@ -1,0 +1,71 @@
+"""The normalized events every backend yields, per choice index.
+
+A backend speaks only in these; the protocol layer turns them into SSE chunks
+or an accumulated ``chat.completion``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """A fragment of the assistant's text for choice ``index``."""
+
+    index: int
+    text: str
+    logprobs: list[TokenLogprob] | None = None
+    tokens: int = 1
+    """How many completion tokens this fragment accounts for."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A fragment of tool call ``call_index``; ``id`` and ``name`` only on its first."""
+
+    index: int
+    call_index: int
+    arguments: str
+    id: str | None = None
+    name: str | None = None
+    tokens: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    index: int
+    reason: str
+    """One of ``stop``, ``length``, ``tool_calls``, ``content_filter``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts for the whole request; yielded once, after every Finish."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+Event = TextDelta | ToolCallDelta | Finish | Usage

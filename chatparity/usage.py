@@ -1,0 +1,104 @@
+"""Usage accounting: what one request did, written once as a RequestLog row."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from django.utils import timezone
+
+from .conf import app_settings
+from .models import ApiKey, RequestLog
+from .protocol.completion import CompletionAccumulator
+from .protocol.errors import APIError
+from .protocol.events import Event, Finish, TextDelta, ToolCallDelta, Usage
+
+
+@dataclass
+class UsageRecord:
+    """Accumulates one request's facts as its events go by."""
+
+    request_id: str
+    api_key: ApiKey
+    client_ip: str | None = None
+    user_agent: str = ""
+    started: float = field(default_factory=time.perf_counter)
+    completion_id: str = ""
+    alias: str = ""
+    backend: str = ""
+    upstream_model: str = ""
+    stream: bool = False
+    n: int = 1
+    status_code: int = 200
+    error: APIError | None = None
+    cancelled: bool = False
+    finish_reasons: dict[int, str] = field(default_factory=dict)
+    usage: Usage | None = None
+    completion_tokens_sent: int = 0
+    first_token_at: float | None = None
+    request_body: Any = None
+    body: CompletionAccumulator | None = field(
+        default_factory=lambda: CompletionAccumulator() if app_settings.LOG_BODIES else None
+    )
+
+    def observe(self, event: Event) -> None:
+        if isinstance(event, TextDelta | ToolCallDelta):
+            if self.first_token_at is None:
+                self.first_token_at = time.perf_counter()
+            self.completion_tokens_sent += event.tokens
+        elif isinstance(event, Finish):
+            self.finish_reasons[event.index] = event.reason
+        elif isinstance(event, Usage):
+            self.usage = event
+
+    def observe_chunk(self, chunk: dict[str, Any]) -> None:
+        if self.body is not None:
+            self.body.add(chunk)
+
+    def fail(self, error: APIError, *, streaming: bool = False) -> None:
+        self.error = error
+        if not streaming:
+            self.status_code = error.status
+
+    def row(self) -> RequestLog:
+        usage = self.usage or Usage(prompt_tokens=0, completion_tokens=self.completion_tokens_sent)
+        now = time.perf_counter()
+        return RequestLog(
+            completion_id=self.completion_id,
+            request_id=self.request_id,
+            api_key=self.api_key,
+            key_prefix=self.api_key.prefix,
+            alias=self.alias,
+            backend=self.backend,
+            upstream_model=self.upstream_model,
+            stream=self.stream,
+            n=self.n,
+            status_code=self.status_code,
+            error_type=self.error.type if self.error else "",
+            error_code=(self.error.code or "") if self.error else "",
+            cancelled=self.cancelled,
+            finish_reasons=[self.finish_reasons[index] for index in sorted(self.finish_reasons)],
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            total_tokens=usage.total_tokens,
+            cached_tokens=usage.cached_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
+            time_to_first_token_ms=None
+            if self.first_token_at is None
+            else (self.first_token_at - self.started) * 1000,
+            duration_ms=(now - self.started) * 1000,
+            client_ip=self.client_ip,
+            user_agent=self.user_agent[:500],
+            request_body=self.request_body if app_settings.LOG_BODIES else None,
+            response_body=orjson.dumps(self.body.completion()).decode() if self.body else "",
+        )
+
+
+async def record_usage(record: UsageRecord) -> RequestLog:
+    """Write the request's log row and mark its key as used."""
+    row = record.row()
+    await row.asave()
+    await ApiKey.objects.filter(pk=record.api_key.pk).aupdate(last_used_at=timezone.now())
+    return row

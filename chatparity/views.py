@@ -1,0 +1,210 @@
+"""Thin async views: authenticate -> validate -> route -> respond -> record."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import string
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import wraps
+from typing import Any
+
+import orjson
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from .auth import authenticate
+from .backends import get_backend
+from .models import ModelAlias
+from .protocol import errors
+from .protocol.completion import CompletionAccumulator
+from .protocol.errors import APIError
+from .protocol.events import Event
+from .protocol.request import ChatRequest, parse_chat_request
+from .protocol.stream import DONE, ChunkEncoder, error_frame, sse
+from .usage import UsageRecord, record_usage
+
+_ALPHANUMERIC = string.ascii_letters + string.digits
+
+View = Callable[..., Awaitable[HttpResponse]]
+
+
+def json_response(payload: Any, status: int = 200) -> HttpResponse:
+    return HttpResponse(orjson.dumps(payload), status=status, content_type="application/json")
+
+
+def error_response(error: APIError) -> HttpResponse:
+    return json_response(error.envelope(), status=error.status)
+
+
+def openai_endpoint(*methods: str) -> Callable[[View], View]:
+    """Allow ``methods``, answer failures in OpenAI's envelope, and stamp every
+    response with ``x-request-id`` and ``openai-processing-ms``."""
+
+    def decorate(view: View) -> View:
+        @csrf_exempt
+        @wraps(view)
+        async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            started = time.perf_counter()
+            request.chatparity_request_id = "req_" + secrets.token_hex(16)  # type: ignore[attr-defined]
+            if request.method not in methods:
+                response = error_response(
+                    APIError(
+                        f"Invalid method for URL ({request.method} {request.path})", status=405
+                    )
+                )
+            else:
+                try:
+                    response = await view(request, *args, **kwargs)
+                except APIError as error:
+                    response = error_response(error)
+            response["x-request-id"] = request.chatparity_request_id  # type: ignore[attr-defined]
+            response["openai-processing-ms"] = str(round((time.perf_counter() - started) * 1000))
+            return response
+
+        return wrapper
+
+    return decorate
+
+
+async def _resolve(model: str) -> ModelAlias:
+    alias = (
+        await ModelAlias.objects.select_related("backend")
+        .filter(public_id__iexact=model, enabled=True, backend__enabled=True)
+        .afirst()
+    )
+    if alias is None:
+        raise errors.model_not_found(model)
+    return alias
+
+
+def _decode(body: bytes) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise errors.invalid_json() from None
+
+
+@openai_endpoint("POST")
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    key = await authenticate(request)
+    record = UsageRecord(
+        request_id=request.chatparity_request_id,  # type: ignore[attr-defined]
+        api_key=key,
+        client_ip=request.META.get("REMOTE_ADDR"),
+        user_agent=request.headers.get("User-Agent", ""),
+    )
+    try:
+        body = _decode(request.body)
+        record.request_body = body
+        chat = parse_chat_request(body)
+        record.alias, record.stream, record.n = chat.model, chat.stream, chat.n
+        alias = await _resolve(chat.model)
+        if alias.default_params:
+            chat = parse_chat_request({**alias.default_params, **body})
+        record.backend, record.upstream_model = alias.backend.name, alias.model
+        backend = get_backend(alias.backend)
+        events = aiter(backend.stream(chat, alias.model))
+        first = await anext(events)
+    except APIError as error:
+        record.fail(error)
+        await record_usage(record)
+        raise
+    except asyncio.CancelledError:
+        record.cancelled = True
+        await record_usage(record)
+        raise
+
+    record.completion_id = "chatcmpl-" + "".join(secrets.choice(_ALPHANUMERIC) for _ in range(29))
+    encoder = ChunkEncoder(
+        completion_id=record.completion_id,
+        created=int(time.time()),
+        model=chat.model,
+        system_fingerprint=backend.system_fingerprint,
+        include_usage=chat.include_usage or not chat.stream,
+        logprobs=chat.logprobs,
+    )
+    chunks = _chunks(first, events, encoder, record)
+    if not chat.stream:
+        accumulator = CompletionAccumulator()
+        async for chunk in chunks:
+            accumulator.add(chunk)
+        return json_response(accumulator.completion())
+    response = StreamingHttpResponse(
+        _event_stream(chunks), content_type="text/event-stream; charset=utf-8"
+    )
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+async def _chunks(
+    first: Event, events: AsyncIterator[Event], encoder: ChunkEncoder, record: UsageRecord
+) -> AsyncIterator[dict[str, Any]]:
+    """The request's chunks; usage is recorded once when they end, however they end."""
+
+    async def all_events() -> AsyncIterator[Event]:
+        yield first
+        async for event in events:
+            yield event
+
+    try:
+        async for event in all_events():
+            record.observe(event)
+            for chunk in encoder.encode(event):
+                record.observe_chunk(chunk)
+                yield chunk
+    except asyncio.CancelledError:
+        record.cancelled = True
+        raise
+    except APIError as error:
+        record.fail(error, streaming=record.stream)
+        raise
+    except Exception as exc:
+        error = errors.server_error()
+        record.fail(error, streaming=record.stream)
+        raise error from exc
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+        await record_usage(record)
+
+
+async def _event_stream(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """SSE frames; a failure after the first byte becomes one error frame + [DONE]."""
+    try:
+        async for chunk in chunks:
+            yield sse(chunk)
+    except APIError as error:
+        yield error_frame(error)
+    yield DONE
+
+
+def _model_object(alias: ModelAlias) -> dict[str, Any]:
+    return {
+        "id": alias.public_id,
+        "object": "model",
+        "created": int(alias.created_at.timestamp()),
+        "owned_by": alias.owned_by,
+    }
+
+
+@openai_endpoint("GET")
+async def list_models(request: HttpRequest) -> HttpResponse:
+    await authenticate(request)
+    aliases = ModelAlias.objects.filter(enabled=True, listed=True).order_by("public_id")
+    return json_response({"object": "list", "data": [_model_object(a) async for a in aliases]})
+
+
+@openai_endpoint("GET")
+async def retrieve_model(request: HttpRequest, model: str) -> HttpResponse:
+    await authenticate(request)
+    alias = await ModelAlias.objects.filter(public_id__iexact=model, enabled=True).afirst()
+    if alias is None:
+        raise APIError(
+            f"The model '{model}' does not exist", status=404, param="model", code="model_not_found"
+        )
+    return json_response(_model_object(alias))
+
+
+__all__ = ["ChatRequest", "chat_completions", "list_models", "retrieve_model"]
