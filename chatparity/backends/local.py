@@ -8,6 +8,7 @@ stop flag between tokens: closing the event stream stops the CPU work at once.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import codecs
 import hashlib
 import importlib.util
@@ -110,6 +111,18 @@ class LocalModel:
         digest = hashlib.sha256(f"{Path(model_path).name}:{n_ctx}".encode()).hexdigest()
         self.fingerprint = f"fp_{digest[:10]}"
 
+    def close(self) -> None:
+        """Free the contexts now, while llama.cpp is still loaded."""
+        self.executor.shutdown(wait=True, cancel_futures=True)
+        while not self._free.empty():
+            self._free.get_nowait().close()
+        self._vocab.close()
+
+    @property
+    def busy_contexts(self) -> int:
+        """How many contexts are generating right now."""
+        return self._created - self._free.qsize()
+
     # -- prompt ------------------------------------------------------------
 
     def tokenize(self, text: str) -> list[int]:
@@ -181,7 +194,7 @@ class LocalModel:
             if request.presence_penalty or request.frequency_penalty:
                 sampler.add_penalties(
                     n_vocab=llama.n_vocab(),
-                    penalty_last_n=-1,
+                    penalty_last_n=self.n_ctx,
                     penalty_repeat=1.0,
                     penalty_freq=request.frequency_penalty,
                     penalty_present=request.presence_penalty,
@@ -196,9 +209,11 @@ class LocalModel:
                 sampler.add_top_p(request.top_p, 1)
                 sampler.add_temp(request.temperature)
                 sampler.add_dist(job.seed)
-            # A seeded request re-evaluates its whole prompt: a reused prefix is
-            # computed in other batch shapes, and the rounding would change the text.
-            cached = _eval_prompt(llama, tokens, reuse=request.seed is None)
+            # Reproducible requests (greedy or seeded) evaluate their whole prompt:
+            # a reused prefix was computed in other batch shapes, whose rounding
+            # can change the text.
+            reproducible = request.seed is not None or request.temperature == 0
+            cached = _eval_prompt(llama, tokens, reuse=not reproducible)
             if tokens is job.prompt:
                 job.cached_tokens = cached
             vocab = llama._model.vocab
@@ -410,9 +425,17 @@ def load_model(model_path: str, *, n_ctx: int, contexts: int, n_threads: int) ->
     """The process-wide :class:`LocalModel` for these settings."""
     key = (model_path, n_ctx, contexts, n_threads)
     with _models_lock:
+        if not _models:
+            # Llama's finalizers fail noisily once the interpreter tears modules down.
+            atexit.register(_close_models)
         if key not in _models:
             _models[key] = LocalModel(model_path, n_ctx=n_ctx, contexts=contexts, n_threads=n_threads)
         return _models[key]
+
+
+def _close_models() -> None:
+    for model in _models.values():
+        model.close()
 
 
 @dataclass

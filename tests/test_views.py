@@ -1,0 +1,166 @@
+"""The views end to end in-process: Django's async test client, the real local model."""
+
+import orjson
+from django.test import TestCase, override_settings
+
+from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
+
+SCRIPTED = {"BACKEND_CLASSES": {"scripted": "tests.scripted.ScriptedBackend"}}
+
+
+class ViewTestCase(TestCase):
+    @classmethod
+    def setUpTestData(cls):
+        cls.key, cls.plaintext = ApiKey.objects.create_key("tests")
+        cls.local = Backend.objects.create(name="local", kind="local")
+        ModelAlias.objects.create(public_id="smollm2", backend=cls.local, model="SmolLM2")
+
+    def post(self, body, **headers):
+        return self.async_client.post(
+            "/v1/chat/completions",
+            data=orjson.dumps(body) if isinstance(body, dict) else body,
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {self.plaintext}", **headers},
+        )
+
+    @staticmethod
+    async def read_stream(response):
+        return b"".join([part async for part in response.streaming_content])
+
+    def ask(self, model="smollm2", **body):
+        return self.post(
+            {"model": model, "messages": [{"role": "user", "content": "Hi"}], **body}
+        )
+
+
+class CompletionTests(ViewTestCase):
+    async def test_success_leaves_one_log_row_with_tokens(self):
+        response = await self.ask(max_tokens=4, temperature=0)
+        assert response.status_code == 200
+        completion = response.json()
+        row = await RequestLog.objects.aget(completion_id=completion["id"])
+        assert (row.status_code, row.alias, row.backend, row.upstream_model) == (
+            200, "smollm2", "local", "SmolLM2",
+        )  # fmt: skip
+        assert row.finish_reasons == ["length"]
+        assert row.completion_tokens == 4
+        assert row.prompt_tokens == completion["usage"]["prompt_tokens"]
+        assert row.key_prefix == self.key.prefix
+        assert row.request_id == response["x-request-id"]
+        assert row.request_body is None and row.response_body == ""
+
+    async def test_alias_is_matched_case_insensitively_and_echoed(self):
+        response = await self.ask(model="SMOLLM2", max_tokens=1)
+        assert response.json()["model"] == "SMOLLM2"
+
+    async def test_alias_defaults_apply_unless_the_client_sets_them(self):
+        await ModelAlias.objects.acreate(
+            public_id="smollm2-short", backend=self.local, default_params={"max_tokens": 2}
+        )
+        short = (await self.ask(model="smollm2-short")).json()
+        assert short["usage"]["completion_tokens"] == 2
+        longer = (await self.ask(model="smollm2-short", max_tokens=3, temperature=0)).json()
+        assert longer["usage"]["completion_tokens"] == 3
+
+    @override_settings(CHATPARITY={"LOG_BODIES": True})
+    async def test_bodies_are_logged_only_when_enabled(self):
+        completion = (await self.ask(max_tokens=2)).json()
+        row = await RequestLog.objects.aget(completion_id=completion["id"])
+        assert row.request_body["max_tokens"] == 2
+        assert orjson.loads(row.response_body)["choices"] == completion["choices"]
+
+
+class ErrorTests(ViewTestCase):
+    async def test_missing_and_wrong_keys_are_401_without_a_log_row(self):
+        missing = await self.async_client.post("/v1/chat/completions", data={})
+        wrong = await self.post({}, Authorization="Bearer sk-cp-wrong-key-123456")
+        assert (missing.status_code, wrong.status_code) == (401, 401)
+        assert wrong.json()["error"]["code"] == "invalid_api_key"
+        assert "sk-cp-wrong-key-123456" not in wrong.content.decode()
+        assert await RequestLog.objects.acount() == 0
+
+    async def test_revoked_key_is_refused(self):
+        await ApiKey.objects.filter(pk=self.key.pk).aupdate(is_active=False)
+        assert (await self.ask()).status_code == 401
+
+    async def test_unknown_model_is_404_and_logged(self):
+        response = await self.ask(model="gpt-9")
+        assert response.status_code == 404
+        assert response.json() == {
+            "error": {
+                "message": "The model `gpt-9` does not exist or you do not have access to it.",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "model_not_found",
+            }
+        }
+        row = await RequestLog.objects.aget()
+        assert (row.status_code, row.error_code, row.alias) == (404, "model_not_found", "gpt-9")
+
+    async def test_invalid_request_is_400_and_logged(self):
+        response = await self.ask(n=0)
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == "n"
+        row = await RequestLog.objects.aget()
+        assert (row.status_code, row.error_type) == (400, "invalid_request_error")
+
+    async def test_wrong_method_is_405_in_the_envelope(self):
+        response = await self.async_client.get("/v1/chat/completions")
+        assert response.status_code == 405
+        assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+@override_settings(CHATPARITY=SCRIPTED)
+class BackendFailureTests(ViewTestCase):
+    async def scripted(self, *script):
+        backend = await Backend.objects.acreate(
+            name="scripted", kind="scripted", options={"script": list(script)}
+        )
+        await ModelAlias.objects.acreate(public_id="scripted", backend=backend)
+
+    async def test_failure_after_first_byte_is_one_error_frame_then_done(self):
+        await self.scripted("Hel", "lo", "<fail>")
+        response = await self.ask(model="scripted", stream=True)
+        assert response.status_code == 200
+        frames = (await self.read_stream(response)).split(b"\n\n")
+        assert frames[-3] == (
+            b'data: {"error":{"message":"The server had an error while processing your'
+            b' request.","type":"server_error","param":null,"code":null}}'
+        )
+        assert frames[-2:] == [b"data: [DONE]", b""]
+        row = await RequestLog.objects.aget()
+        assert (row.status_code, row.error_type, row.completion_tokens) == (200, "server_error", 2)
+
+    async def test_failure_before_first_byte_is_a_real_status(self):
+        await self.scripted("<error>")
+        response = await self.ask(model="scripted", stream=True)
+        assert response.status_code == 502
+        assert response.json()["error"]["code"] == "bad"
+        assert (await RequestLog.objects.aget()).status_code == 502
+
+    async def test_non_stream_failure_midway_is_a_500_envelope(self):
+        await self.scripted("partial", "<fail>")
+        response = await self.ask(model="scripted")
+        assert response.status_code == 500
+        assert response.json()["error"]["type"] == "server_error"
+        assert (await RequestLog.objects.aget()).status_code == 500
+
+
+class ModelsTests(ViewTestCase):
+    async def test_lists_only_listed_enabled_aliases(self):
+        await ModelAlias.objects.acreate(public_id="hidden", backend=self.local, listed=False)
+        await ModelAlias.objects.acreate(public_id="off", backend=self.local, enabled=False)
+        response = await self.async_client.get(
+            "/v1/models", headers={"Authorization": f"Bearer {self.plaintext}"}
+        )
+        body = response.json()
+        assert body["object"] == "list"
+        assert [m["id"] for m in body["data"]] == ["smollm2"]
+        assert set(body["data"][0]) == {"id", "object", "created", "owned_by"}
+
+    async def test_retrieve_unknown_model_is_404(self):
+        response = await self.async_client.get(
+            "/v1/models/nope", headers={"Authorization": f"Bearer {self.plaintext}"}
+        )
+        assert response.status_code == 404
+        assert response.json()["error"]["code"] == "model_not_found"
