@@ -6,12 +6,12 @@ import asyncio
 import secrets
 import string
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from functools import wraps
 from typing import Any
 
 import orjson
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from .auth import authenticate
@@ -27,7 +27,7 @@ from .usage import UsageRecord, record_usage
 
 _ALPHANUMERIC = string.ascii_letters + string.digits
 
-View = Callable[..., Awaitable[HttpResponse]]
+View = Callable[..., Coroutine[Any, Any, HttpResponseBase]]
 
 
 def json_response(payload: Any, status: int = 200) -> HttpResponse:
@@ -45,8 +45,9 @@ def openai_endpoint(*methods: str) -> Callable[[View], View]:
     def decorate(view: View) -> View:
         @csrf_exempt
         @wraps(view)
-        async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             started = time.perf_counter()
+            response: HttpResponseBase
             request.chatparity_request_id = "req_" + secrets.token_hex(16)  # type: ignore[attr-defined]
             if request.method not in methods:
                 response = error_response(
@@ -87,7 +88,7 @@ def _decode(body: bytes) -> Any:
 
 
 @openai_endpoint("POST")
-async def chat_completions(request: HttpRequest) -> HttpResponse:
+async def chat_completions(request: HttpRequest) -> HttpResponseBase:
     key = await authenticate(request)
     record = UsageRecord(
         request_id=request.chatparity_request_id,  # type: ignore[attr-defined]
@@ -162,9 +163,9 @@ async def _chunks(
         record.fail(error, streaming=record.stream)
         raise
     except Exception as exc:
-        error = errors.server_error()
-        record.fail(error, streaming=record.stream)
-        raise error from exc
+        failure = errors.server_error()
+        record.fail(failure, streaming=record.stream)
+        raise failure from exc
     finally:
         await events.aclose()  # type: ignore[attr-defined]
         await record_usage(record)

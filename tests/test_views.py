@@ -28,9 +28,7 @@ class ViewTestCase(TestCase):
         return b"".join([part async for part in response.streaming_content])
 
     def ask(self, model="smollm2", **body):
-        return self.post(
-            {"model": model, "messages": [{"role": "user", "content": "Hi"}], **body}
-        )
+        return self.post({"model": model, "messages": [{"role": "user", "content": "Hi"}], **body})
 
 
 class CompletionTests(ViewTestCase):
@@ -47,7 +45,8 @@ class CompletionTests(ViewTestCase):
         assert row.prompt_tokens == completion["usage"]["prompt_tokens"]
         assert row.key_prefix == self.key.prefix
         assert row.request_id == response["x-request-id"]
-        assert row.request_body is None and row.response_body == ""
+        assert row.request_body is None
+        assert row.response_body == ""
 
     async def test_alias_is_matched_case_insensitively_and_echoed(self):
         response = await self.ask(model="SMOLLM2", max_tokens=1)

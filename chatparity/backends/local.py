@@ -19,8 +19,8 @@ import secrets
 import string
 import threading
 from collections.abc import AsyncIterator, Callable, Generator
-from contextlib import closing
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -94,7 +94,7 @@ class LocalModel:
 
         self.model_path = model_path
         self.n_ctx = n_ctx
-        self._settings = {"n_ctx": n_ctx, "n_threads": n_threads, "n_threads_batch": n_threads}
+        self._n_threads = n_threads
         self._vocab = Llama(model_path, vocab_only=True, verbose=False)
         self._tokenizer_lock = threading.Lock()
         self._free: queue.SimpleQueue[Llama] = queue.SimpleQueue()
@@ -156,7 +156,13 @@ class LocalModel:
                 from llama_cpp import Llama
 
                 self._created += 1
-                return Llama(self.model_path, verbose=False, **self._settings)
+                return Llama(
+                    self.model_path,
+                    n_ctx=self.n_ctx,
+                    n_threads=self._n_threads,
+                    n_threads_batch=self._n_threads,
+                    verbose=False,
+                )
         return self._free.get()
 
     def run(self, job: _Job) -> None:
@@ -411,7 +417,7 @@ def _template_message(message: Message) -> dict[str, str]:
     for call in message.tool_calls or ():
         function = call.get("function", {})
         content += (
-            f"{grammars.TOOL_CALL_OPEN}{function.get('name', '')}\""
+            f'{grammars.TOOL_CALL_OPEN}{function.get("name", "")}"'
             f"{grammars.TOOL_ARGUMENTS}{function.get('arguments', '{}')}{grammars.TOOL_CALL_CLOSE}"
         )
     return {"role": role, "content": content}
@@ -429,7 +435,9 @@ def load_model(model_path: str, *, n_ctx: int, contexts: int, n_threads: int) ->
             # Llama's finalizers fail noisily once the interpreter tears modules down.
             atexit.register(_close_models)
         if key not in _models:
-            _models[key] = LocalModel(model_path, n_ctx=n_ctx, contexts=contexts, n_threads=n_threads)
+            _models[key] = LocalModel(
+                model_path, n_ctx=n_ctx, contexts=contexts, n_threads=n_threads
+            )
         return _models[key]
 
 

@@ -58,9 +58,7 @@ def missing_api_key() -> APIError:
 
 def invalid_api_key(presented: str) -> APIError:
     shown = f"{presented[:3]}{'*' * 6}{presented[-4:]}" if len(presented) > 8 else "*" * 8
-    return APIError(
-        f"Incorrect API key provided: {shown}.", status=401, code="invalid_api_key"
-    )
+    return APIError(f"Incorrect API key provided: {shown}.", status=401, code="invalid_api_key")
 
 
 def model_not_found(model: str) -> APIError:
@@ -82,6 +80,9 @@ def context_length_exceeded(limit: int, prompt_tokens: int, completion_tokens: i
     )
 
 
-def server_error(message: str = "The server had an error while processing your request.",
-                 *, code: str | None = None) -> APIError:
+def server_error(
+    message: str = "The server had an error while processing your request.",
+    *,
+    code: str | None = None,
+) -> APIError:
     return APIError(message, status=500, type="server_error", code=code)

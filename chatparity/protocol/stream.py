@@ -125,7 +125,9 @@ class ChunkEncoder:
 
     def _role_chunk(self, index: int) -> dict[str, Any]:
         delta = {"role": "assistant", "content": "", "refusal": None}
-        logprobs = {"content": [], "refusal": None} if self.logprobs else None
+        logprobs: dict[str, Any] | None = (
+            {"content": [], "refusal": None} if self.logprobs else None
+        )
         return self._chunk(index, delta, logprobs=logprobs)
 
     def _chunk(

@@ -16,15 +16,15 @@ WEATHER = Tool(
     "Current weather in a city",
     {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 )
-CLOCK = Tool("get_time", "Current time", {"type": "object", "properties": {"tz": {"type": "string"}}})
+CLOCK = Tool(
+    "get_time", "Current time", {"type": "object", "properties": {"tz": {"type": "string"}}}
+)
 
 
 def ask(content="What is the capital of France?", **fields):
     fields.setdefault("temperature", 0)
     fields.setdefault("max_tokens", 16)
-    return ChatRequest(
-        model="smollm2", messages=[Message("user", content)], body={}, **fields
-    )
+    return ChatRequest(model="smollm2", messages=[Message("user", content)], body={}, **fields)
 
 
 @pytest.fixture(scope="module")
@@ -145,10 +145,13 @@ def test_json_object_output_parses(backend):
     ],
 )
 def test_tool_calls_stream_valid_json_arguments(backend, choice, name, reason):
-    request = ask("What's the weather in Paris?", tools=[WEATHER, CLOCK], tool_choice=choice, max_tokens=60)
+    request = ask(
+        "What's the weather in Paris?", tools=[WEATHER, CLOCK], tool_choice=choice, max_tokens=60
+    )
     events = run(backend, request)
     calls = [e for e in events if isinstance(e, ToolCallDelta)]
-    assert calls[0].id.startswith("call_") and calls[0].arguments == ""
+    assert calls[0].id.startswith("call_")
+    assert calls[0].arguments == ""
     assert name is None or calls[0].name == name
     assert all(c.id is None and c.name is None for c in calls[1:])
     json.loads("".join(c.arguments for c in calls))
@@ -187,4 +190,5 @@ def test_closing_the_stream_frees_the_context_at_once(backend):
 def test_usage_counts_prompt_once_and_sums_choices(backend):
     usage = run(backend, ask(n=2, max_tokens=3))[-1]
     assert isinstance(usage, Usage)
-    assert usage.completion_tokens == 6 and usage.prompt_tokens > 10
+    assert usage.completion_tokens == 6
+    assert usage.prompt_tokens > 10

@@ -49,10 +49,10 @@ def _free_port() -> int:
 
 
 def _manage(env, *args) -> str:
+    command = [sys.executable, "manage.py", *args]
     return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, check=True,
-        capture_output=True, text=True,
-    ).stdout  # fmt: skip
+        command, cwd=ROOT, env=env, check=True, capture_output=True, text=True
+    ).stdout
 
 
 @pytest.fixture(scope="session")
@@ -64,10 +64,10 @@ def live_server(tmp_path_factory):
     key = _manage(env, "createapikey", "e2e").strip()
     port = _free_port()
     log = (database.parent / "daphne.log").open("wb")
+    command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
     process = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "project.asgi:application"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [*command, "project.asgi:application"], cwd=ROOT, env=env, stdout=log, stderr=log
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:

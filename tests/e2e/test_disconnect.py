@@ -64,7 +64,9 @@ def test_concurrent_requests_never_mix_tokens(http):
             "max_tokens": 24,
             "temperature": 0,
         }
-        return http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+        return http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"][
+            "content"
+        ]
 
     alone = [ask(prompt) for prompt in prompts]
     with ThreadPoolExecutor(len(prompts)) as pool:

@@ -100,12 +100,16 @@ def test_json_schema_output_parses(client):
     reply = client.chat.completions.create(
         model="smollm2",
         messages=[{"role": "user", "content": "Invent a person."}],
-        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}},
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": schema},
+        },
         temperature=0,
         max_tokens=60,
     )
     person = json.loads(reply.choices[0].message.content)
-    assert set(person) == {"name", "age"} and isinstance(person["age"], int)
+    assert set(person) == {"name", "age"}
+    assert isinstance(person["age"], int)
 
 
 def test_errors_raise_the_sdks_typed_exceptions(client, live_server):

@@ -21,11 +21,16 @@ def post(http, **body):
     return http.post("/v1/chat/completions", json={"model": "smollm2", "messages": ASK, **body})
 
 
+def stream(http, **body):
+    return http.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={"model": "smollm2", "messages": ASK, "stream": True, **body},
+    )
+
+
 def test_stream_frames_follow_the_canonical_order(http):
-    with http.stream(
-        "POST", "/v1/chat/completions",
-        json={"model": "smollm2", "messages": ASK, "stream": True, "max_tokens": 5, "temperature": 0},
-    ) as response:  # fmt: skip
+    with stream(http, max_tokens=5, temperature=0) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         assert response.headers["x-request-id"].startswith("req_")
@@ -33,7 +38,8 @@ def test_stream_frames_follow_the_canonical_order(http):
         chunks = frames(response)
     first, *middle, last = chunks
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "", "refusal": None}
-    assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "length"
+    assert last["choices"][0]["delta"] == {}
+    assert last["choices"][0]["finish_reason"] == "length"
     for chunk in chunks:
         assert list(chunk) == [
             "id", "object", "created", "model", "service_tier", "system_fingerprint", "choices",
@@ -48,11 +54,7 @@ def test_stream_frames_follow_the_canonical_order(http):
 
 
 def test_usage_chunk_comes_last_and_every_other_chunk_has_null_usage(http):
-    with http.stream(
-        "POST", "/v1/chat/completions",
-        json={"model": "smollm2", "messages": ASK, "stream": True, "max_tokens": 3,
-              "stream_options": {"include_usage": True}},
-    ) as response:  # fmt: skip
+    with stream(http, max_tokens=3, stream_options={"include_usage": True}) as response:
         *chunks, usage = frames(response)
     assert all(chunk["usage"] is None for chunk in chunks)
     assert usage["choices"] == []
@@ -67,11 +69,7 @@ def test_usage_chunk_comes_last_and_every_other_chunk_has_null_usage(http):
 def test_non_stream_is_the_accumulated_stream(http):
     body = {"max_tokens": 20, "temperature": 0, "logprobs": True, "top_logprobs": 2}
     plain = post(http, **body).json()
-    with http.stream(
-        "POST", "/v1/chat/completions",
-        json={"model": "smollm2", "messages": ASK, "stream": True, **body,
-              "stream_options": {"include_usage": True}},
-    ) as response:  # fmt: skip
+    with stream(http, **body, stream_options={"include_usage": True}) as response:
         chunks = frames(response)
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     streamed_logprobs = [

@@ -72,7 +72,10 @@ CASES = {
         ],
         {},
     ),
-    "logprobs": ([TextDelta(0, "Hi", logprobs=[LOGPROB]), Finish(0, "stop"), USAGE], {"logprobs": True}),
+    "logprobs": (
+        [TextDelta(0, "Hi", logprobs=[LOGPROB]), Finish(0, "stop"), USAGE],
+        {"logprobs": True},
+    ),
     "empty_answer": ([Finish(0, "stop"), USAGE], {"include_usage": True}),
 }
 
@@ -101,8 +104,16 @@ def test_every_chunk_shares_id_created_model_and_fingerprint():
 
 def test_role_chunk_opens_each_choice_once_and_finisher_closes_it():
     enc = encoder()
-    events = [TextDelta(0, "a"), TextDelta(1, "b"), TextDelta(0, "c"), Finish(0, "stop"), Finish(1, "stop")]
-    deltas = [(c["choices"][0]["index"], c["choices"][0]["delta"]) for e in events for c in enc.encode(e)]
+    events = [
+        TextDelta(0, "a"),
+        TextDelta(1, "b"),
+        TextDelta(0, "c"),
+        Finish(0, "stop"),
+        Finish(1, "stop"),
+    ]
+    deltas = [
+        (c["choices"][0]["index"], c["choices"][0]["delta"]) for e in events for c in enc.encode(e)
+    ]
     for index in (0, 1):
         mine = [delta for i, delta in deltas if i == index]
         assert mine[0] == {"role": "assistant", "content": "", "refusal": None}
@@ -132,7 +143,8 @@ def test_intermediate_chunks_carry_null_finish_reason_and_logprobs():
 def test_error_frame_is_the_bare_error_envelope():
     error = APIError("boom", status=500, type="server_error", code="x")
     frame = error_frame(error)
-    assert frame.startswith(b"data: ") and frame.endswith(b"\n\n")
+    assert frame.startswith(b"data: ")
+    assert frame.endswith(b"\n\n")
     assert orjson.loads(frame[6:]) == {
         "error": {"message": "boom", "type": "server_error", "param": None, "code": "x"}
     }
