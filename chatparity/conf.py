@@ -40,6 +40,8 @@ class AppSettings:
         if name not in DEFAULTS:
             raise AttributeError(f"Unknown chatparity setting: {name}")
         user = getattr(settings, "CHATPARITY", {})
+        if not isinstance(user, dict):  # reported by check chatparity.E001
+            user = {}
         value = user.get(name, DEFAULTS[name])
         if isinstance(DEFAULTS[name], dict) and isinstance(value, dict):
             return {**DEFAULTS[name], **value}
