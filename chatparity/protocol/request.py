@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from functools import partial
+from typing import Any, Literal, TypeVar
 
-from .errors import APIError
+from .errors import APIError, invalid_json
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -73,5 +76,519 @@ class ChatRequest:
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
-    """Validate a decoded JSON body; raise :class:`APIError` as OpenAI would."""
-    raise APIError("not implemented")
+    """Validate a decoded JSON body; raise :class:`APIError` as OpenAI would.
+
+    The checks run in OpenAI's order: the required keys, unknown keys, each
+    parameter in the order the body lists them, then the rules that span
+    several parameters or messages.
+    """
+    if not isinstance(body, dict):
+        raise invalid_json()
+    if body.get("model") is None:
+        raise APIError("you must provide a model parameter")
+    if body.get("messages") is None:
+        raise _missing("messages")
+    unknown = sorted(body.keys() - _PARAMETERS.keys())
+    if unknown:
+        plural = "s" if len(unknown) > 1 else ""
+        raise APIError(f"Unrecognized request argument{plural} supplied: {', '.join(unknown)}")
+    given = {key: _PARAMETERS[key](value, key) for key, value in body.items() if value is not None}
+
+    for key, needed, message in _ONLY_WITH:
+        if key in given and not given.get(needed):
+            raise APIError(message, param=key)
+    choice = _resolve_tool_choice(given.get("tool_choice"), given.get("tools", []))
+    messages: list[Message] = given["messages"]
+    _check_conversation(messages, body["messages"])
+    response_format: ResponseFormat | None = given.get("response_format")
+    json_object = response_format is not None and response_format.type == "json_object"
+    if json_object and not any("json" in (m.content or "").lower() for m in messages):
+        raise APIError(
+            "'messages' must contain the word 'json' in some form, to use 'response_format'"
+            " of type 'json_object'.",
+            param="messages",
+        )
+
+    settings = {key: value for key, value in given.items() if key in _FIELDS}
+    settings.update(
+        body=body,
+        include_usage=given.get("stream_options", False),
+        max_tokens=given.get("max_completion_tokens", given.get("max_tokens")),
+        tool_choice=choice,
+    )
+    return ChatRequest(**settings)
+
+
+# Errors, in OpenAI's words.
+
+
+def _missing(param: str) -> APIError:
+    return APIError(
+        f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
+    )
+
+
+def _kind(value: Any) -> str:
+    """How OpenAI names the JSON type of a value it did not expect."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a decimal number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
+
+
+def _wrong_type(param: str, expected: str, value: Any) -> APIError:
+    return APIError(
+        f"Invalid type for '{param}': expected {expected}, but got {_kind(value)} instead.",
+        param=param,
+        code="invalid_type",
+    )
+
+
+def _listing(values: Sequence[str], conjunction: str) -> str:
+    """``'a', 'b', and 'c'``, ``'a' or 'b'``, ``'a'``."""
+    quoted = [f"'{value}'" for value in values]
+    if len(quoted) < 3:
+        return f" {conjunction} ".join(quoted)
+    return f"{', '.join(quoted[:-1])}, {conjunction} {quoted[-1]}"
+
+
+def _out_of_range(param: str, kind: str, value: float, bound: int, *, above: bool) -> APIError:
+    beyond, side, sign = ("above", "max", "<=") if above else ("below", "min", ">=")
+    return APIError(
+        f"Invalid '{param}': {kind} {beyond} {side}imum value. Expected a value {sign} {bound},"
+        f" but got {value} instead.",
+        param=param,
+        code=f"{kind}_{beyond}_{side}_value",
+    )
+
+
+def _too_long(param: str, kind: str, limit: int, length: int) -> APIError:
+    article = "an" if kind == "array" else "a"
+    return APIError(
+        f"Invalid '{param}': {kind} too long. Expected {article} {kind} with maximum length"
+        f" {limit}, but got {article} {kind} with length {length} instead.",
+        param=param,
+        code=f"{kind}_above_max_length",
+    )
+
+
+def _dotted(param: str) -> str:
+    """How OpenAI's semantic checks spell a path: ``messages.[0].content``."""
+    return param.replace("[", ".[")
+
+
+# Values. A parser takes a JSON value and its path, and returns the value parsed.
+
+_T = TypeVar("_T")
+_S = TypeVar("_S", bound=str)
+_Parser = Callable[[Any, str], Any]
+
+_NAME = re.compile(r"[a-zA-Z0-9_-]+")
+_TOKEN_ID = re.compile(r"[0-9]+")
+
+
+def _string(value: Any, param: str, max_length: int | None = None) -> str:
+    if not isinstance(value, str):
+        raise _wrong_type(param, "a string", value)
+    if max_length is not None and len(value) > max_length:
+        raise _too_long(param, "string", max_length, len(value))
+    return value
+
+
+def _name(value: Any, param: str) -> str:
+    """A function, schema or participant name."""
+    name = _string(value, param, max_length=64)
+    if not _NAME.fullmatch(name):
+        raise APIError(
+            f"Invalid '{param}': string does not match pattern. Expected a string that matches"
+            " the pattern '^[a-zA-Z0-9_-]+$'.",
+            param=param,
+            code="invalid_value",
+        )
+    return name
+
+
+def _boolean(value: Any, param: str) -> bool:
+    if not isinstance(value, bool):
+        raise _wrong_type(param, "a boolean", value)
+    return value
+
+
+def _integer(value: Any, param: str, lo: int | None = None, hi: int | None = None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _wrong_type(param, "an integer", value)
+    _check_range(value, param, "integer", lo, hi)
+    return value
+
+
+def _decimal(value: Any, param: str, lo: int | None = None, hi: int | None = None) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise _wrong_type(param, "a decimal", value)
+    _check_range(value, param, "decimal", lo, hi)
+    return float(value)
+
+
+def _check_range(value: float, param: str, kind: str, lo: int | None, hi: int | None) -> None:
+    if lo is not None and value < lo:
+        raise _out_of_range(param, kind, value, lo, above=False)
+    if hi is not None and value > hi:
+        raise _out_of_range(param, kind, value, hi, above=True)
+
+
+def _enum(value: Any, param: str, allowed: Sequence[_S]) -> _S:
+    if not isinstance(value, str):
+        raise _wrong_type(param, f"one of {_listing(allowed, 'or')}", value)
+    for option in allowed:
+        if value == option:
+            return option
+    raise APIError(
+        f"Invalid value: '{value}'. Supported values are: {_listing(allowed, 'and')}.",
+        param=param,
+        code="invalid_value",
+    )
+
+
+def _object(value: Any, param: str, expected: str = "an object") -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _wrong_type(param, expected, value)
+    return value
+
+
+def _array(
+    value: Any, param: str, expected: str = "an array of objects", max_length: int | None = None
+) -> list[Any]:
+    """A JSON array of at least one item."""
+    if not isinstance(value, list):
+        raise _wrong_type(param, expected, value)
+    if not value:
+        raise APIError(
+            f"Invalid '{param}': empty array. Expected an array with minimum length 1, but got"
+            " an empty array instead.",
+            param=param,
+            code="empty_array",
+        )
+    if max_length is not None and len(value) > max_length:
+        raise _too_long(param, "array", max_length, len(value))
+    return value
+
+
+def _each(value: Any, param: str, item: Callable[[Any, str], _T], **array: Any) -> list[_T]:
+    """A JSON array parsed item by item, each at its ``param[i]`` path."""
+    return [item(each, f"{param}[{i}]") for i, each in enumerate(_array(value, param, **array))]
+
+
+def _required(obj: dict[str, Any], key: str, param: str, parse: Callable[[Any, str], _T]) -> _T:
+    """Member ``key`` of the object at ``param``; null is a type error."""
+    if key not in obj:
+        raise _missing(f"{param}.{key}")
+    return parse(obj[key], f"{param}.{key}")
+
+
+def _optional(
+    obj: dict[str, Any], key: str, param: str, parse: Callable[[Any, str], _T]
+) -> _T | None:
+    """Member ``key`` of the object at ``param``; absent and null are None."""
+    value = obj.get(key)
+    return None if value is None else parse(value, f"{param}.{key}")
+
+
+# Parameters.
+
+_ROLES: tuple[Role, ...] = ("system", "assistant", "user", "function", "tool", "developer")
+_PART_TYPES = ("text", "image_url", "input_audio", "refusal", "audio", "file")
+_FORMATS: tuple[Literal["text", "json_object", "json_schema"], ...] = (
+    "text",
+    "json_object",
+    "json_schema",
+)
+_TOOL_MODES: tuple[Literal["none", "auto", "required"], ...] = ("none", "auto", "required")
+_FUNCTION = partial(_enum, allowed=("function",))
+
+
+def _messages(value: Any, param: str) -> list[Message]:
+    return _each(value, param, _message)
+
+
+def _message(value: Any, param: str) -> Message:
+    message = _object(value, param)
+    role = _required(message, "role", param, partial(_enum, allowed=_ROLES))
+    # Only the developer schema requires content; a null content in another role
+    # is a semantic error, reported once the whole body is well-formed.
+    if role == "developer":
+        content: str | None = _required(message, "content", param, _content)
+    else:
+        content = _optional(message, "content", param, _content)
+    name = _optional(message, "name", param, _name)
+    if role == "function" and name is None:
+        raise _missing(f"{param}.name")
+    return Message(
+        role,
+        content,
+        name=name,
+        tool_calls=_optional(message, "tool_calls", param, _tool_calls)
+        if role == "assistant"
+        else None,
+        tool_call_id=_required(message, "tool_call_id", param, _string) if role == "tool" else None,
+    )
+
+
+def _content(value: Any, param: str) -> str:
+    """A string, or an array of parts whose texts are joined."""
+    if isinstance(value, str):
+        return value
+    return "".join(_each(value, param, _text_part, expected="one of a string or array of objects"))
+
+
+def _text_part(value: Any, param: str) -> str:
+    part = _object(value, param)
+    kind = _required(part, "type", param, partial(_enum, allowed=_PART_TYPES))
+    if kind != "text":
+        raise APIError(
+            f"Invalid content type. {kind} is only supported by certain models.",
+            param=_dotted(f"{param}.type"),
+        )
+    return _required(part, "text", param, _string)
+
+
+def _tool_calls(value: Any, param: str) -> list[dict[str, Any]]:
+    return _each(value, param, _tool_call)
+
+
+def _tool_call(value: Any, param: str) -> dict[str, Any]:
+    call = _object(value, param)
+    _required(call, "id", param, _string)
+    _required(call, "type", param, _FUNCTION)
+    function = _required(call, "function", param, _object)
+    _required(function, "name", f"{param}.function", _string)
+    _required(function, "arguments", f"{param}.function", _string)
+    return call
+
+
+def _logit_bias(value: Any, param: str) -> dict[int, float]:
+    """Token ids, as strings, mapped to a bias in [-100, 100]."""
+    return {
+        _token_id(key, param): _decimal(bias, f"{param}.{key}", -100, 100)
+        for key, bias in _object(value, param).items()
+    }
+
+
+def _token_id(key: str, param: str) -> int:
+    if not _TOKEN_ID.fullmatch(key):
+        raise APIError(
+            f"Invalid key in '{param}': {key}. You should only be submitting non-negative"
+            " integers.",
+            param=param,
+        )
+    return int(key)
+
+
+def _metadata(value: Any, param: str) -> dict[str, str]:
+    pairs = _object(value, param, "a metadata object")
+    if len(pairs) > 16:
+        raise APIError(
+            f"Invalid '{param}': too many properties. Expected an object with at most 16"
+            f" properties, but got an object with {len(pairs)} properties instead.",
+            param=param,
+            code="object_above_max_properties",
+        )
+    return {key: _string(text, f"{param}.{key}", max_length=512) for key, text in pairs.items()}
+
+
+def _stop(value: Any, param: str) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    return _each(
+        value, param, _string, expected="one of a string or array of strings", max_length=4
+    )
+
+
+def _stream_options(value: Any, param: str) -> bool:
+    """Whether the stream ends with a usage chunk."""
+    return _optional(_object(value, param), "include_usage", param, _boolean) or False
+
+
+def _function_call(value: Any, param: str) -> str | dict[str, Any]:
+    if isinstance(value, str):
+        return value
+    return _object(value, param, "one of one of 'none' or 'auto' or object")
+
+
+def _response_format(value: Any, param: str) -> ResponseFormat:
+    spec = _object(value, param)
+    kind = _required(spec, "type", param, partial(_enum, allowed=_FORMATS))
+    if kind != "json_schema":
+        return ResponseFormat(kind)
+    described = _required(spec, "json_schema", param, _object)
+    param = f"{param}.json_schema"
+    name = _required(described, "name", param, _name)
+    _optional(described, "description", param, _string)
+    return ResponseFormat(
+        kind,
+        schema=_optional(described, "schema", param, _object),
+        name=name,
+        strict=_optional(described, "strict", param, _boolean) or False,
+    )
+
+
+def _tools(value: Any, param: str) -> list[Tool]:
+    return _each(value, param, _tool, max_length=128)
+
+
+def _tool(value: Any, param: str) -> Tool:
+    tool = _object(value, param)
+    _required(tool, "type", param, _FUNCTION)
+    function = _required(tool, "function", param, _object)
+    param = f"{param}.function"
+    return Tool(
+        name=_required(function, "name", param, _name),
+        description=_optional(function, "description", param, _string),
+        parameters=_optional(function, "parameters", param, _object),
+        strict=_optional(function, "strict", param, _boolean) or False,
+    )
+
+
+def _tool_choice(value: Any, param: str) -> ToolChoice:
+    if isinstance(value, str):
+        return ToolChoice(_enum(value, param, _TOOL_MODES))
+    choice = _object(value, param, f"one of one of {_listing(_TOOL_MODES, 'or')} or object")
+    function = _required(choice, "function", param, _object)
+    name = _required(function, "name", f"{param}.function", _string)
+    _required(choice, "type", param, _FUNCTION)
+    return ToolChoice("function", name)
+
+
+# Every key OpenAI accepts, with its parser; null always means "not given".
+_PARAMETERS: dict[str, _Parser] = {
+    "messages": _messages,
+    "model": _string,
+    "audio": _object,
+    "frequency_penalty": partial(_decimal, lo=-2, hi=2),
+    "function_call": _function_call,
+    "functions": _array,
+    "logit_bias": _logit_bias,
+    "logprobs": _boolean,
+    "max_completion_tokens": partial(_integer, lo=1),
+    "max_tokens": partial(_integer, lo=1),
+    "metadata": _metadata,
+    "modalities": partial(_array, expected="an array of strings"),
+    "n": partial(_integer, lo=1, hi=128),
+    "parallel_tool_calls": _boolean,
+    "prediction": _object,
+    "presence_penalty": partial(_decimal, lo=-2, hi=2),
+    "prompt_cache_key": _string,
+    "reasoning_effort": partial(_enum, allowed=("none", "minimal", "low", "medium", "high")),
+    "response_format": _response_format,
+    "safety_identifier": _string,
+    "seed": _integer,
+    "service_tier": partial(_enum, allowed=("auto", "default", "flex", "scale", "priority")),
+    "stop": _stop,
+    "store": _boolean,
+    "stream": _boolean,
+    "stream_options": _stream_options,
+    "temperature": partial(_decimal, lo=0, hi=2),
+    "tool_choice": _tool_choice,
+    "tools": _tools,
+    "top_logprobs": partial(_integer, lo=0, hi=20),
+    "top_p": partial(_decimal, lo=0, hi=1),
+    "user": _string,
+    "verbosity": partial(_enum, allowed=("low", "medium", "high")),
+    "web_search_options": _object,
+}
+
+# Parameters that only make sense beside another one: (key, needed, error).
+_ONLY_WITH = (
+    (
+        "stream_options",
+        "stream",
+        "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+    ),
+    (
+        "top_logprobs",
+        "logprobs",
+        "The 'top_logprobs' parameter is only allowed when 'logprobs' is enabled.",
+    ),
+    (
+        "tool_choice",
+        "tools",
+        "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are"
+        " specified.",
+    ),
+    (
+        "parallel_tool_calls",
+        "tools",
+        "Invalid value for 'parallel_tool_calls': 'parallel_tool_calls' is only allowed when"
+        " 'tools' are specified.",
+    ),
+)
+
+# The parameters stored on ChatRequest under their own name.
+_FIELDS = frozenset(each.name for each in fields(ChatRequest))
+
+
+# Rules across parameters and messages.
+
+
+def _resolve_tool_choice(choice: ToolChoice | None, tools: list[Tool]) -> ToolChoice:
+    """The choice as sent, else OpenAI's default: auto with tools, none without."""
+    if choice is None:
+        return ToolChoice("auto" if tools else "none")
+    if choice.name is not None and all(tool.name != choice.name for tool in tools):
+        raise APIError(
+            f"Invalid value for 'tool_choice': no function named '{choice.name}' was specified"
+            " in the 'tools' parameter.",
+            param="tool_choice",
+        )
+    return choice
+
+
+def _check_conversation(messages: list[Message], sent: list[dict[str, Any]]) -> None:
+    """Every message has content or calls, and tool results answer the calls just made."""
+    calls: list[str] | None = None  # the ids the current run of tool messages may answer
+    unanswered: list[str] = []
+    for i, (message, raw) in enumerate(zip(messages, sent, strict=True)):
+        where = f"messages.[{i}]"
+        calling = message.role == "assistant" and (
+            bool(message.tool_calls) or raw.get("function_call") is not None
+        )
+        if message.content is None and not calling:
+            raise APIError(
+                "Invalid value for 'content': expected a string, got null.",
+                param=f"{where}.content",
+            )
+        if message.role == "tool":
+            if calls is None:
+                raise APIError(
+                    "Invalid parameter: messages with role 'tool' must be a response to a"
+                    " preceeding message with 'tool_calls'.",
+                    param=f"{where}.role",
+                )
+            if message.tool_call_id not in calls:
+                raise APIError(
+                    f"Invalid parameter: 'tool_call_id' of '{message.tool_call_id}' not found in"
+                    " 'tool_calls' of previous message.",
+                    param=f"{where}.tool_call_id",
+                )
+            unanswered = [call for call in unanswered if call != message.tool_call_id]
+            continue
+        if unanswered:
+            raise _unanswered(unanswered, f"{where}.role")
+        calls = [call["id"] for call in message.tool_calls] if message.tool_calls else None
+        unanswered = list(calls or ())
+    if unanswered:
+        raise _unanswered(unanswered, "messages")
+
+
+def _unanswered(ids: list[str], param: str) -> APIError:
+    return APIError(
+        "An assistant message with 'tool_calls' must be followed by tool messages responding to"
+        " each 'tool_call_id'. The following tool_call_ids did not have response messages:"
+        f" {', '.join(ids)}",
+        param=param,
+    )

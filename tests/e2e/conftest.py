@@ -56,7 +56,7 @@ def _manage(env, *args) -> str:
 
 
 @pytest.fixture(scope="session")
-def live_server(tmp_path_factory):
+def daphne_server(tmp_path_factory):
     database = tmp_path_factory.mktemp("live") / "db.sqlite3"
     env = {**os.environ, "DATABASE_URL": f"sqlite:///{database}", "DEBUG": "0"}
     _manage(env, "migrate", "--verbosity", "0")
@@ -85,13 +85,13 @@ def live_server(tmp_path_factory):
 
 
 @pytest.fixture
-def client(live_server):
-    with OpenAI(base_url=live_server.base_url, api_key=live_server.key, max_retries=0) as sdk:
+def client(daphne_server):
+    with OpenAI(base_url=daphne_server.base_url, api_key=daphne_server.key, max_retries=0) as sdk:
         yield sdk
 
 
 @pytest.fixture
-def http(live_server):
-    headers = {"Authorization": f"Bearer {live_server.key}"}
-    with httpx.Client(base_url=live_server.url, headers=headers, timeout=60) as session:
+def http(daphne_server):
+    headers = {"Authorization": f"Bearer {daphne_server.key}"}
+    with httpx.Client(base_url=daphne_server.url, headers=headers, timeout=60) as session:
         yield session

@@ -20,7 +20,7 @@ def wait_for(predicate, timeout=10.0):
     raise AssertionError("condition not met in time")
 
 
-def test_hanging_up_mid_stream_stops_generation_and_logs_cancelled(live_server):
+def test_hanging_up_mid_stream_stops_generation_and_logs_cancelled(daphne_server):
     body = orjson.dumps(
         {
             "model": "smollm2",
@@ -31,27 +31,32 @@ def test_hanging_up_mid_stream_stops_generation_and_logs_cancelled(live_server):
             "user": "hang-up-test",
         }
     )
-    host, port = live_server.url.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)))
-    sock.sendall(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Authorization: Bearer {live_server.key}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
+    host, port = daphne_server.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    head = [
+        "POST /v1/chat/completions HTTP/1.1",
+        "Host: 127.0.0.1",
+        "Content-Type: application/json",
+        f"Authorization: Bearer {daphne_server.key}",
+        f"Content-Length: {len(body)}",
+    ]
+    sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
     received = b""
     while received.count(b"data: ") < 6:
-        received += sock.recv(65536)
+        data = sock.recv(65536)
+        assert data, f"server closed the stream early: {received!r}"
+        received += data
     headers = received.split(b"\r\n\r\n", 1)[0].decode().lower()
     request_id = headers.split("x-request-id: ", 1)[1].split("\r\n", 1)[0]
     sock.close()
 
-    (row,) = wait_for(lambda: live_server.log_rows(request_id=request_id))
+    (row,) = wait_for(lambda: daphne_server.log_rows(request_id=request_id))
     assert row["cancelled"] == 1
     assert 0 < row["completion_tokens"] < 1500
     # Generating would keep a core busy; after the hang-up the process is idle.
-    before = live_server.cpu_seconds()
+    before = daphne_server.cpu_seconds()
     time.sleep(1.0)
-    assert live_server.cpu_seconds() - before < 0.3
+    assert daphne_server.cpu_seconds() - before < 0.3
 
 
 def test_concurrent_requests_never_mix_tokens(http):

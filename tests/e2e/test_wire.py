@@ -5,7 +5,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-ASK = [{"role": "user", "content": "Say hi."}]
+ASK = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 
 
 def frames(response):
@@ -110,10 +110,10 @@ def test_body_that_is_not_json_gets_openais_parse_error(http):
     assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", None, None)
 
 
-def test_missing_key_is_401_with_headers(live_server):
+def test_missing_key_is_401_with_headers(daphne_server):
     import httpx
 
-    response = httpx.post(f"{live_server.base_url}/chat/completions", json={})
+    response = httpx.post(f"{daphne_server.base_url}/chat/completions", json={})
     assert response.status_code == 401
     assert response.json()["error"]["type"] == "invalid_request_error"
     assert response.headers["x-request-id"].startswith("req_")

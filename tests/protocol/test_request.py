@@ -1,0 +1,788 @@
+"""parse_chat_request: OpenAI's request schema, rejected with OpenAI's own errors."""
+
+import pytest
+
+from chatparity.protocol.errors import APIError, invalid_json
+from chatparity.protocol.request import (
+    ChatRequest,
+    Message,
+    ResponseFormat,
+    Tool,
+    ToolChoice,
+    parse_chat_request,
+)
+
+ABSENT = object()  # a key left out of the body
+HI = [{"role": "user", "content": "Hi"}]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        "strict": True,
+    },
+}
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+}
+ANSWERED = [
+    {"role": "user", "content": "Weather?"},
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+]
+
+
+def body(**changes):
+    """A minimal valid body with ``changes`` applied; ABSENT removes a key."""
+    merged = {"model": "smollm2", "messages": HI, **changes}
+    return {key: value for key, value in merged.items() if value is not ABSENT}
+
+
+def parse(**changes):
+    return parse_chat_request(body(**changes))
+
+
+# Accepted requests.
+
+
+def test_every_field_is_parsed():
+    sent = body(
+        messages=[
+            {"role": "system", "content": "Answer in JSON."},
+            {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+            {
+                "role": "user",
+                "name": "ada",
+                "content": [{"type": "text", "text": "Weather "}, {"type": "text", "text": "?"}],
+            },
+            {"role": "assistant", "tool_calls": [CALL]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+        ],
+        stream=True,
+        stream_options={"include_usage": True},
+        n=2,
+        max_tokens=100,
+        max_completion_tokens=50,
+        temperature=0.5,
+        top_p=0.9,
+        seed=7,
+        stop=["\n\n", "END"],
+        presence_penalty=-1,
+        frequency_penalty=1.5,
+        logit_bias={"50256": -100, "11": 2.5},
+        logprobs=True,
+        top_logprobs=3,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {
+                "name": "weather",
+                "description": "A forecast.",
+                "schema": {"type": "object"},
+                "strict": True,
+            },
+        },
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        parallel_tool_calls=False,
+        reasoning_effort="low",
+        service_tier="flex",
+        user="user-1",
+        # Accepted, not applied.
+        audio={"voice": "alloy", "format": "wav"},
+        modalities=["text"],
+        metadata={"run": "1"},
+        store=False,
+        prediction={"type": "content", "content": "Sunny"},
+        prompt_cache_key="k",
+        safety_identifier="s",
+        verbosity="medium",
+        web_search_options={},
+        functions=[{"name": "legacy"}],
+        function_call="auto",
+    )
+
+    assert parse_chat_request(sent) == ChatRequest(
+        model="smollm2",
+        messages=[
+            Message("system", "Answer in JSON."),
+            Message("developer", "Be brief."),
+            Message("user", "Weather ?", name="ada"),
+            Message("assistant", None, tool_calls=[CALL]),
+            Message("tool", "Sunny", tool_call_id="call_1"),
+        ],
+        body=sent,
+        stream=True,
+        include_usage=True,
+        n=2,
+        max_tokens=50,
+        temperature=0.5,
+        top_p=0.9,
+        seed=7,
+        stop=["\n\n", "END"],
+        presence_penalty=-1.0,
+        frequency_penalty=1.5,
+        logit_bias={50256: -100.0, 11: 2.5},
+        logprobs=True,
+        top_logprobs=3,
+        response_format=ResponseFormat(
+            "json_schema", schema={"type": "object"}, name="weather", strict=True
+        ),
+        tools=[
+            Tool(
+                "get_weather",
+                description="The weather in a city.",
+                parameters=WEATHER["function"]["parameters"],
+                strict=True,
+            )
+        ],
+        tool_choice=ToolChoice("function", "get_weather"),
+        parallel_tool_calls=False,
+        reasoning_effort="low",
+        service_tier="flex",
+        user="user-1",
+    )
+
+
+def test_a_minimal_body_gets_openais_defaults_and_is_kept_as_sent():
+    sent = body()
+    request = parse_chat_request(sent)
+    assert request == ChatRequest(model="smollm2", messages=[Message("user", "Hi")], body=sent)
+    assert request.body is sent
+    assert request.tool_choice == ToolChoice("none")
+
+
+def test_null_means_not_given():
+    request = parse(temperature=None, n=None, stop=None, tools=None, stream_options=None)
+    assert (request.temperature, request.n, request.stop, request.tools) == (1.0, 1, [], [])
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "value"),
+    [
+        pytest.param({"stop": "END"}, "stop", ["END"], id="a string stop is a list of one"),
+        pytest.param({"max_tokens": 9}, "max_tokens", 9, id="max_tokens alone"),
+        pytest.param({"temperature": 1}, "temperature", 1.0, id="an integer is a decimal"),
+        pytest.param({"tools": [WEATHER]}, "tool_choice", ToolChoice("auto"), id="auto with tools"),
+        pytest.param(
+            {"stream": True, "stream_options": {}}, "include_usage", False, id="no include_usage"
+        ),
+        pytest.param(
+            {
+                "response_format": {"type": "json_object"},
+                "messages": [{"role": "user", "content": "A JSON list"}],
+            },
+            "response_format",
+            ResponseFormat("json_object"),
+            id="json_object when a message says json in any case",
+        ),
+        pytest.param(
+            {"messages": [{"role": "assistant", "content": None, "function_call": {"name": "f"}}]},
+            "messages",
+            [Message("assistant", None)],
+            id="a legacy function_call stands in for content",
+        ),
+        pytest.param(
+            {"messages": ANSWERED},
+            "messages",
+            [
+                Message("user", "Weather?"),
+                Message("assistant", None, tool_calls=[CALL]),
+                Message("tool", "Sunny", tool_call_id="call_1"),
+            ],
+            id="tool results answer the calls",
+        ),
+    ],
+)
+def test_accepted_values(changes, field, value):
+    assert getattr(parse(**changes), field) == value
+
+
+# Rejected requests: the whole envelope, as OpenAI sends it.
+
+
+def case(changes, message, param=None, code=None, *, id):
+    envelope = {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": param,
+            "code": code,
+        }
+    }
+    return pytest.param(changes, envelope, id=id)
+
+
+def invalid_type(param, expected, got):
+    return (
+        f"Invalid type for '{param}': expected {expected}, but got {got} instead.",
+        param,
+        "invalid_type",
+    )
+
+
+def out_of_range(param, kind, side, bound, value):
+    beyond, limit, sign = ("above", "max", "<=") if side == "max" else ("below", "min", ">=")
+    return (
+        f"Invalid '{param}': {kind} {beyond} {limit}imum value. Expected a value {sign} {bound},"
+        f" but got {value} instead.",
+        param,
+        f"{kind}_{beyond}_{limit}_value",
+    )
+
+
+def missing(param):
+    return (f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
+
+
+def empty(param):
+    return (
+        f"Invalid '{param}': empty array. Expected an array with minimum length 1, but got an"
+        " empty array instead.",
+        param,
+        "empty_array",
+    )
+
+
+def unsupported(param, value, supported):
+    return (f"Invalid value: '{value}'. Supported values are: {supported}.", param, "invalid_value")
+
+
+def user(content=ABSENT, **fields):
+    message = {"role": "user", "content": content, **fields}
+    return [{key: value for key, value in message.items() if value is not ABSENT}]
+
+
+PATTERN = "string does not match pattern. Expected a string that matches the pattern"
+NULL_CONTENT = "Invalid value for 'content': expected a string, got null."
+ROLES = "'system', 'assistant', 'user', 'function', 'tool', and 'developer'"
+PART_TYPES = "'text', 'image_url', 'input_audio', 'refusal', 'audio', and 'file'"
+TIERS = "'auto', 'default', 'flex', 'scale', or 'priority'"
+
+ERRORS = [
+    # The body as a whole.
+    case({"model": ABSENT}, "you must provide a model parameter", id="no model"),
+    case({"model": None}, "you must provide a model parameter", id="a null model"),
+    case({"messages": ABSENT}, *missing("messages"), id="no messages"),
+    case({"foo": 1}, "Unrecognized request argument supplied: foo", id="an unknown key"),
+    case(
+        {"zeta": 1, "alpha": 2},
+        "Unrecognized request arguments supplied: alpha, zeta",
+        id="unknown keys, sorted",
+    ),
+    case(
+        {"model": ABSENT, "foo": 1},
+        "you must provide a model parameter",
+        id="a missing model beats an unknown key",
+    ),
+    case(
+        {"n": "x", "foo": 1},
+        "Unrecognized request argument supplied: foo",
+        id="an unknown key beats a bad value",
+    ),
+    case(
+        {"n": "x", "temperature": "y"},
+        *invalid_type("n", "an integer", "a string"),
+        id="body order: n first",
+    ),
+    case(
+        {"temperature": "y", "n": "x"},
+        *invalid_type("temperature", "a decimal", "a string"),
+        id="body order: temperature first",
+    ),
+    # JSON types.
+    case({"model": 7}, *invalid_type("model", "a string", "an integer"), id="model"),
+    case(
+        {"temperature": "hot"},
+        *invalid_type("temperature", "a decimal", "a string"),
+        id="temperature string",
+    ),
+    case(
+        {"top_p": True},
+        *invalid_type("top_p", "a decimal", "a boolean"),
+        id="a boolean is not a decimal",
+    ),
+    case(
+        {"n": 2.0},
+        *invalid_type("n", "an integer", "a decimal number"),
+        id="2.0 is not an integer",
+    ),
+    case(
+        {"n": True}, *invalid_type("n", "an integer", "a boolean"), id="a boolean is not an integer"
+    ),
+    case({"seed": "1"}, *invalid_type("seed", "an integer", "a string"), id="seed"),
+    case({"stream": "yes"}, *invalid_type("stream", "a boolean", "a string"), id="stream"),
+    case({"logprobs": 1}, *invalid_type("logprobs", "a boolean", "an integer"), id="logprobs"),
+    case({"user": {"a": 1}}, *invalid_type("user", "a string", "an object"), id="user"),
+    case(
+        {"messages": "Hi"},
+        *invalid_type("messages", "an array of objects", "a string"),
+        id="messages",
+    ),
+    case(
+        {"messages": ["Hi"]},
+        *invalid_type("messages[0]", "an object", "a string"),
+        id="a message",
+    ),
+    case(
+        {"messages": user(7)},
+        *invalid_type("messages[0].content", "one of a string or array of objects", "an integer"),
+        id="content",
+    ),
+    case(
+        {"messages": [{"role": "developer", "content": None}]},
+        *invalid_type("messages[0].content", "one of a string or array of objects", "null"),
+        id="a null developer content",
+    ),
+    case(
+        {"messages": user(["Hi"])},
+        *invalid_type("messages[0].content[0]", "an object", "a string"),
+        id="a content part",
+    ),
+    case(
+        {"messages": user([{"type": "text", "text": 1}])},
+        *invalid_type("messages[0].content[0].text", "a string", "an integer"),
+        id="a part's text",
+    ),
+    case(
+        {"messages": user("Hi", name=5)},
+        *invalid_type("messages[0].name", "a string", "an integer"),
+        id="a message name",
+    ),
+    case(
+        {"stop": 1},
+        *invalid_type("stop", "one of a string or array of strings", "an integer"),
+        id="stop",
+    ),
+    case({"stop": ["a", 2]}, *invalid_type("stop[1]", "a string", "an integer"), id="a stop item"),
+    case({"logit_bias": []}, *invalid_type("logit_bias", "an object", "an array"), id="logit_bias"),
+    case(
+        {"logit_bias": {"11": "x"}},
+        *invalid_type("logit_bias.11", "a decimal", "a string"),
+        id="a bias",
+    ),
+    case(
+        {"metadata": "x"},
+        *invalid_type("metadata", "a metadata object", "a string"),
+        id="metadata",
+    ),
+    case(
+        {"metadata": {"k": 7}},
+        *invalid_type("metadata.k", "a string", "an integer"),
+        id="a metadata value",
+    ),
+    case(
+        {"service_tier": {}},
+        *invalid_type("service_tier", f"one of {TIERS}", "an object"),
+        id="service_tier",
+    ),
+    case(
+        {"stream": True, "stream_options": {"include_usage": "yes"}},
+        *invalid_type("stream_options.include_usage", "a boolean", "a string"),
+        id="include_usage",
+    ),
+    case({"tools": "none"}, *invalid_type("tools", "an array of objects", "a string"), id="tools"),
+    case(
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+        *invalid_type("tools[0].function.parameters", "an object", "an array"),
+        id="tool parameters",
+    ),
+    case(
+        {"tools": [WEATHER], "tool_choice": 7},
+        *invalid_type(
+            "tool_choice", "one of one of 'none', 'auto', or 'required' or object", "an integer"
+        ),
+        id="tool_choice",
+    ),
+    case(
+        {"response_format": "json"},
+        *invalid_type("response_format", "an object", "a string"),
+        id="response_format",
+    ),
+    case(
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": []}}},
+        *invalid_type("response_format.json_schema.schema", "an object", "an array"),
+        id="a json schema",
+    ),
+    # Numeric ranges, printed as sent.
+    case(
+        {"temperature": 3}, *out_of_range("temperature", "decimal", "max", 2, 3), id="temperature 3"
+    ),
+    case(
+        {"temperature": 2.5},
+        *out_of_range("temperature", "decimal", "max", 2, 2.5),
+        id="temperature 2.5",
+    ),
+    case(
+        {"temperature": -0.5},
+        *out_of_range("temperature", "decimal", "min", 0, -0.5),
+        id="temperature below 0",
+    ),
+    case({"top_p": 1.5}, *out_of_range("top_p", "decimal", "max", 1, 1.5), id="top_p"),
+    case(
+        {"presence_penalty": -3},
+        *out_of_range("presence_penalty", "decimal", "min", -2, -3),
+        id="presence_penalty",
+    ),
+    case(
+        {"frequency_penalty": 2.5},
+        *out_of_range("frequency_penalty", "decimal", "max", 2, 2.5),
+        id="frequency_penalty",
+    ),
+    case({"n": 0}, *out_of_range("n", "integer", "min", 1, 0), id="n 0"),
+    case({"n": 129}, *out_of_range("n", "integer", "max", 128, 129), id="n 129"),
+    case({"max_tokens": 0}, *out_of_range("max_tokens", "integer", "min", 1, 0), id="max_tokens"),
+    case(
+        {"max_completion_tokens": -1},
+        *out_of_range("max_completion_tokens", "integer", "min", 1, -1),
+        id="max_completion_tokens",
+    ),
+    case(
+        {"logprobs": True, "top_logprobs": 21},
+        *out_of_range("top_logprobs", "integer", "max", 20, 21),
+        id="top_logprobs 21",
+    ),
+    case(
+        {"logprobs": True, "top_logprobs": -1},
+        *out_of_range("top_logprobs", "integer", "min", 0, -1),
+        id="top_logprobs -1",
+    ),
+    case(
+        {"logit_bias": {"50256": -101}},
+        *out_of_range("logit_bias.50256", "decimal", "min", -100, -101),
+        id="a bias below -100",
+    ),
+    case(
+        {"logit_bias": {"hello": 1}},
+        "Invalid key in 'logit_bias': hello. You should only be submitting non-negative integers.",
+        "logit_bias",
+        id="a bias keyed by a word",
+    ),
+    case(
+        {"logit_bias": {"-1": 1}},
+        "Invalid key in 'logit_bias': -1. You should only be submitting non-negative integers.",
+        "logit_bias",
+        id="a bias keyed by a negative id",
+    ),
+    # Lengths.
+    case({"messages": []}, *empty("messages"), id="no message"),
+    case({"messages": user([])}, *empty("messages[0].content"), id="no content part"),
+    case({"stop": []}, *empty("stop"), id="no stop"),
+    case({"tools": []}, *empty("tools"), id="no tool"),
+    case(
+        {"stop": ["a", "b", "c", "d", "e"]},
+        "Invalid 'stop': array too long. Expected an array with maximum length 4, but got an"
+        " array with length 5 instead.",
+        "stop",
+        "array_above_max_length",
+        id="five stops",
+    ),
+    case(
+        {"metadata": {f"k{i}": "v" for i in range(17)}},
+        "Invalid 'metadata': too many properties. Expected an object with at most 16 properties,"
+        " but got an object with 17 properties instead.",
+        "metadata",
+        "object_above_max_properties",
+        id="17 metadata keys",
+    ),
+    case(
+        {"metadata": {"k": "v" * 513}},
+        "Invalid 'metadata.k': string too long. Expected a string with maximum length 512, but"
+        " got a string with length 513 instead.",
+        "metadata.k",
+        "string_above_max_length",
+        id="a long metadata value",
+    ),
+    case(
+        {"tools": [{"type": "function", "function": {"name": "f" * 65}}]},
+        "Invalid 'tools[0].function.name': string too long. Expected a string with maximum"
+        " length 64, but got a string with length 65 instead.",
+        "tools[0].function.name",
+        "string_above_max_length",
+        id="a long tool name",
+    ),
+    case(
+        {"tools": [{"type": "function", "function": {"name": "get weather"}}]},
+        f"Invalid 'tools[0].function.name': {PATTERN} '^[a-zA-Z0-9_-]+$'.",
+        "tools[0].function.name",
+        "invalid_value",
+        id="a tool name with a space",
+    ),
+    case(
+        {"messages": user("Hi", name="Ada Lovelace")},
+        f"Invalid 'messages[0].name': {PATTERN} '^[a-zA-Z0-9_-]+$'.",
+        "messages[0].name",
+        "invalid_value",
+        id="a message name with a space",
+    ),
+    # Enumerations.
+    case(
+        {"messages": [{"role": "foo", "content": "Hi"}]},
+        *unsupported("messages[0].role", "foo", ROLES),
+        id="a role",
+    ),
+    case({"messages": [{"content": "Hi"}]}, *missing("messages[0].role"), id="no role"),
+    case(
+        {"messages": user([{"type": "thinking", "text": "Hm"}])},
+        *unsupported("messages[0].content[0].type", "thinking", PART_TYPES),
+        id="a part type",
+    ),
+    case(
+        {"messages": user([{"text": "Hi"}])},
+        *missing("messages[0].content[0].type"),
+        id="no part type",
+    ),
+    case(
+        {"messages": user([{"type": "text"}])},
+        *missing("messages[0].content[0].text"),
+        id="a text part without text",
+    ),
+    case(
+        {"reasoning_effort": "max"},
+        *unsupported("reasoning_effort", "max", "'none', 'minimal', 'low', 'medium', and 'high'"),
+        id="reasoning_effort",
+    ),
+    case(
+        {"service_tier": "bogus"},
+        *unsupported("service_tier", "bogus", TIERS.replace(" or ", " and ")),
+        id="a service tier",
+    ),
+    case(
+        {"verbosity": "loud"},
+        *unsupported("verbosity", "loud", "'low', 'medium', and 'high'"),
+        id="verbosity",
+    ),
+    case(
+        {"tools": [WEATHER], "tool_choice": "any"},
+        *unsupported("tool_choice", "any", "'none', 'auto', and 'required'"),
+        id="a tool_choice mode",
+    ),
+    case(
+        {"tools": [{"type": "retrieval", "function": {"name": "f"}}]},
+        *unsupported("tools[0].type", "retrieval", "'function'"),
+        id="a tool type",
+    ),
+    case(
+        {"tools": [{"type": "function"}]},
+        *missing("tools[0].function"),
+        id="a tool without function",
+    ),
+    case(
+        {"tools": [{"type": "function", "function": {}}]},
+        *missing("tools[0].function.name"),
+        id="a tool without name",
+    ),
+    case(
+        {"response_format": {"type": "xml"}},
+        *unsupported("response_format.type", "xml", "'text', 'json_object', and 'json_schema'"),
+        id="a response format",
+    ),
+    case({"response_format": {}}, *missing("response_format.type"), id="no response format type"),
+    # The content of a message.
+    *(
+        case(
+            {"messages": user([{"type": "text", "text": "What is this?"}, {"type": kind}])},
+            f"Invalid content type. {kind} is only supported by certain models.",
+            "messages.[0].content.[1].type",
+            id=f"an {kind} part",
+        )
+        for kind in ("image_url", "input_audio", "file")
+    ),
+    case({"messages": user()}, NULL_CONTENT, "messages.[0].content", id="a user without content"),
+    case({"messages": user(None)}, NULL_CONTENT, "messages.[0].content", id="a null user content"),
+    case(
+        {"messages": [{"role": "system"}, *HI]},
+        NULL_CONTENT,
+        "messages.[0].content",
+        id="a system message without content",
+    ),
+    case(
+        {"messages": [*HI, {"role": "assistant", "content": None}]},
+        NULL_CONTENT,
+        "messages.[1].content",
+        id="an assistant without content or calls",
+    ),
+    case(
+        {"messages": user(tool_calls=[CALL])},
+        NULL_CONTENT,
+        "messages.[0].content",
+        id="only an assistant's calls stand in for content",
+    ),
+    case(
+        {"messages": [{"role": "developer"}]},
+        *missing("messages[0].content"),
+        id="a developer without content",
+    ),
+    case(
+        {"messages": [*user(), {"role": "user", "content": 7}]},
+        *invalid_type("messages[1].content", "one of a string or array of objects", "an integer"),
+        id="a malformed later message beats a missing content",
+    ),
+    case(
+        {"messages": [*HI, {"role": "function", "content": "42"}]},
+        *missing("messages[1].name"),
+        id="a function result without name",
+    ),
+    # Tool calls and their results.
+    case(
+        {"messages": [*HI, {"role": "assistant", "tool_calls": []}]},
+        *empty("messages[1].tool_calls"),
+        id="no tool call",
+    ),
+    case(
+        {
+            "messages": [
+                *HI,
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"type": "function", "function": CALL["function"]}],
+                },
+            ]
+        },
+        *missing("messages[1].tool_calls[0].id"),
+        id="a call without id",
+    ),
+    case(
+        {"messages": [*HI, {"role": "assistant", "tool_calls": [{**CALL, "type": "custom"}]}]},
+        *unsupported("messages[1].tool_calls[0].type", "custom", "'function'"),
+        id="a call type",
+    ),
+    case(
+        {
+            "messages": [
+                *HI,
+                {
+                    "role": "assistant",
+                    "tool_calls": [{**CALL, "function": {"name": "f", "arguments": {}}}],
+                },
+            ]
+        },
+        *invalid_type("messages[1].tool_calls[0].function.arguments", "a string", "an object"),
+        id="arguments that are not a string",
+    ),
+    case(
+        {"messages": [*ANSWERED[:2], {"role": "tool", "content": "Sunny"}]},
+        *missing("messages[2].tool_call_id"),
+        id="a tool result without tool_call_id",
+    ),
+    case(
+        {"messages": [*HI, ANSWERED[2]]},
+        "Invalid parameter: messages with role 'tool' must be a response to a preceeding message"
+        " with 'tool_calls'.",
+        "messages.[1].role",
+        id="a tool result without a call",
+    ),
+    case(
+        {"messages": [*ANSWERED[:2], {**ANSWERED[2], "tool_call_id": "call_9"}]},
+        "Invalid parameter: 'tool_call_id' of 'call_9' not found in 'tool_calls' of previous"
+        " message.",
+        "messages.[2].tool_call_id",
+        id="a tool result for another call",
+    ),
+    case(
+        {"messages": [*ANSWERED[:2], *HI]},
+        "An assistant message with 'tool_calls' must be followed by tool messages responding to"
+        " each 'tool_call_id'. The following tool_call_ids did not have response messages:"
+        " call_1",
+        "messages.[2].role",
+        id="a call left unanswered",
+    ),
+    case(
+        {"messages": ANSWERED[:2]},
+        "An assistant message with 'tool_calls' must be followed by tool messages responding to"
+        " each 'tool_call_id'. The following tool_call_ids did not have response messages:"
+        " call_1",
+        "messages",
+        id="a call at the end",
+    ),
+    # Parameters that need another one.
+    case(
+        {"stream_options": {"include_usage": True}},
+        "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+        "stream_options",
+        id="stream_options without stream",
+    ),
+    case(
+        {"stream": False, "stream_options": {"include_usage": True}},
+        "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+        "stream_options",
+        id="stream_options with stream false",
+    ),
+    case(
+        {"top_logprobs": 2},
+        "The 'top_logprobs' parameter is only allowed when 'logprobs' is enabled.",
+        "top_logprobs",
+        id="top_logprobs without logprobs",
+    ),
+    case(
+        {"tool_choice": "none"},
+        "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are"
+        " specified.",
+        "tool_choice",
+        id="tool_choice without tools",
+    ),
+    case(
+        {"parallel_tool_calls": True},
+        "Invalid value for 'parallel_tool_calls': 'parallel_tool_calls' is only allowed when"
+        " 'tools' are specified.",
+        "parallel_tool_calls",
+        id="parallel_tool_calls without tools",
+    ),
+    case(
+        {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "clock"}}},
+        "Invalid value for 'tool_choice': no function named 'clock' was specified in the 'tools'"
+        " parameter.",
+        "tool_choice",
+        id="a named tool that is not in tools",
+    ),
+    case(
+        {"tools": [WEATHER], "tool_choice": {"type": "function"}},
+        *missing("tool_choice.function"),
+        id="a named choice without function",
+    ),
+    case(
+        {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {}}},
+        *missing("tool_choice.function.name"),
+        id="a named choice without name",
+    ),
+    case(
+        {"response_format": {"type": "json_schema"}},
+        *missing("response_format.json_schema"),
+        id="json_schema without a schema",
+    ),
+    case(
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+        *missing("response_format.json_schema.name"),
+        id="json_schema without name",
+    ),
+    case(
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "a.b"}}},
+        f"Invalid 'response_format.json_schema.name': {PATTERN} '^[a-zA-Z0-9_-]+$'.",
+        "response_format.json_schema.name",
+        "invalid_value",
+        id="a json_schema name with a dot",
+    ),
+    case(
+        {"response_format": {"type": "json_object"}},
+        "'messages' must contain the word 'json' in some form, to use 'response_format' of type"
+        " 'json_object'.",
+        "messages",
+        id="json_object without the word json",
+    ),
+]
+
+
+@pytest.mark.parametrize(("changes", "envelope"), ERRORS)
+def test_rejected_with_openais_error(changes, envelope):
+    with pytest.raises(APIError) as raised:
+        parse(**changes)
+    assert (raised.value.status, raised.value.envelope()) == (400, envelope)
+
+
+@pytest.mark.parametrize("sent", [[], "hello", 1, None], ids=repr)
+def test_a_body_that_is_not_an_object_is_unparseable(sent):
+    with pytest.raises(APIError) as raised:
+        parse_chat_request(sent)
+    assert (raised.value.status, raised.value.envelope()) == (400, invalid_json().envelope())
