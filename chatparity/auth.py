@@ -15,6 +15,12 @@ async def authenticate(request: HttpRequest) -> ApiKey:
     if scheme.lower() != "bearer" or not presented:
         raise errors.missing_api_key()
     key = await ApiKey.objects.filter(hashed_key=hash_key(presented), is_active=True).afirst()
-    if key is None:
+    if key is None or key.is_expired:
         raise errors.invalid_api_key(presented)
     return key
+
+
+async def allowed_alias_ids(key: ApiKey) -> set[int] | None:
+    """The aliases ``key`` is scoped to, or None when it may use them all."""
+    ids = {pk async for pk in key.allowed_aliases.values_list("pk", flat=True)}
+    return ids or None

@@ -9,6 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 from django.db.models.functions import Lower
+from django.utils import timezone
 
 from .conf import app_settings
 
@@ -40,6 +41,13 @@ class ApiKey(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
     is_active = models.BooleanField(default=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    allowed_aliases: models.ManyToManyField[ModelAlias, Any] = models.ManyToManyField(
+        "ModelAlias",
+        blank=True,
+        related_name="api_keys",
+        help_text="Aliases this key may use; none selected means all.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
 
@@ -50,6 +58,10 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()
 
 
 class Backend(models.Model):
@@ -124,6 +136,7 @@ class RequestLog(models.Model):
     reasoning_tokens = models.PositiveIntegerField(default=0)
     time_to_first_token_ms = models.FloatField(null=True, blank=True)
     duration_ms = models.FloatField()
+    output_tokens_per_second = models.FloatField(null=True, blank=True)
     client_ip = models.GenericIPAddressField(null=True, blank=True)
     user_agent = models.CharField(max_length=500, blank=True)
     request_body = models.JSONField(null=True, blank=True)
@@ -135,10 +148,3 @@ class RequestLog(models.Model):
 
     def __str__(self) -> str:
         return f"{self.request_id} {self.alias} {self.status_code}"
-
-    @property
-    def output_tokens_per_second(self) -> float | None:
-        if self.time_to_first_token_ms is None or not self.completion_tokens:
-            return None
-        generating = (self.duration_ms - self.time_to_first_token_ms) / 1000
-        return self.completion_tokens / generating if generating > 0 else None

@@ -65,6 +65,8 @@ class UsageRecord:
     def row(self) -> RequestLog:
         usage = self.usage or Usage(prompt_tokens=0, completion_tokens=self.completion_tokens_sent)
         now = time.perf_counter()
+        first = self.first_token_at
+        generating = now - first if first is not None else 0.0
         return RequestLog(
             completion_id=self.completion_id,
             request_id=self.request_id,
@@ -85,10 +87,11 @@ class UsageRecord:
             total_tokens=usage.total_tokens,
             cached_tokens=usage.cached_tokens,
             reasoning_tokens=usage.reasoning_tokens,
-            time_to_first_token_ms=None
-            if self.first_token_at is None
-            else (self.first_token_at - self.started) * 1000,
+            time_to_first_token_ms=None if first is None else (first - self.started) * 1000,
             duration_ms=(now - self.started) * 1000,
+            output_tokens_per_second=usage.completion_tokens / generating
+            if generating > 0
+            else None,
             client_ip=self.client_ip,
             user_agent=self.user_agent[:500],
             request_body=self.request_body if app_settings.LOG_BODIES else None,

@@ -11,12 +11,13 @@ from functools import wraps
 from typing import Any
 
 import orjson
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from .auth import authenticate
+from .auth import allowed_alias_ids, authenticate
 from .backends import get_backend
-from .models import ModelAlias
+from .models import ApiKey, ModelAlias
 from .protocol import errors
 from .protocol.completion import CompletionAccumulator
 from .protocol.errors import APIError
@@ -69,10 +70,17 @@ def openai_endpoint(*methods: str) -> Callable[[View], View]:
     return decorate
 
 
-async def _resolve(model: str) -> ModelAlias:
+def _usable_aliases(allowed: set[int] | None) -> QuerySet[ModelAlias]:
+    aliases = ModelAlias.objects.filter(enabled=True)
+    return aliases if allowed is None else aliases.filter(pk__in=allowed)
+
+
+async def _resolve(model: str, key: ApiKey) -> ModelAlias:
+    """The alias ``model`` names, if ``key`` may use it; else OpenAI's 404."""
     alias = (
-        await ModelAlias.objects.select_related("backend")
-        .filter(public_id__iexact=model, enabled=True, backend__enabled=True)
+        await _usable_aliases(await allowed_alias_ids(key))
+        .select_related("backend")
+        .filter(public_id__iexact=model, backend__enabled=True)
         .afirst()
     )
     if alias is None:
@@ -101,7 +109,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
         record.request_body = body
         chat = parse_chat_request(body)
         record.alias, record.stream, record.n = chat.model, chat.stream, chat.n
-        alias = await _resolve(chat.model)
+        alias = await _resolve(chat.model, key)
         if alias.default_params:
             chat = parse_chat_request({**alias.default_params, **body})
         record.backend, record.upstream_model = alias.backend.name, alias.model
@@ -192,15 +200,17 @@ def _model_object(alias: ModelAlias) -> dict[str, Any]:
 
 @openai_endpoint("GET")
 async def list_models(request: HttpRequest) -> HttpResponse:
-    await authenticate(request)
-    aliases = ModelAlias.objects.filter(enabled=True, listed=True).order_by("public_id")
+    key = await authenticate(request)
+    allowed = await allowed_alias_ids(key)
+    aliases = _usable_aliases(allowed).filter(listed=True).order_by("public_id")
     return json_response({"object": "list", "data": [_model_object(a) async for a in aliases]})
 
 
 @openai_endpoint("GET")
 async def retrieve_model(request: HttpRequest, model: str) -> HttpResponse:
-    await authenticate(request)
-    alias = await ModelAlias.objects.filter(public_id__iexact=model, enabled=True).afirst()
+    key = await authenticate(request)
+    allowed = await allowed_alias_ids(key)
+    alias = await _usable_aliases(allowed).filter(public_id__iexact=model).afirst()
     if alias is None:
         raise APIError(
             f"The model '{model}' does not exist", status=404, param="model", code="model_not_found"

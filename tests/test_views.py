@@ -2,6 +2,7 @@
 
 import orjson
 from django.test import TestCase, override_settings
+from django.utils import timezone
 
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 
@@ -81,6 +82,22 @@ class ErrorTests(ViewTestCase):
     async def test_revoked_key_is_refused(self):
         await ApiKey.objects.filter(pk=self.key.pk).aupdate(is_active=False)
         assert (await self.ask()).status_code == 401
+
+    async def test_expired_key_is_refused(self):
+        await ApiKey.objects.filter(pk=self.key.pk).aupdate(expires_at=timezone.now())
+        assert (await self.ask()).status_code == 401
+
+    async def test_key_scoped_to_other_aliases_gets_404_and_a_filtered_model_list(self):
+        other = await ModelAlias.objects.acreate(public_id="other", backend=self.local)
+        await self.key.allowed_aliases.aset([other])
+        response = await self.ask(model="smollm2", max_tokens=1)
+        assert response.status_code == 404
+        assert response.json()["error"]["code"] == "model_not_found"
+        models = await self.async_client.get(
+            "/v1/models", headers={"Authorization": f"Bearer {self.plaintext}"}
+        )
+        assert [m["id"] for m in models.json()["data"]] == ["other"]
+        assert (await self.ask(model="other", max_tokens=1)).status_code == 200
 
     async def test_unknown_model_is_404_and_logged(self):
         response = await self.ask(model="gpt-9")
