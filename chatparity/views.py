@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import string
 import time
@@ -25,6 +26,8 @@ from .protocol.events import Event
 from .protocol.request import ChatRequest, parse_chat_request
 from .protocol.stream import DONE, ChunkEncoder, error_frame, sse
 from .usage import UsageRecord, record_usage
+
+logger = logging.getLogger(__name__)
 
 _ALPHANUMERIC = string.ascii_letters + string.digits
 
@@ -59,8 +62,10 @@ def openai_endpoint(*methods: str) -> Callable[[View], View]:
             else:
                 try:
                     response = await view(request, *args, **kwargs)
-                except APIError as error:
-                    response = error_response(error)
+                except Exception as exc:
+                    if not isinstance(exc, APIError):
+                        logger.exception("chatparity: unexpected failure")
+                    response = error_response(errors.as_api_error(exc))
             response["x-request-id"] = request.chatparity_request_id  # type: ignore[attr-defined]
             response["openai-processing-ms"] = str(round((time.perf_counter() - started) * 1000))
             return response
@@ -116,12 +121,12 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
         backend = get_backend(alias.backend)
         events = aiter(backend.stream(chat, alias.model))
         first = await anext(events)
-    except APIError as error:
-        record.fail(error)
-        await record_usage(record)
-        raise
     except asyncio.CancelledError:
         record.cancelled = True
+        await record_usage(record)
+        raise
+    except Exception as exc:
+        record.fail(errors.as_api_error(exc))
         await record_usage(record)
         raise
 
@@ -167,12 +172,12 @@ async def _chunks(
     except asyncio.CancelledError:
         record.cancelled = True
         raise
-    except APIError as error:
-        record.fail(error, streaming=record.stream)
-        raise
     except Exception as exc:
-        failure = errors.server_error()
+        failure = errors.as_api_error(exc)
         record.fail(failure, streaming=record.stream)
+        if failure is exc:
+            raise
+        logger.exception("chatparity: backend failed mid-response")
         raise failure from exc
     finally:
         await events.aclose()  # type: ignore[attr-defined]

@@ -154,6 +154,18 @@ class BackendFailureTests(ViewTestCase):
         assert response.json()["error"]["code"] == "bad"
         assert (await RequestLog.objects.aget()).status_code == 502
 
+    async def test_backend_crash_before_first_byte_is_a_500_envelope_and_logged(self):
+        await self.scripted("<fail>")
+        response = await self.ask(model="scripted", stream=True)
+        assert response.status_code == 500
+        assert response.json()["error"] == {
+            "message": "The server had an error while processing your request.",
+            "type": "server_error",
+            "param": None,
+            "code": None,
+        }
+        assert (await RequestLog.objects.aget()).status_code == 500
+
     async def test_non_stream_failure_midway_is_a_500_envelope(self):
         await self.scripted("partial", "<fail>")
         response = await self.ask(model="scripted")

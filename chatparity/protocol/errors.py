@@ -86,3 +86,9 @@ def server_error(
     code: str | None = None,
 ) -> APIError:
     return APIError(message, status=500, type="server_error", code=code)
+
+
+def as_api_error(exc: BaseException) -> APIError:
+    """``exc`` itself when it is an :class:`APIError`; else a generic 500, which
+    tells the client nothing of the internals."""
+    return exc if isinstance(exc, APIError) else server_error()
