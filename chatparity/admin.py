@@ -1,38 +1,223 @@
-"""Admin for keys, backends, aliases and the request log."""
+"""Admin for keys, backends, aliases, the request log and the usage dashboard."""
 
 from __future__ import annotations
 
-from django.contrib import admin
+import csv
+from typing import Any
 
-from .models import ApiKey, Backend, ModelAlias, RequestLog
+from asgiref.sync import async_to_sync
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.utils.html import format_html
+
+from . import probe
+from .dashboard import UsageDashboardAdmin
+from .models import ApiKey, Backend, ModelAlias, RequestLog, UsageDashboard
 
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ["name", "prefix", "is_active", "created_at", "last_used_at"]
+    list_display = [
+        "name", "masked_key", "owner", "status", "expires_at", "created_at", "last_used_at",
+    ]  # fmt: skip
+    list_filter = ["is_active", "owner"]
     search_fields = ["name", "prefix"]
-    readonly_fields = ["prefix", "created_at", "last_used_at"]
+    readonly_fields = ["masked_key", "created_at", "last_used_at"]
+    filter_horizontal = ["allowed_aliases"]
+    actions = ["revoke", "reactivate"]
+
+    def get_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> list[str]:
+        fields = ["name", "owner", "is_active", "expires_at", "allowed_aliases"]
+        return fields if obj is None else ["masked_key", *fields, "created_at", "last_used_at"]
+
+    @admin.display(description="key", ordering="prefix")
+    def masked_key(self, key: ApiKey) -> str:
+        return f"{key.prefix}…"
+
+    @admin.display(description="status")
+    def status(self, key: ApiKey) -> str:
+        if not key.is_active:
+            return "revoked"
+        return "expired" if key.is_expired else "active"
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        if not change:
+            # Only on this response; never in the session, messages or the database.
+            request.chatparity_plaintext = obj.issue()  # type: ignore[attr-defined]
+        super().save_model(request, obj, form, change)
+
+    def response_add(
+        self, request: HttpRequest, obj: ApiKey, post_url_continue: str | None = None
+    ) -> HttpResponse:
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "API key created",
+            "key": obj,
+            "plaintext": request.chatparity_plaintext,  # type: ignore[attr-defined]
+        }
+        # The admin's views are never_cache, so no copy of the key stays in a cache.
+        return TemplateResponse(request, "admin/chatparity/apikey/created.html", context)
+
+    @admin.action(description="Revoke selected keys", permissions=["change"])
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        count = queryset.update(is_active=False)
+        self.message_user(request, f"Revoked {count} key(s).", messages.SUCCESS)
+
+    @admin.action(description="Reactivate selected keys", permissions=["change"])
+    def reactivate(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        count = queryset.update(is_active=True)
+        self.message_user(request, f"Reactivated {count} key(s).", messages.SUCCESS)
+
+
+class BackendForm(forms.ModelForm):
+    """The secret is write-only: never rendered back; left blank, it stays as it was."""
+
+    base_url = forms.URLField(required=False, assume_scheme="https")
+    secret = forms.CharField(
+        required=False,
+        strip=False,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Write-only. Leave blank to keep the stored secret.",
+    )
+    clear_secret = forms.BooleanField(required=False, help_text="Remove the stored secret.")
+
+    class Meta:
+        model = Backend
+        fields = ["name", "kind", "base_url", "secret", "options", "timeout", "enabled"]
+
+    def clean_secret(self) -> str:
+        if self.cleaned_data.get("clear_secret"):
+            return ""
+        return self.cleaned_data["secret"] or self.instance.secret
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if cleaned.get("clear_secret"):
+            cleaned["secret"] = ""
+        return cleaned
 
 
 @admin.register(Backend)
 class BackendAdmin(admin.ModelAdmin):
-    list_display = ["name", "kind", "base_url", "enabled"]
-    exclude = ["secret"]
+    form = BackendForm
+    list_display = ["name", "kind", "base_url", "has_secret", "enabled", "alias_count"]
+    list_filter = ["kind", "enabled"]
+    search_fields = ["name", "base_url"]
+    actions = ["test_connection"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Backend]:
+        return super().get_queryset(request).annotate(alias_count=Count("aliases"))
+
+    @admin.display(boolean=True, description="secret")
+    def has_secret(self, backend: Backend) -> bool:
+        return bool(backend.secret)
+
+    @admin.display(description="aliases", ordering="alias_count")
+    def alias_count(self, backend: Backend) -> int:
+        return backend.alias_count  # type: ignore[attr-defined, no-any-return]
+
+    @admin.action(description="Test connection", permissions=["view"])
+    def test_connection(self, request: HttpRequest, queryset: QuerySet[Backend]) -> None:
+        for backend in queryset:
+            trial = async_to_sync(probe.check_connection)(backend)
+            if trial.ok:
+                self.message_user(
+                    request,
+                    f"{backend.name}: connected, answered in {trial.duration_ms:.0f} ms.",
+                    messages.SUCCESS,
+                )
+            else:
+                self.message_user(request, f"{backend.name}: {trial.error}", messages.ERROR)
+
+
+class TryItForm(forms.Form):
+    prompt = forms.CharField(initial=probe.TRY_PROMPT, widget=forms.Textarea(attrs={"rows": 3}))
+    max_tokens = forms.IntegerField(initial=64, min_value=1, max_value=1024)
 
 
 @admin.register(ModelAlias)
 class ModelAliasAdmin(admin.ModelAdmin):
-    list_display = ["public_id", "backend", "model", "enabled", "listed"]
-    search_fields = ["public_id", "model"]
+    list_display = [
+        "public_id", "backend", "model", "enabled", "listed", "owned_by", "context_window",
+    ]  # fmt: skip
+    list_filter = ["backend", "enabled", "listed"]
+    search_fields = ["public_id", "model", "description"]
+    list_select_related = ["backend"]
+    actions = ["try_it"]
+
+    @admin.action(description="Try it: send a short prompt", permissions=["view"])
+    def try_it(self, request: HttpRequest, queryset: QuerySet[ModelAlias]) -> TemplateResponse:
+        """An intermediate page: a prompt form, and each selected alias's reply and timing."""
+        form = TryItForm(request.POST if "prompt" in request.POST else None)
+        trials = []
+        if form.is_valid():
+            trials = [
+                async_to_sync(probe.try_alias)(
+                    alias, form.cleaned_data["prompt"], form.cleaned_data["max_tokens"]
+                )
+                for alias in queryset.select_related("backend")
+            ]
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Try it",
+            "form": form,
+            "aliases": queryset,
+            "trials": trials,
+            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/chatparity/modelalias/try_it.html", context)
+
+
+CSV_COLUMNS = [
+    "created_at", "request_id", "completion_id", "key_prefix", "alias", "backend",
+    "upstream_model", "stream", "n", "status_code", "error_type", "error_code", "cancelled",
+    "finish_reasons", "prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens",
+    "reasoning_tokens", "time_to_first_token_ms", "duration_ms", "output_tokens_per_second",
+    "client_ip", "user_agent",
+]  # fmt: skip
 
 
 @admin.register(RequestLog)
 class RequestLogAdmin(admin.ModelAdmin):
-    list_display = ["created_at", "key_prefix", "alias", "status_code", "stream", "total_tokens"]
+    list_display = [
+        "created_at", "key_prefix", "alias", "backend", "status_code", "stream", "cancelled",
+        "finish", "total_tokens", "time_to_first_token_ms", "duration_ms",
+    ]  # fmt: skip
+    list_filter = ["key_prefix", "alias", "status_code", "stream", "cancelled", "created_at"]
+    search_fields = ["request_id", "completion_id", "key_prefix", "alias"]
     date_hierarchy = "created_at"
+    actions = ["export_csv"]
 
-    def has_add_permission(self, request: object) -> bool:
+    @admin.display(description="finish")
+    def finish(self, row: RequestLog) -> str:
+        if row.error_type:
+            return format_html("<span title='{}'>{}</span>", row.error_code, row.error_type)
+        return ", ".join(row.finish_reasons)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request: object, obj: object = None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    @admin.action(description="Export selected rows as CSV", permissions=["view"])
+    def export_csv(self, request: HttpRequest, queryset: QuerySet[RequestLog]) -> HttpResponse:
+        response = HttpResponse(content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = 'attachment; filename="chatparity-requests.csv"'
+        writer = csv.writer(response)
+        writer.writerow(CSV_COLUMNS)
+        reasons = CSV_COLUMNS.index("finish_reasons")
+        for row in queryset.order_by("created_at").values_list(*CSV_COLUMNS):
+            writer.writerow([" ".join(value) if i == reasons else value for i, value in enumerate(row)])
+        return response
+
+
+admin.site.register(UsageDashboard, UsageDashboardAdmin)

@@ -21,13 +21,9 @@ def hash_key(plaintext: str) -> str:
 class ApiKeyManager(models.Manager["ApiKey"]):
     def create_key(self, name: str, **fields: Any) -> tuple[ApiKey, str]:
         """Create a key; return it with its plaintext, which is never stored."""
-        plaintext = app_settings.KEY_PREFIX + secrets.token_urlsafe(32)
-        key = self.create(
-            name=name,
-            prefix=plaintext[: len(app_settings.KEY_PREFIX) + 4],
-            hashed_key=hash_key(plaintext),
-            **fields,
-        )
+        key = self.model(name=name, **fields)
+        plaintext = key.issue()
+        key.save(force_insert=True)
         return key, plaintext
 
 
@@ -58,6 +54,13 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+    def issue(self) -> str:
+        """Give this (unsaved) key a fresh secret; return its plaintext, shown only now."""
+        plaintext = app_settings.KEY_PREFIX + secrets.token_urlsafe(32)
+        self.prefix = plaintext[: len(app_settings.KEY_PREFIX) + 4]
+        self.hashed_key = hash_key(plaintext)
+        return plaintext
 
     @property
     def is_expired(self) -> bool:
@@ -93,6 +96,12 @@ class ModelAlias(models.Model):
     model = models.CharField(max_length=200, blank=True, help_text="Effective upstream model.")
     default_params = models.JSONField(
         default=dict, blank=True, help_text="Request parameters applied when the client omits them."
+    )
+    fallbacks = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Public ids of aliases to try in order when this one's backend is"
+        " unreachable before answering.",
     )
     enabled = models.BooleanField(default=True)
     listed = models.BooleanField(default=True, help_text="Shown in /v1/models.")
@@ -148,3 +157,12 @@ class RequestLog(models.Model):
 
     def __str__(self) -> str:
         return f"{self.request_id} {self.alias} {self.status_code}"
+
+
+class UsageDashboard(RequestLog):
+    """The request log seen as charts: the admin's usage dashboard."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "usage dashboard"
+        verbose_name_plural = "usage dashboard"

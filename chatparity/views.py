@@ -17,7 +17,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHt
 from django.views.decorators.csrf import csrf_exempt
 
 from .auth import allowed_alias_ids, authenticate
-from .backends import get_backend
+from .backends import ChatBackend, get_backend
 from .models import ApiKey, ModelAlias
 from .protocol import errors
 from .protocol.completion import CompletionAccumulator
@@ -115,12 +115,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
         chat = parse_chat_request(body)
         record.alias, record.stream, record.n = chat.model, chat.stream, chat.n
         alias = await _resolve(chat.model, key)
-        if alias.default_params:
-            chat = parse_chat_request({**alias.default_params, **body})
-        record.backend, record.upstream_model = alias.backend.name, alias.model
-        backend = get_backend(alias.backend)
-        events = aiter(backend.stream(chat, alias.model))
-        first = await anext(events)
+        chat, backend, events, first = await _start(body, alias, key, record)
     except asyncio.CancelledError:
         record.cancelled = True
         await record_usage(record)
@@ -151,6 +146,45 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+# Failures that mean "this backend is unreachable": the next fallback alias may serve.
+_UNAVAILABLE = frozenset({502, 503, 504})
+
+
+async def _start(
+    body: dict[str, Any], alias: ModelAlias, key: ApiKey, record: UsageRecord
+) -> tuple[ChatRequest, ChatBackend, AsyncIterator[Event], Event]:
+    """The first event from ``alias``'s backend, or else from its fallbacks in order.
+
+    Only here, before the client has seen a byte, may a request move elsewhere.
+    """
+    fallbacks = list(alias.fallbacks)
+    while True:
+        chat = parse_chat_request({**alias.default_params, **body})
+        record.backend, record.upstream_model = alias.backend.name, alias.model
+        backend = get_backend(alias.backend)
+        events = aiter(backend.stream(chat, alias.model))
+        try:
+            return chat, backend, events, await anext(events)
+        except APIError as error:
+            if error.status not in _UNAVAILABLE:
+                raise
+            failed = alias
+            alias = await _first_usable(fallbacks, key)
+            if alias is None:
+                raise
+            logger.warning("chatparity: %s failed (%s), falling back to %s", failed, error, alias)
+
+
+async def _first_usable(public_ids: list[str], key: ApiKey) -> ModelAlias | None:
+    """Pop ``public_ids`` up to the first alias that exists and ``key`` may use."""
+    while public_ids:
+        try:
+            return await _resolve(public_ids.pop(0), key)
+        except APIError:
+            continue
+    return None
 
 
 async def _chunks(

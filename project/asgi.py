@@ -2,9 +2,25 @@
 
 import os
 
-from channels.routing import ProtocolTypeRouter
+from channels.auth import AuthMiddlewareStack
+from channels.routing import ProtocolTypeRouter, URLRouter
+from channels.security.websocket import AllowedHostsOriginValidator
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 
-application = ProtocolTypeRouter({"http": get_asgi_application()})
+# The example project serves its own static files (the admin's, the dashboard's);
+# a production deployment serves them from STATIC_ROOT in front of the workers.
+http = ASGIStaticFilesHandler(get_asgi_application())  # also sets Django up
+
+from chatparity.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": http,
+        "websocket": AllowedHostsOriginValidator(
+            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+        ),
+    }
+)

@@ -17,12 +17,16 @@ from openai import OpenAI
 ROOT = Path(__file__).resolve().parents[2]
 
 
+ADMIN = ("admin", "admin-password-for-e2e")
+
+
 @dataclass
 class LiveServer:
     url: str
     key: str
     database: Path
     process: subprocess.Popen
+    admin: tuple[str, str] = ADMIN
 
     @property
     def base_url(self) -> str:
@@ -62,6 +66,9 @@ def daphne_server(tmp_path_factory):
     _manage(env, "migrate", "--verbosity", "0")
     _manage(env, "chatparity_bootstrap")
     key = _manage(env, "createapikey", "e2e").strip()
+    username, password = ADMIN
+    superuser = {**env, "DJANGO_SUPERUSER_PASSWORD": password}
+    _manage(superuser, "createsuperuser", "--noinput", "--username", username, "--email", "a@b.c")
     port = _free_port()
     log = (database.parent / "daphne.log").open("wb")
     command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]

@@ -1,0 +1,168 @@
+"""The ``openai`` backend: any OpenAI-compatible upstream over pooled async httpx.
+
+It always asks the upstream for a stream with usage, and re-reads it through
+:class:`~chatparity.protocol.upstream.ChunkReader`, so clients see OpenAI's
+canonical stream (or its accumulation) whatever the upstream sent. Before the
+first event, refused or reset connections and 5xx answers are retried with
+backoff; the view then falls over to the alias's fallbacks.
+
+Options (``Backend.options``): ``retries`` (2), ``backoff`` (seconds, 0.2,
+doubled per retry), ``headers`` (extra request headers), ``connect_timeout``
+(seconds, 10). ``Backend.timeout`` bounds the whole request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import orjson
+
+from ..protocol.errors import APIError
+from ..protocol.events import Event
+from ..protocol.request import ChatRequest
+from ..protocol.tokens import approximate_prompt_tokens
+from ..protocol.upstream import ChunkReader, SSEReader, malformed, upstream_error
+from .base import BackendConfig
+
+_RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+
+
+def timeout_error() -> APIError:
+    return APIError(
+        "The upstream did not answer in time.",
+        status=504,
+        type="timeout_error",
+        code="request_timeout",
+    )
+
+
+class UpstreamBackend:
+    """Forwards completions to ``<base_url>/chat/completions``."""
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.config = config
+        self.url = config.base_url.rstrip("/") + "/chat/completions"
+        self.retries = int(config.options.get("retries", 2))
+        self.backoff = float(config.options.get("backoff", 0.2))
+        self.headers = {"Accept": "text/event-stream", **config.options.get("headers", {})}
+        if config.secret:
+            self.headers["Authorization"] = f"Bearer {config.secret}"
+        self.timeout = httpx.Timeout(
+            config.timeout, connect=min(float(config.options.get("connect_timeout", 10)), config.timeout)
+        )
+        # A pool per event loop: httpx connections cannot move between loops.
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+            weakref.WeakKeyDictionary()
+        )
+        digest = hashlib.sha256(f"{config.name}:{config.base_url}".encode()).hexdigest()
+        self._fingerprint = f"fp_{digest[:10]}"
+
+    @property
+    def system_fingerprint(self) -> str:
+        return self._fingerprint
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=100)
+            client = self._clients[loop] = httpx.AsyncClient(
+                timeout=self.timeout, limits=limits, headers=self.headers
+            )
+        return client
+
+    async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[Event]:
+        body = {
+            **request.body,
+            "model": model or request.model,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        reader = ChunkReader(n=request.n, prompt_tokens=approximate_prompt_tokens(request.messages))
+        deadline = asyncio.get_running_loop().time() + self.config.timeout
+        async with self._response(orjson.dumps(body), deadline) as response:
+            lines = response.aiter_lines()
+            sse = SSEReader()
+            while not reader.done:
+                line = await self._next_line(lines, deadline)
+                event = sse.flush() if line is None else sse.feed(line)
+                if event is not None:
+                    for item in reader.read(event):
+                        yield item
+                if line is None:
+                    break  # the body ended without [DONE]: finish what is open
+        for item in reader.finish():
+            yield item
+
+    async def _next_line(self, lines: AsyncIterator[str], deadline: float) -> str | None:
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await anext(lines)
+        except StopAsyncIteration:
+            return None
+        except (TimeoutError, httpx.TimeoutException):
+            raise timeout_error() from None
+        except httpx.HTTPError as exc:
+            raise malformed(f"the connection dropped ({type(exc).__name__})") from None
+
+    @asynccontextmanager
+    async def _response(self, content: bytes, deadline: float) -> AsyncIterator[httpx.Response]:
+        """The upstream's streaming response once it answered 2xx; retried before that."""
+        client = self._client()
+        for attempt in range(self.retries + 1):
+            failure: APIError
+            try:
+                async with asyncio.timeout_at(deadline):
+                    request = client.build_request("POST", self.url, content=content)
+                    response = await client.send(request, stream=True)
+            except (TimeoutError, httpx.TimeoutException):
+                raise timeout_error() from None
+            except httpx.ConnectError:
+                failure = APIError(
+                    "The upstream is unavailable.",
+                    status=503,
+                    type="server_error",
+                    code="upstream_unavailable",
+                )
+            except httpx.TransportError as exc:
+                failure = APIError(
+                    f"The upstream connection failed ({type(exc).__name__}).",
+                    status=502,
+                    type="server_error",
+                    code="upstream_error",
+                )
+            else:
+                if response.is_success:
+                    try:
+                        yield response
+                    finally:
+                        await response.aclose()
+                    return
+                failure = await self._error(response)
+                if response.status_code not in _RETRYABLE_STATUS:
+                    raise failure
+            if attempt == self.retries:
+                raise failure
+            await asyncio.sleep(self.backoff * 2**attempt)
+
+    async def _error(self, response: httpx.Response) -> APIError:
+        """The upstream's error in OpenAI's envelope, its status kept, the secret never shown."""
+        try:
+            body = await response.aread()
+        finally:
+            await response.aclose()
+        try:
+            payload: Any = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            payload = None
+        status = response.status_code
+        error = upstream_error(payload, status=status if status < 500 else 502)
+        if self.config.secret and self.config.secret in error.message:
+            error.message = error.message.replace(self.config.secret, "***")
+        return error

@@ -1,0 +1,205 @@
+"""Reading what an OpenAI-compatible upstream streams, whatever its quirks.
+
+:class:`SSEReader` turns the lines of a ``text/event-stream`` body into
+events (comments and keepalives skipped, multi-line data joined, ``event:
+error`` kept apart). :class:`ChunkReader` turns the upstream's
+``chat.completion.chunk`` objects into normalized backend events, repairing
+what real servers get wrong: changing ids (ignored: the encoder sets its
+own), a missing or repeated role, a finish_reason riding on a content chunk,
+tool-call ids and names repeated on later deltas, a missing finisher or
+``[DONE]``, usage missing or on the wrong chunk.
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from .errors import APIError
+from .events import Event, Finish, TextDelta, TokenLogprob, ToolCallDelta, TopLogprob, Usage
+
+FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSentEvent:
+    event: str
+    data: str
+
+
+@dataclass
+class SSEReader:
+    """Folds body lines into server-sent events (the WHATWG rules, leniently)."""
+
+    _data: list[str] = field(default_factory=list)
+    _event: str = ""
+
+    def feed(self, line: str) -> ServerSentEvent | None:
+        """Take one line (without its end); return the event a blank line completes."""
+        if not line:
+            return self.flush()
+        if line.startswith(":"):
+            return None  # a comment: keepalive
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        return None
+
+    def flush(self) -> ServerSentEvent | None:
+        """The event in progress, also when the body ended without its blank line."""
+        if not self._data:
+            self._event = ""
+            return None
+        event = ServerSentEvent(self._event or "message", "\n".join(self._data))
+        self._data, self._event = [], ""
+        return event
+
+
+def upstream_error(payload: Any, status: int = 502) -> APIError:
+    """An APIError from an upstream's error envelope (or whatever it sent instead)."""
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(error, dict):
+        message = error.get("message")
+        return APIError(
+            str(message) if message else f"The upstream failed with HTTP {status}.",
+            status=status,
+            type=str(error.get("type") or ("server_error" if status >= 500 else "invalid_request_error")),
+            param=error.get("param") if isinstance(error.get("param"), str) else None,
+            code=str(error["code"]) if error.get("code") is not None else None,
+        )
+    if isinstance(error, str):
+        return APIError(error, status=status, type="server_error" if status >= 500 else "invalid_request_error")
+    return APIError(
+        f"The upstream failed with HTTP {status}.", status=status, type="server_error", code="upstream_error"
+    )
+
+
+def malformed(detail: str) -> APIError:
+    return APIError(
+        f"The upstream sent a malformed stream: {detail}",
+        status=502,
+        type="server_error",
+        code="upstream_error",
+    )
+
+
+class ChunkReader:
+    """Normalized events from one upstream stream, for a request of ``n`` choices.
+
+    Token counts come from the upstream's usage when it sends one; otherwise
+    each content or argument delta counts as one completion token (servers
+    stream a token a delta) and the prompt counts ``prompt_tokens``.
+    """
+
+    def __init__(self, *, n: int, prompt_tokens: int) -> None:
+        self.n = n
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = 0
+        self.usage: Usage | None = None
+        self.done = False
+        self._finished: set[int] = set()
+        self._calls: dict[tuple[int, int], str] = {}
+
+    def read(self, sse: ServerSentEvent) -> list[Event]:
+        """The events in one server-sent event; raises the upstream's error as APIError."""
+        if sse.data.strip() == "[DONE]":
+            self.done = True
+            return []
+        try:
+            chunk = orjson.loads(sse.data)
+        except orjson.JSONDecodeError:
+            raise malformed(f"invalid JSON {sse.data[:80]!r}") from None
+        if sse.event == "error" or (isinstance(chunk, dict) and "error" in chunk):
+            raise upstream_error(chunk)
+        if not isinstance(chunk, dict):
+            raise malformed("a chunk is not a JSON object")
+        events: list[Event] = []
+        for choice in chunk.get("choices") or ():
+            if isinstance(choice, dict):
+                events += self._choice(choice)
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = _usage(chunk["usage"])
+        return events
+
+    def _choice(self, choice: dict[str, Any]) -> list[Event]:
+        index = choice.get("index", 0)
+        if not isinstance(index, int) or index in self._finished:
+            return []  # nothing may follow a choice's finisher
+        delta = choice.get("delta") or {}
+        events: list[Event] = []
+        content = delta.get("content")
+        if isinstance(content, str) and content:
+            logprobs = _logprobs(choice.get("logprobs"))
+            tokens = len(logprobs) if logprobs else 1
+            self.completion_tokens += tokens
+            events.append(TextDelta(index, content, logprobs=logprobs, tokens=tokens))
+        for call in delta.get("tool_calls") or ():
+            events += self._tool_call(index, call)
+        reason = choice.get("finish_reason")
+        if reason:
+            self._finished.add(index)
+            events.append(Finish(index, reason if reason in FINISH_REASONS else "stop"))
+        return events
+
+    def _tool_call(self, index: int, call: dict[str, Any]) -> list[Event]:
+        slot = call.get("index", 0)
+        function = call.get("function") or {}
+        arguments = function.get("arguments") or ""
+        if arguments:
+            self.completion_tokens += 1
+        if (index, slot) in self._calls:  # a later delta: only its arguments count
+            return [ToolCallDelta(index, slot, arguments)] if arguments else []
+        call_id = call.get("id") or "call_" + "".join(
+            secrets.choice(_ID_ALPHABET) for _ in range(24)
+        )
+        self._calls[(index, slot)] = call_id
+        name = function.get("name") or ""
+        return [ToolCallDelta(index, slot, arguments, id=call_id, name=name, tokens=0)]
+
+    def finish(self) -> list[Event]:
+        """The end of the stream: a finisher for every choice still open, then usage."""
+        events: list[Event] = [
+            Finish(index, "tool_calls" if any(i == index for i, _ in self._calls) else "stop")
+            for index in range(self.n)
+            if index not in self._finished
+        ]
+        self._finished.update(range(self.n))
+        events.append(self.usage or Usage(self.prompt_tokens, self.completion_tokens))
+        return events
+
+
+def _usage(usage: dict[str, Any]) -> Usage:
+    prompt_details = usage.get("prompt_tokens_details") or {}
+    completion_details = usage.get("completion_tokens_details") or {}
+    return Usage(
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        cached_tokens=int(prompt_details.get("cached_tokens") or 0),
+        reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
+    )
+
+
+def _logprobs(logprobs: Any) -> list[TokenLogprob] | None:
+    entries = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not entries:
+        return None
+    return [
+        TokenLogprob(
+            token=entry.get("token", ""),
+            logprob=float(entry.get("logprob", 0.0)),
+            bytes=entry.get("bytes"),
+            top_logprobs=[
+                TopLogprob(top.get("token", ""), float(top.get("logprob", 0.0)), top.get("bytes"))
+                for top in entry.get("top_logprobs") or ()
+            ],
+        )
+        for entry in entries
+    ]
