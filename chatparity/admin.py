@@ -8,6 +8,7 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -29,9 +30,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
     filter_horizontal = ["allowed_aliases"]
     actions = ["revoke", "reactivate"]
 
-    def get_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> list[str]:
-        fields = ["name", "owner", "is_active", "expires_at", "allowed_aliases"]
-        return fields if obj is None else ["masked_key", *fields, "created_at", "last_used_at"]
+    def get_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> tuple[str, ...]:
+        fields = ("name", "owner", "is_active", "expires_at", "allowed_aliases")
+        return fields if obj is None else ("masked_key", *fields, "created_at", "last_used_at")
 
     @admin.display(description="key", ordering="prefix")
     def masked_key(self, key: ApiKey) -> str:
@@ -92,7 +93,7 @@ class BackendForm(forms.ModelForm):
     def clean_secret(self) -> str:
         if self.cleaned_data.get("clear_secret"):
             return ""
-        return self.cleaned_data["secret"] or self.instance.secret
+        return str(self.cleaned_data["secret"] or self.instance.secret)
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
@@ -110,7 +111,8 @@ class BackendAdmin(admin.ModelAdmin):
     actions = ["test_connection"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Backend]:
-        return super().get_queryset(request).annotate(alias_count=Count("aliases"))
+        backends: QuerySet[Backend] = super().get_queryset(request)
+        return backends.annotate(alias_count=Count("aliases"))
 
     @admin.display(boolean=True, description="secret")
     def has_secret(self, backend: Backend) -> bool:
@@ -168,7 +170,7 @@ class ModelAliasAdmin(admin.ModelAdmin):
             "form": form,
             "aliases": queryset,
             "trials": trials,
-            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "admin/chatparity/modelalias/try_it.html", context)
 
@@ -216,7 +218,9 @@ class RequestLogAdmin(admin.ModelAdmin):
         writer.writerow(CSV_COLUMNS)
         reasons = CSV_COLUMNS.index("finish_reasons")
         for row in queryset.order_by("created_at").values_list(*CSV_COLUMNS):
-            writer.writerow([" ".join(value) if i == reasons else value for i, value in enumerate(row)])
+            writer.writerow(
+                [" ".join(value) if i == reasons else value for i, value in enumerate(row)]
+            )
         return response
 
 

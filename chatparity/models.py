@@ -57,7 +57,7 @@ class ApiKey(models.Model):
 
     def issue(self) -> str:
         """Give this (unsaved) key a fresh secret; return its plaintext, shown only now."""
-        plaintext = app_settings.KEY_PREFIX + secrets.token_urlsafe(32)
+        plaintext = str(app_settings.KEY_PREFIX) + secrets.token_urlsafe(32)
         self.prefix = plaintext[: len(app_settings.KEY_PREFIX) + 4]
         self.hashed_key = hash_key(plaintext)
         return plaintext

@@ -170,11 +170,11 @@ async def _start(
         except APIError as error:
             if error.status not in _UNAVAILABLE:
                 raise
-            failed = alias
-            alias = await _first_usable(fallbacks, key)
-            if alias is None:
+            fallback = await _first_usable(fallbacks, key)
+            if fallback is None:
                 raise
-            logger.warning("chatparity: %s failed (%s), falling back to %s", failed, error, alias)
+            logger.warning("chatparity: %s failed (%s), falling back to %s", alias, error, fallback)
+            alias = fallback
 
 
 async def _first_usable(public_ids: list[str], key: ApiKey) -> ModelAlias | None:

@@ -120,7 +120,9 @@ class TestBackendAdmin:
 
 
 class TestModelAliasAdmin:
-    def test_try_it_asks_for_a_prompt_then_shows_reply_and_timing(self, admin_client, scripted_alias):
+    def test_try_it_asks_for_a_prompt_then_shows_reply_and_timing(
+        self, admin_client, scripted_alias
+    ):
         alias = scripted_alias("Hel", "lo!")
         form = run_action(admin_client, "modelalias", "try_it", [alias])
         assert form.status_code == 200
@@ -151,7 +153,8 @@ class TestModelAliasAdmin:
             admin_client, "modelalias", "try_it", [alias], prompt="Say hi", max_tokens="4"
         )
         (trial,) = response.context["trials"]
-        assert trial.ok and trial.reply.strip()
+        assert trial.ok
+        assert trial.reply.strip()
         assert (trial.finish_reason, trial.completion_tokens) == ("length", 4)
         assert RequestLog.objects.count() == 0  # admin trials are not API requests
 

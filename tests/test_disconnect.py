@@ -35,13 +35,17 @@ def scope(plaintext):
     }
 
 
+def keep_test_connection(test):
+    """As Django's test client does: keep the test database connection open."""
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    test.addCleanup(request_started.connect, close_old_connections)
+    test.addCleanup(request_finished.connect, close_old_connections)
+
+
 class DisconnectTests(TransactionTestCase):
     def setUp(self):
-        # As Django's test client does: keep the test database connection open.
-        request_started.disconnect(close_old_connections)
-        request_finished.disconnect(close_old_connections)
-        self.addCleanup(request_started.connect, close_old_connections)
-        self.addCleanup(request_finished.connect, close_old_connections)
+        keep_test_connection(self)
 
     async def hang_up_after(self, body, frames):
         _, plaintext = await sync_to_async(ApiKey.objects.create_key)("hang-up")

@@ -54,7 +54,8 @@ class UpstreamBackend:
         if config.secret:
             self.headers["Authorization"] = f"Bearer {config.secret}"
         self.timeout = httpx.Timeout(
-            config.timeout, connect=min(float(config.options.get("connect_timeout", 10)), config.timeout)
+            config.timeout,
+            connect=min(float(config.options.get("connect_timeout", 10)), config.timeout),
         )
         # A pool per event loop: httpx connections cannot move between loops.
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (

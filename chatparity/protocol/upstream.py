@@ -71,14 +71,21 @@ def upstream_error(payload: Any, status: int = 502) -> APIError:
         return APIError(
             str(message) if message else f"The upstream failed with HTTP {status}.",
             status=status,
-            type=str(error.get("type") or ("server_error" if status >= 500 else "invalid_request_error")),
+            type=str(
+                error.get("type") or ("server_error" if status >= 500 else "invalid_request_error")
+            ),
             param=error.get("param") if isinstance(error.get("param"), str) else None,
             code=str(error["code"]) if error.get("code") is not None else None,
         )
     if isinstance(error, str):
-        return APIError(error, status=status, type="server_error" if status >= 500 else "invalid_request_error")
+        return APIError(
+            error, status=status, type="server_error" if status >= 500 else "invalid_request_error"
+        )
     return APIError(
-        f"The upstream failed with HTTP {status}.", status=status, type="server_error", code="upstream_error"
+        f"The upstream failed with HTTP {status}.",
+        status=status,
+        type="server_error",
+        code="upstream_error",
     )
 
 

@@ -58,9 +58,7 @@ def screenshot(page, name):
         page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True)
 
 
-def test_a_key_from_creation_to_the_log_the_dashboard_and_the_live_tail(
-    admin_page, daphne_server
-):
+def test_a_key_from_creation_to_the_log_the_dashboard_and_the_live_tail(admin_page, daphne_server):
     page, url = admin_page, daphne_server.url
 
     page.goto(f"{url}/admin/chatparity/apikey/add/")
@@ -85,7 +83,8 @@ def test_a_key_from_creation_to_the_log_the_dashboard_and_the_live_tail(
             max_tokens=5,
             stream=True,
         )
-        completion_id = [chunk.id for chunk in stream][0]
+        chunks = list(stream)
+    completion_id = chunks[0].id
 
     row = page.wait_for_selector(f"#live-tail .tail-row:has-text('{plaintext[:10]}')")
     assert "smollm2" in row.inner_text()

@@ -1,0 +1,289 @@
+"""A real HTTP upstream on loopback that misbehaves on request.
+
+The ``model`` of each request picks the behaviour (see :data:`BEHAVIOURS`), so one
+server serves every test. It speaks raw HTTP/1.1 over asyncio streams, with
+chunked bodies, so it can also break the protocol: reset a connection, drop it
+mid-body, never finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import struct
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+
+def chunk(content: str | None = None, *, index=0, finish=None, role=None, **extra) -> dict:
+    """A canonical chunk; tests vary it to make quirks."""
+    delta = {}
+    if role:
+        delta["role"] = role
+    if content is not None:
+        delta["content"] = content
+    return {
+        "id": "up-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": index, "delta": delta, "finish_reason": finish}],
+        **extra,
+    }
+
+
+def data(payload) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+CANONICAL = [
+    data(chunk(role="assistant", content="")),
+    data(chunk("Hello")),
+    data(chunk(" world")),
+    data(chunk(finish="stop")),
+    data(
+        {
+            **chunk(),
+            "choices": [],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+        }
+    ),
+    "data: [DONE]\n\n",
+]
+
+QUIRKY = [
+    ": keepalive\n\n",
+    data({**chunk("Hel", role="assistant"), "id": "a", "created": 1}),  # role and content together
+    data({**chunk(role="assistant"), "id": "b", "created": 2}),  # a repeated role, another id
+    "event: message\ndata: " + json.dumps(chunk("lo")) + "\n\n",
+    data(chunk("!", finish="stop")),  # finish_reason on a content chunk
+    data(chunk("after the end")),  # content after the finisher
+    # no usage, no [DONE]
+]
+
+TOOL_QUIRKS = [
+    data(
+        {
+            **chunk(role="assistant"),
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": "call_1",
+                                "type": "function",
+                                "function": {"name": "get_weather", "arguments": '{"ci'},
+                            }
+                        ]
+                    },
+                }
+            ],
+        }
+    ),
+    data(
+        {
+            **chunk(),
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": "call_1",
+                                "type": "function",
+                                "function": {"name": "get_weather", "arguments": 'ty": "Paris"}'},
+                            }
+                        ]
+                    },
+                    "finish_reason": None,
+                }
+            ],
+        }
+    ),  # the id and name repeated on a later delta
+    data(chunk(finish="tool_calls")),
+    "data: [DONE]\n\n",
+]
+
+ERROR_EVENT = [
+    data(chunk(role="assistant", content="")),
+    data(chunk("partial")),
+    'event: error\ndata: {"error": {"message": "overloaded", "type": "server_error"}}\n\n',
+]
+
+
+@dataclass
+class FaultyUpstream:
+    """The running server: its base URL and what it saw."""
+
+    port: int
+    secret: str
+    attempts: Counter = field(default_factory=Counter)
+    bodies: dict[str, dict] = field(default_factory=dict)
+    closed: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+
+Handler = Callable[[asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _head(writer, status=200, content_type="text/event-stream"):
+    writer.write(
+        f"HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\n"
+        "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n".encode()
+    )
+    await writer.drain()
+
+
+async def _send(writer, text: str):
+    body = text.encode()
+    writer.write(f"{len(body):x}\r\n".encode() + body + b"\r\n")
+    await writer.drain()
+
+
+async def _end(writer):
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()
+
+
+async def _stream(writer, frames, *, end=True, pause=0.0):
+    await _head(writer)
+    for frame in frames:
+        await _send(writer, frame)
+        await asyncio.sleep(pause)
+    if end:
+        await _end(writer)
+
+
+async def _json(writer, status, payload):
+    await _head(writer, status, "application/json")
+    await _send(writer, json.dumps(payload))
+    await _end(writer)
+
+
+def behaviours(upstream: FaultyUpstream) -> dict[str, Handler]:
+    async def fail_twice_then_answer(writer):
+        if upstream.attempts["flaky"] <= 2:
+            await _json(writer, 503, {"error": {"message": "busy", "type": "server_error"}})
+        else:
+            await _stream(writer, CANONICAL)
+
+    async def endless(writer):
+        await _head(writer)
+        await _send(writer, data(chunk(role="assistant", content="")))
+        await _send(writer, data(chunk("and on")))
+        while True:
+            await _send(writer, ": keepalive\n\n")
+            await asyncio.sleep(0.05)
+
+    async def slow_tokens(writer):
+        await _head(writer)
+        await _send(writer, data(chunk(role="assistant", content="")))
+        while True:
+            await _send(writer, data(chunk("tick ")))
+            await asyncio.sleep(0.05)
+
+    async def slow_first_byte(writer):
+        await asyncio.sleep(30)
+
+    return {
+        "canonical": lambda w: _stream(w, CANONICAL),
+        "quirky": lambda w: _stream(w, QUIRKY),
+        "tool-quirks": lambda w: _stream(w, TOOL_QUIRKS),
+        "error-event": lambda w: _stream(w, ERROR_EVENT),
+        "malformed": lambda w: _stream(w, [*CANONICAL[:2], "data: {not json\n\n"]),
+        "malformed-first": lambda w: _stream(w, ["data: {not json\n\n"]),
+        "drop": lambda w: _stream(w, CANONICAL[:3], end=False),
+        "reset": _reset_async,
+        "bad-request": lambda w: _json(
+            w,
+            400,
+            {
+                "error": {
+                    "message": f"Bad key {upstream.secret} for this model",
+                    "type": "invalid_request_error",
+                    "param": "model",
+                    "code": "model_not_found",
+                }
+            },
+        ),
+        "rate-limited": lambda w: _json(
+            w, 429, {"error": {"message": "slow down", "type": "requests", "code": "rate_limit"}}
+        ),
+        "server-error": lambda w: _json(w, 500, {"error": {"message": "boom"}}),
+        "not-json-error": lambda w: _json(w, 502, "<html>bad gateway</html>"),
+        "flaky": fail_twice_then_answer,
+        "slow-first-byte": slow_first_byte,
+        "endless": endless,
+        "slow-tokens": slow_tokens,
+    }
+
+
+async def _reset_async(writer):
+    """Close with RST: the client sees its connection reset before any response."""
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+async def _serve(upstream: FaultyUpstream, started: threading.Event, holder: list) -> None:
+    table = behaviours(upstream)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        behaviour = "?"
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.decode().split("\r\n"):
+                if line.lower().startswith("content-length:"):
+                    length = int(line.split(":", 1)[1])
+            body = json.loads(await reader.readexactly(length))
+            behaviour = body["model"]
+            upstream.attempts[behaviour] += 1
+            upstream.bodies[behaviour] = body
+            upstream.attempts[f"{behaviour}:authorized"] += (
+                f"authorization: bearer {upstream.secret}" in head.decode().lower()
+            )
+            await table[behaviour](writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            upstream.closed[behaviour] = time.monotonic()
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    upstream.port = server.sockets[0].getsockname()[1]
+    holder.append((asyncio.get_running_loop(), server))
+    started.set()
+    with contextlib.suppress(asyncio.CancelledError):
+        async with server:
+            await server.serve_forever()
+
+
+def start(secret: str) -> tuple[FaultyUpstream, Callable[[], None]]:
+    """Serve in a thread of its own; return the server and a function that stops it."""
+    upstream = FaultyUpstream(port=0, secret=secret)
+    started = threading.Event()
+    holder: list = []
+    thread = threading.Thread(
+        target=lambda: asyncio.run(_serve(upstream, started, holder)), daemon=True
+    )
+    thread.start()
+    started.wait(5)
+
+    def stop() -> None:
+        loop, server = holder[0]
+        loop.call_soon_threadsafe(server.close)
+
+    return upstream, stop

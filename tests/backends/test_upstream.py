@@ -1,0 +1,309 @@
+"""The ``openai`` backend against a real HTTP upstream on loopback that misbehaves on
+request: whatever it sends, the client sees OpenAI's canonical stream or error."""
+
+import asyncio
+import json
+import socket
+import time
+from contextlib import closing
+
+import orjson
+from asgiref.sync import sync_to_async
+from asgiref.testing import ApplicationCommunicator
+from django.core.asgi import get_asgi_application
+from django.test import TestCase, TransactionTestCase
+
+from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
+from tests.backends import faulty_upstream
+from tests.test_disconnect import keep_test_connection, scope
+
+SECRET = "sk-upstream-secret-0000"
+
+
+def closed_port() -> int:
+    with closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def frames(body: bytes) -> list:
+    """The JSON payloads of an SSE body, with ``[DONE]`` as a string."""
+    events = [e.removeprefix(b"data: ") for e in body.split(b"\n\n") if e]
+    return [e.decode() if e == b"[DONE]" else json.loads(e) for e in events]
+
+
+class UpstreamTestCase(TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.upstream, stop = faulty_upstream.start(SECRET)
+        cls.addClassCleanup(stop)
+        super().setUpClass()
+
+    @classmethod
+    def setUpTestData(cls):
+        cls.key, cls.plaintext = ApiKey.objects.create_key("tests")
+        cls.backend = Backend.objects.create(
+            name="faulty", kind="openai", base_url=cls.upstream.base_url, secret=SECRET,
+            timeout=5, options={"backoff": 0.01},
+        )  # fmt: skip
+
+    def setUp(self):
+        self.upstream.attempts.clear()
+
+    async def alias(self, behaviour, backend=None, **fields):
+        return await ModelAlias.objects.acreate(
+            public_id=f"up-{behaviour}", backend=backend or self.backend, model=behaviour, **fields
+        )
+
+    async def ask(self, behaviour, **body):
+        await self.alias(behaviour)
+        return await self.post(f"up-{behaviour}", **body)
+
+    def post(self, model, **body):
+        return self.async_client.post(
+            "/v1/chat/completions",
+            data=orjson.dumps(
+                {"model": model, "messages": [{"role": "user", "content": "Hi"}], **body}
+            ),
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {self.plaintext}"},
+        )
+
+    @staticmethod
+    async def stream_of(response):
+        assert response.status_code == 200, response.content
+        return frames(b"".join([part async for part in response.streaming_content]))
+
+    @staticmethod
+    def text(chunks):
+        return "".join(
+            c["choices"][0]["delta"].get("content") or ""
+            for c in chunks
+            if isinstance(c, dict) and c.get("choices")
+        )
+
+
+class CanonicalForwardingTests(UpstreamTestCase):
+    async def test_forwards_with_the_secret_the_effective_model_and_usage_asked(self):
+        response = await self.ask("canonical", stream=True, user="u-1")
+        chunks = await self.stream_of(response)
+        sent = self.upstream.bodies["canonical"]
+        assert sent["model"] == "canonical"
+        assert sent["stream_options"] == {"include_usage": True}
+        assert sent["user"] == "u-1"
+        assert self.upstream.attempts["canonical:authorized"] == 1
+        assert self.text(chunks) == "Hello world"
+        assert {c["model"] for c in chunks[:-1]} == {"up-canonical"}
+        assert all("usage" not in c for c in chunks[:-1])  # the client did not ask for it
+        assert chunks[-1] == "[DONE]"
+
+    async def test_non_stream_is_the_accumulated_stream_with_upstream_usage(self):
+        completion = (await self.ask("canonical", temperature=0)).json()
+        assert completion["choices"][0]["message"]["content"] == "Hello world"
+        assert completion["usage"]["prompt_tokens"] == 5
+        assert completion["usage"]["completion_tokens"] == 2
+        row = await RequestLog.objects.aget()
+        assert (row.backend, row.upstream_model, row.total_tokens) == ("faulty", "canonical", 7)
+
+
+class RepairTests(UpstreamTestCase):
+    async def test_quirky_stream_comes_out_canonical(self):
+        chunks = await self.stream_of(
+            await self.ask("quirky", stream=True, stream_options={"include_usage": True})
+        )
+        *body, usage, done = chunks
+        assert done == "[DONE]"
+        assert len({(c["id"], c["created"]) for c in chunks[:-1]}) == 1
+        assert body[0]["choices"][0]["delta"] == {
+            "role": "assistant",
+            "content": "",
+            "refusal": None,
+        }
+        assert all("role" not in c["choices"][0]["delta"] for c in body[1:])
+        assert [c["choices"][0]["finish_reason"] for c in body] == [None] * (len(body) - 1) + [
+            "stop"
+        ]
+        assert body[-1]["choices"][0]["delta"] == {}
+        assert self.text(body) == "Hello!"
+        assert all(c["usage"] is None for c in body)
+        # No usage upstream: each delta counted as a token.
+        assert usage["choices"] == []
+        assert usage["usage"]["completion_tokens"] == 3
+
+    async def test_tool_call_ids_and_names_are_sent_once(self):
+        chunks = await self.stream_of(await self.ask("tool-quirks", stream=True))
+        calls = [c["choices"][0]["delta"].get("tool_calls") for c in chunks[:-1]]
+        calls = [call[0] for call in calls if call]
+        assert calls[0] == {
+            "index": 0, "id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": ""},
+        }  # fmt: skip
+        assert all(set(call) == {"index", "function"} for call in calls[1:])
+        assert all(set(call["function"]) == {"arguments"} for call in calls[1:])
+        arguments = "".join(call["function"]["arguments"] for call in calls)
+        assert json.loads(arguments) == {"city": "Paris"}
+        assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+class FailureTests(UpstreamTestCase):
+    async def test_client_error_keeps_status_and_message_without_the_secret(self):
+        response = await self.ask("bad-request")
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error == {
+            "message": "Bad key *** for this model",
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
+        }
+        assert SECRET not in response.content.decode()
+        assert self.upstream.attempts["bad-request"] == 1  # a 4xx is not retried
+        row = await RequestLog.objects.aget()
+        assert (row.status_code, row.error_code) == (400, "model_not_found")
+
+    async def test_rate_limit_is_passed_on_as_a_429(self):
+        response = await self.ask("rate-limited", stream=True)
+        assert response.status_code == 429
+        assert response.json()["error"]["message"] == "slow down"
+
+    async def test_server_errors_are_retried_then_a_502(self):
+        response = await self.ask("server-error")
+        assert response.status_code == 502
+        assert response.json()["error"]["type"] == "server_error"
+        assert self.upstream.attempts["server-error"] == 3
+
+    async def test_an_html_error_page_becomes_the_envelope(self):
+        response = await self.ask("not-json-error", stream=True)
+        assert response.status_code == 502
+        assert response.json()["error"]["code"] == "upstream_error"
+
+    async def test_a_flaky_upstream_is_retried_until_it_answers(self):
+        completion = (await self.ask("flaky")).json()
+        assert completion["choices"][0]["message"]["content"] == "Hello world"
+        assert self.upstream.attempts["flaky"] == 3
+
+    async def test_reset_before_the_first_byte_is_retried_then_a_502(self):
+        response = await self.ask("reset", stream=True)
+        assert response.status_code == 502
+        assert response.json()["error"]["code"] == "upstream_error"
+        assert self.upstream.attempts["reset"] == 3
+
+    async def test_refused_connection_is_a_503_after_retries(self):
+        down = await Backend.objects.acreate(
+            name="down", kind="openai", base_url=f"http://127.0.0.1:{closed_port()}/v1",
+            options={"backoff": 0.01},
+        )  # fmt: skip
+        await self.alias("canonical", backend=down)
+        response = await self.post("up-canonical", stream=True)
+        assert response.status_code == 503
+        assert response.json()["error"] == {
+            "message": "The upstream is unavailable.",
+            "type": "server_error",
+            "param": None,
+            "code": "upstream_unavailable",
+        }
+        assert (await RequestLog.objects.aget()).status_code == 503
+
+    async def test_unavailable_backend_falls_over_to_the_fallback_aliases(self):
+        down = await Backend.objects.acreate(
+            name="down", kind="openai", base_url=f"http://127.0.0.1:{closed_port()}/v1",
+            options={"retries": 0},
+        )  # fmt: skip
+        await self.alias("canonical")
+        await ModelAlias.objects.acreate(
+            public_id="primary", backend=down, model="canonical",
+            fallbacks=["does-not-exist", "up-canonical"],
+        )  # fmt: skip
+        response = await self.post("primary")
+        assert response.status_code == 200
+        completion = response.json()
+        assert completion["model"] == "primary"
+        assert completion["choices"][0]["message"]["content"] == "Hello world"
+        row = await RequestLog.objects.aget()
+        assert (row.alias, row.backend, row.status_code) == ("primary", "faulty", 200)
+
+    async def test_slow_first_byte_is_a_504_timeout(self):
+        slow = await Backend.objects.acreate(
+            name="slow", kind="openai", base_url=self.upstream.base_url, timeout=0.5
+        )
+        await self.alias("slow-first-byte", backend=slow)
+        started = time.monotonic()
+        response = await self.post("up-slow-first-byte", stream=True)
+        assert time.monotonic() - started < 5
+        assert response.status_code == 504
+        assert response.json()["error"] == {
+            "message": "The upstream did not answer in time.",
+            "type": "timeout_error",
+            "param": None,
+            "code": "request_timeout",
+        }
+
+    async def test_malformed_json_before_content_is_a_502(self):
+        response = await self.ask("malformed-first", stream=True)
+        assert response.status_code == 502
+        assert response.json()["error"]["code"] == "upstream_error"
+
+
+class MidStreamFailureTests(UpstreamTestCase):
+    async def assert_error_frame(self, behaviour, error_type):
+        chunks = await self.stream_of(await self.ask(behaviour, stream=True))
+        assert chunks[-1] == "[DONE]"
+        assert set(chunks[-2]) == {"error"}
+        assert chunks[-2]["error"]["type"] == error_type
+        row = await RequestLog.objects.aget()
+        assert (row.status_code, row.error_type) == (200, error_type)
+        return chunks
+
+    async def test_drop_mid_stream_is_one_error_frame_then_done(self):
+        chunks = await self.assert_error_frame("drop", "server_error")
+        assert self.text(chunks[:-2]) == "Hello world"
+
+    async def test_malformed_json_mid_stream(self):
+        await self.assert_error_frame("malformed", "server_error")
+
+    async def test_an_upstream_error_event_mid_stream(self):
+        chunks = await self.assert_error_frame("error-event", "server_error")
+        assert chunks[-2]["error"]["message"] == "overloaded"
+
+    async def test_a_never_ending_stream_times_out(self):
+        endless = await Backend.objects.acreate(
+            name="endless", kind="openai", base_url=self.upstream.base_url, timeout=1
+        )
+        await self.alias("endless", backend=endless)
+        response = await self.post("up-endless", stream=True)
+        chunks = await self.stream_of(response)
+        assert chunks[-2]["error"]["code"] == "request_timeout"
+        assert chunks[-1] == "[DONE]"
+
+
+class HangUpTests(TransactionTestCase):
+    def setUp(self):
+        keep_test_connection(self)
+        self.upstream, stop = faulty_upstream.start(SECRET)
+        self.addCleanup(stop)
+
+    async def test_client_hang_up_closes_the_upstream_request_at_once(self):
+        _, plaintext = await sync_to_async(ApiKey.objects.create_key)("hang-up")
+        backend = await Backend.objects.acreate(
+            name="up", kind="openai", base_url=self.upstream.base_url
+        )
+        await ModelAlias.objects.acreate(public_id="smollm2", backend=backend, model="slow-tokens")
+        communicator = ApplicationCommunicator(get_asgi_application(), scope(plaintext))
+        body = {"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+        await communicator.send_input({"type": "http.request", "body": orjson.dumps(body)})
+        assert (await communicator.receive_output(timeout=10))["status"] == 200
+        received = 0
+        while received < 3:
+            received += (await communicator.receive_output(timeout=10))["body"].count(b"data: ")
+        hung_up = time.monotonic()
+        await communicator.send_input({"type": "http.disconnect"})
+        await communicator.wait(timeout=10)
+        for _ in range(100):
+            if "slow-tokens" in self.upstream.closed:
+                break
+            await asyncio.sleep(0.01)
+        assert self.upstream.closed["slow-tokens"] - hung_up < 1.0
+        row = await RequestLog.objects.aget()
+        assert row.cancelled
+        assert row.status_code == 200
+        assert row.completion_tokens >= 2
