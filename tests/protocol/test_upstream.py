@@ -1,0 +1,102 @@
+"""Reading upstream streams: server-sent events and chunks, quirks repaired."""
+
+import json
+
+import pytest
+
+from chatparity.protocol.errors import APIError
+from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
+from chatparity.protocol.upstream import ChunkReader, ServerSentEvent, SSEReader
+
+
+def sse_events(*lines):
+    reader = SSEReader()
+    events = [reader.feed(line) for line in lines]
+    return [e for e in [*events, reader.flush()] if e is not None]
+
+
+def message(payload):
+    return ServerSentEvent("message", json.dumps(payload))
+
+
+class TestSSEReader:
+    def test_comments_and_blank_lines_are_not_events(self):
+        assert sse_events(": keepalive", "", "") == []
+
+    def test_data_lines_join_with_newlines_and_the_space_is_optional(self):
+        assert sse_events("data: a", "data:b", "") == [ServerSentEvent("message", "a\nb")]
+
+    def test_event_names_are_kept(self):
+        assert sse_events("event: error", 'data: {"error": {}}', "") == [
+            ServerSentEvent("error", '{"error": {}}')
+        ]
+
+    def test_an_event_without_its_blank_line_is_flushed_at_the_end(self):
+        assert sse_events("data: [DONE]") == [ServerSentEvent("message", "[DONE]")]
+
+
+class TestChunkReader:
+    def test_done_ends_the_stream(self):
+        reader = ChunkReader(n=1, prompt_tokens=3)
+        assert reader.read(ServerSentEvent("message", "[DONE]")) == []
+        assert reader.done
+
+    def test_an_empty_answer_still_finishes_every_choice_and_counts_usage(self):
+        reader = ChunkReader(n=2, prompt_tokens=3)
+        reader.read(message({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}))
+        assert reader.finish() == [Finish(0, "stop"), Finish(1, "stop"), Usage(3, 0)]
+
+    def test_upstream_usage_wins_over_counting_wherever_it_comes(self):
+        reader = ChunkReader(n=1, prompt_tokens=3)
+        usage = {
+            "prompt_tokens": 9,
+            "completion_tokens": 4,
+            "prompt_tokens_details": {"cached_tokens": 2},
+            "completion_tokens_details": {"reasoning_tokens": 1},
+        }
+        chunk = {"choices": [{"index": 0, "delta": {"content": "hi"}}], "usage": usage}
+        assert reader.read(message(chunk)) == [TextDelta(0, "hi")]
+        assert reader.finish()[-1] == Usage(9, 4, cached_tokens=2, reasoning_tokens=1)
+
+    def test_unknown_finish_reasons_become_stop(self):
+        reader = ChunkReader(n=1, prompt_tokens=0)
+        chunk = {"choices": [{"index": 0, "delta": {}, "finish_reason": "eos"}]}
+        assert reader.read(message(chunk)) == [Finish(0, "stop")]
+
+    def test_a_tool_call_without_id_gets_one(self):
+        reader = ChunkReader(n=1, prompt_tokens=0)
+        call = {"index": 0, "function": {"name": "f", "arguments": "{}"}}
+        chunk = {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}
+        (event,) = reader.read(message(chunk))
+        assert isinstance(event, ToolCallDelta)
+        assert event.id.startswith("call_")
+        assert (event.name, event.arguments) == ("f", "{}")
+        assert reader.finish()[0] == Finish(0, "tool_calls")
+
+    def test_logprobs_count_tokens(self):
+        reader = ChunkReader(n=1, prompt_tokens=0)
+        entries = [{"token": t, "logprob": -0.5, "bytes": None} for t in ("a", "b")]
+        chunk = {
+            "choices": [{"index": 0, "delta": {"content": "ab"}, "logprobs": {"content": entries}}]
+        }
+        (event,) = reader.read(message(chunk))
+        assert event.tokens == 2
+        assert [e.token for e in event.logprobs] == ["a", "b"]
+
+    @pytest.mark.parametrize(
+        ("event", "payload"),
+        [
+            ("error", {"error": {"message": "overloaded", "type": "server_error"}}),
+            ("message", {"error": {"message": "overloaded", "type": "server_error"}}),
+        ],
+    )
+    def test_error_events_raise_the_upstream_error(self, event, payload):
+        reader = ChunkReader(n=1, prompt_tokens=0)
+        with pytest.raises(APIError) as raised:
+            reader.read(ServerSentEvent(event, json.dumps(payload)))
+        assert (raised.value.message, raised.value.type) == ("overloaded", "server_error")
+
+    def test_malformed_json_is_a_502(self):
+        with pytest.raises(APIError) as raised:
+            ChunkReader(n=1, prompt_tokens=0).read(ServerSentEvent("message", "{nope"))
+        assert (raised.value.status, raised.value.code) == (502, "upstream_error")
