@@ -50,22 +50,23 @@ class LogFilter:
 
 
 def usage(rows: QuerySet[RequestLog], dimensions: Sequence[Dimension]) -> list[dict[str, Any]]:
-    """Requests, errors, hang-ups and tokens per group of ``dimensions``, in group order."""
+    """Requests, errors, hang-ups and tokens per group of ``dimensions``, in group order;
+    no dimensions: one row of totals."""
+    measures = {
+        "requests": Count("pk"),
+        "errors": Count("pk", filter=FAILED),
+        "cancelled": Count("pk", filter=Q(cancelled=True)),
+        "prompt_tokens": Coalesce(Sum("prompt_tokens"), 0),
+        "completion_tokens": Coalesce(Sum("completion_tokens"), 0),
+        "total_tokens": Coalesce(Sum("total_tokens"), 0),
+    }
+    if not dimensions:
+        return [rows.aggregate(**measures)]
     columns = [column for dimension in dimensions for column in _COLUMNS[dimension]]
-    grouped = rows.annotate(day=TruncDate("created_at"), key_name=Coalesce("api_key__name", F("key_prefix")))
-    totals = (
-        grouped.order_by()
-        .values(*columns)
-        .annotate(
-            requests=Count("pk"),
-            errors=Count("pk", filter=FAILED),
-            cancelled=Count("pk", filter=Q(cancelled=True)),
-            prompt_tokens=Coalesce(Sum("prompt_tokens"), 0),
-            completion_tokens=Coalesce(Sum("completion_tokens"), 0),
-            total_tokens=Coalesce(Sum("total_tokens"), 0),
-        )
-        .order_by(*columns)
+    grouped = rows.annotate(
+        day=TruncDate("created_at"), key_name=Coalesce("api_key__name", F("key_prefix"))
     )
+    totals = grouped.order_by().values(*columns).annotate(**measures).order_by(*columns)
     return list(totals)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from django.utils import timezone
 
+from . import tail
 from .conf import app_settings
 from .models import ApiKey, RequestLog
 from .protocol.completion import CompletionAccumulator
@@ -103,5 +104,6 @@ async def record_usage(record: UsageRecord) -> RequestLog:
     """Write the request's log row and mark its key as used."""
     row = record.row()
     await row.asave()
+    await tail.publish(row)
     await ApiKey.objects.filter(pk=record.api_key.pk).aupdate(last_used_at=timezone.now())
     return row

@@ -115,6 +115,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
         chat = parse_chat_request(body)
         record.alias, record.stream, record.n = chat.model, chat.stream, chat.n
         alias = await _resolve(chat.model, key)
+        record.alias = alias.public_id  # as configured, so reports group one alias once
         chat, backend, events, first = await _start(body, alias, key, record)
     except asyncio.CancelledError:
         record.cancelled = True

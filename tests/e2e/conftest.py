@@ -68,7 +68,7 @@ def daphne_server(tmp_path_factory):
     key = _manage(env, "createapikey", "e2e").strip()
     username, password = ADMIN
     superuser = {**env, "DJANGO_SUPERUSER_PASSWORD": password}
-    _manage(superuser, "createsuperuser", "--noinput", "--username", username, "--email", "a@b.c")
+    _manage(superuser, "createsuperuser", "--noinput", "--username", username, "--email", "admin@example.com")
     port = _free_port()
     log = (database.parent / "daphne.log").open("wb")
     command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]

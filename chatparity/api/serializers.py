@@ -1,0 +1,215 @@
+"""Serializers of the management API: resources, query parameters and report rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from rest_framework import serializers
+from rest_framework.validators import UniqueValidator
+
+from ..models import ApiKey, Backend, ModelAlias, RequestLog
+from ..reports import DIMENSIONS, Dimension, LogFilter
+
+
+class AliasField(serializers.SlugRelatedField[ModelAlias]):
+    """A model alias by its public id, matched case-insensitively like the chat API does."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(slug_field="public_id", queryset=ModelAlias.objects.all(), **kwargs)
+
+    def to_internal_value(self, data: Any) -> ModelAlias:
+        try:
+            return ModelAlias.objects.get(public_id__iexact=str(data))
+        except ModelAlias.DoesNotExist:
+            self.fail("does_not_exist", slug_name=self.slug_field, value=data)
+        except ModelAlias.MultipleObjectsReturned:  # only if the DB constraint is missing
+            self.fail("invalid")
+
+
+class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
+    """An API key without its secret: only the display prefix is ever shown.
+
+    ``allowed_aliases`` lists alias public ids; an empty list means every alias.
+    """
+
+    allowed_aliases = AliasField(
+        many=True,
+        required=False,
+        help_text="Public ids of the aliases this key may use; empty means all.",
+    )
+
+    class Meta:
+        model = ApiKey
+        fields = [
+            "id", "name", "prefix", "owner", "is_active", "expires_at",
+            "allowed_aliases", "created_at", "last_used_at",
+        ]  # fmt: skip
+
+
+class ApiKeyCreateSerializer(ApiKeySerializer):
+    """A new API key; the response carries its plaintext ``key``, shown this once only."""
+
+    key = serializers.SerializerMethodField(help_text="The plaintext key. It is never shown again.")
+
+    class Meta(ApiKeySerializer.Meta):
+        fields = [*ApiKeySerializer.Meta.fields, "key"]
+
+    def create(self, validated_data: dict[str, Any]) -> ApiKey:
+        aliases = validated_data.pop("allowed_aliases", [])
+        key, self.plaintext = ApiKey.objects.create_key(**validated_data)
+        key.allowed_aliases.set(aliases)
+        return key
+
+    def get_key(self, key: ApiKey) -> str:
+        return self.plaintext
+
+
+class ModelAliasSerializer(serializers.ModelSerializer[ModelAlias]):
+    """A public model id mapped to a backend.
+
+    ``backend`` is the backend's unique **name** (not its id), in requests and responses.
+    ``public_id`` is unique case-insensitively.
+    """
+
+    backend = serializers.SlugRelatedField[Backend](
+        slug_field="name", queryset=Backend.objects.all(), help_text="The backend's name."
+    )
+
+    class Meta:
+        model = ModelAlias
+        fields = [
+            "id", "public_id", "backend", "model", "default_params", "enabled", "listed",
+            "owned_by", "context_window", "description", "created_at",
+        ]  # fmt: skip
+        extra_kwargs = {
+            "public_id": {
+                "validators": [
+                    UniqueValidator(
+                        queryset=ModelAlias.objects.all(),
+                        lookup="iexact",
+                        message="An alias with this public id already exists (case-insensitively).",
+                    )
+                ]
+            }
+        }
+
+
+class BackendSerializer(serializers.ModelSerializer[Backend]):
+    """A backend. ``secret`` is write-only: omit it on update to keep it, send "" to clear it."""
+
+    has_secret = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Backend
+        fields = [
+            "id", "name", "kind", "base_url", "secret", "has_secret", "options", "timeout",
+            "enabled", "updated_at",
+        ]  # fmt: skip
+        extra_kwargs = {"secret": {"write_only": True}}
+
+    def get_has_secret(self, backend: Backend) -> bool:
+        return bool(backend.secret)
+
+
+class RequestLogSerializer(serializers.ModelSerializer[RequestLog]):
+    """One request log row; ``api_key`` is the key's id (null once the key is deleted)."""
+
+    class Meta:
+        model = RequestLog
+        fields = "__all__"
+
+
+class LogFilterSerializer(serializers.Serializer[LogFilter]):
+    """Query parameters choosing log rows, as :class:`~chatparity.reports.LogFilter` does."""
+
+    since = serializers.DateField(required=False, help_text="First day (UTC), inclusive.")
+    until = serializers.DateField(required=False, help_text="Last day (UTC), inclusive.")
+    key = serializers.CharField(required=False, help_text="Key prefix, as shown in `keys/`.")
+    alias = serializers.CharField(required=False, help_text="Alias, case-insensitively.")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        since, until = attrs.get("since"), attrs.get("until")
+        if since is not None and until is not None and since > until:
+            raise serializers.ValidationError({"until": "Must not be before since."})
+        return attrs
+
+    def filter_rows(self, rows: QuerySet[RequestLog]) -> QuerySet[RequestLog]:
+        """``rows`` narrowed by the validated parameters."""
+        data = self.validated_data
+        return LogFilter(
+            since=data.get("since"),
+            until=data.get("until"),
+            key_prefix=data.get("key", ""),
+            alias=data.get("alias", ""),
+        ).apply(rows)
+
+
+class RequestLogFilterSerializer(LogFilterSerializer):
+    """Query parameters of `logs/`: those of the reports plus exact column matches."""
+
+    status = serializers.IntegerField(
+        required=False, min_value=100, max_value=599, help_text="HTTP status code."
+    )
+    stream = serializers.BooleanField(required=False, help_text="true or false.")
+    cancelled = serializers.BooleanField(required=False, help_text="true or false.")
+
+    # query parameter -> RequestLog field
+    COLUMNS = {"status": "status_code", "stream": "stream", "cancelled": "cancelled"}
+
+    def filter_rows(self, rows: QuerySet[RequestLog]) -> QuerySet[RequestLog]:
+        matches = {
+            column: self.validated_data[param]
+            for param, column in self.COLUMNS.items()
+            if param in self.validated_data
+        }
+        return super().filter_rows(rows).filter(**matches)
+
+
+class UsageFilterSerializer(LogFilterSerializer):
+    """Query parameters of `usage/`: the log filters and the dimensions to group by."""
+
+    group_by = serializers.CharField(
+        default="day",
+        help_text=f"Comma-separated subset of {', '.join(DIMENSIONS)}, in any order.",
+    )
+
+    def validate_group_by(self, value: str) -> list[Dimension]:
+        names = [name.strip() for name in value.split(",") if name.strip()]
+        unknown = sorted(set(names) - set(DIMENSIONS))
+        if unknown or not names:
+            raise serializers.ValidationError(
+                f"Use a comma-separated subset of {', '.join(DIMENSIONS)}"
+                + (f"; unknown: {', '.join(unknown)}." if unknown else ".")
+            )
+        return [dimension for dimension in DIMENSIONS if dimension in names]
+
+
+class UsageRowSerializer(serializers.Serializer[Any]):
+    """Totals of one group; only the columns of the requested dimensions are present."""
+
+    day = serializers.DateField(required=False, help_text="With group_by=day.")
+    key_prefix = serializers.CharField(required=False, help_text="With group_by=key.")
+    key_name = serializers.CharField(
+        required=False, help_text="With group_by=key; the prefix if the key was deleted."
+    )
+    alias = serializers.CharField(required=False, help_text="With group_by=alias.")
+    requests = serializers.IntegerField()
+    # The metaclass turns this into a field; Serializer.errors, which it shadows, stays intact.
+    errors = serializers.IntegerField()  # type: ignore[assignment]
+    cancelled = serializers.IntegerField()
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    total_tokens = serializers.IntegerField()
+
+
+class LatencyRowSerializer(serializers.Serializer[Any]):
+    """Latency of one alias, in milliseconds (nearest-rank percentiles)."""
+
+    alias = serializers.CharField()
+    requests = serializers.IntegerField()
+    error_rate = serializers.FloatField()
+    p50_ms = serializers.FloatField(allow_null=True)
+    p95_ms = serializers.FloatField(allow_null=True)
+    ttft_p50_ms = serializers.FloatField(allow_null=True, help_text="Time to first token.")
+    ttft_p95_ms = serializers.FloatField(allow_null=True, help_text="Time to first token.")

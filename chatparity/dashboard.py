@@ -1,0 +1,239 @@
+"""The usage dashboard: the admin changelist of UsageDashboard, drawn from ``reports``."""
+
+from __future__ import annotations
+
+import datetime
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.contrib.auth import get_permission_codename
+from django.core.exceptions import PermissionDenied
+from django.core.validators import MinValueValidator
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
+from django.utils import timezone
+
+from .charts import grouped_bars, stacked_bars
+from .models import ApiKey, ModelAlias, RequestLog, UsageDashboard
+from .reports import LogFilter, latency_by_alias, usage
+from .tail import TAIL_PATH
+
+DEFAULT_DAYS = 14
+DEFAULT_SPAN = datetime.timedelta(days=DEFAULT_DAYS - 1)
+MAX_DAYS = 366
+# Also keeps date arithmetic on the defaults far from datetime.date.min.
+EARLIEST = datetime.date(2000, 1, 1)
+NO_ALIAS = "(no alias)"
+
+
+def _permissions(model: type[Model]) -> list[str]:
+    return [
+        f"{model._meta.app_label}.{get_permission_codename(action, model._meta)}"
+        for action in ("view", "change")
+    ]
+
+
+VIEW_PERMISSIONS = (*_permissions(UsageDashboard), *_permissions(RequestLog))
+
+
+def can_view_usage(user: Any) -> bool:
+    """Active staff allowed to view (or change) the request log or the usage dashboard."""
+    return bool(
+        user.is_active
+        and user.is_staff
+        and any(user.has_perm(permission) for permission in VIEW_PERMISSIONS)
+    )
+
+
+def utc_today() -> datetime.date:
+    return timezone.now().astimezone(datetime.UTC).date()
+
+
+def key_choices() -> list[tuple[str, str]]:
+    """All keys, then every key prefix seen in keys or the log, labelled with its keys' names."""
+    names: dict[str, list[str]] = defaultdict(list)
+    for prefix, name in ApiKey.objects.order_by("name").values_list("prefix", "name"):
+        names[prefix].append(name)
+    logged = RequestLog.objects.order_by().values_list("key_prefix", flat=True).distinct()
+    for prefix in logged:
+        names.setdefault(prefix, [])
+    return [("", "All keys")] + [
+        (prefix, f"{' / '.join(names[prefix]) or 'deleted key'} ({prefix}…)")
+        for prefix in sorted(names)
+    ]
+
+
+def alias_choices() -> list[tuple[str, str]]:
+    """All aliases, then configured and logged ones, once per name ignoring case like the filter."""
+    seen: dict[str, str] = {}
+    for alias in [
+        *ModelAlias.objects.values_list("public_id", flat=True),
+        *RequestLog.objects.order_by().values_list("alias", flat=True).distinct(),
+    ]:
+        if alias:
+            seen.setdefault(alias.lower(), alias)
+    return [("", "All aliases")] + [(alias, alias) for _, alias in sorted(seen.items())]
+
+
+class DashboardForm(forms.Form):
+    """The GET filters; ``cleaned_data`` always holds a usable range, the defaults if need be."""
+
+    since = forms.DateField(
+        required=False,
+        validators=[MinValueValidator(EARLIEST)],
+        widget=forms.DateInput(attrs={"type": "date"}, format="%Y-%m-%d"),
+    )
+    until = forms.DateField(
+        required=False,
+        validators=[MinValueValidator(EARLIEST)],
+        widget=forms.DateInput(attrs={"type": "date"}, format="%Y-%m-%d"),
+    )
+    key = forms.ChoiceField(required=False, choices=key_choices)
+    alias = forms.ChoiceField(required=False, choices=alias_choices)
+
+    def __init__(self, data: Any, *, today: datetime.date) -> None:
+        super().__init__(data)
+        self.today = today
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        until = data.get("until") or self.today
+        since = data.get("since") or until - DEFAULT_SPAN
+        if since > until:
+            problem = "The start date is after the end date"
+        elif (until - since).days >= MAX_DAYS:
+            problem = f"Choose at most {MAX_DAYS} days"
+        else:
+            problem = ""
+        if problem:
+            self.add_error(None, f"{problem}; showing the last {DEFAULT_DAYS} days.")
+            since, until = self.today - DEFAULT_SPAN, self.today
+        data.update(since=since, until=until)
+        # Show the range in effect rather than empty date inputs.
+        shown = {name: data[name].isoformat() for name in ("since", "until")}
+        self.data = {**shown, **{name: value for name, value in self.data.items() if value}}
+        return data
+
+    def log_filter(self) -> LogFilter:
+        """The filter asked for, with defaults in place of anything missing or invalid."""
+        self.is_valid()
+        data = self.cleaned_data
+        return LogFilter(
+            since=data["since"],
+            until=data["until"],
+            key_prefix=data.get("key") or "",
+            alias=data.get("alias") or "",
+        )
+
+
+def days_between(since: datetime.date, until: datetime.date) -> list[datetime.date]:
+    return [since + datetime.timedelta(days=i) for i in range((until - since).days + 1)]
+
+
+def _alias_label(alias: str) -> str:
+    return alias or NO_ALIAS
+
+
+def daily_charts(rows: QuerySet[RequestLog], days: Sequence[datetime.date]) -> dict[str, str]:
+    """Requests and tokens per day, stacked by alias."""
+    index = {day: i for i, day in enumerate(days)}
+    requests: dict[str, list[float]] = defaultdict(lambda: [0.0] * len(days))
+    tokens: dict[str, list[float]] = defaultdict(lambda: [0.0] * len(days))
+    for group in usage(rows, ["day", "alias"]):
+        label = _alias_label(group["alias"])
+        requests[label][index[group["day"]]] += group["requests"]
+        tokens[label][index[group["day"]]] += group["total_tokens"]
+    categories = [day.isoformat() for day in days]
+    return {
+        "requests_chart": stacked_bars(
+            categories, requests, chart="requests-per-day", title="Requests per day by alias"
+        ),
+        "tokens_chart": stacked_bars(
+            categories, tokens, chart="tokens-per-day", title="Tokens per day by alias"
+        ),
+    }
+
+
+def latency_table(rows: QuerySet[RequestLog]) -> tuple[list[dict[str, Any]], str]:
+    """Per alias latency and error rate rows, and their chart."""
+    table = [
+        {**row, "label": _alias_label(row["alias"]), "error_percent": row["error_rate"] * 100}
+        for row in latency_by_alias(rows)
+    ]
+    columns = {
+        "p50 latency": "p50_ms",
+        "p95 latency": "p95_ms",
+        "p50 first token": "ttft_p50_ms",
+        "p95 first token": "ttft_p95_ms",
+    }
+    chart = grouped_bars(
+        [row["label"] for row in table],
+        {name: [row[column] or 0.0 for row in table] for name, column in columns.items()},
+        chart="latency-by-alias",
+        title="Latency and time to first token by alias",
+        unit="ms",
+    )
+    return table, chart
+
+
+class UsageDashboardAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Charts and tables of the request log: the only page of UsageDashboard in the admin."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return can_view_usage(request.user)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[URLPattern]:
+        # Only the changelist: rows are viewed (and bodies guarded) in RequestLogAdmin.
+        name = f"{self.opts.app_label}_{self.opts.model_name}_changelist"
+        return [path("", self.admin_site.admin_view(self.changelist_view), name=name)]
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> TemplateResponse:
+        """The dashboard for the GET filters."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        form = DashboardForm(request.GET, today=utc_today())
+        log_filter = form.log_filter()
+        rows = log_filter.apply(RequestLog.objects.all())
+        keys = sorted(usage(rows, ["key"]), key=lambda row: (-row["requests"], row["key_prefix"]))
+        requests = sum(row["requests"] for row in keys)
+        errors = sum(row["errors"] for row in keys)
+        context: dict[str, Any] = {
+            **self.admin_site.each_context(request),
+            "title": "Usage dashboard",
+            "subtitle": None,
+            "opts": self.opts,
+            "form": form,
+            "filter": log_filter,
+            "keys": keys,
+            "totals": {
+                "requests": requests,
+                "errors": errors,
+                "error_percent": errors / requests * 100 if requests else 0.0,
+                "tokens": sum(row["total_tokens"] for row in keys),
+            },
+            "tail_path": "/" + TAIL_PATH,
+            **(extra_context or {}),
+        }
+        if requests:
+            days = days_between(form.cleaned_data["since"], form.cleaned_data["until"])
+            context.update(daily_charts(rows, days))
+            context["latency"], context["latency_chart"] = latency_table(rows)
+        return TemplateResponse(
+            request, "admin/chatparity/usagedashboard/change_list.html", context
+        )

@@ -1,0 +1,78 @@
+"""aliases/: CRUD, the backend named by its name, public ids unique case-insensitively."""
+
+import pytest
+
+from chatparity.models import ApiKey, ModelAlias
+
+from .helpers import url
+
+pytestmark = pytest.mark.django_db
+JSON = "application/json"
+
+
+def test_create_names_the_backend(admin_client, backend):
+    response = admin_client.post(
+        url("alias-list"),
+        {"public_id": "gpt-4o", "backend": "local", "default_params": {"max_tokens": 5}},
+        content_type=JSON,
+    )
+    assert response.status_code == 201, response.content
+    alias = ModelAlias.objects.get(public_id="gpt-4o")
+    assert (alias.backend, alias.default_params) == (backend, {"max_tokens": 5})
+    assert response.json()["backend"] == "local"
+
+
+def test_unknown_backend_is_a_400(admin_client, backend):
+    response = admin_client.post(
+        url("alias-list"), {"public_id": "x", "backend": "nope"}, content_type=JSON
+    )
+    assert response.status_code == 400
+    assert "backend" in response.json()
+
+
+def test_public_id_taken_in_another_case_is_a_400_not_an_integrity_error(admin_client, alias):
+    response = admin_client.post(
+        url("alias-list"), {"public_id": "SmolLM2", "backend": "local"}, content_type=JSON
+    )
+    assert response.status_code == 400
+    assert "already exists" in response.json()["public_id"][0]
+    assert ModelAlias.objects.count() == 1
+
+
+def test_renaming_onto_another_alias_is_a_400_but_recasing_itself_is_fine(
+    admin_client, alias, backend
+):
+    other = ModelAlias.objects.create(public_id="other", backend=backend)
+    clash = admin_client.patch(
+        url("alias-detail", other.pk), {"public_id": "SMOLLM2"}, content_type=JSON
+    )
+    assert clash.status_code == 400
+    recased = admin_client.patch(
+        url("alias-detail", alias.pk), {"public_id": "SmolLM2"}, content_type=JSON
+    )
+    assert recased.status_code == 200
+    alias.refresh_from_db()
+    assert alias.public_id == "SmolLM2"
+
+
+def test_list_retrieve_update_delete(admin_client, alias):
+    assert [row["public_id"] for row in admin_client.get(url("alias-list")).json()] == ["smollm2"]
+    detail = admin_client.get(url("alias-detail", alias.pk)).json()
+    assert (detail["model"], detail["backend"]) == ("SmolLM2", "local")
+    body = {**detail, "model": "SmolLM2-135M", "listed": False}
+    updated = admin_client.put(url("alias-detail", alias.pk), body, content_type=JSON)
+    assert updated.status_code == 200
+    alias.refresh_from_db()
+    assert (alias.model, alias.listed) == ("SmolLM2-135M", False)
+    assert admin_client.delete(url("alias-detail", alias.pk)).status_code == 204
+    assert not ModelAlias.objects.exists()
+
+
+def test_an_alias_a_key_is_scoped_to_cannot_be_deleted(admin_client, alias):
+    # An empty scope means every alias: deleting the key's only alias would widen it.
+    key, _ = ApiKey.objects.create_key("scoped")
+    key.allowed_aliases.add(alias)
+    response = admin_client.delete(url("alias-detail", alias.pk))
+    assert response.status_code == 409
+    assert "scope" in response.json()["detail"]
+    assert list(key.allowed_aliases.all()) == [alias]

@@ -1,0 +1,88 @@
+"""backends/: the secret is write-only, kept when omitted, and reported only as has_secret."""
+
+import pytest
+
+from chatparity.models import Backend
+
+from .helpers import url
+
+pytestmark = pytest.mark.django_db
+JSON = "application/json"
+SECRET = "sk-upstream-very-secret-value"
+
+
+def assert_no_secret(response):
+    assert SECRET not in response.content.decode()
+    body = response.json()
+    for row in body if isinstance(body, list) else [body]:
+        assert "secret" not in row
+
+
+@pytest.fixture
+def upstream(admin_client):
+    response = admin_client.post(
+        url("backend-list"),
+        {"name": "openai", "kind": "openai", "base_url": "https://api.example.com/v1",
+         "secret": SECRET},
+        content_type=JSON,
+    )  # fmt: skip
+    assert response.status_code == 201, response.content
+    assert_no_secret(response)
+    assert response.json()["has_secret"] is True
+    return Backend.objects.get(name="openai")
+
+
+def test_the_secret_is_stored_but_never_returned(admin_client, upstream):
+    assert upstream.secret == SECRET
+    responses = [
+        admin_client.get(url("backend-list")),
+        admin_client.get(url("backend-detail", upstream.pk)),
+        admin_client.patch(url("backend-detail", upstream.pk), {"timeout": 30}, content_type=JSON),
+        admin_client.put(
+            url("backend-detail", upstream.pk),
+            {"name": "openai", "kind": "openai", "secret": SECRET + "-2"},
+            content_type=JSON,
+        ),
+    ]
+    for response in responses:
+        assert response.status_code == 200
+        assert_no_secret(response)
+        assert SECRET + "-2" not in response.content.decode()
+    assert responses[1].json()["has_secret"] is True
+
+
+@pytest.mark.parametrize("method", ["put", "patch"])
+def test_omitting_the_secret_on_update_keeps_it(admin_client, upstream, method):
+    body = {"name": "openai", "kind": "openai", "enabled": False}
+    response = getattr(admin_client, method)(
+        url("backend-detail", upstream.pk), body, content_type=JSON
+    )
+    assert response.status_code == 200
+    assert response.json()["has_secret"] is True
+    upstream.refresh_from_db()
+    assert (upstream.secret, upstream.enabled) == (SECRET, False)
+
+
+def test_an_empty_secret_clears_it(admin_client, upstream):
+    response = admin_client.patch(
+        url("backend-detail", upstream.pk), {"secret": ""}, content_type=JSON
+    )
+    assert response.json()["has_secret"] is False
+    upstream.refresh_from_db()
+    assert upstream.secret == ""
+
+
+def test_a_backend_without_secret_says_so(admin_client, backend):
+    assert admin_client.get(url("backend-detail", backend.pk)).json()["has_secret"] is False
+
+
+def test_a_backend_aliases_use_cannot_be_deleted(admin_client, alias, backend):
+    response = admin_client.delete(url("backend-detail", backend.pk))
+    assert response.status_code == 409
+    assert "still used" in response.json()["detail"]
+    assert Backend.objects.filter(pk=backend.pk).exists()
+
+
+def test_an_unused_backend_can_be_deleted(admin_client, backend):
+    assert admin_client.delete(url("backend-detail", backend.pk)).status_code == 204
+    assert not Backend.objects.exists()

@@ -1,0 +1,129 @@
+"""keys/: the plaintext is returned once, at creation, and never again."""
+
+import hashlib
+
+import pytest
+
+from chatparity.models import ApiKey
+
+from .helpers import url
+
+pytestmark = pytest.mark.django_db
+
+FIELDS = {
+    "id", "name", "prefix", "owner", "is_active", "expires_at", "allowed_aliases",
+    "created_at", "last_used_at",
+}  # fmt: skip
+
+
+def create(client, **body):
+    response = client.post(url("key-list"), body, content_type="application/json")
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def test_create_returns_the_plaintext_whose_sha256_is_stored(admin_client):
+    created = create(admin_client, name="ci")
+    assert set(created) == FIELDS | {"key"}
+    key = ApiKey.objects.get(pk=created["id"])
+    assert hashlib.sha256(created["key"].encode()).hexdigest() == key.hashed_key
+    assert created["key"].startswith(created["prefix"])
+    assert (created["name"], created["is_active"], key.prefix) == ("ci", True, created["prefix"])
+
+
+def test_no_later_response_shows_the_plaintext_or_its_hash(admin_client):
+    created = create(admin_client, name="ci")
+    plaintext, pk = created["key"], created["id"]
+    hashed = ApiKey.objects.get(pk=pk).hashed_key
+    json = "application/json"
+    responses = [
+        admin_client.get(url("key-list")),
+        admin_client.get(url("key-detail", pk)),
+        admin_client.put(url("key-detail", pk), {"name": "renamed"}, content_type=json),
+        admin_client.patch(url("key-detail", pk), {"is_active": False}, content_type=json),
+        admin_client.post(url("key-revoke", pk)),
+        admin_client.post(url("key-reactivate", pk)),
+    ]
+    for response in responses:
+        assert response.status_code == 200
+        body = response.content.decode()
+        assert plaintext not in body
+        assert hashed not in body
+        assert "hashed_key" not in body
+    assert set(responses[1].json()) == FIELDS
+
+
+def test_update_changes_writable_fields_and_ignores_read_only_ones(admin_client, admin_user):
+    pk = create(admin_client, name="ci")["id"]
+    before = ApiKey.objects.get(pk=pk)
+    response = admin_client.patch(
+        url("key-detail", pk),
+        {
+            "name": "renamed",
+            "owner": admin_user.pk,
+            "expires_at": "2030-01-01T00:00:00Z",
+            "prefix": "sk-cp-XXXX",
+            "last_used_at": "2030-01-01T00:00:00Z",
+        },
+        content_type="application/json",
+    )
+    assert response.status_code == 200
+    key = ApiKey.objects.get(pk=pk)
+    assert (key.name, key.owner, key.expires_at.year) == ("renamed", admin_user, 2030)
+    assert (key.prefix, key.hashed_key) == (before.prefix, before.hashed_key)
+    assert key.last_used_at is None
+    assert response.json()["owner"] == admin_user.pk
+
+
+def test_revoke_and_reactivate_toggle_is_active(admin_client):
+    pk = create(admin_client, name="ci")["id"]
+    revoked = admin_client.post(url("key-revoke", pk))
+    assert revoked.json()["is_active"] is False
+    assert ApiKey.objects.get(pk=pk).is_active is False
+    reactivated = admin_client.post(url("key-reactivate", pk))
+    assert reactivated.json()["is_active"] is True
+    assert ApiKey.objects.get(pk=pk).is_active is True
+
+
+def test_revoking_an_unknown_key_is_404(admin_client):
+    assert admin_client.post(url("key-revoke", 999)).status_code == 404
+
+
+def test_a_key_scoped_to_aliases_round_trips(admin_client, alias, backend):
+    other = alias.__class__.objects.create(public_id="other", backend=backend)
+    created = create(admin_client, name="scoped", allowed_aliases=["SmolLM2", "other"])
+    assert sorted(created["allowed_aliases"]) == ["other", "smollm2"]
+    key = ApiKey.objects.get(pk=created["id"])
+    assert set(key.allowed_aliases.all()) == {alias, other}
+    assert sorted(admin_client.get(url("key-detail", key.pk)).json()["allowed_aliases"]) == [
+        "other", "smollm2",
+    ]  # fmt: skip
+    cleared = admin_client.patch(
+        url("key-detail", key.pk), {"allowed_aliases": []}, content_type="application/json"
+    )
+    assert cleared.json()["allowed_aliases"] == []
+    assert not key.allowed_aliases.exists()
+
+
+def test_an_unknown_alias_is_a_400(admin_client, alias):
+    response = admin_client.post(
+        url("key-list"), {"name": "x", "allowed_aliases": ["nope"]}, content_type="application/json"
+    )
+    assert response.status_code == 400
+    assert "allowed_aliases" in response.json()
+    assert not ApiKey.objects.exists()
+
+
+def test_search_matches_name_and_prefix(admin_client):
+    ci = create(admin_client, name="ci-runner")
+    create(admin_client, name="laptop")
+    by_name = admin_client.get(url("key-list"), {"search": "runner"}).json()
+    by_prefix = admin_client.get(url("key-list"), {"search": ci["prefix"]}).json()
+    assert [key["id"] for key in by_name] == [ci["id"]]
+    assert ci["id"] in [key["id"] for key in by_prefix]
+
+
+def test_delete(admin_client):
+    pk = create(admin_client, name="ci")["id"]
+    assert admin_client.delete(url("key-detail", pk)).status_code == 204
+    assert not ApiKey.objects.filter(pk=pk).exists()

@@ -1,0 +1,129 @@
+"""usage/ and usage/latency/: the reports of chatparity.reports over filtered log rows."""
+
+import datetime
+
+import pytest
+
+from chatparity.models import ApiKey
+
+from .helpers import make_log, url
+
+pytestmark = pytest.mark.django_db
+
+DAY1, DAY2 = datetime.date(2025, 3, 1), datetime.date(2025, 3, 2)
+COUNTS = ("requests", "errors", "cancelled", "prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def tokens(prompt, completion):
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+@pytest.fixture
+def rows():
+    key, _ = ApiKey.objects.create_key("laptop")
+    make_log(DAY1, api_key=key, key_prefix=key.prefix, alias="smollm2", **tokens(10, 5))
+    make_log(DAY1, api_key=key, key_prefix=key.prefix, alias="gpt", status_code=500)
+    make_log(DAY1, key_prefix="sk-cp-gone", alias="smollm2", cancelled=True, **tokens(3, 1))
+    make_log(DAY2, api_key=key, key_prefix=key.prefix, alias="smollm2", **tokens(7, 2))
+    make_log(DAY2, key_prefix="sk-cp-gone", alias="gpt", error_type="server_error")
+    return key
+
+
+def usage(client, **params):
+    response = client.get(url("usage"), params)
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def counts(row):
+    return tuple(row[name] for name in COUNTS)
+
+
+def test_by_day_is_the_default(admin_client, rows):
+    days = usage(admin_client)
+    assert [set(row) for row in days] == [{"day", *COUNTS}] * 2
+    assert [(row["day"], counts(row)) for row in days] == [
+        ("2025-03-01", (3, 1, 1, 13, 6, 19)),
+        ("2025-03-02", (2, 1, 0, 7, 2, 9)),
+    ]
+
+
+def test_by_key_names_live_keys_and_keeps_the_prefix_of_deleted_ones(admin_client, rows):
+    by_key = {row["key_prefix"]: row for row in usage(admin_client, group_by="key")}
+    assert set(by_key) == {rows.prefix, "sk-cp-gone"}
+    assert (by_key[rows.prefix]["key_name"], counts(by_key[rows.prefix])) == (
+        "laptop", (3, 1, 0, 17, 7, 24),
+    )  # fmt: skip
+    assert (by_key["sk-cp-gone"]["key_name"], counts(by_key["sk-cp-gone"])) == (
+        "sk-cp-gone", (2, 1, 1, 3, 1, 4),
+    )  # fmt: skip
+
+
+def test_by_alias_and_day(admin_client, rows):
+    groups = usage(admin_client, group_by="alias,day")
+    assert [(row["day"], row["alias"], counts(row)) for row in groups] == [
+        ("2025-03-01", "gpt", (1, 1, 0, 0, 0, 0)),
+        ("2025-03-01", "smollm2", (2, 0, 1, 13, 6, 19)),
+        ("2025-03-02", "gpt", (1, 1, 0, 0, 0, 0)),
+        ("2025-03-02", "smollm2", (1, 0, 0, 7, 2, 9)),
+    ]
+
+
+def test_filters_narrow_the_rows(admin_client, rows):
+    [only] = usage(admin_client, group_by="key", since="2025-03-02", alias="SMOLLM2")
+    assert (only["key_prefix"], counts(only)) == (rows.prefix, (1, 0, 0, 7, 2, 9))
+    [day1] = usage(admin_client, until="2025-03-01", key="sk-cp-gone")
+    assert (day1["day"], counts(day1)) == ("2025-03-01", (1, 0, 1, 3, 1, 4))
+
+
+def test_no_rows_no_groups(admin_client, rows):
+    assert usage(admin_client, since="2030-01-01") == []
+
+
+@pytest.mark.parametrize("group_by", ["week", "day,model", ",", "day;key"])
+def test_unknown_dimensions_are_a_400(admin_client, group_by):
+    response = admin_client.get(url("usage"), {"group_by": group_by})
+    assert response.status_code == 400
+    assert "day, key, alias" in response.json()["group_by"][0]
+
+
+def test_bad_dates_are_a_400(admin_client):
+    response = admin_client.get(url("usage"), {"since": "01/03/2025"})
+    assert response.status_code == 400
+    assert "since" in response.json()
+    assert admin_client.get(url("usage-latency"), {"until": "x"}).status_code == 400
+
+
+def test_latency_percentiles_per_alias(admin_client, db):
+    for duration in (400, 100, 300, 200):
+        make_log(DAY1, alias="smollm2", duration_ms=duration, time_to_first_token_ms=duration / 10)
+    make_log(DAY1, alias="gpt", duration_ms=50, status_code=502)
+    make_log(DAY2, alias="gpt", duration_ms=70)
+    response = admin_client.get(url("usage-latency"))
+    assert response.status_code == 200
+    gpt, smollm2 = response.json()
+    assert smollm2 == {
+        "alias": "smollm2",
+        "requests": 4,
+        "error_rate": 0.0,
+        "p50_ms": 200.0,
+        "p95_ms": 400.0,
+        "ttft_p50_ms": 20.0,
+        "ttft_p95_ms": 40.0,
+    }
+    assert (gpt["requests"], gpt["error_rate"], gpt["p50_ms"], gpt["p95_ms"]) == (2, 0.5, 50, 70)
+    assert (gpt["ttft_p50_ms"], gpt["ttft_p95_ms"]) == (None, None)
+
+
+def test_latency_takes_the_same_filters(admin_client, db):
+    make_log(DAY1, alias="gpt", duration_ms=50, key_prefix="sk-cp-AAAA")
+    make_log(DAY2, alias="gpt", duration_ms=70, key_prefix="sk-cp-AAAA")
+    make_log(DAY2, alias="gpt", duration_ms=90, key_prefix="sk-cp-BBBB")
+    [gpt] = admin_client.get(
+        url("usage-latency"), {"since": "2025-03-02", "key": "sk-cp-AAAA"}
+    ).json()
+    assert (gpt["requests"], gpt["p50_ms"]) == (1, 70)

@@ -1,0 +1,270 @@
+"""The usage dashboard in the admin, through Django's test client."""
+
+import datetime
+import re
+
+import pytest
+from django.contrib.auth.models import Permission
+from pytest_django.asserts import assertContains, assertNotContains
+
+from chatparity.dashboard import utc_today
+from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
+
+URL = "/admin/chatparity/usagedashboard/"
+EVIL = "<script>alert(1)</script>"
+
+pytestmark = pytest.mark.django_db
+
+
+def days_ago(days):
+    """A UTC day relative to now (not to import time: the suite may cross midnight)."""
+    return utc_today() - datetime.timedelta(days=days)
+
+
+def log(day=None, *, key=None, key_prefix="cp-zzzz", alias="smollm2", **fields):
+    """A request log row written at noon UTC on ``day`` (today by default)."""
+    day = day or days_ago(0)
+    fields.setdefault("status_code", 200)
+    fields.setdefault("duration_ms", 100.0)
+    row = RequestLog.objects.create(
+        request_id="req",
+        api_key=key,
+        key_prefix=key.prefix if key else key_prefix,
+        alias=alias,
+        **fields,
+    )
+    noon = datetime.datetime.combine(day, datetime.time(12), tzinfo=datetime.UTC)
+    RequestLog.objects.filter(pk=row.pk).update(created_at=noon)
+    return row
+
+
+def totals(response):
+    """The headline numbers as the page shows them."""
+    content = response.content.decode()
+    return {name: value for name, value in re.findall(r'data-total="([\w-]+)">([^<]*)<', content)}
+
+
+def chart(response, name):
+    match = re.search(rf'<svg[^>]*data-chart="{name}".*?</svg>', response.content.decode(), re.S)
+    assert match, f"no {name} chart"
+    return match.group(0)
+
+
+def test_default_range_is_the_last_14_utc_days(admin_client):
+    today = days_ago(0)
+    for day in (today, days_ago(13)):
+        log(day)
+    log(days_ago(14))
+    log(today + datetime.timedelta(days=1))
+    response = admin_client.get(URL)
+    assert response.status_code == 200
+    assert totals(response)["requests"] == "2"
+    assertContains(response, f'value="{days_ago(13).isoformat()}"')
+    assertContains(response, f'value="{today.isoformat()}"')
+
+
+def test_page_is_an_admin_page_with_title_and_breadcrumbs(admin_client):
+    response = admin_client.get(URL)
+    assertContains(response, "<h1>Usage dashboard</h1>", html=True)
+    assertContains(response, '<div class="breadcrumbs">')
+    assertContains(response, 'href="/admin/chatparity/"')
+    assertContains(response, "/static/chatparity/tail.js")
+    assert response.context["site_header"]  # each_context of the admin site
+
+
+def test_per_key_table_counts_requests_tokens_and_errors(admin_client):
+    alpha, _ = ApiKey.objects.create_key("alpha")
+    beta, _ = ApiKey.objects.create_key("beta")
+    for tokens in (10, 20, 30):
+        log(key=alpha, total_tokens=tokens)
+    log(key=alpha, status_code=500, error_type="server_error")
+    log(days_ago(1), key=beta, total_tokens=7)
+    log(key_prefix="cp-gone", total_tokens=1)  # a deleted key keeps its prefix
+    response = admin_client.get(URL)
+    assertContains(
+        response,
+        f'<tr class="key-row" data-key-prefix="{alpha.prefix}"><td>alpha</td>'
+        f'<td><code>{alpha.prefix}…</code></td><td class="num">4</td><td class="num">60</td>'
+        '<td class="num">1</td></tr>',
+        html=True,
+    )
+    assertContains(
+        response,
+        f'<tr class="key-row" data-key-prefix="{beta.prefix}"><td>beta</td>'
+        f'<td><code>{beta.prefix}…</code></td><td class="num">1</td><td class="num">7</td>'
+        '<td class="num">0</td></tr>',
+        html=True,
+    )
+    assertContains(response, 'data-key-prefix="cp-gone"')
+    assert totals(response) == {
+        "requests": "6", "tokens": "68", "errors": "1", "error-rate": "16.7%",
+    }  # fmt: skip
+
+
+def test_latency_percentiles_and_error_rates_per_alias(admin_client):
+    for ms in range(1, 21):
+        log(alias="fast", duration_ms=float(ms), time_to_first_token_ms=2.0 * ms)
+    log(alias="slow", duration_ms=1000.0)
+    log(alias="slow", duration_ms=3000.0, status_code=200, error_type="server_error")
+    response = admin_client.get(URL)
+    assertContains(
+        response,
+        '<tr class="alias-row" data-alias="fast"><td>fast</td><td class="num">20</td>'
+        '<td class="num">0.0%</td><td class="num">10</td><td class="num">19</td>'
+        '<td class="num">20</td><td class="num">38</td></tr>',
+        html=True,
+    )
+    assertContains(
+        response,
+        '<tr class="alias-row" data-alias="slow"><td>slow</td><td class="num">2</td>'
+        '<td class="num">50.0%</td><td class="num">1000</td><td class="num">3000</td>'
+        '<td class="num">—</td><td class="num">—</td></tr>',
+        html=True,
+    )
+    assert totals(response)["error-rate"] == "4.5%"  # 1 of 22
+    latency = chart(response, "latency-by-alias")
+    assert 'data-series="p95 latency" data-category="slow" data-value="3000"' in latency
+
+
+def test_charts_stack_requests_and_tokens_per_day_by_alias(admin_client):
+    log(days_ago(1), alias="a", total_tokens=5)
+    log(days_ago(1), alias="a", total_tokens=5)
+    log(days_ago(1), alias="b", total_tokens=1)
+    today = days_ago(0)
+    log(today, alias="b", total_tokens=3)
+    response = admin_client.get(URL)
+    requests = chart(response, "requests-per-day")
+    assert requests.count('<rect class="bar"') == 3
+    yesterday = days_ago(1).isoformat()
+    assert f'data-series="a" data-category="{yesterday}" data-value="2"' in requests
+    assert f'data-series="b" data-category="{today.isoformat()}" data-value="1"' in requests
+    assert f'data-category="{days_ago(13).isoformat()}"' not in requests  # no empty bars
+    assert f">{days_ago(13).isoformat()}</text>" in requests  # but the day is on the axis
+    tokens = chart(response, "tokens-per-day")
+    assert f'data-series="a" data-category="{yesterday}" data-value="10"' in tokens
+    assert f'data-series="b" data-category="{today.isoformat()}" data-value="3"' in tokens
+
+
+def test_empty_range_shows_a_message_instead_of_charts(admin_client):
+    log(days_ago(30))
+    response = admin_client.get(URL)
+    assertContains(response, "No requests in this range.")
+    assertNotContains(response, "data-chart=")
+    assertNotContains(response, 'class="bar"')
+    assert totals(response)["requests"] == "0"
+    assertContains(response, 'id="live-tail"')  # the tail still runs
+
+
+def test_date_range_filter(admin_client):
+    log(datetime.date(2024, 3, 1))
+    log(datetime.date(2024, 3, 2))
+    log(datetime.date(2024, 3, 3))
+    response = admin_client.get(URL, {"since": "2024-03-02", "until": "2024-03-03"})
+    assert totals(response)["requests"] == "2"
+    requests = chart(response, "requests-per-day")
+    assert ">2024-03-02</text>" in requests
+    assert "2024-03-01" not in requests
+
+
+def test_key_filter_by_prefix(admin_client):
+    alpha, _ = ApiKey.objects.create_key("alpha")
+    beta, _ = ApiKey.objects.create_key("beta")
+    log(key=alpha)
+    log(key=beta)
+    log(key=beta)
+    assertContains(admin_client.get(URL), f'<option value="{alpha.prefix}">alpha ({alpha.prefix}…)')
+    response = admin_client.get(URL, {"key": beta.prefix})
+    assert totals(response)["requests"] == "2"
+    assertContains(response, f'<option value="{beta.prefix}" selected>beta ({beta.prefix}…)')
+    assertNotContains(response, f'data-key-prefix="{alpha.prefix}"')
+
+
+def test_alias_filter_ignores_case_like_the_reports(admin_client):
+    ModelAlias.objects.create(public_id="smollm2", backend=Backend.objects.create(name="local"))
+    log(alias="smollm2")
+    log(alias="SmolLM2")
+    log(alias="other")
+    response = admin_client.get(URL)
+    options = re.findall(r'<option value="([^"]*)"', response.content.decode())
+    assert "smollm2" in options
+    assert "SmolLM2" not in options  # one entry per name, as the filter ignores case
+    response = admin_client.get(URL, {"alias": "smollm2"})
+    assert totals(response)["requests"] == "2"
+    assertNotContains(response, 'data-alias="other"')
+
+
+def test_user_data_is_escaped_everywhere(admin_client):
+    log(alias=EVIL)
+    key, _ = ApiKey.objects.create_key(EVIL)
+    log(key=key)
+    response = admin_client.get(URL)
+    assertNotContains(response, "<script>alert(1)")
+    assertContains(response, "&lt;script&gt;alert(1)&lt;/script&gt;")
+    assert "&lt;script&gt;" in chart(response, "requests-per-day")
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"since": "yesterday"},
+        {"since": "2025-13-45"},
+        {"until": "0001-01-01"},
+        {"since": "0001-01-01"},
+        {"since": "9999-12-31"},
+        {"since": "2024-03-05", "until": "2024-03-01"},
+        {"since": "2020-01-01", "until": "2024-01-01"},
+        {"key": "no-such-key"},
+        {"alias": "no-such-alias"},
+        {"since": "2024-03-01\x00"},
+    ],
+)
+def test_bad_filters_show_an_error_and_fall_back_to_defaults(admin_client, query):
+    log()
+    log(days_ago(3))
+    response = admin_client.get(URL, query)
+    assert response.status_code == 200
+    assert response.context["form"].errors
+    assert re.search(r'class="error(note|list)', response.content.decode())  # shown, not just kept
+    assert totals(response)["requests"] == "2"
+
+
+def test_filters_that_are_valid_survive_one_that_is_not(admin_client):
+    log(alias="a")
+    log(alias="b")
+    response = admin_client.get(URL, {"alias": "a", "since": "garbage"})
+    assert totals(response)["requests"] == "1"
+
+
+def test_anonymous_and_non_staff_users_go_to_the_login_page(client, django_user_model):
+    response = client.get(URL)
+    assert response.status_code == 302
+    assert response["Location"].startswith("/admin/login/")
+    client.force_login(django_user_model.objects.create_user("visitor"))
+    response = client.get(URL)
+    assert response.status_code == 302
+    assert response["Location"].startswith("/admin/login/")
+
+
+def test_staff_without_permission_are_refused(client, django_user_model):
+    client.force_login(django_user_model.objects.create_user("staff", is_staff=True))
+    assert client.get(URL).status_code == 403
+
+
+@pytest.mark.parametrize("codename", ["view_requestlog", "view_usagedashboard"])
+def test_staff_with_view_permission_see_the_dashboard(client, django_user_model, codename):
+    user = django_user_model.objects.create_user("staff", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename=codename))
+    client.force_login(user)
+    log()
+    response = client.get(URL)
+    assert response.status_code == 200
+    assert totals(response)["requests"] == "1"
+
+
+def test_the_dashboard_is_read_only(admin_client):
+    row = log()
+    for path in ("add/", f"{row.pk}/change/", f"{row.pk}/delete/", f"{row.pk}/history/"):
+        assert admin_client.get(URL + path).status_code == 404, path
+    index = admin_client.get("/admin/").content.decode()
+    assert f'href="{URL}"' in index
+    assert f'href="{URL}add/"' not in index

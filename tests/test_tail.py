@@ -1,0 +1,196 @@
+"""The live tail: who may connect, what a finished request publishes, that it never breaks one."""
+
+import asyncio
+import json
+import logging
+from unittest import mock
+
+from channels.layers import get_channel_layer
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import AnonymousUser, Permission, User
+from django.test import TransactionTestCase, override_settings
+
+from chatparity import tail
+from chatparity.models import ApiKey, RequestLog
+from chatparity.routing import websocket_urlpatterns
+from chatparity.usage import UsageRecord, record_usage
+
+PATH = "/ws/chatparity/tail/"
+
+
+def as_user(user):
+    """The routes as project.asgi serves them, with AuthMiddlewareStack's ``user`` already set."""
+    router = URLRouter(websocket_urlpatterns)
+
+    async def app(scope, receive, send):
+        return await router({**scope, "user": user}, receive, send)
+
+    return app
+
+
+class LiveTailTests(TransactionTestCase):
+    def setUp(self):
+        self.admin = User.objects.create_superuser("admin")
+        self.key, _ = ApiKey.objects.create_key("tests")
+
+    async def connect(self, user):
+        await get_channel_layer().flush()  # the in-memory layer outlives each test's event loop
+        communicator = WebsocketCommunicator(as_user(user), PATH)
+        connected, _ = await communicator.connect()
+        return communicator, connected
+
+    async def row(self, **fields):
+        fields = {"status_code": 200, "duration_ms": 1234.56, **fields}
+        return await RequestLog.objects.acreate(
+            request_id="req-1", api_key=self.key, key_prefix=self.key.prefix, **fields
+        )
+
+    async def test_staff_receive_a_summary_of_each_published_request(self):
+        communicator, connected = await self.connect(self.admin)
+        assert connected
+        row = await self.row(
+            alias="smollm2",
+            stream=True,
+            prompt_tokens=5,
+            completion_tokens=7,
+            total_tokens=12,
+            time_to_first_token_ms=87.654,
+            finish_reasons=["stop", "length"],
+            request_body={"messages": [{"role": "user", "content": "secret prompt"}]},
+            response_body='{"choices": "secret reply"}',
+        )
+        await tail.publish(row)
+        message = await communicator.receive_json_from(timeout=2)
+        assert message == {
+            "type": "request",
+            "request": {
+                "time": row.created_at.isoformat(),
+                "request_id": "req-1",
+                "key_prefix": self.key.prefix,
+                "alias": "smollm2",
+                "status": 200,
+                "error_type": "",
+                "stream": True,
+                "prompt_tokens": 5,
+                "completion_tokens": 7,
+                "total_tokens": 12,
+                "duration_ms": 1234.6,
+                "ttft_ms": 87.7,
+                "finish_reasons": ["stop", "length"],
+                "cancelled": False,
+            },
+        }
+        text = json.dumps(message)
+        assert "secret" not in text
+        assert self.key.hashed_key not in text
+        await communicator.disconnect()
+
+    async def test_record_usage_publishes_the_row_it_saved(self):
+        communicator, connected = await self.connect(self.admin)
+        assert connected
+        record = UsageRecord(request_id="req-42", api_key=self.key, alias="smollm2")
+        record.status_code = 499
+        record.cancelled = True
+        row = await record_usage(record)
+        message = (await communicator.receive_json_from(timeout=2))["request"]
+        assert (message["request_id"], message["key_prefix"]) == ("req-42", self.key.prefix)
+        assert (message["status"], message["cancelled"]) == (499, True)
+        assert message["time"] == row.created_at.isoformat()
+        await communicator.disconnect()
+
+    async def test_anonymous_users_are_refused(self):
+        _, connected = await self.connect(AnonymousUser())
+        assert not connected
+
+    async def test_a_scope_without_a_user_is_refused(self):
+        await get_channel_layer().flush()
+        communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), PATH)
+        connected, _ = await communicator.connect()
+        assert not connected
+
+    async def test_non_staff_are_refused_even_with_permission(self):
+        user = await User.objects.acreate(username="visitor")
+        await user.user_permissions.aadd(await Permission.objects.aget(codename="view_requestlog"))
+        _, connected = await self.connect(user)
+        assert not connected
+
+    async def test_staff_need_the_dashboards_view_permission(self):
+        staff = await User.objects.acreate(username="staff", is_staff=True)
+        _, connected = await self.connect(staff)
+        assert not connected
+        await staff.user_permissions.aadd(await Permission.objects.aget(codename="view_requestlog"))
+        staff = await User.objects.aget(pk=staff.pk)  # a fresh permission cache
+        communicator, connected = await self.connect(staff)
+        assert connected
+        await communicator.disconnect()
+
+    async def test_inactive_staff_are_refused(self):
+        self.admin.is_active = False
+        _, connected = await self.connect(self.admin)
+        assert not connected
+
+    async def test_whatever_the_client_sends_is_ignored(self):
+        communicator, connected = await self.connect(self.admin)
+        assert connected
+        await communicator.send_to(text_data="not json")
+        await communicator.send_json_to({"type": "tail.request", "request": "spoofed"})
+        assert await communicator.receive_nothing(timeout=0.2)
+        await tail.publish(await self.row())
+        assert (await communicator.receive_json_from(timeout=2))["type"] == "request"
+        await communicator.disconnect()
+
+    async def test_disconnected_clients_leave_the_group(self):
+        communicator, connected = await self.connect(self.admin)
+        assert connected
+        layer = get_channel_layer()
+        assert layer.groups.get(tail.GROUP)
+        await communicator.disconnect()
+        assert not layer.groups.get(tail.GROUP)
+
+
+class PublishNeverBreaksARequestTests(TransactionTestCase):
+    def setUp(self):
+        self.key, _ = ApiKey.objects.create_key("tests")
+        self.row = RequestLog.objects.create(
+            request_id="req-1", key_prefix=self.key.prefix, status_code=200, duration_ms=1.0
+        )
+
+    @override_settings(CHANNEL_LAYERS={})
+    async def test_without_a_channel_layer_publish_does_nothing(self):
+        assert get_channel_layer() is None
+        with self.assertNoLogs("chatparity.tail"):
+            await tail.publish(self.row)
+
+    async def test_a_failing_layer_is_logged_and_swallowed(self):
+        layer = mock.Mock(group_send=mock.AsyncMock(side_effect=ConnectionError("redis down")))
+        with (
+            mock.patch.object(tail, "get_channel_layer", return_value=layer),
+            self.assertLogs("chatparity.tail", logging.ERROR) as logs,
+        ):
+            await tail.publish(self.row)
+        assert "req-1" in logs.output[0]
+        layer.group_send.assert_awaited_once()
+
+    async def test_a_hanging_layer_is_given_up_on(self):
+        async def hang(group, message):
+            await asyncio.sleep(60)
+
+        layer = mock.Mock(group_send=hang)
+        with (
+            mock.patch.object(tail, "get_channel_layer", return_value=layer),
+            mock.patch.object(tail, "PUBLISH_TIMEOUT", 0.05),
+            self.assertLogs("chatparity.tail", logging.ERROR),
+        ):
+            await asyncio.wait_for(tail.publish(self.row), timeout=5)
+
+    async def test_record_usage_survives_a_failing_layer(self):
+        layer = mock.Mock(group_send=mock.AsyncMock(side_effect=RuntimeError("boom")))
+        with (
+            mock.patch.object(tail, "get_channel_layer", return_value=layer),
+            self.assertLogs("chatparity.tail", logging.ERROR),
+        ):
+            row = await record_usage(UsageRecord(request_id="req-2", api_key=self.key))
+        assert await RequestLog.objects.filter(pk=row.pk).aexists()
+        await self.key.arefresh_from_db()
+        assert self.key.last_used_at is not None
