@@ -15,6 +15,7 @@ DEFAULTS: dict[str, Any] = {
     # Backend kind -> dotted path of the class that serves it.
     "BACKEND_CLASSES": {
         "local": "chatparity.backends.local.LocalBackend",
+        "command": "chatparity.backends.command.CommandBackend",
         "openai": "chatparity.backends.upstream.UpstreamBackend",
     },
     # Options for the embedded llama.cpp model, merged under a local

@@ -16,15 +16,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import weakref
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from functools import partial
 from typing import Any
 
 import httpx
 import orjson
 
 from ..protocol.errors import APIError
-from ..protocol.events import Event
+from ..protocol.events import Event, Usage
 from ..protocol.request import ChatRequest
 from ..protocol.tokens import approximate_prompt_tokens
 from ..protocol.upstream import ChunkReader, SSEReader, malformed, upstream_error
@@ -50,7 +51,11 @@ class UpstreamBackend:
         self.url = config.base_url.rstrip("/") + "/chat/completions"
         self.retries = int(config.options.get("retries", 2))
         self.backoff = float(config.options.get("backoff", 0.2))
-        self.headers = {"Accept": "text/event-stream", **config.options.get("headers", {})}
+        self.headers = {
+            "Accept": "text/event-stream",
+            "Content-Type": "application/json",
+            **config.options.get("headers", {}),
+        }
         if config.secret:
             self.headers["Authorization"] = f"Bearer {config.secret}"
         self.timeout = httpx.Timeout(
@@ -85,8 +90,46 @@ class UpstreamBackend:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        reader = ChunkReader(n=request.n, prompt_tokens=approximate_prompt_tokens(request.messages))
+        choice = request.tool_choice
+        if choice.mode == "required" and len(request.tools) == 1:
+            # The same request, in the form upstreams that ignore "required" still obey.
+            function = {"name": request.tools[0].name}
+            body["tool_choice"] = {"type": "function", "function": function}
+        reader = partial(
+            ChunkReader,
+            prompt_tokens=approximate_prompt_tokens(request.messages),
+            call_finish="stop" if choice.mode == "function" else "tool_calls",
+        )
         deadline = asyncio.get_running_loop().time() + self.config.timeout
+        primary = reader(n=request.n)
+        async with aclosing(self._read(body, primary, deadline)) as events:
+            async for event in events:
+                yield event
+        readers = [primary]
+        unseen = primary.unseen()
+        # An upstream that ignored n: each missing choice is asked for on its own.
+        missing = unseen if len(unseen) < request.n else []
+        for event in primary.close(i for i in primary.indices if i not in missing):
+            yield event
+        for index in missing:
+            extra = reader(n=1, first_index=index)
+            async with aclosing(self._read({**body, "n": 1}, extra, deadline)) as events:
+                async for event in events:
+                    yield event
+            for event in extra.close(extra.indices):
+                yield event
+            readers.append(extra)
+        yield Usage(
+            prompt_tokens=sum(r.usage.prompt_tokens for r in readers),
+            completion_tokens=sum(r.usage.completion_tokens for r in readers),
+            cached_tokens=sum(r.usage.cached_tokens for r in readers),
+            reasoning_tokens=sum(r.usage.reasoning_tokens for r in readers),
+        )
+
+    async def _read(
+        self, body: dict[str, Any], reader: ChunkReader, deadline: float
+    ) -> AsyncGenerator[Event, None]:
+        """The events of one upstream request, up to its ``[DONE]`` or the end of its body."""
         async with self._response(orjson.dumps(body), deadline) as response:
             lines = response.aiter_lines()
             sse = SSEReader()
@@ -97,9 +140,7 @@ class UpstreamBackend:
                     for item in reader.read(event):
                         yield item
                 if line is None:
-                    break  # the body ended without [DONE]: finish what is open
-        for item in reader.finish():
-            yield item
+                    break  # the body ended without [DONE]: what is open gets finished
 
     async def _next_line(self, lines: AsyncIterator[str], deadline: float) -> str | None:
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import secrets
 import string
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,19 +100,26 @@ def malformed(detail: str) -> APIError:
 
 
 class ChunkReader:
-    """Normalized events from one upstream stream, for a request of ``n`` choices.
+    """Normalized events from one upstream stream of ``n`` choices, numbered from
+    ``first_index`` (an upstream asked for one more choice answers as index 0).
 
-    Token counts come from the upstream's usage when it sends one; otherwise
-    each content or argument delta counts as one completion token (servers
-    stream a token a delta) and the prompt counts ``prompt_tokens``.
+    A choice that called tools finishes with ``call_finish`` (``stop`` when the
+    client named the tool, as OpenAI does). Token counts come from the
+    upstream's usage when it sends one; otherwise each content or argument
+    delta counts as one completion token (servers stream a token a delta) and
+    the prompt counts ``prompt_tokens``.
     """
 
-    def __init__(self, *, n: int, prompt_tokens: int) -> None:
-        self.n = n
+    def __init__(
+        self, *, n: int, prompt_tokens: int, call_finish: str = "tool_calls", first_index: int = 0
+    ) -> None:
+        self.indices = range(first_index, first_index + n)
         self.prompt_tokens = prompt_tokens
+        self.call_finish = call_finish
         self.completion_tokens = 0
-        self.usage: Usage | None = None
+        self.upstream_usage: Usage | None = None
         self.done = False
+        self._seen: set[int] = set()
         self._finished: set[int] = set()
         self._calls: dict[tuple[int, int], str] = {}
 
@@ -133,13 +141,17 @@ class ChunkReader:
             if isinstance(choice, dict):
                 events += self._choice(choice)
         if isinstance(chunk.get("usage"), dict):
-            self.usage = _usage(chunk["usage"])
+            self.upstream_usage = _usage(chunk["usage"])
         return events
 
     def _choice(self, choice: dict[str, Any]) -> list[Event]:
         index = choice.get("index", 0)
-        if not isinstance(index, int) or index in self._finished:
+        if not isinstance(index, int):
+            return []
+        index += self.indices.start
+        if index not in self.indices or index in self._finished:
             return []  # nothing may follow a choice's finisher
+        self._seen.add(index)
         delta = choice.get("delta") or {}
         events: list[Event] = []
         content = delta.get("content")
@@ -152,8 +164,7 @@ class ChunkReader:
             events += self._tool_call(index, call)
         reason = choice.get("finish_reason")
         if reason:
-            self._finished.add(index)
-            events.append(Finish(index, reason if reason in FINISH_REASONS else "stop"))
+            events += self.close([index], reason)
         return events
 
     def _tool_call(self, index: int, call: dict[str, Any]) -> list[Event]:
@@ -171,16 +182,26 @@ class ChunkReader:
         name = function.get("name") or ""
         return [ToolCallDelta(index, slot, arguments, id=call_id, name=name, tokens=0)]
 
-    def finish(self) -> list[Event]:
-        """The end of the stream: a finisher for every choice still open, then usage."""
-        events: list[Event] = [
-            Finish(index, "tool_calls" if any(i == index for i, _ in self._calls) else "stop")
-            for index in range(self.n)
-            if index not in self._finished
-        ]
-        self._finished.update(range(self.n))
-        events.append(self.usage or Usage(self.prompt_tokens, self.completion_tokens))
+    def unseen(self) -> list[int]:
+        """The choices the upstream sent nothing for (some servers ignore ``n``)."""
+        return [index for index in self.indices if index not in self._seen]
+
+    def close(self, indices: Iterable[int], reason: str = "stop") -> list[Event]:
+        """Finishers for those of ``indices`` still open."""
+        events: list[Event] = []
+        for index in indices:
+            if index in self._finished:
+                continue
+            self._finished.add(index)
+            called = any(i == index for i, _ in self._calls)
+            finish = self.call_finish if called else reason
+            events.append(Finish(index, finish if finish in FINISH_REASONS else "stop"))
         return events
+
+    @property
+    def usage(self) -> Usage:
+        """The upstream's usage, or else the counted one."""
+        return self.upstream_usage or Usage(self.prompt_tokens, self.completion_tokens)
 
 
 def _usage(usage: dict[str, Any]) -> Usage:

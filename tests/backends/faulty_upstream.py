@@ -127,6 +127,7 @@ class FaultyUpstream:
     secret: str
     attempts: Counter = field(default_factory=Counter)
     bodies: dict[str, dict] = field(default_factory=dict)
+    heads: dict[str, str] = field(default_factory=dict)
     closed: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -251,9 +252,7 @@ async def _serve(upstream: FaultyUpstream, started: threading.Event, holder: lis
             behaviour = body["model"]
             upstream.attempts[behaviour] += 1
             upstream.bodies[behaviour] = body
-            upstream.attempts[f"{behaviour}:authorized"] += (
-                f"authorization: bearer {upstream.secret}" in head.decode().lower()
-            )
+            upstream.heads[behaviour] = head.decode().lower()
             await table[behaviour](writer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass

@@ -91,7 +91,9 @@ class CanonicalForwardingTests(UpstreamTestCase):
         assert sent["model"] == "canonical"
         assert sent["stream_options"] == {"include_usage": True}
         assert sent["user"] == "u-1"
-        assert self.upstream.attempts["canonical:authorized"] == 1
+        head = self.upstream.heads["canonical"]
+        assert f"authorization: bearer {SECRET}".lower() in head
+        assert "content-type: application/json" in head
         assert self.text(chunks) == "Hello world"
         assert {c["model"] for c in chunks[:-1]} == {"up-canonical"}
         assert all("usage" not in c for c in chunks[:-1])  # the client did not ask for it
@@ -143,6 +145,22 @@ class RepairTests(UpstreamTestCase):
         arguments = "".join(call["function"]["arguments"] for call in calls)
         assert json.loads(arguments) == {"city": "Paris"}
         assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+class EmulationTests(UpstreamTestCase):
+    async def test_choices_an_upstream_ignoring_n_left_out_are_asked_for_one_by_one(self):
+        completion = (await self.ask("canonical", n=3)).json()
+        assert [c["index"] for c in completion["choices"]] == [0, 1, 2]
+        assert {c["message"]["content"] for c in completion["choices"]} == {"Hello world"}
+        assert self.upstream.attempts["canonical"] == 3
+        assert self.upstream.bodies["canonical"]["n"] == 1  # the last one asked for one
+        assert completion["usage"]["completion_tokens"] == 3 * 2
+
+    async def test_required_with_one_tool_is_sent_as_that_named_tool(self):
+        tool = {"type": "function", "function": {"name": "get_weather"}}
+        await self.ask("tool-quirks", tools=[tool], tool_choice="required")
+        sent = self.upstream.bodies["tool-quirks"]["tool_choice"]
+        assert sent == {"type": "function", "function": {"name": "get_weather"}}
 
 
 class FailureTests(UpstreamTestCase):

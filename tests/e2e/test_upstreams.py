@@ -1,0 +1,64 @@
+"""Real upstreams behind chatparity's ``openai`` backend: llama-cpp-python's own server,
+whose parity defects must all be gone through chatparity, and chatparity itself."""
+
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+
+from chatparity.conformance import CHECKS
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def upstream_aliases(daphne_server, llama_cpp_server):
+    """On the live server: ``via-llama-cpp`` (llama.cpp's server) and ``chained`` (the
+    live server's own ``smollm2`` through its own /v1, with its own key)."""
+    daphne_server.manage(
+        "shell",
+        "-c",
+        "from chatparity.models import Backend, ModelAlias\n"
+        "def alias(public_id, **backend):\n"
+        "    row, _ = Backend.objects.get_or_create(kind='openai', **backend)\n"
+        "    ModelAlias.objects.get_or_create(\n"
+        "        public_id=public_id, defaults={'backend': row, 'model': 'smollm2'})\n"
+        f"alias('via-llama-cpp', name='llama-cpp', base_url='{llama_cpp_server.base_url}')\n"
+        f"alias('chained', name='itself', base_url='{daphne_server.base_url}',"
+        f" secret='{daphne_server.key}')\n",
+    )
+    return daphne_server
+
+
+def conformance(server, model):
+    out = StringIO()
+    try:
+        call_command(
+            "chatparity_conformance", server.base_url, "--key", server.key, "--model", model,
+            stdout=out,
+        )  # fmt: skip
+    finally:
+        print(out.getvalue())  # the table, also when a check failed (exit status 1)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("model", ["via-llama-cpp", "chained"])
+def test_every_check_passes_through_chatparity(upstream_aliases, model):
+    table = conformance(upstream_aliases, model)
+    assert table.splitlines()[-1] == f"{len(CHECKS)} checks: {len(CHECKS)} passed, 0 failed"
+
+
+def test_chained_chatparity_answers_what_it_answers_directly(upstream_aliases, client):
+    ask = {
+        "messages": [{"role": "user", "content": "Name three colors."}],
+        "temperature": 0,
+        "max_tokens": 16,
+    }
+    direct = client.chat.completions.create(model="smollm2", **ask)
+    chained = client.chat.completions.create(model="chained", **ask)
+    assert chained.model == "chained"
+    assert chained.choices[0].message.content == direct.choices[0].message.content
+    assert chained.usage.completion_tokens == direct.usage.completion_tokens
+    assert chained.usage.prompt_tokens == direct.usage.prompt_tokens
+    (row,) = upstream_aliases.log_rows(completion_id=chained.id)
+    assert (row["backend"], row["upstream_model"], row["status_code"]) == ("itself", "smollm2", 200)

@@ -1,0 +1,421 @@
+"""The conformance checks, judged without a network.
+
+A canonical fake server (chatparity's own request parser, ChunkEncoder and
+CompletionAccumulator behind ``httpx.MockTransport``) passes every check; each
+defect below is applied to its canonical response and must flip exactly the
+check it breaks to FAIL, with a reason that names the defect.
+"""
+
+import copy
+import json
+from collections.abc import Callable
+from io import StringIO
+from typing import Any
+
+import httpx
+import pytest
+from django.core.management import CommandError, call_command
+
+from chatparity import conformance
+from chatparity.conformance import CHECKS, Runner, parse_stream
+from chatparity.protocol import errors
+from chatparity.protocol.completion import CompletionAccumulator
+from chatparity.protocol.errors import APIError
+from chatparity.protocol.events import Event, Finish, TextDelta, ToolCallDelta, Usage
+from chatparity.protocol.request import ChatRequest, parse_chat_request
+from chatparity.protocol.stream import DONE, ChunkEncoder, sse
+
+MODEL = "smollm2"
+KEY = "sk-test"
+BASE_URL = "http://testserver/v1"
+WORDS = ["Once", " upon", " a", " time", ",", " a", " dragon", " slept", "."]
+BY_NAME = {check.name: check for check in CHECKS}
+CLIENT = conformance.client
+
+
+def events(chat: ChatRequest) -> list[Event]:
+    """What a well-behaved backend says: the words (cut at max_tokens) or a weather call."""
+    script: list[Event] = []
+    tokens = 0
+    for index in range(chat.n):
+        if chat.tools and chat.tool_choice.mode in ("required", "function"):
+            call = ToolCallDelta(index, 0, "", id=f"call_{index}", name="get_weather")
+            fragments = ['{"city": ', '"Paris"}']
+            script += [call, *(ToolCallDelta(index, 0, part) for part in fragments)]
+            reason = "stop" if chat.tool_choice.mode == "function" else "tool_calls"
+            tokens += 1 + len(fragments)
+        else:
+            words = WORDS[: chat.max_tokens]
+            script += [TextDelta(index, word) for word in words]
+            reason = "length" if len(words) < len(WORDS) else "stop"
+            tokens += len(words)
+        script.append(Finish(index, reason))
+    return [*script, Usage(prompt_tokens=9, completion_tokens=tokens)]
+
+
+def json_response(payload: Any, status: int = 200) -> httpx.Response:
+    return httpx.Response(status, json=payload)
+
+
+def stream_response(chunks: list[dict[str, Any]]) -> httpx.Response:
+    body = b"".join(sse(chunk) for chunk in chunks) + DONE
+    return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+
+def canonical_server(request: httpx.Request) -> httpx.Response:
+    """A fake OpenAI: right envelopes, right errors, right chunk order."""
+    if request.url.path == "/v1/models":
+        model = {"id": MODEL, "object": "model", "created": 1700000000, "owned_by": "me"}
+        return json_response({"object": "list", "data": [model]})
+    try:
+        if request.headers.get("authorization") != f"Bearer {KEY}":
+            raise errors.invalid_api_key(request.headers.get("authorization", ""))
+        chat = parse_chat_request(json.loads(request.content))
+        if chat.model != MODEL:
+            raise errors.model_not_found(chat.model)
+    except APIError as error:
+        return json_response(error.envelope(), error.status)
+    encoder = ChunkEncoder(
+        completion_id="chatcmpl-test",
+        created=1700000000,
+        model=chat.model,
+        system_fingerprint="fp_test",
+        include_usage=chat.include_usage or not chat.stream,
+    )
+    chunks = [chunk for event in events(chat) for chunk in encoder.encode(event)]
+    if chat.stream:
+        return stream_response(chunks)
+    accumulator = CompletionAccumulator()
+    for chunk in chunks:
+        accumulator.add(chunk)
+    return json_response(accumulator.completion())
+
+
+def http(handler: Callable[[httpx.Request], httpx.Response] = canonical_server) -> httpx.Client:
+    return CLIENT(BASE_URL, KEY, transport=httpx.MockTransport(handler))
+
+
+@pytest.fixture(scope="module")
+def canonical() -> dict[str, list[httpx.Response]]:
+    """Each check's canonical responses, by check name."""
+    runner = Runner(http(), MODEL)
+    return {check.name: [runner.send(probe) for probe in check.probes] for check in CHECKS}
+
+
+def test_the_canonical_server_passes_every_check_sending_each_probe_once():
+    sent = []
+
+    def counting(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return canonical_server(request)
+
+    results = Runner(http(counting), MODEL).run_all()
+    assert [(r.name, r.problems) for r in results if not r.ok] == []
+    assert [r.name for r in results] == [check.name for check in CHECKS]
+    assert len(sent) == len({probe.cache_key(MODEL) for check in CHECKS for probe in check.probes})
+
+
+# Defects: (check, a mutation of its last response, words the reason must contain).
+
+Mutation = Callable[[httpx.Response], httpx.Response]
+DROP = object()
+
+
+def edit(target: Any, path: str, fields: dict[str, Any]) -> None:
+    """Set ``fields`` on the object at dotted ``path`` in ``target``; DROP removes one."""
+    for part in filter(None, path.split(".")):
+        target = target[int(part)] if isinstance(target, list) else target[part]
+    for key, value in fields.items():
+        if value is DROP:
+            del target[key]
+        else:
+            target[key] = value
+
+
+def on_chunks(change: Callable[[list[dict[str, Any]]], Any]) -> Mutation:
+    def mutate(response: httpx.Response) -> httpx.Response:
+        chunks = copy.deepcopy(parse_stream(response.content).chunks)
+        change(chunks)
+        return stream_response(chunks)
+
+    return mutate
+
+
+def chunk(number: int, path: str = "", **fields: Any) -> Mutation:
+    return on_chunks(lambda chunks: edit(chunks[number], path, fields))
+
+
+def every_chunk(path: str = "", **fields: Any) -> Mutation:
+    return on_chunks(lambda chunks: [edit(each, path, fields) for each in chunks])
+
+
+def body(path: str = "", *, status: int | None = None, **fields: Any) -> Mutation:
+    def mutate(response: httpx.Response) -> httpx.Response:
+        payload = response.json()
+        edit(payload, path, fields)
+        return json_response(payload, status or response.status_code)
+
+    return mutate
+
+
+def on_bytes(change: Callable[[bytes], bytes], content_type: str = "text/event-stream") -> Mutation:
+    def mutate(response: httpx.Response) -> httpx.Response:
+        headers = {"content-type": content_type}
+        return httpx.Response(200, content=change(response.content), headers=headers)
+
+    return mutate
+
+
+def replace_with(response: httpx.Response) -> Mutation:
+    return lambda _: response
+
+
+def choice(chunk: dict[str, Any]) -> dict[str, Any]:
+    return chunk["choices"][0]
+
+
+def content_after_finisher(chunks):
+    chunks[-1], chunks[-2] = chunks[-2], chunks[-1]
+
+
+def no_usage_chunk(chunks):
+    del chunks[-1]
+
+
+def only_choice_zero(chunks):
+    chunks[:] = [c for c in chunks if choice(c)["index"] == 0]
+
+
+def only_the_finisher(chunks):
+    chunks[:] = chunks[-1:]
+
+
+def drop_choice_one_finisher(chunks):
+    chunks[:] = [c for c in chunks if not (choice(c)["index"] == 1 and choice(c)["finish_reason"])]
+
+
+def repeat_call_id(chunks):
+    """What llama.cpp does: every delta of a call repeats its id, type and name."""
+    first = choice(chunks[0])["delta"]["tool_calls"][0]
+    for each in chunks[1:-1]:
+        call = choice(each)["delta"]["tool_calls"][0]
+        call |= {"id": first["id"], "type": "function"}
+        call["function"]["name"] = "get_weather"
+
+
+def break_arguments(chunks):
+    choice(chunks[-2])["delta"]["tool_calls"][0]["function"]["arguments"] = '"Par'
+
+
+MESSAGE = "choices.0.message"
+BARE_ROLE_CHUNK = chunk(0, "choices.0", delta={"role": "assistant"})
+STREAMED_ERROR = stream_response([{"error": {"message": "no", "type": "x", "param": None}}])
+
+DEFECTS = [
+    ("models.list", body("data.0", created=DROP), "mistypes created"),
+    ("nonstream.envelope", body(model="Smollm2"), "expected the requested"),
+    ("nonstream.envelope", body(system_fingerprint=DROP), "no system_fingerprint key"),
+    ("nonstream.envelope", body(created="1"), 'created is "1"'),
+    ("nonstream.envelope", body(object="text_completion"), "object is"),
+    ("nonstream.message", body(MESSAGE, refusal=DROP), "lacks refusal"),
+    ("nonstream.message", body(MESSAGE, annotations=DROP), "lacks annotations"),
+    ("nonstream.message", body(MESSAGE, role="bot"), 'role is "bot"'),
+    ("nonstream.message", body("choices.0", logprobs=DROP), "lacks logprobs"),
+    ("nonstream.usage", body("usage", total_tokens=1), "not prompt_tokens"),
+    ("nonstream.usage", body("usage", prompt_tokens_details=DROP), "details is null"),
+    ("nonstream.usage", body(usage=DROP), "usage is null"),
+    ("stream.framing", on_bytes(lambda b: b.removesuffix(DONE)), "no data: [DONE]"),
+    ("stream.framing", on_bytes(lambda b: b + b"data: {}\n\n"), "events after data: [DONE]"),
+    ("stream.framing", on_bytes(lambda b: b.replace(b"\n", b"\r\n")), "CR line endings"),
+    ("stream.framing", on_bytes(lambda b: b"event: x\n" + b), "not one 'data: ' line"),
+    ("stream.framing", on_bytes(lambda b: b, "application/json"), "Content-Type"),
+    ("stream.framing", replace_with(STREAMED_ERROR), "error frame"),
+    ("stream.envelope", chunk(2, id="chatcmpl-x"), "id changes"),
+    ("stream.envelope", chunk(2, created=1), "created changes"),
+    ("stream.envelope", every_chunk(model="m"), "(11 chunks, first #0)"),
+    ("stream.envelope", chunk(1, service_tier=DROP), "no service_tier key"),
+    ("stream.envelope", every_chunk(system_fingerprint=DROP), "no system_fingerprint key"),
+    ("stream.envelope", chunk(3, object="x"), 'object is "x"'),
+    ("stream.choices", on_chunks(lambda c: c.pop(0)), "does not open with a role chunk"),
+    ("stream.choices", BARE_ROLE_CHUNK, 'got {"role":"assistant"}'),
+    ("stream.choices", chunk(1, "choices.0", finish_reason="stop"), 'with delta {"content"'),
+    ("stream.choices", on_chunks(content_after_finisher), "has a chunk after its finisher"),
+    ("stream.choices", on_chunks(lambda c: c.pop()), "choice 0 has no finisher"),
+    ("stream.choices", chunk(2, "choices.0", logprobs=DROP), "choice keys are"),
+    ("stream.choices", chunk(2, "choices.0.delta", role=None), "expected just one of"),
+    ("stream.choices", chunk(2, "choices.0.delta", role="assistant"), "role repeated"),
+    ("stream.choices", chunk(-1, "choices.0", finish_reason="x"), "unknown reason"),
+    ("stream.choices", on_chunks(lambda c: c.append({**c[0], "choices": []})), "no choices"),
+    ("stream.no-usage", every_chunk(usage=None), "usage key present"),
+    ("usage.stream", on_chunks(no_usage_chunk), "include_usage ignored"),
+    ("usage.stream", chunk(1, usage=DROP), "no usage key"),
+    ("usage.stream", chunk(1, usage={}), "usage is {} before"),
+    ("usage.stream", chunk(-1, "usage", total_tokens=0), "not prompt_tokens"),
+    ("usage.stream", chunk(-1, "usage", completion_tokens_details=DROP), "details is null"),
+    ("parity.stream-vs-nonstream", chunk(1, "choices.0.delta", content="X"), "content differs"),
+    ("parity.stream-vs-nonstream", chunk(-1, "usage", completion_tokens=7), "9 vs streamed 7"),
+    ("parity.stream-vs-nonstream", on_chunks(no_usage_chunk), "no usage chunk"),
+    ("length.nonstream", body("choices.0", finish_reason="stop"), "expected 'length'"),
+    ("length.nonstream", body("usage", completion_tokens=4), "expected 5"),
+    ("length.stream", chunk(-1, "usage", completion_tokens=6), "is 6, expected 5"),
+    ("length.stream", on_chunks(no_usage_chunk), "no usage to count"),
+    ("n.nonstream", body(choices=[]), "expected [0, 1]"),
+    ("n.stream", on_chunks(only_choice_zero), "expected [0, 1]"),
+    ("n.stream", on_chunks(drop_choice_one_finisher), "choice 1 has no finisher"),
+    ("tools.required.stream", on_chunks(repeat_call_id), "carry more than index"),
+    ("tools.required.stream", on_chunks(break_arguments), "not a JSON object"),
+    ("tools.required.stream", BARE_ROLE_CHUNK, "first delta of call 0 has keys"),
+    ("tools.required.stream", on_chunks(only_the_finisher), "no tool call was streamed"),
+    ("tools.required.stream", chunk(-1, "choices.0", finish_reason="stop"), "'tool_calls'"),
+    ("tools.named.stream", chunk(-1, "choices.0", finish_reason="tool_calls"), "'stop'"),
+    ("tools.named.stream", chunk(0, "choices.0.delta", content=""), "role chunk"),
+    ("tools.required.nonstream", body(MESSAGE, content=""), "expected null"),
+    ("tools.required.nonstream", body(MESSAGE, tool_calls=DROP), "tool_calls is null"),
+    ("errors.missing-messages", body(detail="x"), 'expected {"error"'),
+    ("errors.missing-messages", body("error", code=DROP), "error keys are"),
+    ("errors.missing-messages", body("error", param=None), "param is null"),
+    ("errors.bad-key", body("error", code=None), "code is null"),
+    ("errors.bad-key", body(status=403), "HTTP 403"),
+    ("errors.unknown-model", body("error", type="not_found"), "type is"),
+    ("errors.stream-status", replace_with(stream_response([])), "HTTP 200 (text/event-stream)"),
+    ("errors.unknown-argument", body("error", message="Bad"), "message is"),
+    ("errors.temperature", body(status=422), "HTTP 422"),
+]
+
+
+@pytest.mark.parametrize(("name", "mutate", "reason"), DEFECTS)
+def test_a_defect_fails_its_check_with_a_useful_reason(canonical, name, mutate, reason):
+    check = BY_NAME[name]
+    responses = list(canonical[name])
+    assert check.judge(MODEL, responses) == []
+    responses[-1] = mutate(responses[-1])
+    problems = check.judge(MODEL, responses)
+    assert problems, f"{name} passed a defective response"
+    assert any(reason in problem for problem in problems), problems
+
+
+def test_every_check_has_a_defect_that_fails_it():
+    assert {name for name, *_ in DEFECTS} == set(BY_NAME)
+
+
+def test_a_problem_in_many_chunks_is_reported_once_with_where_it_occurs(canonical):
+    response = every_chunk(usage=None)(canonical["stream.no-usage"][0])
+    (problem,) = BY_NAME["stream.no-usage"].judge(MODEL, [response])
+    assert problem.endswith("(11 chunks, first #0)")
+
+
+def test_keepalive_comments_are_allowed():
+    body = b": keepalive\n\n" + canonical_stream_bytes() + b": bye\n\n"
+    stream = parse_stream(body)
+    assert stream.problems == []
+    assert stream.done
+
+
+def canonical_stream_bytes() -> bytes:
+    encoder = ChunkEncoder(completion_id="c", created=1, model=MODEL, system_fingerprint="fp")
+    chunks = [c for e in [TextDelta(0, "Hi"), Finish(0, "stop")] for c in encoder.encode(e)]
+    return b"".join(sse(chunk) for chunk in chunks) + DONE
+
+
+# Running: independence, failures, selection, the command.
+
+
+def test_a_failed_request_fails_only_the_checks_that_need_it():
+    def no_streams(request: httpx.Request) -> httpx.Response:
+        if request.content and json.loads(request.content).get("stream"):
+            raise httpx.ReadTimeout("timed out", request=request)
+        return canonical_server(request)
+
+    results = {r.name: r for r in Runner(http(no_streams), MODEL).run_all()}
+    failed = {name for name, result in results.items() if not result.ok}
+    assert failed == {c.name for c in CHECKS if any(p.body.get("stream") for p in c.probes)}
+    assert {"parity.stream-vs-nonstream", "errors.stream-status"} < failed
+    assert results["stream.framing"].reason() == "request failed: ReadTimeout: timed out"
+
+
+def test_a_judge_that_crashes_fails_its_own_row_only():
+    def broken(model, responses):
+        raise KeyError("x")
+
+    check = conformance.Check("broken", "", (conformance.MODELS,), broken)
+    runner = Runner(http(), MODEL)
+    assert runner.run(check).reason() == "could not judge the response: KeyError('x')"
+    assert runner.run(BY_NAME["models.list"]).ok
+
+
+@pytest.mark.parametrize(
+    ("only", "skip", "expected"),
+    [
+        (["errors.bad"], [], ["errors.bad-key"]),
+        (["tools."], [".stream"], ["tools.required.nonstream"]),
+        (["length", "n."], ["nonstream"], ["length.stream", "n.stream"]),
+    ],
+)
+def test_only_and_skip_match_substrings(only, skip, expected):
+    assert [check.name for check in conformance.select(only=only, skip=skip)] == expected
+
+
+@pytest.fixture
+def served_by(monkeypatch):
+    """Make the command talk to ``handler`` instead of the network."""
+
+    def serve(handler, timeout=60.0):
+        def fake_client(base_url, key, seconds, **options):
+            assert (base_url, key, seconds) == (BASE_URL, KEY, timeout)
+            return http(handler)
+
+        monkeypatch.setattr(conformance, "client", fake_client)
+
+    return serve
+
+
+def test_command_prints_the_table_and_succeeds_on_a_conformant_server(served_by):
+    served_by(canonical_server)
+    out = StringIO()
+    call_command("chatparity_conformance", BASE_URL, "--key", KEY, stdout=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == f"{BASE_URL}  model 'smollm2'"
+    assert lines[1].split() == ["CHECK", "RESULT", "REASON"]
+    assert lines[2].split() == ["models.list", "PASS"]
+    assert lines[-1] == f"{len(CHECKS)} checks: {len(CHECKS)} passed, 0 failed"
+
+
+def test_command_fails_with_status_1_and_json_results_on_a_defect(served_by):
+    def no_refusal(request: httpx.Request) -> httpx.Response:
+        response = canonical_server(request)
+        if request.method == "GET" or json.loads(request.content).get("stream"):
+            return response
+        body = response.json()
+        for item in body.get("choices", []):
+            item["message"].pop("refusal")
+        return json_response(body, response.status_code)
+
+    served_by(no_refusal, timeout=5)
+    out = StringIO()
+    with pytest.raises(CommandError) as raised:
+        call_command(
+            "chatparity_conformance", BASE_URL, "--key", KEY, "--json", "--skip", "errors",
+            "--timeout", "5", stdout=out,
+        )  # fmt: skip
+    assert raised.value.returncode == 1
+    report = json.loads(out.getvalue())
+    failed = {check["name"]: check["reason"] for check in report["checks"] if not check["ok"]}
+    assert failed.keys() == {"nonstream.message", "tools.required.nonstream"}
+    assert failed["nonstream.message"] == "choices[0].message lacks refusal, expected null"
+    assert report["model"] == MODEL
+    assert report["passed"] is False
+
+
+def test_command_without_a_model_to_test_exits_2(served_by):
+    served_by(lambda request: json_response({"error": {}}, 500))
+    with pytest.raises(CommandError, match="pass --model") as raised:
+        call_command("chatparity_conformance", BASE_URL, "--key", KEY, stdout=StringIO())
+    assert raised.value.returncode == 2
+
+
+def test_command_lists_the_selected_checks_without_a_server():
+    out = StringIO()
+    call_command("chatparity_conformance", "--list", "--only", "tools.", stdout=out)
+    assert [line.split()[0] for line in out.getvalue().splitlines()] == [
+        "tools.required.stream", "tools.named.stream", "tools.required.nonstream",
+    ]  # fmt: skip
