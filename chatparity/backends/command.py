@@ -60,7 +60,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import signal
@@ -74,13 +73,11 @@ from django.core.exceptions import ImproperlyConfigured
 from ..protocol.errors import APIError
 from ..protocol.events import Event, Finish, TextDelta, Usage
 from ..protocol.request import ChatRequest, Message
+from ..protocol.tokens import CHARS_PER_TOKEN, approximate_tokens
 from .base import BackendConfig
-from .local import _TextStreamer
+from .text import TextStreamer
 
 logger = logging.getLogger(__name__)
-
-CHARS_PER_TOKEN = 4
-"""The token estimate: one token per this many characters, rounded up."""
 
 _CHUNK = 4096
 _GRACE = 2.0  # seconds from SIGTERM to SIGKILL
@@ -123,11 +120,6 @@ _LABELS = {
 _SYSTEM_ROLES = ("system", "developer")
 
 Scalar = str | int | float | bool
-
-
-def estimate_tokens(characters: int) -> int:
-    """The token count chatparity assumes for ``characters`` characters of text."""
-    return math.ceil(characters / CHARS_PER_TOKEN)
 
 
 # -- options -----------------------------------------------------------------
@@ -284,7 +276,7 @@ def _message_text(message: Message) -> str:
 class _Output:
     """One program's stdout as text deltas.
 
-    local's ``_TextStreamer`` decodes the bytes incrementally and holds back what
+    ``TextStreamer`` decodes the bytes incrementally and holds back what
     may begin a stop sequence; on top of it, whitespace at the end is held until
     more text follows (trim), the text is cut where the token budget runs out,
     and each delta counts the tokens its characters add to the running total.
@@ -299,7 +291,7 @@ class _Output:
         self._held = ""
         self._sent = 0
         self._ready: list[TextDelta] = []
-        self._streamer = _TextStreamer(index, stops, self._accept)
+        self._streamer = TextStreamer(index, stops, self._accept)
 
     def feed(self, data: bytes) -> None:
         if self._streamer.feed(data, None) and self.finish is None:
@@ -325,7 +317,7 @@ class _Output:
             self.finish = "length"
         if body:
             self._sent += len(body)
-            tokens = estimate_tokens(self._sent) - self.tokens
+            tokens = approximate_tokens(self._sent) - self.tokens
             self.tokens += tokens
             self._ready.append(TextDelta(self.index, body, tokens=tokens))
 
@@ -483,7 +475,7 @@ class CommandBackend:
                 finished += isinstance(item, Finish)
                 yield item
             yield Usage(
-                prompt_tokens=estimate_tokens(len(prompt) + len(system or "")),
+                prompt_tokens=approximate_tokens(len(prompt) + len(system or "")),
                 completion_tokens=sum(run.output.tokens for run in runs),
             )
         finally:
@@ -622,10 +614,8 @@ def _check_supported(request: ChatRequest) -> None:
 
 
 __all__ = [
-    "CHARS_PER_TOKEN",
     "CommandBackend",
     "CommandOptions",
-    "estimate_tokens",
     "parse_options",
     "render_prompt",
 ]

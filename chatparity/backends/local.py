@@ -32,7 +32,6 @@ from ..protocol import errors
 from ..protocol.events import (
     Event,
     Finish,
-    TextDelta,
     TokenLogprob,
     ToolCallDelta,
     TopLogprob,
@@ -41,6 +40,7 @@ from ..protocol.events import (
 from ..protocol.request import ChatRequest, Message
 from . import grammars
 from .base import BackendConfig
+from .text import TextStreamer
 
 if TYPE_CHECKING:
     from llama_cpp import Llama
@@ -298,7 +298,7 @@ class _ChoiceRunner:
     def _answer(self, first: int | None, tokens: Generator[int, None, None]) -> None:
         """Stream text, with stop sequences held back and never emitted."""
         job, request = self.job, self.request
-        streamer = _TextStreamer(job.index, request.stop, job.emit)
+        streamer = TextStreamer(job.index, request.stop, job.emit)
         reason = "stop"
         with closing(tokens):
             for token in itertools.chain([] if first is None else [first], tokens):
@@ -338,55 +338,6 @@ class _ChoiceRunner:
 
 
 _ID_ALPHABET = string.ascii_letters + string.digits
-
-
-class _TextStreamer:
-    """Decodes token bytes to text deltas, holding back what may start a stop sequence."""
-
-    def __init__(self, index: int, stops: list[str], emit: Callable[[object], None]) -> None:
-        self.index = index
-        self.stops = stops
-        self.emit = emit
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._pending = ""
-        self._logprobs: list[TokenLogprob] = []
-        self._tokens = 0
-
-    def feed(self, piece: bytes, logprob: TokenLogprob | None) -> bool:
-        """Take one token's bytes; return True when a stop sequence completed."""
-        self._tokens += 1
-        if logprob is not None:
-            self._logprobs.append(logprob)
-        self._pending += self._decoder.decode(piece)
-        hits = [(self._pending.find(stop), stop) for stop in self.stops if stop in self._pending]
-        if hits:
-            self._send(self._pending[: min(hits)[0]])
-            self._pending = ""
-            return True
-        held = max((_overlap(self._pending, stop) for stop in self.stops), default=0)
-        if len(self._pending) > held:
-            self._send(self._pending[: len(self._pending) - held])
-            self._pending = self._pending[len(self._pending) - held :]
-        return False
-
-    def flush(self) -> None:
-        self._send(self._pending + self._decoder.decode(b"", final=True))
-        self._pending = ""
-
-    def _send(self, text: str) -> None:
-        if not text:
-            return
-        logprobs = self._logprobs if self._logprobs else None
-        self.emit(TextDelta(self.index, text, logprobs=logprobs, tokens=self._tokens))
-        self._logprobs, self._tokens = [], 0
-
-
-def _overlap(text: str, stop: str) -> int:
-    """Length of the longest end of ``text`` that begins ``stop``."""
-    for size in range(min(len(text), len(stop) - 1), 0, -1):
-        if text.endswith(stop[:size]):
-            return size
-    return 0
 
 
 def _logprob(llama: Llama, token: int, top: int) -> TokenLogprob:

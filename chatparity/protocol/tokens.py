@@ -7,12 +7,15 @@ from collections.abc import Iterable
 
 from .request import Message
 
+CHARS_PER_TOKEN = 4
+"""OpenAI's rule of thumb for English text."""
 
-def approximate_tokens(text: str) -> int:
-    """OpenAI's rule of thumb for English: about four characters a token."""
-    return math.ceil(len(text) / 4)
+
+def approximate_tokens(characters: int) -> int:
+    """The tokens assumed for ``characters`` characters of text."""
+    return math.ceil(characters / CHARS_PER_TOKEN)
 
 
 def approximate_prompt_tokens(messages: Iterable[Message]) -> int:
     """The prompt's tokens by the same rule, with the few tokens each message's role costs."""
-    return sum(3 + approximate_tokens(message.content or "") for message in messages)
+    return sum(3 + approximate_tokens(len(message.content or "")) for message in messages)
