@@ -66,48 +66,16 @@ QUIRKY = [
     # no usage, no [DONE]
 ]
 
+def tool_delta(arguments: str) -> dict:
+    """A tool-call chunk that repeats the call's id, type and name, as some servers do."""
+    function = {"name": "get_weather", "arguments": arguments}
+    call = {"index": 0, "id": "call_1", "type": "function", "function": function}
+    return {**chunk(), "choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}
+
+
 TOOL_QUIRKS = [
-    data(
-        {
-            **chunk(role="assistant"),
-            "choices": [
-                {
-                    "index": 0,
-                    "delta": {
-                        "tool_calls": [
-                            {
-                                "index": 0,
-                                "id": "call_1",
-                                "type": "function",
-                                "function": {"name": "get_weather", "arguments": '{"ci'},
-                            }
-                        ]
-                    },
-                }
-            ],
-        }
-    ),
-    data(
-        {
-            **chunk(),
-            "choices": [
-                {
-                    "index": 0,
-                    "delta": {
-                        "tool_calls": [
-                            {
-                                "index": 0,
-                                "id": "call_1",
-                                "type": "function",
-                                "function": {"name": "get_weather", "arguments": 'ty": "Paris"}'},
-                            }
-                        ]
-                    },
-                    "finish_reason": None,
-                }
-            ],
-        }
-    ),  # the id and name repeated on a later delta
+    data(tool_delta('{"ci')),
+    data(tool_delta('ty": "Paris"}')),  # the id and name repeated on a later delta
     data(chunk(finish="tool_calls")),
     "data: [DONE]\n\n",
 ]
