@@ -12,9 +12,9 @@ from django.contrib.admin import helpers
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
-from . import probe
+from . import probe, ratelimit
 from .dashboard import UsageDashboardAdmin
 from .models import ApiKey, Backend, ModelAlias, RequestLog, UsageDashboard
 
@@ -26,13 +26,29 @@ class ApiKeyAdmin(admin.ModelAdmin):
     ]  # fmt: skip
     list_filter = ["is_active", "owner"]
     search_fields = ["name", "prefix"]
-    readonly_fields = ["masked_key", "created_at", "last_used_at"]
+    readonly_fields = ["masked_key", "usage_against_limits", "created_at", "last_used_at"]
     filter_horizontal = ["allowed_aliases"]
     actions = ["revoke", "reactivate"]
+    limits = (
+        "requests_per_minute", "tokens_per_minute", "max_concurrent", "token_budget",
+        "cost_budget", "budget_period",
+    )  # fmt: skip
 
-    def get_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> tuple[str, ...]:
-        fields = ("name", "owner", "is_active", "expires_at", "allowed_aliases")
-        return fields if obj is None else ("masked_key", *fields, "created_at", "last_used_at")
+    def get_fieldsets(self, request: HttpRequest, obj: ApiKey | None = None) -> Any:
+        key = ("name", "owner", "is_active", "expires_at", "allowed_aliases")
+        if obj is None:
+            return [(None, {"fields": key}), ("Limits and budgets", {"fields": self.limits})]
+        return [
+            (None, {"fields": ("masked_key", *key, "created_at", "last_used_at")}),
+            ("Limits and budgets", {"fields": (*self.limits, "usage_against_limits")}),
+        ]
+
+    @admin.display(description="usage now")
+    def usage_against_limits(self, key: ApiKey) -> str:
+        rows = async_to_sync(ratelimit.standing)(key)
+        if not rows:
+            return "No limits or budgets."
+        return format_html_join("", "<div class='limit'>{}: <strong>{}</strong> of {}</div>", rows)
 
     @admin.display(description="key", ordering="prefix")
     def masked_key(self, key: ApiKey) -> str:
@@ -145,6 +161,7 @@ class TryItForm(forms.Form):
 class ModelAliasAdmin(admin.ModelAdmin):
     list_display = [
         "public_id", "backend", "model", "enabled", "listed", "owned_by", "context_window",
+        "requests_per_minute", "tokens_per_minute",
     ]  # fmt: skip
     list_filter = ["backend", "enabled", "listed"]
     search_fields = ["public_id", "model", "description"]

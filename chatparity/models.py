@@ -14,6 +14,15 @@ from django.utils import timezone
 from .conf import app_settings
 
 
+class BudgetPeriod(models.TextChoices):
+    DAY = "day", "per day (UTC)"
+    MONTH = "month", "per month (UTC)"
+
+
+def _limit(help_text: str) -> models.PositiveIntegerField[int | None, int | None]:
+    return models.PositiveIntegerField(null=True, blank=True, help_text=help_text)
+
+
 def hash_key(plaintext: str) -> str:
     return hashlib.sha256(plaintext.encode()).hexdigest()
 
@@ -43,6 +52,22 @@ class ApiKey(models.Model):
         blank=True,
         related_name="api_keys",
         help_text="Aliases this key may use; none selected means all.",
+    )
+    requests_per_minute = _limit("Blank: no limit.")
+    tokens_per_minute = _limit("Prompt + completion tokens. Blank: no limit.")
+    max_concurrent = _limit("Requests in flight at once. Blank: no limit.")
+    token_budget = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Tokens per budget period. Blank: no budget."
+    )
+    cost_budget = models.DecimalField(
+        max_digits=12,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text="USD per budget period, from the aliases' prices. Blank: no budget.",
+    )
+    budget_period = models.CharField(
+        max_length=5, choices=BudgetPeriod.choices, default=BudgetPeriod.MONTH
     )
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -108,6 +133,14 @@ class ModelAlias(models.Model):
     owned_by = models.CharField(max_length=100, default="chatparity")
     context_window = models.PositiveIntegerField(null=True, blank=True)
     description = models.TextField(blank=True)
+    requests_per_minute = _limit("For each key using this alias. Blank: no limit.")
+    tokens_per_minute = _limit("For each key using this alias. Blank: no limit.")
+    input_price = models.DecimalField(
+        max_digits=12, decimal_places=6, default=0, help_text="USD per million prompt tokens."
+    )
+    output_price = models.DecimalField(
+        max_digits=12, decimal_places=6, default=0, help_text="USD per million completion tokens."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -146,6 +179,9 @@ class RequestLog(models.Model):
     time_to_first_token_ms = models.FloatField(null=True, blank=True)
     duration_ms = models.FloatField()
     output_tokens_per_second = models.FloatField(null=True, blank=True)
+    cost = models.DecimalField(
+        max_digits=14, decimal_places=8, default=0, help_text="USD, from the alias's prices."
+    )
     client_ip = models.GenericIPAddressField(null=True, blank=True)
     user_agent = models.CharField(max_length=500, blank=True)
     request_body = models.JSONField(null=True, blank=True)

@@ -11,10 +11,11 @@ from django.utils import timezone
 
 from . import tail
 from .conf import app_settings
-from .models import ApiKey, RequestLog
+from .models import ApiKey, ModelAlias, RequestLog
 from .protocol.completion import CompletionAccumulator
 from .protocol.errors import APIError
 from .protocol.events import Event, Finish, TextDelta, ToolCallDelta, Usage
+from .ratelimit import Admission, cost_of
 
 
 @dataclass
@@ -40,6 +41,8 @@ class UsageRecord:
     completion_tokens_sent: int = 0
     first_token_at: float | None = None
     request_body: Any = None
+    model_alias: ModelAlias | None = None
+    admission: Admission | None = None
     body: CompletionAccumulator | None = field(
         default_factory=lambda: CompletionAccumulator() if app_settings.LOG_BODIES else None
     )
@@ -90,6 +93,9 @@ class UsageRecord:
             reasoning_tokens=usage.reasoning_tokens,
             time_to_first_token_ms=None if first is None else (first - self.started) * 1000,
             duration_ms=(now - self.started) * 1000,
+            cost=cost_of(self.model_alias, usage.prompt_tokens, usage.completion_tokens)
+            if self.model_alias
+            else 0,
             output_tokens_per_second=usage.completion_tokens / generating
             if generating > 0
             else None,
@@ -101,9 +107,14 @@ class UsageRecord:
 
 
 async def record_usage(record: UsageRecord) -> RequestLog:
-    """Write the request's log row and mark its key as used."""
+    """Write the request's log row, count it against the key's limits and budgets,
+    and mark the key as used."""
     row = record.row()
-    await row.asave()
+    try:
+        await row.asave()
+    finally:
+        if record.admission is not None:
+            await record.admission.settle(row.prompt_tokens, row.completion_tokens)
     await tail.publish(row)
     await ApiKey.objects.filter(pk=record.api_key.pk).aupdate(last_used_at=timezone.now())
     return row

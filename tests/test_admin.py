@@ -38,7 +38,8 @@ def scripted_alias(db, settings):
 class TestApiKeyAdmin:
     def test_creating_a_key_shows_its_plaintext_once_and_stores_only_the_hash(self, admin_client):
         response = admin_client.post(
-            reverse("admin:chatparity_apikey_add"), {"name": "ci", "is_active": "on"}
+            reverse("admin:chatparity_apikey_add"),
+            {"name": "ci", "is_active": "on", "budget_period": "month"},
         )
         assert response.status_code == 200
         assert "no-store" in response["Cache-Control"]
@@ -66,6 +67,24 @@ class TestApiKeyAdmin:
         run_action(admin_client, "apikey", "reactivate", [key])
         key.refresh_from_db()
         assert key.is_active
+
+    def test_limits_are_edited_on_the_key_and_its_usage_shown(self, admin_client, db):
+        key, _ = ApiKey.objects.create_key("k")
+        url = reverse("admin:chatparity_apikey_change", args=[key.pk])
+        assert "No limits or budgets." in page(admin_client.get(url))
+        form = {
+            "name": "k",
+            "is_active": "on",
+            "requests_per_minute": "30",
+            "budget_period": "month",
+        }
+        form |= {"token_budget": "1000", "budget_period": "day"}
+        assert admin_client.post(url, form).status_code == 302
+        key.refresh_from_db()
+        assert (key.requests_per_minute, key.token_budget) == (30, 1000)
+        shown = page(admin_client.get(url))
+        assert "requests this minute: <strong>0</strong> of 30" in shown
+        assert "tokens this day: <strong>0</strong> of 1000" in shown
 
     def test_search_by_prefix_and_name(self, admin_client, db):
         alpha, _ = ApiKey.objects.create_key("alpha-team")

@@ -43,7 +43,8 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
         model = ApiKey
         fields = [
             "id", "name", "prefix", "owner", "is_active", "expires_at",
-            "allowed_aliases", "created_at", "last_used_at",
+            "allowed_aliases", "requests_per_minute", "tokens_per_minute", "max_concurrent",
+            "token_budget", "cost_budget", "budget_period", "created_at", "last_used_at",
         ]  # fmt: skip
 
 
@@ -79,8 +80,9 @@ class ModelAliasSerializer(serializers.ModelSerializer[ModelAlias]):
     class Meta:
         model = ModelAlias
         fields = [
-            "id", "public_id", "backend", "model", "default_params", "enabled", "listed",
-            "owned_by", "context_window", "description", "created_at",
+            "id", "public_id", "backend", "model", "default_params", "fallbacks", "enabled",
+            "listed", "owned_by", "context_window", "description", "requests_per_minute",
+            "tokens_per_minute", "input_price", "output_price", "created_at",
         ]  # fmt: skip
         extra_kwargs = {
             "public_id": {

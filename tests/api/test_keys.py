@@ -12,7 +12,8 @@ pytestmark = pytest.mark.django_db
 
 FIELDS = {
     "id", "name", "prefix", "owner", "is_active", "expires_at", "allowed_aliases",
-    "created_at", "last_used_at",
+    "requests_per_minute", "tokens_per_minute", "max_concurrent", "token_budget",
+    "cost_budget", "budget_period", "created_at", "last_used_at",
 }  # fmt: skip
 
 
@@ -29,6 +30,19 @@ def test_create_returns_the_plaintext_whose_sha256_is_stored(admin_client):
     assert hashlib.sha256(created["key"].encode()).hexdigest() == key.hashed_key
     assert created["key"].startswith(created["prefix"])
     assert (created["name"], created["is_active"], key.prefix) == ("ci", True, created["prefix"])
+
+
+def test_limits_and_budgets_are_set_through_the_api(admin_client):
+    created = create(admin_client, name="ci", requests_per_minute=60, cost_budget="12.5")
+    response = admin_client.patch(
+        url("key-detail", created["id"]),
+        {"tokens_per_minute": 1000, "budget_period": "day"},
+        content_type="application/json",
+    )
+    assert response.status_code == 200
+    key = ApiKey.objects.get(pk=created["id"])
+    assert (key.requests_per_minute, key.tokens_per_minute, key.budget_period) == (60, 1000, "day")
+    assert str(key.cost_budget) == "12.5000"
 
 
 def test_no_later_response_shows_the_plaintext_or_its_hash(admin_client):
