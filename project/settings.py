@@ -1,22 +1,107 @@
-"""Settings of the example project, read from the environment."""
+"""Settings of the example project, read from the environment.
+
+With no environment at all these are development settings. ``DJANGO_ENV=production``
+turns DEBUG off, requires SECRET_KEY and ALLOWED_HOSTS, and turns on secure
+cookies, HSTS, the HTTPS redirect and logging to stdout.
+"""
 
 import os
+import re
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
+DEV_SECRET_KEY = "chatparity-dev-only-not-secret"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
 
 def _flag(name: str, default: bool) -> bool:
-    return os.environ.get(name, "1" if default else "0").lower() in {"1", "true", "yes", "on"}
+    value = os.environ.get(name, "1" if default else "0").strip().lower()
+    if value not in _TRUE | _FALSE:
+        raise ImproperlyConfigured(f"{name} must be 1/true/yes/on or 0/false/no/off: {value!r}.")
+    return value in _TRUE
 
 
-SECRET_KEY = os.environ.get("SECRET_KEY", "chatparity-dev-only-not-secret")
-DEBUG = _flag("DEBUG", True)
-ALLOWED_HOSTS = [
-    h for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h
-]
+def _int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a whole number, not {value!r}.") from None
+
+
+def _list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+def _proxy_ssl_header(value: str) -> tuple[str, str] | None:
+    """``"X-Forwarded-Proto:https"`` -> ``("HTTP_X_FORWARDED_PROTO", "https")``."""
+    if not value.strip():
+        return None
+    name, _, expected = (part.strip() for part in value.partition(":"))
+    if not re.fullmatch(r"[A-Za-z0-9-]+", name) or not expected:
+        raise ImproperlyConfigured(
+            f"SECURE_PROXY_SSL_HEADER must look like X-Forwarded-Proto:https, not {value!r}."
+        )
+    return "HTTP_" + name.upper().replace("-", "_"), expected
+
+
+ENVIRONMENT = os.environ.get("DJANGO_ENV", "development")
+if ENVIRONMENT not in {"development", "production"}:
+    # A typo must not quietly deploy development settings.
+    raise ImproperlyConfigured(
+        f"DJANGO_ENV must be 'production' or 'development', not {ENVIRONMENT!r}."
+    )
+PRODUCTION = ENVIRONMENT == "production"
+
+SECRET_KEY = os.environ.get("SECRET_KEY", DEV_SECRET_KEY)
+if PRODUCTION and SECRET_KEY in {"", DEV_SECRET_KEY}:
+    raise ImproperlyConfigured(
+        "DJANGO_ENV=production needs SECRET_KEY in the environment, e.g. from"
+        " python -c 'import secrets; print(secrets.token_urlsafe(50))'."
+    )
+DEBUG = _flag("DEBUG", not PRODUCTION)
+ALLOWED_HOSTS = _list("ALLOWED_HOSTS", "" if PRODUCTION else "localhost,127.0.0.1,[::1]")
+if PRODUCTION and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured(
+        "DJANGO_ENV=production needs ALLOWED_HOSTS, e.g. ALLOWED_HOSTS=chat.example.com."
+    )
+CSRF_TRUSTED_ORIGINS = _list("CSRF_TRUSTED_ORIGINS")
+# Only behind a proxy that always sets (overwrites) this header.
+SECURE_PROXY_SSL_HEADER = _proxy_ssl_header(os.environ.get("SECURE_PROXY_SSL_HEADER", ""))
+
+if PRODUCTION:
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = _flag("SECURE_SSL_REDIRECT", True)
+    # Load balancers probe workers over plain HTTP; a redirect would read as "down".
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+    SECURE_HSTS_SECONDS = _int("SECURE_HSTS_SECONDS", 365 * 24 * 3600)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = _flag("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = _flag("SECURE_HSTS_PRELOAD", False)
+    if not SECURE_HSTS_PRELOAD:
+        # Preloading is a hard-to-undo opt-in, so off unless asked for; W021 only
+        # says that without it the domain cannot be submitted to the preload list.
+        SILENCED_SYSTEM_CHECKS = ["security.W021"]
+    LOGGING = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"}
+        },
+        "handlers": {
+            "stdout": {
+                "class": "logging.StreamHandler",
+                "stream": "ext://sys.stdout",
+                "formatter": "plain",
+            }
+        },
+        "root": {"handlers": ["stdout"], "level": os.environ.get("LOG_LEVEL", "INFO").upper()},
+    }
 
 INSTALLED_APPS = [
     "daphne",
@@ -64,6 +149,9 @@ TEMPLATES = [
 DATABASES = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
+        # Not persistent: under ASGI each request queries from a thread of its own, so
+        # kept connections pile up instead of being reused (Django's docs: disable
+        # persistent connections under ASGI).
         conn_max_age=0,
     )
 }
@@ -106,4 +194,5 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CHATPARITY: dict[str, object] = {
     "LOG_BODIES": _flag("CHATPARITY_LOG_BODIES", False),
+    "REDIS_URL": REDIS_URL or None,
 }

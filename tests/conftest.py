@@ -1,11 +1,6 @@
-import os
-import shutil
-import socket
-import subprocess
-import time
-from contextlib import closing
-
 import pytest
+
+from tests import services
 
 
 def pytest_addoption(parser):
@@ -15,25 +10,14 @@ def pytest_addoption(parser):
 
 
 @pytest.fixture(scope="session")
-def redis_url(tmp_path_factory):
-    """``REDIS_URL`` when set (CI's second run), else a redis-server of our own."""
-    if os.environ.get("REDIS_URL"):
-        yield os.environ["REDIS_URL"]
-        return
-    server = shutil.which("redis-server")
-    assert server, "redis-server is needed (apt install redis-server; .ci/run installs it)"
-    with closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    folder = tmp_path_factory.mktemp("redis")
-    command = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", folder]
-    process = subprocess.Popen([str(part) for part in command], stdout=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    for _ in range(100):
-        with closing(socket.socket()) as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.05)
-    yield url
-    process.terminate()
-    process.wait(timeout=10)
+def redis_url():
+    """``REDIS_URL`` when set (CI's second pass), else a redis-server of our own."""
+    with services.redis() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A PostgreSQL server: the one in ``DATABASE_URL`` when set, else our own."""
+    with services.postgres() as url:
+        yield url

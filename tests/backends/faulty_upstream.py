@@ -66,6 +66,7 @@ QUIRKY = [
     # no usage, no [DONE]
 ]
 
+
 def tool_delta(arguments: str) -> dict:
     """A tool-call chunk that repeats the call's id, type and name, as some servers do."""
     function = {"name": "get_weather", "arguments": arguments}
@@ -77,6 +78,21 @@ TOOL_QUIRKS = [
     data(tool_delta('{"ci')),
     data(tool_delta('ty": "Paris"}')),  # the id and name repeated on a later delta
     data(chunk(finish="tool_calls")),
+    "data: [DONE]\n\n",
+]
+
+LONG_CHUNKS = 20
+LONG = [
+    data(chunk(role="assistant", content="")),
+    *(data(chunk(f"t{i} ")) for i in range(LONG_CHUNKS)),
+    data(chunk(finish="stop")),
+    data(
+        {
+            **chunk(),
+            "choices": [],
+            "usage": {"prompt_tokens": 5, "completion_tokens": LONG_CHUNKS, "total_tokens": 25},
+        }
+    ),
     "data: [DONE]\n\n",
 ]
 
@@ -96,6 +112,7 @@ class FaultyUpstream:
     attempts: Counter = field(default_factory=Counter)
     bodies: dict[str, dict] = field(default_factory=dict)
     heads: dict[str, str] = field(default_factory=dict)
+    in_flight: int = 0
     closed: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -195,6 +212,7 @@ def behaviours(upstream: FaultyUpstream) -> dict[str, Handler]:
         "slow-first-byte": slow_first_byte,
         "endless": endless,
         "slow-tokens": slow_tokens,
+        "long": lambda w: _stream(w, LONG, pause=0.01),
     }
 
 
@@ -210,6 +228,7 @@ async def _serve(upstream: FaultyUpstream, started: threading.Event, holder: lis
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         behaviour = "?"
+        upstream.in_flight += 1
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             length = 0
@@ -225,6 +244,7 @@ async def _serve(upstream: FaultyUpstream, started: threading.Event, holder: lis
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
+            upstream.in_flight -= 1
             upstream.closed[behaviour] = time.monotonic()
             with contextlib.suppress(Exception):
                 writer.close()

@@ -1,0 +1,96 @@
+"""Real PostgreSQL and Redis servers for tests and the load script: the ones in
+``DATABASE_URL`` / ``REDIS_URL`` when set (CI's second pass), else our own, on
+loopback, in a temporary folder, stopped afterwards."""
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+
+
+def free_port() -> int:
+    with closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for_port(port: int, process: subprocess.Popen | None = None) -> None:
+    for _ in range(200):
+        with closing(socket.socket()) as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if process is not None and process.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on port {port}")
+
+
+@contextmanager
+def redis() -> Iterator[str]:
+    """A Redis URL."""
+    if os.environ.get("REDIS_URL"):
+        yield os.environ["REDIS_URL"]
+        return
+    server = shutil.which("redis-server")
+    assert server, "redis-server is needed (apt install redis-server; .ci/run installs it)"
+    port = free_port()
+    with tempfile.TemporaryDirectory() as folder:
+        command = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        process = subprocess.Popen([*command, "--dir", folder], stdout=subprocess.DEVNULL)
+        try:
+            _wait_for_port(port, process)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+
+
+@contextmanager
+def postgres() -> Iterator[str]:
+    """A PostgreSQL server URL (its ``postgres`` database, as a superuser)."""
+    url = os.environ.get("DATABASE_URL", "")
+    if url.startswith(("postgres://", "postgresql://")):
+        yield url
+        return
+    binaries = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
+    assert binaries, "PostgreSQL is needed (apt install postgresql; .ci/run installs it)"
+    bin_dir = Path(binaries[-1])
+    port = free_port()
+    folder = Path(tempfile.mkdtemp(prefix="chatparity-pg-"))
+    as_postgres = []
+    if os.getuid() == 0:  # initdb refuses to run as root
+        shutil.chown(folder, "postgres")
+        as_postgres = ["runuser", "-u", "postgres", "--"]
+    run = [*as_postgres, str(bin_dir / "pg_ctl"), "-D", str(folder / "data")]
+    subprocess.run(
+        [*as_postgres, str(bin_dir / "initdb"), "-D", str(folder / "data"), "-A", "trust",
+         "-U", "postgres"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+    options += " -c max_connections=300"
+    subprocess.run(
+        [*run, "-l", str(folder / "log"), "-w", "-o", options, "start"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    try:
+        yield f"postgres://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*run, "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def create_database(server_url: str, name: str) -> str:
+    """A new, empty database on the server; its URL."""
+    import psycopg
+
+    with psycopg.connect(server_url, autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        connection.execute(f'CREATE DATABASE "{name}"')
+    return server_url.rsplit("/", 1)[0] + f"/{name}"

@@ -1,0 +1,172 @@
+"""The example project's two modes: development with no environment at all, and
+``DJANGO_ENV=production``, which must pass ``check --deploy`` without a single issue."""
+
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import TestCase, override_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = ROOT / "project" / "settings.py"
+
+PRODUCTION = {
+    "DJANGO_ENV": "production",
+    "SECRET_KEY": "x7Kq2-vN9pL4mR8tW1yZ5bC3dF6gH0jS_aE2uI9oP4lK7nM1qT8rV3wX6zY5",
+    "ALLOWED_HOSTS": "chat.example.com",
+    "CSRF_TRUSTED_ORIGINS": "https://chat.example.com",
+    "SECURE_PROXY_SSL_HEADER": "X-Forwarded-Proto:https",
+    "DATABASE_URL": "postgres://chatparity:secret@db.internal:5432/chatparity",
+    "REDIS_URL": "redis://redis.internal:6379/0",
+}
+
+
+def load_settings(**env: str) -> dict[str, object]:
+    """The settings module's names, read with exactly ``env`` as the environment."""
+    with mock.patch.dict(os.environ, env, clear=True):
+        return runpy.run_path(str(SETTINGS))
+
+
+def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={"PATH": os.environ["PATH"], **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_development_is_the_default_and_needs_no_environment():
+    settings = load_settings()
+    assert settings["DEBUG"] is True
+    assert settings["SECRET_KEY"] == settings["DEV_SECRET_KEY"]
+    assert settings["ALLOWED_HOSTS"] == ["localhost", "127.0.0.1", "[::1]"]
+    assert settings["DATABASES"]["default"]["ENGINE"] == "django.db.backends.sqlite3"
+    layer = settings["CHANNEL_LAYERS"]["default"]["BACKEND"]
+    assert layer == "channels.layers.InMemoryChannelLayer"
+    assert settings["SECURE_PROXY_SSL_HEADER"] is None
+    for production_only in ("SESSION_COOKIE_SECURE", "SECURE_SSL_REDIRECT", "LOGGING"):
+        assert production_only not in settings
+
+
+def test_development_check_passes_with_no_environment_at_all():
+    result = manage("check", env={})
+    assert result.returncode == 0, result.stderr
+    assert "System check identified no issues" in result.stdout
+
+
+def test_production_check_deploy_reports_nothing():
+    result = manage("check", "--deploy", "--fail-level", "DEBUG", env=PRODUCTION)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "System check identified no issues" in result.stdout
+    assert "WARNINGS" not in result.stdout + result.stderr
+
+
+def test_production_refuses_to_start_without_a_secret_key():
+    env = {name: value for name, value in PRODUCTION.items() if name != "SECRET_KEY"}
+    result = manage("check", env=env)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert "SECRET_KEY" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"SECRET_KEY": "chatparity-dev-only-not-secret"}, "SECRET_KEY"),
+        ({"SECRET_KEY": ""}, "SECRET_KEY"),
+        ({"ALLOWED_HOSTS": ""}, "ALLOWED_HOSTS"),
+        ({"DJANGO_ENV": "prod"}, "DJANGO_ENV"),
+        ({"SECURE_SSL_REDIRECT": "ture"}, "SECURE_SSL_REDIRECT"),
+        ({"SECURE_HSTS_SECONDS": "1y"}, "SECURE_HSTS_SECONDS"),
+        ({"SECURE_PROXY_SSL_HEADER": "X-Forwarded-Proto"}, "SECURE_PROXY_SSL_HEADER"),
+        ({"SECURE_PROXY_SSL_HEADER": '"X-Forwarded-Proto:https"'}, "SECURE_PROXY_SSL_HEADER"),
+    ],
+)
+def test_production_refuses_a_missing_or_malformed_setting(change, named):
+    with pytest.raises(ImproperlyConfigured, match=named):
+        load_settings(**{**PRODUCTION, **change})
+
+
+def test_production_defaults_are_strict():
+    settings = load_settings(**PRODUCTION)
+    assert settings["DEBUG"] is False
+    assert settings["SESSION_COOKIE_SECURE"] is True
+    assert settings["CSRF_COOKIE_SECURE"] is True
+    assert settings["SECURE_SSL_REDIRECT"] is True
+    assert settings["SECURE_HSTS_SECONDS"] == 365 * 24 * 3600
+    assert settings["SECURE_HSTS_INCLUDE_SUBDOMAINS"] is True
+    assert settings["SECURE_HSTS_PRELOAD"] is False
+    assert settings["ALLOWED_HOSTS"] == ["chat.example.com"]
+    assert settings["CSRF_TRUSTED_ORIGINS"] == ["https://chat.example.com"]
+    assert settings["SECURE_PROXY_SSL_HEADER"] == ("HTTP_X_FORWARDED_PROTO", "https")
+    assert settings["DATABASES"]["default"]["ENGINE"] == "django.db.backends.postgresql"
+    assert settings["CACHES"]["default"]["LOCATION"] == "redis://redis.internal:6379/0"
+    assert settings["CHANNEL_LAYERS"]["default"]["CONFIG"]["hosts"] == [
+        "redis://redis.internal:6379/0"
+    ]
+
+
+def test_production_knobs_come_from_the_environment():
+    settings = load_settings(
+        **{
+            **PRODUCTION,
+            "DEBUG": "1",
+            "SECURE_SSL_REDIRECT": "0",
+            "SECURE_HSTS_SECONDS": "3600",
+            "SECURE_HSTS_INCLUDE_SUBDOMAINS": "no",
+            "SECURE_HSTS_PRELOAD": "yes",
+            "ALLOWED_HOSTS": "chat.example.com, .chat.example.net",
+            "LOG_LEVEL": "warning",
+        }
+    )
+    assert settings["DEBUG"] is True
+    assert settings["SECURE_SSL_REDIRECT"] is False
+    assert settings["SECURE_HSTS_SECONDS"] == 3600
+    assert settings["SECURE_HSTS_INCLUDE_SUBDOMAINS"] is False
+    assert settings["SECURE_HSTS_PRELOAD"] is True
+    assert "SILENCED_SYSTEM_CHECKS" not in settings  # W021 is only moot while preload is off
+    assert settings["ALLOWED_HOSTS"] == ["chat.example.com", ".chat.example.net"]
+    assert settings["LOGGING"]["root"]["level"] == "WARNING"
+
+
+def test_production_logs_to_stdout():
+    result = manage(
+        "shell",
+        "-c",
+        "import logging; logging.getLogger('chatparity').warning('upstream down')",
+        env=PRODUCTION,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "WARNING chatparity" in result.stdout
+    assert "upstream down" in result.stdout
+
+
+_production = load_settings(**PRODUCTION)
+
+
+@override_settings(
+    SECURE_SSL_REDIRECT=True,
+    SECURE_REDIRECT_EXEMPT=_production["SECURE_REDIRECT_EXEMPT"],
+    SECURE_PROXY_SSL_HEADER=_production["SECURE_PROXY_SSL_HEADER"],
+)
+class HttpsRedirectTests(TestCase):
+    def test_plain_http_is_redirected_to_https(self):
+        response = self.client.get("/v1/models")
+        assert response.status_code == 301
+        assert response["Location"] == "https://testserver/v1/models"
+
+    def test_the_proxy_header_marks_a_request_secure(self):
+        response = self.client.get("/v1/models", headers={"X-Forwarded-Proto": "https"})
+        assert response.status_code == 401  # reached the view: no key
+
+    def test_the_health_check_is_answered_over_plain_http(self):
+        response = self.client.get("/healthz")
+        assert response.status_code == 200
