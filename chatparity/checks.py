@@ -72,3 +72,24 @@ def check_local_model(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
             )
         ]
     return []
+
+
+_LIMITS = ("MAX_BODY_BYTES", "MAX_MESSAGES", "MAX_CONTENT_CHARS")
+
+
+@register()
+def check_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Each input limit is a positive integer: anything else would refuse every request."""
+    if not isinstance(getattr(settings, "CHATPARITY", {}), dict):
+        return []  # chatparity.E001 says so
+    messages: list[CheckMessage] = []
+    for name in _LIMITS:
+        value = getattr(app_settings, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            messages.append(
+                Error(
+                    f"CHATPARITY[{name!r}] must be a positive integer, not {value!r}.",
+                    id="chatparity.E010",
+                )
+            )
+    return messages

@@ -28,10 +28,24 @@ DEFAULTS: dict[str, Any] = {
     },
     # Prefix of generated API keys; the part shown in the admin is this plus 4.
     "KEY_PREFIX": "sk-cp-",
+    # Rate limit and budget counters live here when set (redis://...); else in
+    # Django's default cache, which must then be shared by all workers.
+    "REDIS_URL": None,
     # Store request and response bodies in RequestLog.
     "LOG_BODIES": False,
     # Sent as system_fingerprint; None derives one from the backend.
     "SYSTEM_FINGERPRINT": None,
+    # Input limits, checked before any backend runs. A body above MAX_BODY_BYTES
+    # gets a 413 (from Content-Length when sent, without reading the body); the
+    # ASGI server in front should cap bodies too, as it buffers them first.
+    "MAX_BODY_BYTES": 8 * 1024 * 1024,
+    # More messages than this is OpenAI's 400 array_above_max_length on 'messages'.
+    "MAX_MESSAGES": 2048,
+    # Characters in one content string (a message's content or one text part):
+    # above it, OpenAI's 400 string_above_max_length. OpenAI's own cap is higher;
+    # 1 Mi characters is already far beyond any local model's context, and the
+    # lower cap rejects such a message before it is tokenized.
+    "MAX_CONTENT_CHARS": 1024 * 1024,
 }
 
 

@@ -1,8 +1,8 @@
 """Mount with ``path("", include("chatparity.urls"))`` to serve ``/v1/...``."""
 
-from django.urls import path
+from django.urls import path, re_path
 
-from . import views
+from . import health, views
 
 app_name = "chatparity"
 
@@ -10,4 +10,8 @@ urlpatterns = [
     path("v1/chat/completions", views.chat_completions, name="chat-completions"),
     path("v1/models", views.list_models, name="models"),
     path("v1/models/<path:model>", views.retrieve_model, name="model"),
+    path("v1/openapi.json", views.openapi, name="openapi"),
+    path("healthz", health.healthz, name="health"),
+    # Anything else under /v1/ is OpenAI's 404 in the envelope, not an HTML page.
+    re_path(r"^v1/", views.invalid_url, name="invalid-url"),
 ]

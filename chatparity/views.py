@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import secrets
 import string
 import time
@@ -16,15 +17,19 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from . import ratelimit
 from .auth import allowed_alias_ids, authenticate
 from .backends import ChatBackend, get_backend
+from .conf import app_settings
 from .models import ApiKey, ModelAlias
 from .protocol import errors
 from .protocol.completion import CompletionAccumulator
 from .protocol.errors import APIError
 from .protocol.events import Event
-from .protocol.request import ChatRequest, parse_chat_request
+from .protocol.openapi import openapi_document
+from .protocol.request import ChatRequest, Limits, decode_body, parse_chat_request
 from .protocol.stream import DONE, ChunkEncoder, error_frame, sse
+from .protocol.tokens import approximate_prompt_tokens
 from .usage import UsageRecord, record_usage
 
 logger = logging.getLogger(__name__)
@@ -39,12 +44,16 @@ def json_response(payload: Any, status: int = 200) -> HttpResponse:
 
 
 def error_response(error: APIError) -> HttpResponse:
-    return json_response(error.envelope(), status=error.status)
+    response = json_response(error.envelope(), status=error.status)
+    for name, value in error.headers.items():
+        response[name] = value
+    return response
 
 
 def openai_endpoint(*methods: str) -> Callable[[View], View]:
     """Allow ``methods``, answer failures in OpenAI's envelope, and stamp every
-    response with ``x-request-id`` and ``openai-processing-ms``."""
+    response with ``x-request-id``, ``openai-processing-ms`` and the headers the
+    view put in ``request.chatparity_headers`` (rate limits)."""
 
     def decorate(view: View) -> View:
         @csrf_exempt
@@ -53,6 +62,8 @@ def openai_endpoint(*methods: str) -> Callable[[View], View]:
             started = time.perf_counter()
             response: HttpResponseBase
             request.chatparity_request_id = "req_" + secrets.token_hex(16)  # type: ignore[attr-defined]
+            headers: dict[str, str] = {}
+            request.chatparity_headers = headers  # type: ignore[attr-defined]
             if request.method not in methods:
                 response = error_response(
                     APIError(
@@ -66,6 +77,8 @@ def openai_endpoint(*methods: str) -> Callable[[View], View]:
                     if not isinstance(exc, APIError):
                         logger.exception("chatparity: unexpected failure")
                     response = error_response(errors.as_api_error(exc))
+            for name, value in headers.items():
+                response.headers.setdefault(name, value)
             response["x-request-id"] = request.chatparity_request_id  # type: ignore[attr-defined]
             response["openai-processing-ms"] = str(round((time.perf_counter() - started) * 1000))
             return response
@@ -93,11 +106,29 @@ async def _resolve(model: str, key: ApiKey) -> ModelAlias:
     return alias
 
 
-def _decode(body: bytes) -> Any:
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise errors.invalid_json() from None
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def _limits() -> Limits:
+    return Limits(
+        max_messages=app_settings.MAX_MESSAGES, max_content_chars=app_settings.MAX_CONTENT_CHARS
+    )
+
+
+def _decode(request: HttpRequest) -> Any:
+    """The JSON body: a 413 above ``MAX_BODY_BYTES``, OpenAI's 400 if it is not JSON."""
+    limit: int = app_settings.MAX_BODY_BYTES
+    declared = request.META.get("CONTENT_LENGTH", "")
+    if _DIGITS.fullmatch(declared) and int(declared) > limit:
+        raise errors.request_too_large(limit)
+    # Not request.body: it also applies DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB by
+    # default), whose exception would be a 500, and it chokes on a malformed
+    # Content-Length. Reading one byte past the limit tells an oversized body
+    # whatever Content-Length said.
+    body = request.read(limit + 1)
+    if len(body) > limit:
+        raise errors.request_too_large(limit)
+    return decode_body(body)
 
 
 @openai_endpoint("POST")
@@ -110,12 +141,16 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
         user_agent=request.headers.get("User-Agent", ""),
     )
     try:
-        body = _decode(request.body)
+        body = _decode(request)
         record.request_body = body
-        chat = parse_chat_request(body)
+        chat = parse_chat_request(body, _limits())
         record.alias, record.stream, record.n = chat.model, chat.stream, chat.n
         alias = await _resolve(chat.model, key)
         record.alias = alias.public_id  # as configured, so reports group one alias once
+        record.model_alias = alias
+        estimate = approximate_prompt_tokens(chat.messages) + (chat.max_tokens or 0) * chat.n
+        record.admission = await ratelimit.admit(key, alias, estimate)
+        request.chatparity_headers.update(record.admission.headers)  # type: ignore[attr-defined]
         chat, backend, events, first = await _start(body, alias, key, record)
     except asyncio.CancelledError:
         record.cancelled = True
@@ -258,4 +293,20 @@ async def retrieve_model(request: HttpRequest, model: str) -> HttpResponse:
     return json_response(_model_object(alias))
 
 
-__all__ = ["ChatRequest", "chat_completions", "list_models", "retrieve_model"]
+@openai_endpoint("GET", "POST", "PUT", "PATCH", "DELETE")
+async def invalid_url(request: HttpRequest) -> HttpResponse:
+    raise APIError(f"Invalid URL ({request.method} {request.path})", status=404)
+
+
+@openai_endpoint("GET")
+async def openapi(request: HttpRequest) -> HttpResponse:
+    """The OpenAPI document of ``/v1``, stating the configured limits; no key needed."""
+    document = openapi_document(
+        server_url=request.path.rsplit("/", 1)[0],  # where /v1 is mounted
+        limits=_limits(),
+        max_body_bytes=app_settings.MAX_BODY_BYTES,
+    )
+    return json_response(document)
+
+
+__all__ = ["ChatRequest", "chat_completions", "list_models", "openapi", "retrieve_model"]

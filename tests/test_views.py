@@ -192,3 +192,19 @@ class ModelsTests(ViewTestCase):
         )
         assert response.status_code == 404
         assert response.json()["error"]["code"] == "model_not_found"
+
+
+class InvalidUrlTests(ViewTestCase):
+    async def test_unknown_paths_under_v1_are_openais_404_envelope(self):
+        for path in ("/v1/models/", "/v1/completions", "/v1/chat/completions/extra"):
+            response = await self.async_client.get(path)
+            assert response.status_code == 404, path
+            assert response.json() == {
+                "error": {
+                    "message": f"Invalid URL (GET {path})",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": None,
+                }
+            }
+            assert response["x-request-id"].startswith("req_")

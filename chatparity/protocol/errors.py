@@ -23,6 +23,8 @@ class APIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers: dict[str, str] = {}
+        """Response headers that go with the error (``retry-after``, rate limits)."""
 
     def envelope(self) -> dict[str, Any]:
         """The JSON body OpenAI sends for this error."""
@@ -45,6 +47,15 @@ def invalid_json() -> APIError:
         " aren't using your HTTP library correctly. The OpenAI API expects a JSON payload,"
         " but what was sent was not valid JSON. If you have trouble figuring out how to fix"
         " this, please contact us through our help center at help.openai.com.)"
+    )
+
+
+def request_too_large(limit: int) -> APIError:
+    """The body is larger than the server accepts (413), before it is decoded."""
+    return APIError(
+        f"Request too large: the request body exceeds the maximum size of {limit} bytes.",
+        status=413,
+        code="request_too_large",
     )
 
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Any, Literal, TypeVar
 
+import orjson
+
 from .errors import APIError, invalid_json
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
@@ -47,6 +49,17 @@ class ResponseFormat:
 
 
 @dataclass(frozen=True, slots=True)
+class Limits:
+    """The server's caps on a request's size, on top of OpenAI's schema; None is no cap."""
+
+    max_messages: int | None = None
+    max_content_chars: int | None = None  # per content string: a content or one text part
+
+
+NO_LIMITS = Limits()
+
+
+@dataclass(frozen=True, slots=True)
 class ChatRequest:
     """A validated request. ``body`` keeps the JSON object exactly as sent."""
 
@@ -75,12 +88,50 @@ class ChatRequest:
     user: str | None = None
 
 
-def parse_chat_request(body: Any) -> ChatRequest:
+# Deeper JSON is refused as unparseable, like JSON nested past the parser's own limit:
+# bodies are encoded again later (the request log, upstream backends, grammars), and
+# neither orjson (254 levels) nor the stdlib (the recursion limit) encodes any depth.
+# Requests nest a few levels, JSON Schemas in them a few more.
+MAX_DEPTH = 128
+
+
+def decode_body(raw: bytes) -> Any:
+    """The JSON value of a request body; OpenAI's invalid-JSON 400 if there is none.
+
+    Invalid UTF-8, NaN and Infinity literals, lone surrogates and JSON nested
+    more than :data:`MAX_DEPTH` levels are all invalid JSON.
+    """
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise invalid_json() from None
+    if _nested_deeper_than(value, MAX_DEPTH):
+        raise invalid_json()
+    return value
+
+
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether more than ``limit`` arrays or objects nest; level by level, without recursion."""
+    level = [value] if isinstance(value, dict | list) else []
+    for _ in range(limit):
+        level = [
+            child
+            for container in level
+            for child in (container.values() if isinstance(container, dict) else container)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return False
+    return bool(level)
+
+
+def parse_chat_request(body: Any, limits: Limits = NO_LIMITS) -> ChatRequest:
     """Validate a decoded JSON body; raise :class:`APIError` as OpenAI would.
 
     The checks run in OpenAI's order: the required keys, unknown keys, each
     parameter in the order the body lists them, then the rules that span
-    several parameters or messages.
+    several parameters or messages. ``limits`` are enforced with the errors
+    OpenAI gives for its own maximum lengths.
     """
     if not isinstance(body, dict):
         raise invalid_json()
@@ -92,7 +143,8 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if unknown:
         plural = "s" if len(unknown) > 1 else ""
         raise APIError(f"Unrecognized request argument{plural} supplied: {', '.join(unknown)}")
-    given = {key: _PARAMETERS[key](value, key) for key, value in body.items() if value is not None}
+    parsers = _PARAMETERS | {"messages": partial(_messages, limits=limits)}
+    given = {key: parsers[key](value, key) for key, value in body.items() if value is not None}
 
     for key, needed, message in _ONLY_WITH:
         if key in given and not given.get(needed):
@@ -312,41 +364,47 @@ _TOOL_MODES: tuple[Literal["none", "auto", "required"], ...] = ("none", "auto", 
 _FUNCTION = partial(_enum, allowed=("function",))
 
 
-def _messages(value: Any, param: str) -> list[Message]:
-    return _each(value, param, _message)
+def _messages(value: Any, param: str, limits: Limits = NO_LIMITS) -> list[Message]:
+    message = partial(_message, max_chars=limits.max_content_chars)
+    return _each(value, param, message, max_length=limits.max_messages)
 
 
-def _message(value: Any, param: str) -> Message:
+def _message(value: Any, param: str, max_chars: int | None = None) -> Message:
     message = _object(value, param)
     role = _required(message, "role", param, partial(_enum, allowed=_ROLES))
+    content_of = partial(_content, max_length=max_chars)
     # Only the developer schema requires content; a null content in another role
     # is a semantic error, reported once the whole body is well-formed.
     if role == "developer":
-        content: str | None = _required(message, "content", param, _content)
+        content: str | None = _required(message, "content", param, content_of)
     else:
-        content = _optional(message, "content", param, _content)
+        content = _optional(message, "content", param, content_of)
     name = _optional(message, "name", param, _name)
     if role == "function" and name is None:
         raise _missing(f"{param}.name")
+    tool_calls = None
+    if role == "assistant":
+        _optional(message, "refusal", param, _string)
+        _optional(message, "function_call", param, _function_call_made)
+        tool_calls = _optional(message, "tool_calls", param, _tool_calls)
     return Message(
         role,
         content,
         name=name,
-        tool_calls=_optional(message, "tool_calls", param, _tool_calls)
-        if role == "assistant"
-        else None,
+        tool_calls=tool_calls,
         tool_call_id=_required(message, "tool_call_id", param, _string) if role == "tool" else None,
     )
 
 
-def _content(value: Any, param: str) -> str:
+def _content(value: Any, param: str, max_length: int | None = None) -> str:
     """A string, or an array of parts whose texts are joined."""
     if isinstance(value, str):
-        return value
-    return "".join(_each(value, param, _text_part, expected="one of a string or array of objects"))
+        return _string(value, param, max_length)
+    part = partial(_text_part, max_length=max_length)
+    return "".join(_each(value, param, part, expected="one of a string or array of objects"))
 
 
-def _text_part(value: Any, param: str) -> str:
+def _text_part(value: Any, param: str, max_length: int | None = None) -> str:
     part = _object(value, param)
     kind = _required(part, "type", param, partial(_enum, allowed=_PART_TYPES))
     if kind != "text":
@@ -354,7 +412,7 @@ def _text_part(value: Any, param: str) -> str:
             f"Invalid content type. {kind} is only supported by certain models.",
             param=_dotted(f"{param}.type"),
         )
-    return _required(part, "text", param, _string)
+    return _required(part, "text", param, partial(_string, max_length=max_length))
 
 
 def _tool_calls(value: Any, param: str) -> list[dict[str, Any]]:
@@ -368,6 +426,14 @@ def _tool_call(value: Any, param: str) -> dict[str, Any]:
     function = _required(call, "function", param, _object)
     _required(function, "name", f"{param}.function", _string)
     _required(function, "arguments", f"{param}.function", _string)
+    return call
+
+
+def _function_call_made(value: Any, param: str) -> dict[str, Any]:
+    """The deprecated ``function_call`` of an earlier assistant message."""
+    call = _object(value, param)
+    _required(call, "name", param, _string)
+    _optional(call, "arguments", param, _string)
     return call
 
 

@@ -1,0 +1,216 @@
+"""The server's caps on a request, refused in OpenAI's words for its own limits."""
+
+import orjson
+import pytest
+from django.core.checks import run_checks
+from django.test import override_settings
+
+from chatparity.protocol.errors import APIError, invalid_json, request_too_large
+from chatparity.protocol.request import MAX_DEPTH, Limits, decode_body, parse_chat_request
+
+LIMITS = Limits(max_messages=3, max_content_chars=5)
+CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+def user(content):
+    return {"role": "user", "content": content}
+
+
+def parse(messages, limits=LIMITS):
+    return parse_chat_request({"model": "m", "messages": messages}, limits)
+
+
+def refusal(messages, limits=LIMITS):
+    with pytest.raises(APIError) as raised:
+        parse(messages, limits)
+    assert raised.value.status == 400
+    return raised.value.envelope()["error"]
+
+
+# MAX_MESSAGES
+
+
+def test_messages_up_to_the_limit_are_accepted():
+    assert len(parse([user("Hi")] * 3).messages) == 3
+
+
+def test_more_messages_is_openais_array_too_long():
+    assert refusal([user("Hi")] * 4) == {
+        "message": "Invalid 'messages': array too long. Expected an array with maximum length 3,"
+        " but got an array with length 4 instead.",
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "array_above_max_length",
+    }
+
+
+# MAX_CONTENT_CHARS
+
+
+def test_a_content_up_to_the_limit_is_accepted():
+    assert parse([user("12345")]).messages[0].content == "12345"
+
+
+def test_the_limit_is_per_string_so_parts_may_add_up_past_it():
+    parts = [{"type": "text", "text": "12345"}, {"type": "text", "text": "67890"}]
+    assert parse([user(parts)]).messages[0].content == "1234567890"
+
+
+def test_a_longer_content_is_openais_string_too_long():
+    assert refusal([user("Hi"), user("123456")]) == {
+        "message": "Invalid 'messages[1].content': string too long. Expected a string with"
+        " maximum length 5, but got a string with length 6 instead.",
+        "type": "invalid_request_error",
+        "param": "messages[1].content",
+        "code": "string_above_max_length",
+    }
+
+
+def test_a_longer_text_part_names_its_text():
+    parts = [{"type": "text", "text": "Hi"}, {"type": "text", "text": "123456"}]
+    error = refusal([user(parts)])
+    assert (error["param"], error["code"]) == (
+        "messages[0].content[1].text",
+        "string_above_max_length",
+    )
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "system", "content": "123456"}],
+        [{"role": "developer", "content": "123456"}],
+        [{"role": "user", "content": "123456"}],
+        [{"role": "assistant", "content": "123456"}],
+        [{"role": "function", "name": "f", "content": "123456"}],
+        [{"role": "assistant", "tool_calls": [CALL]}, {"role": "tool", "tool_call_id": "call_1"}],
+    ],
+    ids=["system", "developer", "user", "assistant", "function", "tool"],
+)
+def test_every_role_is_capped(messages):
+    if messages[-1]["role"] == "tool":
+        messages[-1]["content"] = "123456"
+    error = refusal(messages)
+    assert (error["param"], error["code"]) == (
+        f"messages[{len(messages) - 1}].content",
+        "string_above_max_length",
+    )
+
+
+def test_only_message_contents_are_capped():
+    request = parse_chat_request(
+        {"model": "m", "messages": [user("Hi")], "user": "a-long-user-id", "stop": "a-long-stop"},
+        LIMITS,
+    )
+    assert (request.user, request.stop) == ("a-long-user-id", ["a-long-stop"])
+
+
+def test_without_limits_nothing_is_capped():
+    request = parse_chat_request({"model": "m", "messages": [user("x" * 2_000_000)] * 3000})
+    assert len(request.messages) == 3000
+
+
+# The body itself.
+
+
+def test_a_body_too_large_is_a_413_in_openais_envelope():
+    error = request_too_large(1024)
+    assert error.status == 413
+    assert error.envelope() == {
+        "error": {
+            "message": "Request too large: the request body exceeds the maximum size of 1024"
+            " bytes.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "request_too_large",
+        }
+    }
+
+
+def nested(depth, empty=b"[]"):
+    """``depth`` levels of arrays, the innermost ``empty``."""
+    return b"[" * (depth - 1) + empty + b"]" * (depth - 1)
+
+
+def test_decoding_keeps_any_json_value_for_the_parser_to_judge():
+    assert decode_body(b'{"model": "m", "n": 1}') == {"model": "m", "n": 1}
+    assert decode_body(b"[1]") == [1]
+    assert decode_body(b'"m"') == "m"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(b"", id="empty"),
+        pytest.param(b"{", id="truncated"),
+        pytest.param(b'{"a": "\xff"}', id="invalid UTF-8"),
+        pytest.param(b'{"a": "\xed\xa0\x80"}', id="an encoded surrogate"),
+        pytest.param(b'{"a": "\\ud800"}', id="an escaped lone surrogate"),
+        pytest.param(b'{"a": NaN}', id="NaN"),
+        pytest.param(b'{"a": -Infinity}', id="Infinity"),
+        pytest.param(b'\xef\xbb\xbf{"a": 1}', id="a byte order mark"),
+        pytest.param(nested(MAX_DEPTH + 1), id="one level too deep"),
+        pytest.param(nested(10_000), id="past the parser's own depth limit"),
+    ],
+)
+def test_what_is_not_json_is_openais_invalid_json(raw):
+    with pytest.raises(APIError) as raised:
+        decode_body(raw)
+    assert raised.value.envelope() == invalid_json().envelope()
+
+
+def test_nesting_up_to_the_limit_is_decoded():
+    assert decode_body(nested(MAX_DEPTH))
+
+
+def test_objects_count_as_levels_and_siblings_do_not():
+    too_deep = b'{"a": ' * MAX_DEPTH + b"{}" + b"}" * MAX_DEPTH
+    with pytest.raises(APIError):
+        decode_body(too_deep)
+    wide = orjson.dumps([orjson.loads(nested(MAX_DEPTH - 1))] * 1000)
+    assert len(decode_body(wide)) == 1000
+
+
+# Regressions: bodies the fuzzing found the server accepted, though OpenAI refuses them.
+
+
+@pytest.mark.parametrize(
+    ("message", "param", "code"),
+    [
+        ({"function_call": 7}, "messages[0].function_call", "invalid_type"),
+        ({"function_call": {}}, "messages[0].function_call.name", "missing_required_parameter"),
+        ({"function_call": {"name": 1}}, "messages[0].function_call.name", "invalid_type"),
+        (
+            {"function_call": {"name": "f", "arguments": 1}},
+            "messages[0].function_call.arguments",
+            "invalid_type",
+        ),
+        ({"content": "Hi", "refusal": 1}, "messages[0].refusal", "invalid_type"),
+    ],
+)
+def test_an_assistant_messages_function_call_and_refusal_are_checked(message, param, code):
+    error = refusal([{"role": "assistant", **message}], Limits())
+    assert (error["param"], error["code"]) == (param, code)
+
+
+def test_an_assistant_message_with_a_well_formed_function_call_is_accepted():
+    call = {"name": "f", "arguments": "{}"}
+    request = parse([{"role": "assistant", "content": None, "function_call": call}])
+    assert request.messages[0].content is None
+
+
+# The settings behind the limits.
+
+
+@pytest.mark.parametrize("name", ["MAX_BODY_BYTES", "MAX_MESSAGES", "MAX_CONTENT_CHARS"])
+@pytest.mark.parametrize("value", [0, -1, "8", 1.5, True, None])
+def test_a_limit_that_is_not_a_positive_integer_is_reported(name, value):
+    with override_settings(CHATPARITY={name: value}):
+        errors = [message for message in run_checks() if message.id == "chatparity.E010"]
+    assert [error.msg for error in errors] == [
+        f"CHATPARITY[{name!r}] must be a positive integer, not {value!r}."
+    ]
+
+
+def test_the_default_limits_pass_the_checks():
+    assert not [message for message in run_checks() if message.id == "chatparity.E010"]

@@ -1,0 +1,254 @@
+"""The OpenAPI document: valid OpenAPI 3.1, served without a key, and the server's own rules.
+
+The fuzzing (tests/test_fuzz.py) checks the answers against the document; these
+tests check that the document says what parse_chat_request enforces.
+"""
+
+import jsonschema_rs
+import pytest
+import schemathesis
+from django.test import SimpleTestCase, override_settings
+from django.urls import include, path
+
+from chatparity.protocol.errors import APIError
+from chatparity.protocol.openapi import openapi_document
+from chatparity.protocol.request import _PARAMETERS, _ROLES, Limits, parse_chat_request
+
+# A site that mounts the app under /api/ (see test_the_servers_url_follows_the_mount_point).
+urlpatterns = [path("api/", include("chatparity.urls"))]
+
+DOCUMENT = openapi_document()
+SCHEMAS = DOCUMENT["components"]["schemas"]
+REQUEST = SCHEMAS["CreateChatCompletionRequest"]
+HI = [{"role": "user", "content": "Hi"}]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        "strict": True,
+    },
+}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+# What a parameter needs beside it to be accepted at all.
+COMPANIONS = {"top_logprobs": {"logprobs": True}, "stream_options": {"stream": True}}
+
+
+def request_validator(document=DOCUMENT):
+    root = {**document["components"]["schemas"]["CreateChatCompletionRequest"]}
+    return jsonschema_rs.Draft202012Validator({**root, "components": document["components"]})
+
+
+def non_null(schema):
+    """The schema of a parameter's value, without the null that means "not given"."""
+    if "anyOf" in schema and {"type": "null"} in schema["anyOf"]:
+        (schema,) = [each for each in schema["anyOf"] if each != {"type": "null"}]
+    if isinstance(schema.get("type"), list):
+        (kind,) = [each for each in schema["type"] if each != "null"]
+        schema = {**schema, "type": kind}
+    return schema
+
+
+def parse(key, value):
+    body = {"model": "m", "messages": HI, key: value, **COMPANIONS.get(key, {})}
+    return parse_chat_request(body)
+
+
+def refusal(key, value):
+    with pytest.raises(APIError) as raised:
+        parse(key, value)
+    return raised.value
+
+
+def test_the_document_is_valid_openapi_3_1():
+    assert DOCUMENT["openapi"] == "3.1.0"
+    schemathesis.openapi.from_dict(DOCUMENT).validate()
+
+
+def test_every_parameter_the_server_accepts_is_documented_and_no_other():
+    assert set(REQUEST["properties"]) == set(_PARAMETERS)
+    assert REQUEST["required"] == ["model", "messages"]
+    assert REQUEST["additionalProperties"] is False
+
+
+def test_the_documented_roles_are_the_servers():
+    messages = REQUEST["properties"]["messages"]["items"]
+    assert set(messages["discriminator"]["mapping"]) == set(_ROLES)
+
+
+BOUNDED = [
+    (key, non_null(schema))
+    for key, schema in REQUEST["properties"].items()
+    if {"minimum", "maximum"} & non_null(schema).keys()
+]
+
+
+@pytest.mark.parametrize(("key", "schema"), BOUNDED, ids=[key for key, _ in BOUNDED])
+def test_documented_bounds_are_the_servers(key, schema):
+    kind = "integer" if schema["type"] == "integer" else "decimal"
+    if "minimum" in schema:
+        parse(key, schema["minimum"])
+        below = refusal(key, schema["minimum"] - 1)
+        assert (below.param, below.code) == (key, f"{kind}_below_min_value")
+    if "maximum" in schema:
+        parse(key, schema["maximum"])
+        above = refusal(key, schema["maximum"] + 1)
+        assert (above.param, above.code) == (key, f"{kind}_above_max_value")
+
+
+def test_bounds_are_documented_where_the_server_has_them():
+    assert {key for key, _ in BOUNDED} == {
+        "frequency_penalty",
+        "max_completion_tokens",
+        "max_tokens",
+        "n",
+        "presence_penalty",
+        "temperature",
+        "top_logprobs",
+        "top_p",
+    }
+
+
+ENUMS = [
+    (key, non_null(schema)["enum"])
+    for key, schema in REQUEST["properties"].items()
+    if "enum" in non_null(schema)
+]
+
+
+@pytest.mark.parametrize(("key", "values"), ENUMS, ids=[key for key, _ in ENUMS])
+def test_documented_enums_are_the_servers(key, values):
+    for value in values:
+        parse(key, value)
+    refused = refusal(key, "bogus")
+    assert (refused.param, refused.code) == (key, "invalid_value")
+    assert refused.message.startswith("Invalid value: 'bogus'. Supported values are: ")
+    for value in values:
+        assert f"'{value}'" in refused.message
+
+
+def test_the_enums_are_documented():
+    assert {key for key, _ in ENUMS} == {"reasoning_effort", "service_tier", "verbosity"}
+
+
+ACCEPTED = {
+    "minimal": {"model": "m", "messages": HI},
+    "every role, parts and tools": {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "Answer in JSON."},
+            {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+            {"role": "user", "name": "ada", "content": [{"type": "text", "text": "Weather?"}]},
+            {"role": "assistant", "content": None, "tool_calls": [CALL]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+            {"role": "assistant", "function_call": {"name": "f", "arguments": "{}"}},
+            {"role": "function", "name": "f", "content": "Done"},
+        ],
+        "tools": [WEATHER],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "parallel_tool_calls": False,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "weather", "schema": {"type": "object"}, "strict": True},
+        },
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "logprobs": True,
+        "top_logprobs": 20,
+        "logit_bias": {"50256": -100, "11": 2.5},
+        "metadata": {"run": "1"},
+        "stop": ["\n\n", "END"],
+        "n": 2,
+        "seed": -7,
+    },
+    "nulls mean not given": {
+        "model": "m",
+        "messages": HI,
+        **{key: None for key in set(_PARAMETERS) - {"model", "messages"}},
+    },
+}
+
+
+@pytest.mark.parametrize("body", ACCEPTED.values(), ids=ACCEPTED.keys())
+def test_bodies_the_server_accepts_are_valid_by_the_document(body):
+    parse_chat_request(body)
+    assert request_validator().is_valid(body)
+
+
+REFUSED = {
+    "no messages": {"model": "m"},
+    "an unknown key": {"model": "m", "messages": HI, "foo": 1},
+    "a message without a role": {"model": "m", "messages": [{"content": "Hi"}]},
+    "an image part": {
+        "model": "m",
+        "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}],
+    },
+    "a tool without a name": {"model": "m", "messages": HI, "tools": [{"type": "function"}]},
+    "five stops": {"model": "m", "messages": HI, "stop": ["a", "b", "c", "d", "e"]},
+    "a bad function name": {
+        "model": "m",
+        "messages": HI,
+        "tools": [{"type": "function", "function": {"name": "get weather"}}],
+    },
+    "a logit_bias key that is no token id": {"model": "m", "messages": HI, "logit_bias": {"a": 1}},
+    "17 metadata keys": {"model": "m", "messages": HI, "metadata": {str(i): "" for i in range(17)}},
+}
+
+
+@pytest.mark.parametrize("body", REFUSED.values(), ids=REFUSED.keys())
+def test_bodies_the_server_refuses_are_invalid_by_the_document(body):
+    with pytest.raises(APIError):
+        parse_chat_request(body)
+    assert not request_validator().is_valid(body)
+
+
+def test_the_limits_are_stated():
+    def body(content, count=1):
+        return {"model": "m", "messages": [{"role": "user", "content": content}] * count}
+
+    capped = request_validator(openapi_document(limits=Limits(max_messages=3, max_content_chars=5)))
+    assert capped.is_valid(body("12345", count=3))
+    assert not capped.is_valid(body("12345", count=4))
+    assert not capped.is_valid(body("123456"))
+    assert not capped.is_valid(body([{"type": "text", "text": "123456"}]))
+    assert request_validator(openapi_document()).is_valid(body("123456", count=4))
+
+
+def test_every_error_status_answers_the_envelope():
+    responses = DOCUMENT["paths"]["/chat/completions"]["post"]["responses"]
+    errors = {status for status in responses if status != "200"}
+    assert errors == {"400", "401", "404", "413", "429", "500", "502", "503", "504"}
+    for status in errors:
+        assert responses[status]["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/Error"
+        }
+
+
+class ServedDocumentTests(SimpleTestCase):
+    def test_served_without_a_key_with_the_configured_limits(self):
+        limits = {"MAX_BODY_BYTES": 1000, "MAX_MESSAGES": 3, "MAX_CONTENT_CHARS": 5}
+        with override_settings(CHATPARITY=limits):
+            response = self.client.get("/v1/openapi.json")
+        assert response.status_code == 200
+        assert response["Content-Type"] == "application/json"
+        assert response["x-request-id"].startswith("req_")
+        assert response.json() == openapi_document(
+            server_url="/v1", limits=Limits(3, 5), max_body_bytes=1000
+        )
+
+    def test_the_default_limits_are_served(self):
+        document = self.client.get("/v1/openapi.json").json()
+        messages = document["components"]["schemas"]["CreateChatCompletionRequest"]["properties"][
+            "messages"
+        ]
+        assert messages["maxItems"] == 2048
+        text = document["components"]["schemas"]["TextContentPart"]["properties"]["text"]
+        assert text["maxLength"] == 1024 * 1024
+        body = document["paths"]["/chat/completions"]["post"]["requestBody"]["description"]
+        assert body == f"A JSON object. At most {8 * 1024 * 1024} bytes."
+
+    @override_settings(ROOT_URLCONF=__name__)
+    def test_the_servers_url_follows_the_mount_point(self):
+        document = self.client.get("/api/v1/openapi.json").json()
+        assert document["servers"] == [{"url": "/api/v1"}]
