@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,11 +100,20 @@ class UsageRecord:
             output_tokens_per_second=usage.completion_tokens / generating
             if generating > 0
             else None,
-            client_ip=self.client_ip,
+            client_ip=_ip_address(self.client_ip),
             user_agent=self.user_agent[:500],
             request_body=self.request_body if app_settings.LOG_BODIES else None,
             response_body=orjson.dumps(self.body.completion()).decode() if self.body else "",
         )
+
+
+def _ip_address(address: str | None) -> str | None:
+    """``address`` if it is an IP address: servers put other things in REMOTE_ADDR (a
+    Unix socket's path, a test client's name), which PostgreSQL would refuse."""
+    try:
+        return str(ipaddress.ip_address(address or ""))
+    except ValueError:
+        return None
 
 
 async def record_usage(record: UsageRecord) -> RequestLog:
