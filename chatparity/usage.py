@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from django.db import DatabaseError, OperationalError
 from django.utils import timezone
 
 from . import tail
@@ -17,6 +20,8 @@ from .protocol.completion import CompletionAccumulator
 from .protocol.errors import APIError
 from .protocol.events import Event, Finish, TextDelta, ToolCallDelta, Usage
 from .ratelimit import Admission, cost_of
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -121,10 +126,29 @@ async def record_usage(record: UsageRecord) -> RequestLog:
     and mark the key as used."""
     row = record.row()
     try:
-        await row.asave()
+        await _save(row)
     finally:
         if record.admission is not None:
             await record.admission.settle(row.prompt_tokens, row.completion_tokens)
     await tail.publish(row)
-    await ApiKey.objects.filter(pk=record.api_key.pk).aupdate(last_used_at=timezone.now())
+    try:
+        await ApiKey.objects.filter(pk=record.api_key.pk).aupdate(last_used_at=timezone.now())
+    except DatabaseError:  # a convenience, not a record: never worth failing a request
+        logger.warning("chatparity: could not mark key %s as used", record.api_key.prefix)
     return row
+
+
+# A busy database (SQLite's "database is locked" under many writers, a PostgreSQL
+# fail-over) gets a few more tries, over about 1.5 s, before a row is given up.
+SAVE_ATTEMPTS = 5
+
+
+async def _save(row: RequestLog) -> None:
+    for attempt in range(SAVE_ATTEMPTS):
+        try:
+            await row.asave()
+            return
+        except OperationalError:
+            if attempt == SAVE_ATTEMPTS - 1:
+                raise
+            await asyncio.sleep(0.05 * 2**attempt)

@@ -13,6 +13,7 @@ from functools import wraps
 from typing import Any
 
 import orjson
+from django.db import DatabaseError
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -251,7 +252,11 @@ async def _chunks(
         raise failure from exc
     finally:
         await events.aclose()  # type: ignore[attr-defined]
-        await record_usage(record)
+        try:
+            await record_usage(record)
+        except DatabaseError:
+            # The client still gets its whole answer and [DONE]; the loss is loud.
+            logger.exception("chatparity: the log row of %s was lost", record.request_id)
 
 
 async def _event_stream(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:

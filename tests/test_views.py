@@ -1,6 +1,9 @@
 """The views end to end in-process: Django's async test client, the real local model."""
 
+from unittest import mock
+
 import orjson
+from django.db import OperationalError
 from django.test import TestCase, override_settings
 from django.utils import timezone
 
@@ -208,3 +211,39 @@ class InvalidUrlTests(ViewTestCase):
                 }
             }
             assert response["x-request-id"].startswith("req_")
+
+
+class BusyDatabaseTests(ViewTestCase):
+    """A log write refused by a busy database is retried, and never cuts the stream."""
+
+    def refuse_writes(self, times):
+        original = RequestLog.asave
+        calls = []
+
+        async def asave(row, *args, **kwargs):
+            calls.append(row)
+            if len(calls) <= times:
+                raise OperationalError("database is locked")
+            return await original(row, *args, **kwargs)
+
+        patcher = mock.patch.object(RequestLog, "asave", asave)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        return calls
+
+    async def test_a_refused_log_write_is_retried(self):
+        calls = self.refuse_writes(times=2)
+        response = await self.ask(max_tokens=2, stream=True)
+        body = await self.read_stream(response)
+        assert body.endswith(b"data: [DONE]\n\n")
+        assert len(calls) == 3
+        assert await RequestLog.objects.acount() == 1
+
+    async def test_a_lost_log_row_still_ends_the_stream_with_done(self):
+        self.refuse_writes(times=99)
+        response = await self.ask(max_tokens=2, stream=True)
+        with self.assertLogs("chatparity.views", "ERROR") as logged:
+            body = await self.read_stream(response)
+        assert body.endswith(b"data: [DONE]\n\n")
+        assert b'"finish_reason":"length"' in body
+        assert "the log row of req_" in logged.output[0]

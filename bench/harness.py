@@ -1,0 +1,386 @@
+"""Shared benchmark plumbing: tools, servers, the chatparity database, and wrk.
+
+Used by ``bench/run.py`` (the benchmark) and ``bench/hotpath.py`` (the profile).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+PYTHON = sys.executable
+STUB_MODEL = "stub-model"
+ASGI_APP = "project.asgi:application"
+UVICORN_QUIET = ("--no-access-log", "--log-level", "warning")
+CHUNKS = 20
+
+# Pinned: what `pip install 'litellm[proxy]'` gave when the harness was written.
+LITELLM_VERSION = "1.106.2"
+LITELLM_VENV = BENCH / ".venv-litellm"
+# matplotlib for the chart and py-spy for the profile, kept out of the project's venv.
+TOOLS_VENV = BENCH / ".venv-tools"
+TOOLS = ("matplotlib==3.11.2", "py-spy==0.4.3")
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# -- tools ----------------------------------------------------------------------
+
+
+def ensure_wrk() -> str:
+    """wrk's path, installing the Debian package when running as root."""
+    found = shutil.which("wrk")
+    if found:
+        return found
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        log("wrk is missing: apt-get install -y wrk")
+        install = ["apt-get", "install", "-y", "-q", "wrk"]
+        if subprocess.run(install, stdout=subprocess.DEVNULL).returncode != 0:
+            subprocess.run(["apt-get", "update", "-q"], stdout=subprocess.DEVNULL, check=True)
+            subprocess.run(install, stdout=subprocess.DEVNULL, check=True)
+        found = shutil.which("wrk")
+    if not found:
+        sys.exit("The benchmark needs wrk: sudo apt-get install -y wrk (Debian/Ubuntu).")
+    return found
+
+
+def ensure_venv(path: Path, requirements: list[str], check: str) -> Path:
+    """A venv at ``path`` with ``requirements``; ``check`` is a module or script in it."""
+    python = path / "bin" / "python"
+    marker = path / ".bench-requirements"
+    wanted = "\n".join(requirements)
+    if python.exists() and marker.exists() and marker.read_text() == wanted:
+        return python
+    log(f"Creating {path.relative_to(ROOT)} with {' '.join(requirements)} (once)...")
+    if not python.exists():
+        subprocess.run([PYTHON, "-m", "venv", str(path)], check=True)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, *requirements], check=True)
+    if not (path / "bin" / check).exists():
+        subprocess.run([str(python), "-c", f"import {check}"], check=True)
+    marker.write_text(wanted)
+    return python
+
+
+def ensure_litellm() -> Path:
+    """The ``litellm`` proxy command, from a venv of its own (pinned version)."""
+    ensure_venv(LITELLM_VENV, [f"litellm[proxy]=={LITELLM_VERSION}"], "litellm")
+    return LITELLM_VENV / "bin" / "litellm"
+
+
+def ensure_tools() -> Path:
+    """The Python of the tools venv (matplotlib, py-spy)."""
+    return ensure_venv(TOOLS_VENV, list(TOOLS), "py-spy")
+
+
+def package_version(python: Path | str, package: str) -> str:
+    code = f"import importlib.metadata as m; print(m.version({package!r}))"
+    run = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+    return run.stdout.strip() or "not installed"
+
+
+def raise_file_limit() -> None:
+    """Let this process and its children open thousands of sockets."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
+
+
+# -- processes ------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of ``pid`` in KiB, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def thread_count(pid: int) -> int:
+    """Threads of ``pid``, from /proc."""
+    return len(list(Path(f"/proc/{pid}/task").iterdir()))
+
+
+def wait_until_up(url: str, process: subprocess.Popen[bytes], headers: dict[str, str]) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
+        try:
+            if httpx.get(url, headers=headers, timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up")
+
+
+@contextmanager
+def serve(
+    command: list[str],
+    url: str,
+    headers: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
+    log_file: Path | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``command`` (its own process group) until ``url`` answers 200; stop it after."""
+    output = log_file.open("ab") if log_file else subprocess.DEVNULL
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        wait_until_up(url, process, headers or {})
+        yield process
+    finally:
+        try:
+            os.killpg(process.pid, 15)
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            process.wait()
+        except ProcessLookupError:
+            pass
+        if log_file:
+            output.close()  # type: ignore[union-attr]
+
+
+def stub_command(port: int, *extra: str) -> list[str]:
+    return [PYTHON, str(BENCH / "stub_upstream.py"), "--port", str(port), *extra]
+
+
+def chatparity_command(server: str, port: int, workers: int = 1) -> list[str]:
+    """The ASGI server command line serving the example project.
+
+    ``server`` is ``daphne``, ``uvicorn``, or ``uvicorn-nodelay``: uvicorn with its
+    multi-worker TCP_NODELAY bug worked around (``bench/uvicorn_nodelay.py``).
+    """
+    if server == "daphne":
+        return [PYTHON, "-m", "daphne", *f"-b 127.0.0.1 -p {port} -v 0".split(), ASGI_APP]
+    uvicorn = (
+        [str(BENCH / "uvicorn_nodelay.py")] if server == "uvicorn-nodelay" else ["-m", "uvicorn"]
+    )
+    options = f"--host 127.0.0.1 --port {port} --workers {workers} --lifespan off"
+    return [PYTHON, *uvicorn, ASGI_APP, *options.split(), *UVICORN_QUIET]
+
+
+# -- the chatparity database ----------------------------------------------------
+
+
+@dataclass
+class Chatparity:
+    """A throw-away SQLite database with the bench's backends, aliases and key."""
+
+    database: Path
+    env: dict[str, str]
+    key: str
+
+    def manage(self, *args: str) -> str:
+        command = [PYTHON, "manage.py", *args]
+        run = subprocess.run(command, cwd=ROOT, env=self.env, check=True, capture_output=True)
+        return run.stdout.decode().strip()
+
+    def add_upstream(self, alias: str, base_url: str) -> None:
+        """An ``openai`` backend at ``base_url`` and an alias ``alias`` for it."""
+        code = (
+            "from chatparity.models import Backend, ModelAlias\n"
+            f"b = Backend.objects.create(name={alias!r}, kind='openai', base_url={base_url!r},"
+            " secret='sk-stub')\n"
+            f"ModelAlias.objects.create(public_id={alias!r}, backend=b, model={STUB_MODEL!r})\n"
+        )
+        self.manage("shell", "--no-imports", "-c", code)
+
+    def request_log(self, user_agent_prefix: str) -> dict[str, int]:
+        """What the RequestLog says of the measured requests (warm-ups left out)
+        whose User-Agent starts so."""
+        with closing(sqlite3.connect(self.database, timeout=30)) as db:
+            rows = db.execute(
+                "SELECT status_code, error_type, cancelled FROM chatparity_requestlog"
+                " WHERE user_agent LIKE ? AND user_agent NOT LIKE '%/warm-up'",
+                (user_agent_prefix + "%",),
+            ).fetchall()
+        return {
+            "rows": len(rows),
+            "ok": sum(
+                1 for s, error, cancelled in rows if s == 200 and not error and not cancelled
+            ),
+            "cancelled": sum(1 for *_, cancelled in rows if cancelled),
+            "errors": sum(1 for _, error, cancelled in rows if error and not cancelled),
+            "5xx": sum(1 for status, *_ in rows if status >= 500),
+        }
+
+
+def make_chatparity(work: Path) -> Chatparity:
+    """Migrate a fresh SQLite file under ``work`` and create the bench's key."""
+    database = work / "chatparity.sqlite3"
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{database}",
+        "DJANGO_ENV": "development",
+        "DEBUG": "0",  # DEBUG keeps every query in memory
+        "PYTHONUNBUFFERED": "1",
+    }
+    site = Chatparity(database, env, key="")
+    site.manage("migrate", "-v0")
+    site.key = site.manage("createapikey", "bench")
+    return site
+
+
+# -- wrk ------------------------------------------------------------------------
+
+# Checks every 200 response (all CHUNKS chunks there, [DONE] ending a stream)
+# and prints the totals and exact percentiles as one JSON line.
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer %(key)s"
+wrk.headers["User-Agent"] = "%(agent)s"
+wrk.body = %(body)s
+local stream = %(stream)s
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args) bad = 0 end
+function response(status, headers, body)
+  local _, chunks = string.gsub(body, "tok ", "")
+  if status == 200 and (chunks ~= %(chunks)d
+     or (stream and string.sub(body, -14) ~= "data: [DONE]\\n\\n")) then
+    bad = bad + 1
+  end
+end
+function done(summary, latency, requests)
+  local bad_total = 0
+  for _, thread in ipairs(threads) do bad_total = bad_total + thread:get("bad") end
+  local e = summary.errors
+  io.write(string.format(
+    'WRK {"requests":%%d,"seconds":%%f,"p50_us":%%f,"p99_us":%%f,"mean_us":%%f,' ..
+    '"connect":%%d,"read":%%d,"write":%%d,"status":%%d,"timeout":%%d,"bad":%%d}\\n',
+    summary.requests, summary.duration / 1e6, latency:percentile(50), latency:percentile(99),
+    latency.mean, e.connect, e.read, e.write, e.status, e.timeout, bad_total))
+end
+"""
+
+
+@dataclass
+class Cell:
+    """One wrk run: a target under one workload at one concurrency."""
+
+    target: str
+    stream: bool
+    concurrency: int
+    requests: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    failures: int  # socket errors, time-outs, non-2xx and wrong bodies
+    upstream_requests: int = 0  # completions the stub served during the run
+    upstream_connections: int = 0  # connections the stub accepted during the run
+
+    @property
+    def workload(self) -> str:
+        return f"stream ({CHUNKS} chunks)" if self.stream else "non-stream"
+
+    def as_dict(self) -> dict[str, object]:
+        return {**asdict(self), "workload": self.workload}
+
+
+def wrk(
+    url: str,
+    key: str,
+    model: str,
+    *,
+    stream: bool,
+    concurrency: int,
+    seconds: int,
+    agent: str,
+    work: Path,
+) -> dict[str, float]:
+    """Run wrk against ``url``/chat/completions; its JSON summary."""
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    script = work / f"wrk-{os.getpid()}.lua"
+    script.write_text(
+        WRK_SCRIPT
+        % {
+            "key": key,
+            "agent": agent,
+            "body": json.dumps(json.dumps(body)),
+            "stream": "true" if stream else "false",
+            "chunks": CHUNKS,
+        }
+    )
+    command = [
+        "wrk",
+        "-t1",
+        f"-c{concurrency}",
+        f"-d{seconds}s",
+        "--timeout",
+        "30s",
+        "-s",
+        str(script),
+        f"{url}/chat/completions",
+    ]
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    line = next(line for line in output.splitlines() if line.startswith("WRK "))
+    summary: dict[str, float] = json.loads(line[4:])
+    return summary
+
+
+def measure(
+    target: str,
+    url: str,
+    key: str,
+    model: str,
+    *,
+    stream: bool,
+    concurrency: int,
+    seconds: int,
+    work: Path,
+    stub_stats: str | None = None,
+) -> Cell:
+    """A 1 s warm-up, then the measured wrk run of one cell (with the stub's
+    counters around it when ``stub_stats`` is its stats URL)."""
+    agent = f"bench/{target}/{'stream' if stream else 'json'}/c{concurrency}"
+    common = {"stream": stream, "concurrency": concurrency, "work": work}
+    wrk(url, key, model, seconds=1, agent=agent + "/warm-up", **common)  # type: ignore[arg-type]
+    before = httpx.get(stub_stats).json() if stub_stats else {}
+    summary = wrk(url, key, model, seconds=seconds, agent=agent, **common)  # type: ignore[arg-type]
+    after = httpx.get(stub_stats).json() if stub_stats else {}
+    failures = sum(int(summary[name]) for name in ("connect", "read", "write", "status", "timeout"))
+    return Cell(
+        target=target,
+        stream=stream,
+        concurrency=concurrency,
+        requests=int(summary["requests"]),
+        rps=summary["requests"] / summary["seconds"],
+        p50_ms=summary["p50_us"] / 1000,
+        p99_ms=summary["p99_us"] / 1000,
+        failures=failures + int(summary["bad"]),
+        upstream_requests=after.get("served", 0) - before.get("served", 0),
+        upstream_connections=after.get("connections", 0) - before.get("connections", 0),
+    )

@@ -1,0 +1,226 @@
+"""A fast canonical OpenAI-compatible stub upstream for benchmarks (loopback only).
+
+Plain asyncio HTTP/1.1 with keep-alive and every response body built once at
+start-up, so the stub itself is never the bottleneck: ``POST
+/v1/chat/completions`` answers ``--chunks`` content chunks (stream or not, with
+usage when asked, in OpenAI's canonical envelope), ``GET /v1/models`` lists one
+model.
+
+``--hold`` makes slow streams for the memory test: each stream sends its role
+chunk, then one content chunk every ``--delay`` seconds until ``POST
+/bench/release``, then the rest of its chunks and ``[DONE]``; ``POST
+/bench/hold`` holds new streams again. ``GET /bench/stats`` tells how many
+streams are open, how many completions were served and how many connections
+were accepted.
+
+    python bench/stub_upstream.py --port 9100 [--chunks 20] [--hold --delay 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+MODEL = "stub-model"
+ENVELOPE = {
+    "id": "chatcmpl-stub",
+    "object": "chat.completion.chunk",
+    "created": 1700000000,
+    "model": MODEL,
+    "service_tier": "default",
+    "system_fingerprint": "fp_stub",
+}
+
+
+def _dumps(payload: object) -> bytes:
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
+def _frame(payload: object) -> bytes:
+    return b"data: " + _dumps(payload) + b"\n\n"
+
+
+def _chunk(delta: dict[str, object], finish: str | None, usage: bool) -> bytes:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    payload: dict[str, object] = {**ENVELOPE, "choices": [choice]}
+    if usage:
+        payload["usage"] = None
+    return _frame(payload)
+
+
+def _usage(chunks: int) -> dict[str, object]:
+    return {
+        "prompt_tokens": 8,
+        "completion_tokens": chunks,
+        "total_tokens": 8 + chunks,
+        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
+    }
+
+
+def _http_chunk(data: bytes) -> bytes:
+    """One piece of a ``Transfer-Encoding: chunked`` body."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _head(status: str, content_type: str, length: int | None = None) -> bytes:
+    framing = "Transfer-Encoding: chunked" if length is None else f"Content-Length: {length}"
+    return f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n{framing}\r\n\r\n".encode()
+
+
+def _json_response(payload: object, status: str = "200 OK") -> bytes:
+    body = _dumps(payload)
+    return _head(status, "application/json", len(body)) + body
+
+
+class Stub:
+    """The canned responses, and the state of held streams."""
+
+    def __init__(self, chunks: int, delay: float, hold: bool) -> None:
+        self.chunks = chunks
+        self.delay = delay
+        self.hold = hold
+        self.released = asyncio.Event()
+        self.open_streams = 0
+        self.served = 0
+        self.connections = 0
+        self.frames = {usage: self._frames(usage) for usage in (False, True)}
+        self.streams = {
+            usage: _head("200 OK", "text/event-stream")
+            + b"".join(_http_chunk(frame) for frame in frames)
+            + b"0\r\n\r\n"
+            for usage, frames in self.frames.items()
+        }
+        self.completion = _json_response(
+            {
+                **ENVELOPE,
+                "object": "chat.completion",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "content": "tok " * chunks,
+                            "refusal": None,
+                            "annotations": [],
+                        },
+                        "logprobs": None,
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": _usage(chunks),
+            }
+        )
+        self.models = _json_response(
+            {
+                "object": "list",
+                "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "stub"}],
+            }
+        )
+
+    def _frames(self, usage: bool) -> list[bytes]:
+        """The SSE frames of one stream: role, content, finisher, [usage], [DONE]."""
+        frames = [_chunk({"role": "assistant", "content": "", "refusal": None}, None, usage)]
+        frames += [_chunk({"content": "tok "}, None, usage) for _ in range(self.chunks)]
+        frames.append(_chunk({}, "stop", usage))
+        if usage:
+            frames.append(_frame({**ENVELOPE, "choices": [], "usage": _usage(self.chunks)}))
+        frames.append(b"data: [DONE]\n\n")
+        return frames
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Answer the requests of one keep-alive connection."""
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                request_line, *header_lines = head.decode("latin-1").split("\r\n")
+                headers = {
+                    name.strip().lower(): value.strip()
+                    for name, _, value in (line.partition(":") for line in header_lines if line)
+                }
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                method, path, _ = request_line.split(" ", 2)
+                await self._route(method, path, body, writer)
+                if headers.get("connection", "").lower() == "close":
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def _route(
+        self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter
+    ) -> None:
+        if method == "POST" and path.endswith("/chat/completions"):
+            request = json.loads(body or b"{}")
+            if not request.get("stream"):
+                writer.write(self.completion)
+            else:
+                options = request.get("stream_options") or {}
+                usage = isinstance(options, dict) and bool(options.get("include_usage"))
+                if self.hold:
+                    await self._held_stream(writer, usage)
+                else:
+                    writer.write(self.streams[usage])
+            self.served += 1
+        elif method == "GET" and path.endswith("/models"):
+            writer.write(self.models)
+        elif method == "POST" and path == "/bench/release":
+            self.released.set()
+            writer.write(_json_response({"released": self.open_streams}))
+        elif method == "POST" and path == "/bench/hold":
+            self.released.clear()
+            writer.write(_json_response({"holding": True}))
+        elif method == "GET" and path == "/bench/stats":
+            stats = {
+                "open_streams": self.open_streams,
+                "served": self.served,
+                "connections": self.connections,
+            }
+            writer.write(_json_response(stats))
+        else:
+            writer.write(_json_response({"error": {"message": "not found"}}, "404 Not Found"))
+        await writer.drain()
+
+    async def _held_stream(self, writer: asyncio.StreamWriter, usage: bool) -> None:
+        """A slow stream: trickles a chunk every ``delay`` seconds until released."""
+        self.open_streams += 1
+        try:
+            frames = self.frames[usage]
+            writer.write(_head("200 OK", "text/event-stream") + _http_chunk(frames[0]))
+            await writer.drain()
+            trickle = _http_chunk(frames[1])
+            while not self.released.is_set():
+                try:
+                    await asyncio.wait_for(self.released.wait(), self.delay)
+                except TimeoutError:
+                    writer.write(trickle)
+                    await writer.drain()
+            writer.write(b"".join(_http_chunk(frame) for frame in frames[1:]) + b"0\r\n\r\n")
+        finally:
+            self.open_streams -= 1
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9100)
+    parser.add_argument("--chunks", type=int, default=20)
+    parser.add_argument("--hold", action="store_true", help="hold streams until /bench/release")
+    parser.add_argument("--delay", type=float, default=1.0, help="seconds between held chunks")
+    args = parser.parse_args()
+    stub = Stub(args.chunks, args.delay, args.hold)
+    server = await asyncio.start_server(stub.serve, args.host, args.port, backlog=4096)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
