@@ -155,11 +155,11 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
         chat, backend, events, first = await _start(body, alias, key, record)
     except asyncio.CancelledError:
         record.cancelled = True
-        await record_usage(record)
+        await _record(record)
         raise
     except Exception as exc:
         record.fail(errors.as_api_error(exc))
-        await record_usage(record)
+        await _record(record)
         raise
 
     record.completion_id = "chatcmpl-" + "".join(secrets.choice(_ALPHANUMERIC) for _ in range(29))
@@ -252,11 +252,17 @@ async def _chunks(
         raise failure from exc
     finally:
         await events.aclose()  # type: ignore[attr-defined]
-        try:
-            await record_usage(record)
-        except DatabaseError:
-            # The client still gets its whole answer and [DONE]; the loss is loud.
-            logger.exception("chatparity: the log row of %s was lost", record.request_id)
+        await _record(record)
+
+
+async def _record(record: UsageRecord) -> None:
+    """Write the request's log row. A database that refuses it even after retries is
+    logged loudly, never made the client's error: the answer or the error the client
+    was getting still reaches it (a stream still ends with [DONE])."""
+    try:
+        await record_usage(record)
+    except DatabaseError:
+        logger.exception("chatparity: the log row of %s was lost", record.request_id)
 
 
 async def _event_stream(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:

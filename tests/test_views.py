@@ -247,3 +247,10 @@ class BusyDatabaseTests(ViewTestCase):
         assert body.endswith(b"data: [DONE]\n\n")
         assert b'"finish_reason":"length"' in body
         assert "the log row of req_" in logged.output[0]
+
+    async def test_a_lost_log_row_does_not_change_the_clients_error(self):
+        self.refuse_writes(times=99)
+        with self.assertLogs("chatparity.views", "ERROR"):
+            response = await self.ask(model="gpt-9")
+        assert response.status_code == 404
+        assert response.json()["error"]["code"] == "model_not_found"
