@@ -82,7 +82,7 @@ class UsageRecord:
             request_id=self.request_id,
             api_key=self.api_key,
             key_prefix=self.api_key.prefix,
-            alias=self.alias,
+            alias=_storable(self.alias),
             backend=self.backend,
             upstream_model=self.upstream_model,
             stream=self.stream,
@@ -106,10 +106,22 @@ class UsageRecord:
             if generating > 0
             else None,
             client_ip=_ip_address(self.client_ip),
-            user_agent=self.user_agent[:500],
-            request_body=self.request_body if app_settings.LOG_BODIES else None,
+            user_agent=_storable(self.user_agent[:500]),
+            request_body=_storable(self.request_body) if app_settings.LOG_BODIES else None,
             response_body=orjson.dumps(self.body.completion()).decode() if self.body else "",
         )
+
+
+def _storable(value: Any) -> Any:
+    """``value`` without NUL characters, which PostgreSQL stores in neither text nor
+    JSON: a client may send them (in a model name, a user agent, a message)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [_storable(item) for item in value]
+    if isinstance(value, dict):
+        return {_storable(key): _storable(item) for key, item in value.items()}
+    return value
 
 
 def _ip_address(address: str | None) -> str | None:

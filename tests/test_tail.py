@@ -5,6 +5,7 @@ import json
 import logging
 from unittest import mock
 
+import pytest
 from channels.layers import get_channel_layer
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
@@ -29,6 +30,13 @@ def as_user(user):
     return app
 
 
+IN_MEMORY = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+# The consumer's side, on the in-memory layer, whichever layer the suite runs on: a
+# Redis layer's connections belong to one event loop, and each test has its own.
+# RedisLayerTests below sends through Redis.
+@override_settings(CHANNEL_LAYERS=IN_MEMORY)
 class LiveTailTests(TransactionTestCase):
     def setUp(self):
         self.admin = User.objects.create_superuser("admin")
@@ -140,11 +148,6 @@ class LiveTailTests(TransactionTestCase):
         assert (await communicator.receive_json_from(timeout=2))["type"] == "request"
         await communicator.disconnect()
 
-    # The in-memory layer shows its groups; whichever layer runs the suite, the
-    # consumer's part (group_discard on disconnect) is the same.
-    @override_settings(
-        CHANNEL_LAYERS={"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    )
     async def test_disconnected_clients_leave_the_group(self):
         communicator, connected = await self.connect(self.admin)
         assert connected
@@ -199,3 +202,28 @@ class PublishNeverBreaksARequestTests(TransactionTestCase):
         assert await RequestLog.objects.filter(pk=row.pk).aexists()
         await self.key.arefresh_from_db()
         assert self.key.last_used_at is not None
+
+
+class RedisLayerTests(TransactionTestCase):
+    async def test_a_published_row_reaches_the_group_through_redis(self):
+        from channels_redis.core import RedisChannelLayer
+
+        layer = RedisChannelLayer(hosts=[self.redis_url])
+        channel = await layer.new_channel()
+        await layer.group_add(tail.GROUP, channel)
+        key = await ApiKey.objects.acreate(name="k", prefix="sk-cp-abcd", hashed_key="x" * 64)
+        row = await RequestLog.objects.acreate(
+            request_id="req-redis", api_key=key, key_prefix=key.prefix, status_code=200,
+            duration_ms=1.0,
+        )  # fmt: skip
+        with mock.patch.object(tail, "get_channel_layer", return_value=layer):
+            await tail.publish(row)
+        message = await asyncio.wait_for(layer.receive(channel), timeout=5)
+        assert message["request"]["request_id"] == "req-redis"
+        await layer.flush()
+
+
+@pytest.fixture(autouse=True)
+def _redis_for(request):
+    if request.cls is RedisLayerTests:
+        request.cls.redis_url = request.getfixturevalue("redis_url")

@@ -19,3 +19,17 @@ def test_only_ip_addresses_are_logged_as_the_client_ip(address, logged):
     row.save()
     row.refresh_from_db()
     assert row.client_ip == logged
+
+
+@pytest.mark.django_db
+def test_nul_characters_a_client_sent_are_replaced_so_postgresql_can_store_the_row(settings):
+    settings.CHATPARITY = {"LOG_BODIES": True}
+    key, _ = ApiKey.objects.create_key("k")
+    record = UsageRecord(request_id="r", api_key=key, user_agent="agent\x00")
+    record.alias = "model\x00"
+    record.request_body = {"model": "model\x00", "messages": [{"content": "a\x00b"}]}
+    row = record.row()
+    row.save()
+    row.refresh_from_db()
+    assert (row.alias, row.user_agent) == ("model\ufffd", "agent\ufffd")
+    assert row.request_body == {"model": "model\ufffd", "messages": [{"content": "a\ufffdb"}]}
