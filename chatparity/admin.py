@@ -73,6 +73,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": "API key created",
+            "breadcrumb": obj.name,
             "key": obj,
             "plaintext": request.chatparity_plaintext,  # type: ignore[attr-defined]
         }

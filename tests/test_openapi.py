@@ -13,6 +13,7 @@ from django.urls import include, path
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.openapi import openapi_document
 from chatparity.protocol.request import _PARAMETERS, _ROLES, Limits, parse_chat_request
+from tests.protocol.test_request import HI, WEATHER
 
 # A site that mounts the app under /api/ (see test_the_servers_url_follows_the_mount_point).
 urlpatterns = [path("api/", include("chatparity.urls"))]
@@ -20,16 +21,6 @@ urlpatterns = [path("api/", include("chatparity.urls"))]
 DOCUMENT = openapi_document()
 SCHEMAS = DOCUMENT["components"]["schemas"]
 REQUEST = SCHEMAS["CreateChatCompletionRequest"]
-HI = [{"role": "user", "content": "Hi"}]
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-        "strict": True,
-    },
-}
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
 # What a parameter needs beside it to be accepted at all.
 COMPANIONS = {"top_logprobs": {"logprobs": True}, "stream_options": {"stream": True}}
