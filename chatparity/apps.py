@@ -1,4 +1,6 @@
 from django.apps import AppConfig
+from django.core.signals import setting_changed
+from django.db.models.signals import m2m_changed, post_delete, post_save
 
 
 class ChatparityConfig(AppConfig):
@@ -8,3 +10,13 @@ class ChatparityConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+        from .lookups import forget
+        from .models import ApiKey, Backend, ModelAlias
+
+        # A change saved in this process applies to the very next request.
+        for model in (ApiKey, ModelAlias, Backend):
+            uid = f"chatparity.forget.{model.__name__}"
+            post_save.connect(forget, sender=model, dispatch_uid=uid)
+            post_delete.connect(forget, sender=model, dispatch_uid=uid)
+        m2m_changed.connect(forget, sender=ApiKey.allowed_aliases.through)
+        setting_changed.connect(forget)

@@ -92,4 +92,12 @@ def check_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
                     id="chatparity.E010",
                 )
             )
+    seconds = app_settings.CACHE_SECONDS
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+        messages.append(
+            Error(
+                f"CHATPARITY['CACHE_SECONDS'] must be a number of seconds >= 0, not {seconds!r}.",
+                id="chatparity.E011",
+            )
+        )
     return messages

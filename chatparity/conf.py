@@ -31,6 +31,10 @@ DEFAULTS: dict[str, Any] = {
     # Rate limit and budget counters live here when set (redis://...); else in
     # Django's default cache, which must then be shared by all workers.
     "REDIS_URL": None,
+    # Seconds a worker keeps what it read of keys and aliases. A change saved in
+    # the same process applies at once; others (another worker's, a queryset
+    # update()) within this time: a revoked key may serve that much longer.
+    "CACHE_SECONDS": 1.0,
     # Store request and response bodies in RequestLog.
     "LOG_BODIES": False,
     # Sent as system_fingerprint; None derives one from the backend.

@@ -6,15 +6,18 @@ import asyncio
 import ipaddress
 import logging
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from django.db import DatabaseError, OperationalError
+from asgiref.sync import sync_to_async
+from django.db import DatabaseError, OperationalError, transaction
 from django.utils import timezone
 
 from . import tail
 from .conf import app_settings
+from .db import reconnecting
 from .models import ApiKey, ModelAlias, RequestLog
 from .protocol.completion import CompletionAccumulator
 from .protocol.errors import APIError
@@ -138,15 +141,11 @@ async def record_usage(record: UsageRecord) -> RequestLog:
     and mark the key as used."""
     row = record.row()
     try:
-        await _save(row)
+        await _writer().write(row)
     finally:
         if record.admission is not None:
             await record.admission.settle(row.prompt_tokens, row.completion_tokens)
     await tail.publish(row)
-    try:
-        await ApiKey.objects.filter(pk=record.api_key.pk).aupdate(last_used_at=timezone.now())
-    except DatabaseError:  # a convenience, not a record: never worth failing a request
-        logger.warning("chatparity: could not mark key %s as used", record.api_key.prefix)
     return row
 
 
@@ -155,12 +154,104 @@ async def record_usage(record: UsageRecord) -> RequestLog:
 SAVE_ATTEMPTS = 5
 
 
-async def _save(row: RequestLog) -> None:
+class LogWriter:
+    """Writes the log rows of concurrent requests together, in one transaction.
+
+    Each caller waits for its own row, so a row is never dropped: under load the
+    batches grow instead. A row the database refuses (bad data, not a busy
+    database) fails only its own request's write, not the rest of its batch.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[RequestLog, asyncio.Future[None]]] = []
+        self._flushing: asyncio.Task[None] | None = None
+
+    async def write(self, row: RequestLog) -> None:
+        written = asyncio.get_running_loop().create_future()
+        self._pending.append((row, written))
+        if self._flushing is None:
+            self._flushing = asyncio.create_task(self._flush())
+        # Shielded: a caller cancelled while it waits leaves its row in the batch.
+        await asyncio.shield(written)
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    await _insert_with_retries([row for row, _ in batch])
+                except OperationalError as exc:  # the database is down or locked
+                    for _, written in batch:
+                        _settle(written, exc)
+                except DatabaseError:  # a row it refuses: find which
+                    await self._one_by_one(batch)
+                else:
+                    for _, written in batch:
+                        _settle(written, None)
+                    await _mark_used({row.api_key_id for row, _ in batch})
+        finally:
+            self._flushing = None
+
+    async def _one_by_one(self, batch: list[tuple[RequestLog, asyncio.Future[None]]]) -> None:
+        for row, written in batch:
+            try:
+                await _insert_with_retries([row])
+            except DatabaseError as exc:
+                _settle(written, exc)
+            else:
+                _settle(written, None)
+                await _mark_used({row.api_key_id})
+
+
+def _settle(written: asyncio.Future[None], error: BaseException | None) -> None:
+    if written.done():
+        return
+    if error is None:
+        written.set_result(None)
+    else:
+        written.set_exception(error)
+
+
+_writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LogWriter] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _writer() -> LogWriter:
+    """This event loop's writer: its futures and task cannot move between loops."""
+    loop = asyncio.get_running_loop()
+    writer = _writers.get(loop)
+    if writer is None:
+        writer = _writers[loop] = LogWriter()
+    return writer
+
+
+async def _insert_with_retries(rows: list[RequestLog]) -> None:
     for attempt in range(SAVE_ATTEMPTS):
         try:
-            await row.asave()
+            await sync_to_async(insert_rows)(rows)
             return
         except OperationalError:
             if attempt == SAVE_ATTEMPTS - 1:
                 raise
             await asyncio.sleep(0.05 * 2**attempt)
+
+
+@reconnecting
+def insert_rows(rows: list[RequestLog]) -> None:
+    """Insert ``rows`` in one transaction."""
+    try:
+        with transaction.atomic():
+            RequestLog.objects.bulk_create(rows)
+    except DatabaseError:
+        for row in rows:  # as they were, for the next try
+            row.pk = None
+        raise
+
+
+async def _mark_used(key_ids: set[int | None]) -> None:
+    """Stamp the keys' ``last_used_at``: a convenience, never worth failing a request."""
+    try:
+        await ApiKey.objects.filter(pk__in=key_ids).aupdate(last_used_at=timezone.now())
+    except DatabaseError:
+        logger.warning("chatparity: could not mark keys %s as used", sorted(map(str, key_ids)))

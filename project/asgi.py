@@ -14,11 +14,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 # a production deployment serves them from STATIC_ROOT in front of the workers.
 http = ASGIStaticFilesHandler(get_asgi_application())  # also sets Django up
 
+from chatparity.asgi import FastPath  # noqa: E402
 from chatparity.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": http,
+        # /v1 straight to chatparity, in front of Django's handler and middleware.
+        "http": FastPath(http),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

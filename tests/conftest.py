@@ -21,3 +21,13 @@ def postgres_url():
     """A PostgreSQL server: the one in ``DATABASE_URL`` when set, else our own."""
     with services.postgres() as url:
         yield url
+
+
+@pytest.fixture(autouse=True)
+def _forget_lookups():
+    """Each test reads keys and aliases afresh: its data was rolled back after the last."""
+    from chatparity import lookups
+
+    lookups.forget()
+    yield
+    lookups.forget()

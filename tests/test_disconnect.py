@@ -1,5 +1,6 @@
 """A client hanging up, the way Django's own tests do it: ApplicationCommunicator
-sends ``http.disconnect`` mid-stream; generation must stop and the row must stay."""
+sends ``http.disconnect`` mid-stream; generation must stop and the row must stay.
+The same through Django's handler and through the ASGI fast path in front of it."""
 
 import asyncio
 
@@ -11,6 +12,7 @@ from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
 from django.test import TransactionTestCase
 
+from chatparity.asgi import FastPath
 from chatparity.backends import local
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 
@@ -47,11 +49,13 @@ class DisconnectTests(TransactionTestCase):
     def setUp(self):
         keep_test_connection(self)
 
+    application = staticmethod(get_asgi_application)
+
     async def hang_up_after(self, body, frames):
         _, plaintext = await sync_to_async(ApiKey.objects.create_key)("hang-up")
         backend = await Backend.objects.acreate(name="local", kind="local")
         await ModelAlias.objects.acreate(public_id="smollm2", backend=backend)
-        communicator = ApplicationCommunicator(get_asgi_application(), scope(plaintext))
+        communicator = ApplicationCommunicator(self.application(), scope(plaintext))
         await communicator.send_input({"type": "http.request", "body": orjson.dumps(body)})
         start = await communicator.receive_output(timeout=60)
         assert start["status"] == 200
@@ -79,3 +83,25 @@ class DisconnectTests(TransactionTestCase):
                 break
             await asyncio.sleep(0.01)
         assert all(model.busy_contexts == 0 for model in local._models.values())
+
+    async def test_hang_up_while_waiting_for_a_whole_answer_stops_the_model(self):
+        _, plaintext = await sync_to_async(ApiKey.objects.create_key)("hang-up")
+        backend = await Backend.objects.acreate(name="local", kind="local")
+        await ModelAlias.objects.acreate(public_id="smollm2", backend=backend)
+        communicator = ApplicationCommunicator(self.application(), scope(plaintext))
+        body = {"model": "smollm2", "messages": [{"role": "user", "content": "A long story."}]}
+        await communicator.send_input(
+            {"type": "http.request", "body": orjson.dumps({**body, "max_tokens": 1000})}
+        )
+        await asyncio.sleep(0.5)  # generating
+        await communicator.send_input({"type": "http.disconnect"})
+        await communicator.wait(timeout=10)
+        row = await RequestLog.objects.aget()
+        assert row.cancelled
+        assert row.completion_tokens < 1000
+
+
+class FastPathDisconnectTests(DisconnectTests):
+    @staticmethod
+    def application():
+        return FastPath(get_asgi_application())

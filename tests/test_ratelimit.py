@@ -15,6 +15,13 @@ from chatparity.ratelimit import CacheCounters, RedisCounters
 SCRIPTED = {"BACKEND_CLASSES": {"scripted": "tests.scripted.ScriptedBackend"}}
 
 
+async def save(instance, **fields):
+    """Change and save ``instance`` as the admin does (which the lookup cache hears of)."""
+    for name, value in fields.items():
+        setattr(instance, name, value)
+    await instance.asave(update_fields=list(fields))
+
+
 @override_settings(CHATPARITY=SCRIPTED)
 class LimitTestCase(TestCase):
     """A key and an alias on a scripted backend that answers ``Hello there``: 1 prompt
@@ -35,7 +42,7 @@ class LimitTestCase(TestCase):
         cache.clear()
 
     async def limit(self, **fields):
-        await ApiKey.objects.filter(pk=self.key.pk).aupdate(**fields)
+        await save(self.key, **fields)
 
     def ask(self, model="echo", **body):
         messages = [{"role": "user", "content": "Hi"}]
@@ -67,7 +74,7 @@ class RequestsPerMinuteTests(LimitTestCase):
         assert statuses == [200, 200, 429]
 
     async def test_a_limit_on_the_alias_counts_each_key_on_that_alias(self):
-        await ModelAlias.objects.filter(pk=self.alias.pk).aupdate(requests_per_minute=1)
+        await save(self.alias, requests_per_minute=1)
         assert (await self.ask()).status_code == 200
         assert (await self.ask()).status_code == 429
         assert (await self.ask(model="other")).status_code == 200
@@ -142,9 +149,7 @@ class BudgetTests(LimitTestCase):
         assert (await self.ask()).status_code == 200
 
     async def test_cost_budget_uses_the_aliases_prices(self):
-        await ModelAlias.objects.filter(pk=self.alias.pk).aupdate(
-            input_price=Decimal("1000"), output_price=Decimal("2000")
-        )
+        await save(self.alias, input_price=Decimal("1000"), output_price=Decimal("2000"))
         await self.limit(cost_budget=Decimal("0.01"))
         first = await self.ask()
         row = await RequestLog.objects.aget()

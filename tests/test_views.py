@@ -7,6 +7,7 @@ from django.db import OperationalError
 from django.test import TestCase, override_settings
 from django.utils import timezone
 
+from chatparity import lookups, usage
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 
 SCRIPTED = {"BACKEND_CLASSES": {"scripted": "tests.scripted.ScriptedBackend"}}
@@ -82,13 +83,27 @@ class ErrorTests(ViewTestCase):
         assert "sk-cp-wrong-key-123456" not in wrong.content.decode()
         assert await RequestLog.objects.acount() == 0
 
-    async def test_revoked_key_is_refused(self):
-        await ApiKey.objects.filter(pk=self.key.pk).aupdate(is_active=False)
+    async def test_revoked_key_is_refused_at_once(self):
+        assert (await self.ask(max_tokens=1)).status_code == 200
+        self.key.is_active = False
+        await self.key.asave()
         assert (await self.ask()).status_code == 401
 
-    async def test_expired_key_is_refused(self):
-        await ApiKey.objects.filter(pk=self.key.pk).aupdate(expires_at=timezone.now())
+    async def test_expired_key_is_refused_at_once(self):
+        assert (await self.ask(max_tokens=1)).status_code == 200
+        self.key.expires_at = timezone.now()
+        await self.key.asave()
         assert (await self.ask()).status_code == 401
+
+    async def test_a_key_revoked_elsewhere_is_refused_within_cache_seconds(self):
+        # Another worker's change (or a queryset update) sends this process no signal.
+        now = [1000.0]
+        with mock.patch.object(lookups, "clock", lambda: now[0]):
+            assert (await self.ask(max_tokens=1)).status_code == 200
+            await ApiKey.objects.filter(pk=self.key.pk).aupdate(is_active=False)
+            assert (await self.ask(max_tokens=1)).status_code == 200  # still cached
+            now[0] += 1.01  # CACHE_SECONDS (1.0) later
+            assert (await self.ask()).status_code == 401
 
     async def test_key_scoped_to_other_aliases_gets_404_and_a_filtered_model_list(self):
         other = await ModelAlias.objects.acreate(public_id="other", backend=self.local)
@@ -217,16 +232,16 @@ class BusyDatabaseTests(ViewTestCase):
     """A log write refused by a busy database is retried, and never cuts the stream."""
 
     def refuse_writes(self, times):
-        original = RequestLog.asave
+        original = usage.insert_rows
         calls = []
 
-        async def asave(row, *args, **kwargs):
-            calls.append(row)
+        def insert_rows(rows):
+            calls.append(rows)
             if len(calls) <= times:
                 raise OperationalError("database is locked")
-            return await original(row, *args, **kwargs)
+            return original(rows)
 
-        patcher = mock.patch.object(RequestLog, "asave", asave)
+        patcher = mock.patch.object(usage, "insert_rows", insert_rows)
         patcher.start()
         self.addCleanup(patcher.stop)
         return calls
@@ -242,7 +257,7 @@ class BusyDatabaseTests(ViewTestCase):
     async def test_a_lost_log_row_still_ends_the_stream_with_done(self):
         self.refuse_writes(times=99)
         response = await self.ask(max_tokens=2, stream=True)
-        with self.assertLogs("chatparity.views", "ERROR") as logged:
+        with self.assertLogs("chatparity.gateway", "ERROR") as logged:
             body = await self.read_stream(response)
         assert body.endswith(b"data: [DONE]\n\n")
         assert b'"finish_reason":"length"' in body
@@ -250,7 +265,7 @@ class BusyDatabaseTests(ViewTestCase):
 
     async def test_a_lost_log_row_does_not_change_the_clients_error(self):
         self.refuse_writes(times=99)
-        with self.assertLogs("chatparity.views", "ERROR"):
+        with self.assertLogs("chatparity.gateway", "ERROR"):
             response = await self.ask(model="gpt-9")
         assert response.status_code == 404
         assert response.json()["error"]["code"] == "model_not_found"

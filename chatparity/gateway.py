@@ -1,0 +1,367 @@
+"""The ``/v1`` endpoints, independent of how the request arrived.
+
+Each endpoint takes a :class:`Call` and returns a :class:`Reply`. Two thin
+transports hand calls over: Django views (:mod:`chatparity.views`) and the
+ASGI fast path (:mod:`chatparity.asgi`). Both send the reply, then call
+:func:`finish`, which writes the request's log row: after the client has its
+answer, and whether the reply was sent in full, failed or was cut short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+import string
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from functools import wraps
+from typing import Any
+
+import orjson
+from django.db import DatabaseError
+
+from . import lookups, ratelimit
+from .auth import authenticate
+from .backends import ChatBackend, get_backend
+from .conf import app_settings
+from .lookups import Grant
+from .models import ModelAlias
+from .protocol import errors
+from .protocol.completion import CompletionAccumulator
+from .protocol.errors import APIError
+from .protocol.events import Event
+from .protocol.openapi import openapi_document
+from .protocol.request import ChatRequest, Limits, decode_body, parse_chat_request
+from .protocol.stream import DONE, ChunkEncoder, error_frame, sse
+from .protocol.tokens import approximate_prompt_tokens
+from .usage import UsageRecord, record_usage
+
+logger = logging.getLogger(__name__)
+
+JSON = "application/json"
+EVENT_STREAM = "text/event-stream; charset=utf-8"
+_STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+@dataclass
+class Call:
+    """One request to ``/v1``, as a transport hands it over.
+
+    ``headers`` is looked up by lower-case name. ``body`` holds at most
+    :func:`body_limit` bytes: enough to tell an oversized body.
+    """
+
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    body: bytes
+    client_ip: str | None
+    request_id: str = field(default_factory=lambda: "req_" + secrets.token_hex(16))
+    record: UsageRecord | None = None
+
+
+@dataclass
+class Reply:
+    """What to send back: a whole body, or a stream of byte frames."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes = b""
+    stream: AsyncGenerator[bytes, None] | None = None
+
+    @property
+    def content_type(self) -> str:
+        return self.headers["content-type"]
+
+
+Endpoint = Callable[..., Coroutine[Any, Any, Reply]]
+
+
+def json_reply(payload: Any, status: int = 200) -> Reply:
+    return Reply(status, {"content-type": JSON}, orjson.dumps(payload))
+
+
+def error_reply(error: APIError) -> Reply:
+    reply = json_reply(error.envelope(), status=error.status)
+    reply.headers.update(error.headers)
+    return reply
+
+
+def endpoint(*methods: str) -> Callable[[Endpoint], Endpoint]:
+    """Allow ``methods``, answer failures in OpenAI's envelope, and stamp every
+    reply with ``x-request-id`` and ``openai-processing-ms``."""
+
+    def decorate(handler: Endpoint) -> Endpoint:
+        @wraps(handler)
+        async def wrapper(call: Call, *args: Any, **kwargs: Any) -> Reply:
+            started = time.perf_counter()
+            if call.method not in methods:
+                message = f"Invalid method for URL ({call.method} {call.path})"
+                reply = error_reply(APIError(message, status=405))
+            else:
+                try:
+                    reply = await handler(call, *args, **kwargs)
+                except Exception as exc:
+                    if not isinstance(exc, APIError):
+                        logger.exception("chatparity: unexpected failure")
+                    reply = error_reply(errors.as_api_error(exc))
+            if call.record is not None and call.record.admission is not None:
+                for name, value in call.record.admission.headers.items():
+                    reply.headers.setdefault(name, value)
+            reply.headers["x-request-id"] = call.request_id
+            reply.headers["openai-processing-ms"] = str(
+                round((time.perf_counter() - started) * 1000)
+            )
+            return reply
+
+        return wrapper
+
+    return decorate
+
+
+async def finish(call: Call) -> None:
+    """Write the request's log row, once. A database that refuses it even after
+    retries is logged loudly, never made the client's error."""
+    record, call.record = call.record, None
+    if record is None:
+        return
+    try:
+        await record_usage(record)
+    except DatabaseError:
+        logger.exception("chatparity: the log row of %s was lost", record.request_id)
+
+
+async def frames(call: Call, stream: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    """``stream``'s frames. A transport that stops reading early (its client went
+    away) marks the request cancelled, and the backend behind it is stopped."""
+    try:
+        async for frame in stream:
+            yield frame
+    except GeneratorExit:
+        if call.record is not None:
+            call.record.cancelled = True
+        raise
+    finally:
+        await stream.aclose()
+
+
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def _limits() -> Limits:
+    return Limits(
+        max_messages=app_settings.MAX_MESSAGES, max_content_chars=app_settings.MAX_CONTENT_CHARS
+    )
+
+
+def body_limit(headers: Mapping[str, str]) -> int:
+    """How many body bytes a transport should read: none when Content-Length
+    already tells a 413, else one past ``MAX_BODY_BYTES`` (which tells an
+    oversized body whatever Content-Length said)."""
+    limit: int = app_settings.MAX_BODY_BYTES
+    declared = headers.get("content-length", "")
+    if _DIGITS.fullmatch(declared) and int(declared) > limit:
+        return 0
+    return limit + 1
+
+
+def _decode(call: Call) -> Any:
+    """The JSON body: a 413 above ``MAX_BODY_BYTES``, OpenAI's 400 if it is not JSON."""
+    if body_limit(call.headers) == 0 or len(call.body) > app_settings.MAX_BODY_BYTES:
+        raise errors.request_too_large(app_settings.MAX_BODY_BYTES)
+    return decode_body(call.body)
+
+
+async def _authenticate(call: Call) -> Grant:
+    return await authenticate(call.headers.get("authorization", ""))
+
+
+async def _resolve(model: str, grant: Grant) -> ModelAlias:
+    """The alias ``model`` names, if ``grant`` may use it; else OpenAI's 404."""
+    alias = (await lookups.aliases()).find(model, grant)
+    if alias is None:
+        raise errors.model_not_found(model)
+    return alias
+
+
+# OpenAI's completion ids: "chatcmpl-" and 29 letters or digits. A byte modulo
+# 62 favours the first eight characters a little, which an id does not mind.
+_ALPHANUMERIC = (string.ascii_letters + string.digits).encode()
+_TO_ALPHANUMERIC = bytes(_ALPHANUMERIC[byte % 62] for byte in range(256))
+
+
+def completion_id() -> str:
+    return "chatcmpl-" + secrets.token_bytes(29).translate(_TO_ALPHANUMERIC).decode()
+
+
+@endpoint("POST")
+async def chat_completions(call: Call) -> Reply:
+    grant = await _authenticate(call)
+    record = call.record = UsageRecord(
+        request_id=call.request_id,
+        api_key=grant.key,
+        client_ip=call.client_ip,
+        user_agent=call.headers.get("user-agent", ""),
+    )
+    try:
+        body = _decode(call)
+        record.request_body = body
+        chat = parse_chat_request(body, _limits())
+        record.alias, record.stream, record.n = chat.model, chat.stream, chat.n
+        alias = await _resolve(chat.model, grant)
+        record.alias = alias.public_id  # as configured, so reports group one alias once
+        record.model_alias = alias
+        estimate = approximate_prompt_tokens(chat.messages) + (chat.max_tokens or 0) * chat.n
+        record.admission = await ratelimit.admit(grant.key, alias, estimate)
+        chat, backend, events, first = await _start(chat, body, alias, grant, record)
+    except asyncio.CancelledError:
+        record.cancelled = True
+        raise
+    except Exception as exc:
+        record.fail(errors.as_api_error(exc))
+        raise
+
+    record.completion_id = completion_id()
+    encoder = ChunkEncoder(
+        completion_id=record.completion_id,
+        created=int(time.time()),
+        model=chat.model,
+        system_fingerprint=backend.system_fingerprint,
+        include_usage=chat.include_usage or not chat.stream,
+        logprobs=chat.logprobs,
+    )
+    chunks = _chunks(first, events, encoder, record)
+    if not chat.stream:
+        accumulator = CompletionAccumulator()
+        async for chunk in chunks:
+            accumulator.add(chunk)
+        return json_reply(accumulator.completion())
+    headers = {"content-type": EVENT_STREAM, **_STREAM_HEADERS}
+    return Reply(200, headers, stream=_event_stream(chunks))
+
+
+# Failures that mean "this backend is unreachable": the next fallback alias may serve.
+_UNAVAILABLE = frozenset({502, 503, 504})
+
+
+async def _start(
+    chat: ChatRequest, body: dict[str, Any], alias: ModelAlias, grant: Grant, record: UsageRecord
+) -> tuple[ChatRequest, ChatBackend, AsyncIterator[Event], Event]:
+    """The first event from ``alias``'s backend, or else from its fallbacks in order.
+
+    Only here, before the client has seen a byte, may a request move elsewhere.
+    """
+    requested, fallbacks = chat, list(alias.fallbacks)
+    while True:
+        chat = requested
+        if alias.default_params:
+            chat = parse_chat_request({**alias.default_params, **body})
+        record.backend, record.upstream_model = alias.backend.name, alias.model
+        backend = get_backend(alias.backend)
+        events = aiter(backend.stream(chat, alias.model))
+        try:
+            return chat, backend, events, await anext(events)
+        except APIError as error:
+            if error.status not in _UNAVAILABLE:
+                raise
+            fallback = await _first_usable(fallbacks, grant)
+            if fallback is None:
+                raise
+            logger.warning("chatparity: %s failed (%s), falling back to %s", alias, error, fallback)
+            alias = fallback
+
+
+async def _first_usable(public_ids: list[str], grant: Grant) -> ModelAlias | None:
+    """Pop ``public_ids`` up to the first alias that exists and ``grant`` may use."""
+    while public_ids:
+        try:
+            return await _resolve(public_ids.pop(0), grant)
+        except APIError:
+            continue
+    return None
+
+
+async def _chunks(
+    first: Event, events: AsyncIterator[Event], encoder: ChunkEncoder, record: UsageRecord
+) -> AsyncIterator[dict[str, Any]]:
+    """The request's chunks, noted in ``record`` as they go, however they end."""
+
+    async def all_events() -> AsyncIterator[Event]:
+        yield first
+        async for event in events:
+            yield event
+
+    try:
+        async for event in all_events():
+            record.observe(event)
+            for chunk in encoder.encode(event):
+                record.observe_chunk(chunk)
+                yield chunk
+    except asyncio.CancelledError:
+        record.cancelled = True
+        raise
+    except Exception as exc:
+        failure = errors.as_api_error(exc)
+        record.fail(failure, streaming=record.stream)
+        if failure is exc:
+            raise
+        logger.exception("chatparity: backend failed mid-response")
+        raise failure from exc
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+
+
+async def _event_stream(chunks: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[bytes, None]:
+    """SSE frames; a failure after the first byte becomes one error frame + [DONE]."""
+    try:
+        async for chunk in chunks:
+            yield sse(chunk)
+    except APIError as error:
+        yield error_frame(error)
+    yield DONE
+
+
+def _model_object(alias: ModelAlias) -> dict[str, Any]:
+    return {
+        "id": alias.public_id,
+        "object": "model",
+        "created": int(alias.created_at.timestamp()),
+        "owned_by": alias.owned_by,
+    }
+
+
+@endpoint("GET")
+async def list_models(call: Call) -> Reply:
+    grant = await _authenticate(call)
+    listed = (await lookups.aliases()).listed(grant)
+    return json_reply({"object": "list", "data": [_model_object(alias) for alias in listed]})
+
+
+@endpoint("GET")
+async def retrieve_model(call: Call, model: str) -> Reply:
+    grant = await _authenticate(call)
+    alias = (await lookups.aliases()).find(model, grant, servable=False)
+    if alias is None:
+        raise APIError(
+            f"The model '{model}' does not exist", status=404, param="model", code="model_not_found"
+        )
+    return json_reply(_model_object(alias))
+
+
+@endpoint("GET", "POST", "PUT", "PATCH", "DELETE")
+async def invalid_url(call: Call) -> Reply:
+    raise APIError(f"Invalid URL ({call.method} {call.path})", status=404)
+
+
+@endpoint("GET")
+async def openapi(call: Call) -> Reply:
+    """The OpenAPI document of ``/v1``, stating the configured limits; no key needed."""
+    document = openapi_document(
+        server_url=call.path.rsplit("/", 1)[0],  # where /v1 is mounted
+        limits=_limits(),
+        max_body_bytes=app_settings.MAX_BODY_BYTES,
+    )
+    return json_reply(document)
