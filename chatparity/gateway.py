@@ -289,16 +289,18 @@ async def _chunks(
 ) -> AsyncIterator[dict[str, Any]]:
     """The request's chunks, noted in ``record`` as they go, however they end."""
 
-    async def all_events() -> AsyncIterator[Event]:
-        yield first
-        async for event in events:
-            yield event
+    def encode(event: Event) -> list[dict[str, Any]]:
+        record.observe(event)
+        chunks = encoder.encode(event)
+        for chunk in chunks:
+            record.observe_chunk(chunk)
+        return chunks
 
     try:
-        async for event in all_events():
-            record.observe(event)
-            for chunk in encoder.encode(event):
-                record.observe_chunk(chunk)
+        for chunk in encode(first):
+            yield chunk
+        async for event in events:
+            for chunk in encode(event):
                 yield chunk
     except asyncio.CancelledError:
         record.cancelled = True

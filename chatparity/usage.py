@@ -188,7 +188,6 @@ class LogWriter:
                 else:
                     for _, written in batch:
                         _settle(written, None)
-                    await _mark_used({row.api_key_id for row, _ in batch})
         finally:
             self._flushing = None
 
@@ -200,7 +199,6 @@ class LogWriter:
                 _settle(written, exc)
             else:
                 _settle(written, None)
-                await _mark_used({row.api_key_id})
 
 
 def _settle(written: asyncio.Future[None], error: BaseException | None) -> None:
@@ -229,12 +227,17 @@ def _writer() -> LogWriter:
 async def _insert_with_retries(rows: list[RequestLog]) -> None:
     for attempt in range(SAVE_ATTEMPTS):
         try:
-            await sync_to_async(insert_rows)(rows)
+            await sync_to_async(_write)(rows)
             return
         except OperationalError:
             if attempt == SAVE_ATTEMPTS - 1:
                 raise
             await asyncio.sleep(0.05 * 2**attempt)
+
+
+def _write(rows: list[RequestLog]) -> None:
+    insert_rows(rows)
+    _mark_used(rows)
 
 
 @reconnecting
@@ -249,9 +252,25 @@ def insert_rows(rows: list[RequestLog]) -> None:
         raise
 
 
-async def _mark_used(key_ids: set[int | None]) -> None:
+# A key's last_used_at is a day-to-day hint in the admin, not a record (the log
+# is): each worker stamps a key at most once a minute.
+STAMP_SECONDS = 60.0
+_stamped: dict[str, float] = {}  # hashed key -> when this worker last stamped it
+
+
+def _mark_used(rows: list[RequestLog]) -> None:
     """Stamp the keys' ``last_used_at``: a convenience, never worth failing a request."""
+    now = time.monotonic()
+    due = {}
+    for row in rows:
+        key = row.api_key
+        if key is not None and _stamped.get(key.hashed_key, -STAMP_SECONDS) + STAMP_SECONDS <= now:
+            due[key.hashed_key] = key.pk
+    if not due:
+        return
     try:
-        await ApiKey.objects.filter(pk__in=key_ids).aupdate(last_used_at=timezone.now())
+        ApiKey.objects.filter(pk__in=due.values()).update(last_used_at=timezone.now())
     except DatabaseError:
-        logger.warning("chatparity: could not mark keys %s as used", sorted(map(str, key_ids)))
+        logger.warning("chatparity: could not mark keys %s as used", sorted(map(str, due.values())))
+    else:
+        _stamped.update(dict.fromkeys(due, now))

@@ -25,9 +25,14 @@ def postgres_url():
 
 @pytest.fixture(autouse=True)
 def _forget_lookups():
-    """Each test reads keys and aliases afresh: its data was rolled back after the last."""
-    from chatparity import lookups
+    """Each test reads keys and aliases afresh, stamps its keys as used and counts its
+    requests from zero: the last test's data was rolled back."""
+    from django.core.cache import cache
 
+    from chatparity import lookups, usage
+
+    cache.clear()
     lookups.forget()
+    usage._stamped.clear()
     yield
     lookups.forget()

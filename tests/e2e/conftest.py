@@ -48,6 +48,14 @@ class LiveServer:
             query = f"SELECT * FROM chatparity_requestlog WHERE {clause} ORDER BY id"
             return [dict(row) for row in db.execute(query, tuple(where.values()))]
 
+    def written_rows(self, timeout: float = 10.0, **where):
+        """``log_rows(**where)`` once there are some: the server writes a request's
+        row just after it sent the response."""
+        deadline = time.monotonic() + timeout
+        while not (rows := self.log_rows(**where)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return rows
+
     def cpu_seconds(self) -> float:
         """User + system CPU time the server process has used so far."""
         fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -35,7 +35,7 @@ def test_streaming_iteration_yields_real_text_and_usage(client, daphne_server):
     assert chunks[-1].choices == []
     assert chunks[-1].usage.completion_tokens == 12
     assert {c.id for c in chunks} == {chunks[0].id}
-    (row,) = daphne_server.log_rows(completion_id=chunks[0].id)
+    (row,) = daphne_server.written_rows(completion_id=chunks[0].id)
     assert (row["status_code"], row["completion_tokens"], row["stream"]) == (200, 12, 1)
 
 

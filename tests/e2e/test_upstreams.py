@@ -60,5 +60,5 @@ def test_chained_chatparity_answers_what_it_answers_directly(upstream_aliases, c
     assert chained.choices[0].message.content == direct.choices[0].message.content
     assert chained.usage.completion_tokens == direct.usage.completion_tokens
     assert chained.usage.prompt_tokens == direct.usage.prompt_tokens
-    (row,) = upstream_aliases.log_rows(completion_id=chained.id)
+    (row,) = upstream_aliases.written_rows(completion_id=chained.id)
     assert (row["backend"], row["upstream_model"], row["status_code"]) == ("itself", "smollm2", 200)
