@@ -25,7 +25,7 @@ run: install
 	$(BIN)/python manage.py chatparity_bootstrap
 	@echo "Demo API key (shown once): $$($(BIN)/python manage.py createapikey demo)"
 	@echo "OpenAI base_url: http://$(HOST):$(PORT)/v1  model: smollm2"
-	$(BIN)/daphne -b $(HOST) -p $(PORT) project.asgi:application
+	$(BIN)/uvicorn project.asgi:application --host $(HOST) --port $(PORT) --lifespan off
 
 test: install
 	$(BIN)/python -m pytest

@@ -391,11 +391,12 @@ def report(results: Results, seconds: int, chart: bool) -> str:
         f" {seconds:g} s measured. Every 200 response is checked (all {CHUNKS} chunks there,"
         " a stream ending in `[DONE]`); failures count socket errors, time-outs, non-2xx and"
         " wrong bodies. Latencies are per whole response (the last byte of a stream).",
-        "- chatparity: the example project (`project.asgi:application`), `DEBUG=0`, an"
-        " `openai` backend pointed at the stub, a key with no limits, **request logging on**"
-        " (one RequestLog row per request, the default), the database **SQLite in a temporary"
-        " file** on local disk (WAL), local-memory cache. daphne: one process; uvicorn:"
-        " `--workers 1|2 --lifespan off --no-access-log`.",
+        "- chatparity: the example project (`project.asgi:application`: `/v1` through the"
+        " ASGI fast path, `chatparity.asgi.FastPath`), `DEBUG=0`, an `openai` backend pointed"
+        " at the stub, a key with no limits, **request logging on** (one RequestLog row per"
+        " request, the default, written once the response is sent), the database **SQLite in"
+        " a temporary file** on local disk (WAL), local-memory cache. daphne: one process;"
+        " uvicorn: `--workers 1|2 --lifespan off --no-access-log`.",
         "- `chatparity uvicorn x2, NODELAY fix`: the same two workers through"
         " `bench/uvicorn_nodelay.py`, which works around uvicorn's multi-worker socket bug"
         " (https://github.com/Kludex/uvicorn/issues/3149: with `--workers N` accepted"

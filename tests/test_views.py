@@ -97,12 +97,11 @@ class ErrorTests(ViewTestCase):
 
     async def test_a_key_revoked_elsewhere_is_refused_within_cache_seconds(self):
         # Another worker's change (or a queryset update) sends this process no signal.
-        now = [1000.0]
-        with mock.patch.object(lookups, "clock", lambda: now[0]):
+        with mock.patch.object(lookups, "clock", return_value=1000.0) as clock:
             assert (await self.ask(max_tokens=1)).status_code == 200
             await ApiKey.objects.filter(pk=self.key.pk).aupdate(is_active=False)
             assert (await self.ask(max_tokens=1)).status_code == 200  # still cached
-            now[0] += 1.01  # CACHE_SECONDS (1.0) later
+            clock.return_value += 1.01  # CACHE_SECONDS (1.0) later
             assert (await self.ask()).status_code == 401
 
     async def test_key_scoped_to_other_aliases_gets_404_and_a_filtered_model_list(self):

@@ -1,4 +1,5 @@
-"""The ``openai`` backend: any OpenAI-compatible upstream over pooled async httpx.
+"""The ``openai`` backend: any OpenAI-compatible upstream, over :mod:`.http1`'s pooled
+keep-alive connections.
 
 It always asks the upstream for a stream with usage, and re-reads it through
 :class:`~chatparity.protocol.upstream.ChunkReader`, so clients see OpenAI's
@@ -9,19 +10,21 @@ backoff; the view then falls over to the alias's fallbacks.
 Options (``Backend.options``): ``retries`` (2), ``backoff`` (seconds, 0.2,
 doubled per retry), ``headers`` (extra request headers), ``connect_timeout``
 (seconds, 10). ``Backend.timeout`` bounds the whole request.
+
+After ``[DONE]`` the rest of the upstream's body (its last, empty chunk) is
+awaited in the background, so that the connection goes back to the pool; a
+stream left early (the client hung up) closes its connection at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import weakref
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
-import httpx
 import orjson
 
 from ..protocol.errors import APIError
@@ -29,6 +32,7 @@ from ..protocol.events import Event, Usage
 from ..protocol.request import ChatRequest
 from ..protocol.tokens import approximate_prompt_tokens
 from ..protocol.upstream import ChunkReader, SSEReader, malformed, upstream_error
+from . import http1
 from .base import BackendConfig
 
 _RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
@@ -58,14 +62,7 @@ class UpstreamBackend:
         }
         if config.secret:
             self.headers["Authorization"] = f"Bearer {config.secret}"
-        self.timeout = httpx.Timeout(
-            config.timeout,
-            connect=min(float(config.options.get("connect_timeout", 10)), config.timeout),
-        )
-        # A pool per event loop: httpx connections cannot move between loops.
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
-            weakref.WeakKeyDictionary()
-        )
+        self.connect_timeout = min(float(config.options.get("connect_timeout", 10)), config.timeout)
         digest = hashlib.sha256(f"{config.name}:{config.base_url}".encode()).hexdigest()
         self._fingerprint = f"fp_{digest[:10]}"
 
@@ -73,15 +70,10 @@ class UpstreamBackend:
     def system_fingerprint(self) -> str:
         return self._fingerprint
 
-    def _client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        client = self._clients.get(loop)
-        if client is None:
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=100)
-            client = self._clients[loop] = httpx.AsyncClient(
-                timeout=self.timeout, limits=limits, headers=self.headers
-            )
-        return client
+    @cached_property
+    def _endpoint(self) -> http1.Endpoint:
+        """Made at the first request, so that a bad URL fails it like an unreachable one."""
+        return http1.Endpoint(self.url, self.headers, connect_timeout=self.connect_timeout)
 
     async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[Event]:
         body = {
@@ -131,48 +123,40 @@ class UpstreamBackend:
     ) -> AsyncGenerator[Event, None]:
         """The events of one upstream request, up to its ``[DONE]`` or the end of its body."""
         async with self._response(orjson.dumps(body), deadline) as response:
-            lines = response.aiter_lines()
             sse = SSEReader()
-            while not reader.done:
-                line = await self._next_line(lines, deadline)
-                event = sse.flush() if line is None else sse.feed(line)
-                if event is not None:
-                    for item in reader.read(event):
-                        yield item
-                if line is None:
-                    break  # the body ended without [DONE]: what is open gets finished
-
-    async def _next_line(self, lines: AsyncIterator[str], deadline: float) -> str | None:
-        try:
-            async with asyncio.timeout_at(deadline):
-                return await anext(lines)
-        except StopAsyncIteration:
-            return None
-        except (TimeoutError, httpx.TimeoutException):
-            raise timeout_error() from None
-        except httpx.HTTPError as exc:
-            raise malformed(f"the connection dropped ({type(exc).__name__})") from None
+            try:
+                while not reader.done:
+                    line = await response.readline()
+                    event = sse.flush() if line is None else sse.feed(line)
+                    if event is not None:
+                        for item in reader.read(event):
+                            yield item
+                    if line is None:
+                        break  # the body ended without [DONE]: what is open gets finished
+            except http1.Timeout:
+                raise timeout_error() from None
+            except http1.HTTPError as exc:
+                raise malformed(f"the connection dropped ({type(exc).__name__})") from None
 
     @asynccontextmanager
-    async def _response(self, content: bytes, deadline: float) -> AsyncIterator[httpx.Response]:
-        """The upstream's streaming response once it answered 2xx; retried before that."""
-        client = self._client()
+    async def _response(self, content: bytes, deadline: float) -> AsyncIterator[http1.Response]:
+        """The upstream's streaming response once it answered 2xx; retried before that.
+
+        Read to its end, its connection is pooled; left early, it is closed at once."""
         for attempt in range(self.retries + 1):
             failure: APIError
             try:
-                async with asyncio.timeout_at(deadline):
-                    request = client.build_request("POST", self.url, content=content)
-                    response = await client.send(request, stream=True)
-            except (TimeoutError, httpx.TimeoutException):
+                response = await self._endpoint.post(content, deadline)
+            except http1.Timeout:
                 raise timeout_error() from None
-            except httpx.ConnectError:
+            except http1.ConnectError:
                 failure = APIError(
                     "The upstream is unavailable.",
                     status=503,
                     type="server_error",
                     code="upstream_unavailable",
                 )
-            except httpx.TransportError as exc:
+            except http1.HTTPError as exc:
                 failure = APIError(
                     f"The upstream connection failed ({type(exc).__name__}).",
                     status=502,
@@ -180,30 +164,34 @@ class UpstreamBackend:
                     code="upstream_error",
                 )
             else:
-                if response.is_success:
+                if 200 <= response.status < 300:
                     try:
                         yield response
-                    finally:
-                        await response.aclose()
+                    except BaseException:
+                        response.close()
+                        raise
+                    response.release()  # pooled once the rest of the body (if any) arrived
                     return
                 failure = await self._error(response)
-                if response.status_code not in _RETRYABLE_STATUS:
+                if response.status not in _RETRYABLE_STATUS:
                     raise failure
             if attempt == self.retries:
                 raise failure
             await asyncio.sleep(self.backoff * 2**attempt)
 
-    async def _error(self, response: httpx.Response) -> APIError:
+    async def _error(self, response: http1.Response) -> APIError:
         """The upstream's error in OpenAI's envelope, its status kept, the secret never shown."""
         try:
-            body = await response.aread()
-        finally:
-            await response.aclose()
+            body = await response.read()
+        except http1.Timeout:
+            raise timeout_error() from None
+        except http1.HTTPError:
+            body = b""  # cut short: an error all the same
         try:
             payload: Any = orjson.loads(body)
         except orjson.JSONDecodeError:
             payload = None
-        status = response.status_code
+        status = response.status
         error = upstream_error(payload, status=status if status < 500 else 502)
         if self.config.secret and self.config.secret in error.message:
             error.message = error.message.replace(self.config.secret, "***")

@@ -1,9 +1,11 @@
 """A real HTTP upstream on loopback that misbehaves on request.
 
-The ``model`` of each request picks the behaviour (see :data:`BEHAVIOURS`), so one
+The ``model`` of each request picks the behaviour (see :func:`behaviours`), so one
 server serves every test. It speaks raw HTTP/1.1 over asyncio streams, with
 chunked bodies, so it can also break the protocol: reset a connection, drop it
-mid-body, never finish.
+mid-body, never finish. Responses say ``Connection: close`` and the connection
+is closed after them, except the ``keep-alive`` behaviours' which keep it open
+for the next request.
 """
 
 from __future__ import annotations
@@ -114,19 +116,20 @@ class FaultyUpstream:
     heads: dict[str, str] = field(default_factory=dict)
     in_flight: int = 0
     closed: dict[str, float] = field(default_factory=dict)
+    connections: int = 0  # accepted
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
 
-Handler = Callable[[asyncio.StreamWriter], Awaitable[None]]
+Handler = Callable[[asyncio.StreamWriter], Awaitable[bool | None]]  # True: keep it open
 
 
-async def _head(writer, status=200, content_type="text/event-stream"):
+async def _head(writer, status=200, content_type="text/event-stream", *, close=True):
     writer.write(
-        f"HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\n"
-        "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n".encode()
+        f"HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\nTransfer-Encoding: chunked\r\n"
+        f"{'Connection: close' if close else 'Connection: keep-alive'}\r\n\r\n".encode()
     )
     await writer.drain()
 
@@ -142,19 +145,29 @@ async def _end(writer):
     await writer.drain()
 
 
-async def _stream(writer, frames, *, end=True, pause=0.0):
-    await _head(writer)
+async def _stream(writer, frames, *, end=True, pause=0.0, close=True):
+    await _head(writer, close=close)
+    if not close:
+        # The last frame and the end of the body in one write, as real servers often do:
+        # the connection is back in the client's pool before its next request.
+        *frames, last = frames
     for frame in frames:
         await _send(writer, frame)
         await asyncio.sleep(pause)
-    if end:
+    if not close:
+        body = last.encode()
+        writer.write(f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n")
+        await writer.drain()
+    elif end:
         await _end(writer)
+    return not close
 
 
-async def _json(writer, status, payload):
-    await _head(writer, status, "application/json")
+async def _json(writer, status, payload, *, close=True):
+    await _head(writer, status, "application/json", close=close)
     await _send(writer, json.dumps(payload))
     await _end(writer)
+    return not close
 
 
 def behaviours(upstream: FaultyUpstream) -> dict[str, Handler]:
@@ -213,6 +226,13 @@ def behaviours(upstream: FaultyUpstream) -> dict[str, Handler]:
         "endless": endless,
         "slow-tokens": slow_tokens,
         "long": lambda w: _stream(w, LONG, pause=0.01),
+        "keep-alive": lambda w: _stream(w, CANONICAL, close=False),
+        "keep-alive-busy": lambda w: _json(
+            w, 503, {"error": {"message": "busy", "type": "server_error"}}, close=False
+        ),
+        "keep-alive-bad-request": lambda w: _json(
+            w, 400, {"error": {"message": "no", "type": "invalid_request_error"}}, close=False
+        ),
     }
 
 
@@ -228,19 +248,22 @@ async def _serve(upstream: FaultyUpstream, started: threading.Event, holder: lis
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         behaviour = "?"
+        upstream.connections += 1
         upstream.in_flight += 1
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.decode().split("\r\n"):
-                if line.lower().startswith("content-length:"):
-                    length = int(line.split(":", 1)[1])
-            body = json.loads(await reader.readexactly(length))
-            behaviour = body["model"]
-            upstream.attempts[behaviour] += 1
-            upstream.bodies[behaviour] = body
-            upstream.heads[behaviour] = head.decode().lower()
-            await table[behaviour](writer)
+            keep_open = True
+            while keep_open:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.decode().split("\r\n"):
+                    if line.lower().startswith("content-length:"):
+                        length = int(line.split(":", 1)[1])
+                body = json.loads(await reader.readexactly(length))
+                behaviour = body["model"]
+                upstream.attempts[behaviour] += 1
+                upstream.bodies[behaviour] = body
+                upstream.heads[behaviour] = head.decode().lower()
+                keep_open = bool(await table[behaviour](writer))
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:

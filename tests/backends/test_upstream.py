@@ -240,6 +240,15 @@ class FailureTests(UpstreamTestCase):
         row = await RequestLog.objects.aget()
         assert (row.alias, row.backend, row.status_code) == ("primary", "faulty", 200)
 
+    async def test_a_base_url_that_is_not_http_is_a_502(self):
+        odd = await Backend.objects.acreate(
+            name="odd", kind="openai", base_url="ftp://127.0.0.1/v1", options={"retries": 0}
+        )
+        await self.alias("canonical", backend=odd)
+        response = await self.post("up-canonical")
+        assert response.status_code == 502
+        assert response.json()["error"]["code"] == "upstream_error"
+
     async def test_slow_first_byte_is_a_504_timeout(self):
         slow = await Backend.objects.acreate(
             name="slow", kind="openai", base_url=self.upstream.base_url, timeout=0.5
@@ -292,6 +301,43 @@ class MidStreamFailureTests(UpstreamTestCase):
         chunks = await self.stream_of(response)
         assert chunks[-2]["error"]["code"] == "request_timeout"
         assert chunks[-1] == "[DONE]"
+
+
+class ConnectionReuseTests(UpstreamTestCase):
+    """An upstream that keeps connections alive gets one connection for many requests."""
+
+    def setUp(self):
+        super().setUp()
+        self.connections = self.upstream.connections
+
+    def new_connections(self):
+        return self.upstream.connections - self.connections
+
+    async def test_sequential_requests_share_one_connection(self):
+        await self.alias("keep-alive")
+        for _ in range(5):
+            chunks = await self.stream_of(await self.post("up-keep-alive", stream=True))
+            assert self.text(chunks) == "Hello world"
+        completion = (await self.post("up-keep-alive")).json()
+        assert completion["choices"][0]["message"]["content"] == "Hello world"
+        assert self.upstream.attempts["keep-alive"] == 6
+        assert self.new_connections() == 1
+
+    async def test_choices_asked_for_one_by_one_reuse_the_connection(self):
+        completion = (await self.ask("keep-alive", n=3)).json()
+        assert [c["index"] for c in completion["choices"]] == [0, 1, 2]
+        assert self.upstream.attempts["keep-alive"] == 3
+        assert self.new_connections() == 1
+
+    async def test_error_answers_and_their_retries_reuse_the_connection(self):
+        response = await self.ask("keep-alive-busy")
+        assert response.status_code == 502
+        assert response.json()["error"]["message"] == "busy"
+        assert self.upstream.attempts["keep-alive-busy"] == 3
+        response = await self.ask("keep-alive-bad-request")
+        assert response.status_code == 400
+        assert response.json()["error"]["message"] == "no"
+        assert self.new_connections() == 1
 
 
 class HangUpTests(TransactionTestCase):

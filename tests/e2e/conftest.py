@@ -48,6 +48,18 @@ class LiveServer:
             query = f"SELECT * FROM chatparity_requestlog WHERE {clause} ORDER BY id"
             return [dict(row) for row in db.execute(query, tuple(where.values()))]
 
+    def wait_for_models(self, *public_ids: str, timeout: float = 10.0) -> None:
+        """Until ``/v1/models`` lists ``public_ids``: aliases another process created
+        reach the server's cache within ``CACHE_SECONDS``."""
+        deadline = time.monotonic() + timeout
+        headers = {"Authorization": f"Bearer {self.key}"}
+        while time.monotonic() < deadline:
+            listed = httpx.get(f"{self.base_url}/models", headers=headers).json()["data"]
+            if set(public_ids) <= {model["id"] for model in listed}:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"{public_ids} not listed after {timeout} s")
+
     def written_rows(self, timeout: float = 10.0, **where):
         """``log_rows(**where)`` once there are some: the server writes a request's
         row just after it sent the response."""

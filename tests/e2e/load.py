@@ -1,6 +1,6 @@
 """Load with faults, and the proof that nothing is lost.
 
-Several daphne workers on one PostgreSQL and one Redis serve mixed stream and
+Several uvicorn workers on one PostgreSQL and one Redis serve mixed stream and
 non-stream requests through a fast loopback upstream; a fifth of the streaming
 clients hang up at a random chunk, and some requests go to an alias whose
 upstream always fails (injected 502s). Afterwards it checks, straight in the
@@ -116,15 +116,16 @@ def _setup(env: dict[str, str], upstream_url: str) -> tuple[str, str]:
 
 @contextmanager
 def _workers(env: dict[str, str], count: int, log: Path) -> Iterator[list[tuple[str, int]]]:
-    """``count`` daphne workers; their URLs and process ids."""
+    """``count`` uvicorn workers (one process each); their URLs and process ids. Stopped
+    with SIGTERM, uvicorn finishes what is in flight, log rows included."""
     with ExitStack() as stack:
         workers = []
         for _ in range(count):
             port = services.free_port()
             output = stack.enter_context(log.with_suffix(f".{port}.log").open("wb"))
             process = subprocess.Popen(
-                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                 "project.asgi:application"],
+                [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port),
+                 "--lifespan", "off", "--no-access-log", "project.asgi:application"],
                 cwd=ROOT, env=env, stdout=output, stderr=output,
             )  # fmt: skip
             stack.callback(process.wait, 30)

@@ -27,6 +27,7 @@ def upstream_aliases(daphne_server, llama_cpp_server):
         f"alias('chained', name='itself', base_url='{daphne_server.base_url}',"
         f" secret='{daphne_server.key}')\n",
     )
+    daphne_server.wait_for_models("via-llama-cpp", "chained")
     return daphne_server
 
 
