@@ -1,14 +1,23 @@
 """Where one chatparity request's time goes: an in-process, instrumented count.
 
-    .venv/bin/python bench/anatomy.py [--requests 300]
+    .venv/bin/python bench/anatomy.py [--requests 300] [--concurrency 32]
 
-Calls the example project's ASGI application directly (no HTTP server) with
-requests to an ``openai`` backend pointed at the fast stub, one at a time,
+Calls the example project's ASGI application (``project.asgi:application``,
+the object uvicorn serves: the ``/v1`` fast path in front of Django) directly,
+with no HTTP server, on uvloop when it is installed (as uvicorn picks it), with
+requests to an ``openai`` backend pointed at the fast stub,
 request logging on, SQLite in a temporary file. This process only wraps
-library functions to count and time them; nothing in chatparity changes. Per
-request it reports: wall time; sync_to_async thread hops; threads started;
-database connections opened and closed and the time they took; each SQL
-statement and its time. Prints a markdown section (``bench/PROFILE.md`` takes it).
+library and chatparity functions to count and time them; nothing in
+chatparity changes. Per request it reports: wall time (to the reply sent, and
+to the application's return, i.e. the log row written); the stages of the fast
+path; key and alias lookups, cache hits against database loads; the upstream
+exchange and the connections it opened; log rows and the batches that wrote
+them; sync_to_async thread hops; threads started; database connections opened
+and closed and the time they took; each SQL statement and commit and its time;
+the garbage collector's passes by generation. Two workloads send one request at
+a time (non-stream, stream), a third 32 at a time, which shows what only
+concurrency does: log rows sharing a batch, cache entries expiring under
+requests in flight. Prints a markdown section (``bench/PROFILE.md`` takes it).
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import os
 import re
 import sys
@@ -24,6 +34,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +62,15 @@ class Meter:
 
 
 METER = Meter()
+WATCHED: list[str] = []  # every fixed label wrapped, in order: those never counted are listed
 
 
 def timed(label: str | Callable[..., str], function: Callable[..., Any]) -> Callable[..., Any]:
     """``function``, counted and timed under ``label`` (or ``label(*args)``)."""
+    if isinstance(label, str):
+        WATCHED.append(label)
 
+    @functools.wraps(function)  # a hop through sync_to_async is named after the function
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         try:
@@ -69,7 +84,9 @@ def timed(label: str | Callable[..., str], function: Callable[..., Any]) -> Call
 
 def atimed(label: str, function: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
     """The coroutine function ``function``, counted and timed (wall) under ``label``."""
+    WATCHED.append(label)
 
+    @functools.wraps(function)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         try:
@@ -86,21 +103,60 @@ def patch(owner: object, name: str, wrap: Callable[[Any], Any]) -> None:
 
 
 def statement(_cursor: Any, sql: str, *_: Any, **__: Any) -> str:
-    """``SQL: SELECT chatparity_apikey`` from a statement's text."""
+    """``SQL SELECT chatparity_apikey`` from a statement's text."""
     verb = sql.split(None, 1)[0].upper()
     table = re.search(r'(?:FROM|INTO|UPDATE)\s+"?(\w+)"?', sql, re.IGNORECASE)
     return f"SQL {verb} {table.group(1) if table else ''}".rstrip()
 
 
+HOPS = "sync_to_async hops (own cost: await minus work; with queueing for the thread)"
+LOAD_GRANT = "lookups._load_grant (key from the DB: cache miss)"
+LOAD_ALIASES = "lookups._load_aliases (aliases from the DB: cache miss)"
+DJANGO = "requests handed to Django's ASGI handler (not /v1)"
+
+# (module, attribute, label) of the coroutine functions timed as they are awaited. Each
+# is looked up through its module at call time (``lookups.grant(...)``, or a global of
+# the module calling it), so replacing the module's attribute catches every call.
+ASYNC = (
+    ("asgi", "serve", "stage: asgi.serve (FastPath: the whole request, log row included)"),
+    ("gateway", "_authenticate", "stage: gateway._authenticate (lookups.grant)"),
+    ("lookups", "grant", "lookups.grant (key: cache hit, or load below)"),
+    ("gateway", "_resolve", "stage: gateway._resolve (lookups.aliases)"),
+    ("lookups", "aliases", "lookups.aliases (aliases: cache hit, or load below)"),
+    ("ratelimit", "admit", "stage: ratelimit.admit"),
+    ("gateway", "_start", "stage: gateway._start (backend to its first event)"),
+    ("gateway", "finish", "stage: gateway.finish (after the reply: log row, settle, tail)"),
+    ("usage", "_insert_with_retries", "usage log batches (one sync_to_async hop each)"),
+    ("tail", "publish", "tail.publish (live tail, in-memory layer)"),
+)
+# The same for plain functions (those in threads: through sync_to_async).
+SYNC = (
+    ("asgi", "resolve", "FastPath: URL resolved (a path not seen before)"),
+    ("lookups", "_load_grant", LOAD_GRANT),
+    ("lookups", "_load_aliases", LOAD_ALIASES),
+    ("usage", "insert_rows", "usage.insert_rows (bulk_create in one transaction)"),
+    ("usage", "_mark_used", "usage._mark_used (last_used_at, once a minute per key)"),
+)
+
+
 def instrument() -> None:
-    """Wrap the library functions whose calls and time are counted."""
-    import httpx
+    """Wrap the library and chatparity functions whose calls and time are counted."""
     from asgiref.sync import SyncToAsync
+    from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.sqlite3 import base as sqlite
 
-    from chatparity import ratelimit, views
+    from chatparity import asgi, gateway, lookups, ratelimit, tail, usage
+    from chatparity.backends import http1
 
+    modules = {
+        "asgi": asgi,
+        "gateway": gateway,
+        "lookups": lookups,
+        "ratelimit": ratelimit,
+        "tail": tail,
+        "usage": usage,
+    }
     original_call = SyncToAsync.__call__
 
     async def hop(self: SyncToAsync[Any, Any], *args: Any, **kwargs: Any) -> Any:
@@ -125,6 +181,17 @@ def instrument() -> None:
             METER.add(f"hop: {getattr(work, '__qualname__', type(work).__name__)}", 0)
 
     patch(SyncToAsync, "__call__", lambda _: hop)
+    collecting: list[float] = []
+
+    def collected(phase: str, info: dict[str, int]) -> None:
+        """The garbage collector's passes, by generation (a pass holds the GIL throughout)."""
+        if phase == "start":
+            collecting.append(time.perf_counter())
+        elif collecting:
+            label = f"GC: generation {info['generation']} collections"
+            METER.add(label, time.perf_counter() - collecting.pop())
+
+    gc.callbacks.append(collected)
     patch(threading.Thread, "start", lambda f: timed("threads started", f))
     patch(
         sqlite.DatabaseWrapper,
@@ -132,35 +199,40 @@ def instrument() -> None:
         lambda f: timed("DB connect (+ PRAGMA, SQL functions)", f),
     )
     patch(BaseDatabaseWrapper, "_close", lambda f: timed("DB close (WAL checkpoint)", f))
+    patch(BaseDatabaseWrapper, "_commit", lambda f: timed("DB COMMIT", f))
     patch(sqlite.SQLiteCursorWrapper, "execute", lambda f: timed(statement, f))
-    patch(httpx.AsyncClient, "__init__", lambda f: timed("httpx AsyncClient created", f))
-    patch(httpx.AsyncClient, "send", lambda f: atimed("upstream: httpx send (to headers)", f))
-    patch(asyncio.BaseEventLoop, "create_connection", lambda f: atimed("TCP connections opened", f))
-    # Stages of the view (inclusive of the DB work and hops above).
-    for name, label in STAGES.items():
-        patch(views, name, functools.partial(atimed, label))
-    patch(ratelimit, "admit", lambda f: atimed("stage: ratelimit.admit", f))
-
-
-HOPS = "sync_to_async hops (own cost: await minus work)"
-STAGES = {
-    "authenticate": "stage: auth.authenticate (key lookup)",
-    "_resolve": "stage: views._resolve (scopes + alias)",
-    "record_usage": "stage: usage.record_usage (log row, settle, tail, last_used_at)",
-}
+    patch(sqlite.SQLiteCursorWrapper, "executemany", lambda f: timed(statement, f))
+    # What FastPath does not serve itself goes on to Django (the static files handler first).
+    patch(ASGIStaticFilesHandler, "__call__", lambda f: atimed(DJANGO, f))
+    patch(
+        http1.Endpoint, "post", lambda f: atimed("upstream: http1.Endpoint.post (to the head)", f)
+    )
+    patch(
+        http1.Endpoint,
+        "_connect",
+        lambda f: atimed("upstream: connections opened (http1.Endpoint._connect)", f),
+    )
+    patch(usage.LogWriter, "write", lambda f: atimed("usage.LogWriter.write (rows)", f))
+    patch(usage.UsageRecord, "row", lambda f: timed("usage.UsageRecord.row (the log row)", f))
+    patch(ratelimit.Admission, "settle", lambda f: atimed("ratelimit Admission.settle", f))
+    for module, name, label in ASYNC:
+        patch(modules[module], name, functools.partial(atimed, label))
+    for module, name, label in SYNC:
+        patch(modules[module], name, functools.partial(timed, label))
 
 
 async def call(
     application: Callable[[Message, Any, Any], Awaitable[None]], key: str, stream: bool
-) -> int:
-    """One POST /v1/chat/completions through the ASGI app; the response's status."""
+) -> tuple[int, float]:
+    """One POST /v1/chat/completions through the ASGI app, as uvicorn makes it: the
+    response's status, and when its last byte was sent (perf_counter)."""
     body = (
         '{"model":"stub","messages":[{"role":"user","content":"hi"}],"stream":%s}'
         % ("true" if stream else "false")
     ).encode()
     scope: Message = {
         "type": "http",
-        "asgi": {"version": "3.0"},
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
         "http_version": "1.1",
         "method": "POST",
         "scheme": "http",
@@ -177,66 +249,150 @@ async def call(
         ],
         "client": ("127.0.0.1", 40000),
         "server": ("127.0.0.1", 8000),
+        "state": {},
     }
     sent = asyncio.Event()
-    status = 0
+    status, done = 0, 0.0
     messages = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def receive() -> Message:
+        # As uvicorn: the body, then nothing until the response is complete, then
+        # http.disconnect.
         if messages:
             return messages.pop()
         await sent.wait()
         return {"type": "http.disconnect"}
 
     async def send(message: Message) -> None:
-        nonlocal status
+        nonlocal status, done
         if message["type"] == "http.response.start":
             status = message["status"]
         elif not message.get("more_body"):
+            done = time.perf_counter()
             sent.set()
 
     await application(scope, receive, send)
-    return status
+    return status, done
 
 
-async def measure(key: str, requests: int, stream: bool) -> tuple[float, Meter]:
-    """Mean wall ms per request, and the meter's totals, over ``requests`` sequential calls."""
+@dataclass
+class Run:
+    """One workload's sequential requests: per-request wall times and the meter's totals."""
+
+    requests: int
+    seconds: float  # the whole run
+    reply_ms: float  # request start to its reply's last byte sent
+    return_ms: float  # request start to the application's return (log row written)
+    cpu_ms: float  # this process's CPU (all threads), instrumentation included
+    items: dict[str, tuple[float, float]]  # label: (count, ms) per request
+
+    def total(self, label: str) -> float:
+        """How many times ``label`` was counted in the whole run."""
+        return round(self.items.get(label, (0.0, 0.0))[0] * self.requests)
+
+
+async def measure(key: str, requests: int, stream: bool, concurrency: int) -> Run:
+    """``requests`` calls, ``concurrency`` at a time, after a warm-up (imports, pools, caches)."""
     from project.asgi import application
 
-    for _ in range(20):  # warm-up: imports, pools, the backend instance
-        await call(application, key, stream)
+    for _ in range(20):
+        await asyncio.gather(*(call(application, key, stream) for _ in range(concurrency)))
     METER.reset()
+    reply = returned = 0.0
+    left = requests
+
+    async def client() -> None:
+        nonlocal reply, returned, left
+        while left > 0:
+            left -= 1
+            begun = time.perf_counter()
+            status, done = await call(application, key, stream)
+            end = time.perf_counter()
+            if status != 200:
+                raise RuntimeError(f"a request failed ({status})")
+            reply += done - begun
+            returned += end - begun
+
+    cpu = time.process_time()
     started = time.perf_counter()
-    for _ in range(requests):
-        if await call(application, key, stream) != 200:
-            raise RuntimeError("a request failed")
-    return (time.perf_counter() - started) / requests * 1000, METER
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    seconds = time.perf_counter() - started
+    cpu = time.process_time() - cpu
+    items = {
+        label: (METER.count[label] / requests, METER.seconds[label] * 1000 / requests)
+        for label in sorted(METER.count, key=lambda name: -METER.seconds[name])
+    }
+    return Run(
+        requests=requests,
+        seconds=seconds,
+        reply_ms=reply * 1000 / requests,
+        return_ms=returned * 1000 / requests,
+        cpu_ms=cpu * 1000 / requests,
+        items=items,
+    )
 
 
-def section(results: dict[str, tuple[float, dict[str, tuple[float, float]]]]) -> str:
+def count_cell(count: float) -> str:
+    """A per-request count: ``1``, ``2.5``, ``0.00333`` (rare events stay visible)."""
+    return f"{count:.3g}"
+
+
+def section(results: dict[str, Run], loop: str, cache_seconds: float) -> str:
     """The markdown report: per request, count and ms of each item, per workload."""
     names = list(results)
     labels: list[str] = []
-    for _, items in results.values():
-        labels += [label for label in items if label not in labels]
+    for run in results.values():
+        labels += [label for label in run.items if label not in labels]
     head = " | ".join(f"{name}: count | ms" for name in names)
+
+    def bold(value: Callable[[Run], float]) -> str:
+        return " | ".join(f" | **{value(run):.3f}**" for run in results.values())
+
     lines = [
         f"| per request | {head} |",
         "|---|" + "---:|---:|" * len(names),
-        "| **wall time, in-process** | "
-        + " | ".join(f" | **{wall:.2f}**" for wall, _ in results.values())
-        + " |",
+        f"| **wall time to the reply sent** | {bold(lambda run: run.reply_ms)} |",
+        "| **wall time to the application's return (log row written)** |"
+        f" {bold(lambda run: run.return_ms)} |",
+        f"| **CPU time of this process (instrumented)** | {bold(lambda run: run.cpu_ms)} |",
     ]
-    hops = [label for label in labels if label.startswith("hop: ")]
     for label in (label for label in labels if not label.startswith("hop: ")):
         cells = []
-        for _, items in results.values():
-            count, ms = items.get(label, (0.0, 0.0))
-            cells.append(f"{count:.1f} | {ms:.2f}" if ms >= 0.005 else f"{count:.1f} | ")
+        for run in results.values():
+            count, ms = run.items.get(label, (0.0, 0.0))
+            cells.append(
+                f"{count_cell(count)} | {ms:.3f}" if ms >= 0.0005 else f"{count_cell(count)} | "
+            )
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    first = next(iter(results.values()))[1]
-    listing = ", ".join(f"{label[5:]} x{first[label][0]:g}" for label in hops if label in first)
-    lines += ["", f"The sync_to_async hops of one {names[0]} request: {listing}."]
+    absent = [
+        label
+        for label in dict.fromkeys(WATCHED)
+        if all(label not in run.items for run in results.values())
+    ]
+    runs = "; ".join(
+        f"{name}: {run.requests} requests in {run.seconds:.2f} s" for name, run in results.items()
+    )
+    loads = "; ".join(
+        f"{name}: {run.total(LOAD_GRANT):g} key and {run.total(LOAD_ALIASES):g} alias loads"
+        f" in {run.seconds / cache_seconds:.1f} periods"
+        for name, run in results.items()
+    )
+    lines += [
+        "",
+        f"Event loop: {loop}. {runs}. Keys and aliases are cached for CACHE_SECONDS"
+        f" ({cache_seconds:g} s), so their database loads per request depend on the request"
+        f" rate, and on how many requests find an entry expired at once. Measured: {loads}.",
+    ]
+    if absent:
+        lines += ["", "Never called in the measured requests: " + "; ".join(absent) + "."]
+    for name, run in results.items():
+        hops = [
+            (label[5:], run.items[label][0])
+            for label in labels
+            if label.startswith("hop: ") and label in run.items
+        ]
+        listing = ", ".join(f"{hop} x{count_cell(count)}" for hop, count in hops) or "none"
+        lines += ["", f"The sync_to_async hops of one {name} request (mean): {listing}."]
     return "\n".join(lines) + "\n"
 
 
@@ -244,8 +400,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--requests", type=int, default=300, help="per one-at-a-time workload")
+    parser.add_argument("--concurrency", type=int, default=32, help="of the concurrent workload")
+    parser.add_argument(
+        "--concurrent-requests",
+        type=int,
+        default=3000,
+        help="of the concurrent workload: enough to outlast CACHE_SECONDS a few times",
+    )
     args = parser.parse_args()
+    workloads = (
+        ("non-stream", False, 1, args.requests),
+        ("stream", True, 1, args.requests),
+        (
+            f"non-stream, {args.concurrency} at a time",
+            False,
+            args.concurrency,
+            args.concurrent_requests,
+        ),
+    )
     work = Path(tempfile.mkdtemp(prefix="chatparity-anatomy-"))
     site = harness.make_chatparity(work)
     stub_port = harness.free_port()
@@ -254,23 +427,25 @@ def main() -> None:
     os.environ.update(site.env)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     sys.path.insert(0, str(harness.ROOT))
+    try:  # as uvicorn's default --loop auto
+        import uvloop
+
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+        loop = f"uvloop {uvloop.__version__}"
+    except ImportError:
+        loop_factory, loop = asyncio.new_event_loop, "asyncio (uvloop is not installed)"
     results = {}
     with harness.serve(harness.stub_command(stub_port), f"{stub_url}/models"):
         import django
 
         django.setup()
+        from chatparity.conf import app_settings
+
         instrument()
-        for stream in (False, True):
-            wall, meter = asyncio.run(measure(site.key, args.requests, stream))
-            items = {
-                label: (
-                    meter.count[label] / args.requests,
-                    meter.seconds[label] * 1000 / args.requests,
-                )
-                for label in sorted(meter.count, key=lambda name: -meter.seconds[name])
-            }
-            results["stream" if stream else "non-stream"] = (wall, items)
-    print(section(results))
+        for name, stream, concurrency, requests in workloads:
+            with asyncio.Runner(loop_factory=loop_factory) as runner:
+                results[name] = runner.run(measure(site.key, requests, stream, concurrency))
+    print(section(results, loop, float(app_settings.CACHE_SECONDS)))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,11 @@ watch the worker while wrk runs:
 - ``gil``: only the thread holding the GIL, i.e. the Python work that one
   process serialises (what caps a worker's requests/s);
 - ``busy``: every thread that is not parked in a known wait, which adds the
-  work done with the GIL released (SQLite connect, query, checkpoint, fsync).
+  work done with the GIL released (SQLite query, commit, fsync) and the time
+  threads wait to take the GIL back. uvloop waits in epoll with no Python frame
+  on the stack, as it does its own work: the loop thread's samples with no
+  frame past the loop's entry are left out of this view (the ``gil`` view
+  counts them: there they are uvloop's own work).
 
 Their collapsed stacks go to ``bench/profile/`` (any flame graph tool opens
 them, e.g. speedscope). ``bench/PROFILE.md`` gets the CPU used per request,
@@ -38,38 +42,75 @@ OUT = BENCH / "profile"
 WORKLOADS = ((False, 1), (False, 32), (True, 1), (True, 32))
 VIEWS = {"gil": ["--gil"], "busy": ["--idle"]}
 
-# Stages of a request, each recognised by a frame on the sampled stack (first match wins,
-# in this order). py-spy names frames ``Class.method (package/module.py:line)``. DB work
-# runs in sync_to_async threads whose stacks do not show the chatparity caller, so those
-# stages are told apart by the Django call they make.
-STAGES: tuple[tuple[str, str], ...] = (
+# Stages of a request, each recognised by a frame on the sampled stack. py-spy names
+# frames ``Class.method (package/module.py:line)``. The stack is first cut below the
+# event loop's entry (see ROOT), then:
+#
+# 1. PRIORITY stages, first match wins, in this order, whatever the frame's depth: the
+#    database work (told apart by the chatparity function the sync_to_async thread runs,
+#    or by the Django call that opens or closes a connection), Django's request handler
+#    (only requests outside /v1 reach it; its signals are not told apart from the model
+#    signals every ``Model.__init__`` sends), and the thread hops;
+# 2. else, when the innermost frame of the server, chatparity, Django, asgiref or
+#    channels is the server's, the ASGI server (uvicorn's protocol, its transport writes
+#    in ``RequestResponseCycle.send``): chatparity calls it to send, and it calls
+#    chatparity's FastPath, so only the innermost of them says who is working;
+# 3. else the OWNER stages, first match wins, in this order: a part of chatparity (the
+#    more specific first), then Django, then asyncio;
+# 4. else, for a stack with no frame past the loop's entry (uvloop is Cython: its own
+#    work shows no Python frame), the event loop's internals.
+PRIORITY: tuple[tuple[str, str], ...] = (
     (
-        "DB: open connection + PRAGMA (conn_max_age=0: one per request thread)",
-        r"(get_new_connection|\.connect|init_connection_state|ensure_connection) \(django/db",
+        "DB: open connection + PRAGMA (once per thread, again after a broken one)",
+        r"(get_new_connection|\.connect|init_connection_state) \(django/db",
     ),
     (
-        "DB: close connection (request_finished signal)",
-        r"(close_old_connections|\.close|\._close) \(django/db",
-    ),
-    ("DB: INSERT RequestLog (usage.record_usage)", r"Model\.save_base \(django/"),
-    ("DB: UPDATE ApiKey.last_used_at (usage.record_usage)", r"QuerySet\.update \(django/"),
-    (
-        "DB: SELECT key, key scopes, alias (auth, views._resolve)",
-        r"(QuerySet\.(first|__iter__|_fetch_all)|Iterable\.__iter__) \(django/",
+        "DB: close connection (Django's request_finished, a broken connection)",
+        r"(close_old_connections|BaseDatabaseWrapper\._?close|DatabaseWrapper\.close) \(django/db",
     ),
     (
-        "Django middleware hooks (each one a sync_to_async hop)",
-        r"Middleware\.(process_request|process_response|process_view) \(django/",
+        "DB: INSERT RequestLog batch (usage.insert_rows: bulk_create, BEGIN, COMMIT)",
+        r"insert_rows \(chatparity/usage\.py",
     ),
-    ("Django signals (request_started/finished)", r"Signal\.(a?send|send_robust) \(django/"),
     (
-        "thread hops: sync_to_async, per-request executor thread start/join, loop wake-ups",
+        "DB: UPDATE ApiKey.last_used_at (usage._mark_used, once a minute per key)",
+        r"_mark_used \(chatparity/usage\.py",
+    ),
+    (
+        "DB: SELECT key, aliases on a cache miss (lookups._load_grant, _load_aliases)",
+        r"(_load_grant|_load_aliases) \(chatparity/lookups\.py",
+    ),
+    (
+        "DB: other statements (budgets, Django views)",
+        r"((SQL\w*Compiler)\.execute_sql|CursorWrapper\.execute) \(django/",
+    ),
+    (
+        "Django request handler and middleware (requests outside /v1 only)",
+        r"\(django/core/handlers/|Middleware\.\w+ \(django/",
+    ),
+    (
+        "thread hops: sync_to_async (log batches, cache misses), executor, loop wake-ups",
         r"\(asgiref/|\(concurrent/futures/|\(threading\.py|_write_to_self|call_soon_threadsafe",
     ),
+)
+SERVER = (
+    "ASGI server (uvicorn: httptools protocol, transport writes; daphne+twisted)",
+    r"\((uvicorn|httptools|uvloop|daphne|twisted|autobahn)/",
+)
+# The packages whose innermost frame decides between the server and the owner stages.
+OWNERS = re.compile(
+    r"\((uvicorn|httptools|uvloop|daphne|twisted|autobahn|chatparity|django|asgiref|channels)/"
+)
+OWNER: tuple[tuple[str, str], ...] = (
     ("chatparity: live tail publish (channel layer)", r"\(chatparity/tail\.py"),
-    ("chatparity: rate limit admit/settle", r"\(chatparity/ratelimit\.py"),
+    ("chatparity: rate limit admit/settle, cost", r"\(chatparity/ratelimit\.py"),
+    ("chatparity: settings reads (conf.AppSettings.__getattr__)", r"\(chatparity/conf\.py"),
     (
-        "chatparity: openai backend incl. httpx (request, SSE parse, chunk read)",
+        "chatparity: HTTP/1.1 client to the upstream (backends/http1.py)",
+        r"\(chatparity/backends/http1\.py",
+    ),
+    (
+        "chatparity: openai backend, SSE to events (backends/upstream.py, protocol/upstream.py)",
         r"\(chatparity/backends/upstream\.py|\(chatparity/protocol/upstream\.py",
     ),
     ("chatparity: request parse/validate", r"\(chatparity/protocol/request\.py"),
@@ -77,12 +118,34 @@ STAGES: tuple[tuple[str, str], ...] = (
         "chatparity: chunk encode, accumulate, SSE frames",
         r"\(chatparity/protocol/(stream|completion)\.py",
     ),
-    ("chatparity: views / usage / other", r"\(chatparity/"),
-    ("Django ASGI handler, request/response objects", r"\(django/"),
-    ("httpx / httpcore outside the backend (pool, connect)", r"\((httpx|httpcore|h11|anyio)/"),
-    ("ASGI server (uvicorn+h11 / daphne+twisted)", r"\((uvicorn|daphne|twisted|autobahn)/"),
-    ("asyncio event loop (select, callbacks)", r"\(asyncio/|\(selectors\.py"),
+    (
+        "chatparity: log row and batching (usage.py: UsageRecord, row, LogWriter)",
+        r"\(chatparity/usage\.py",
+    ),
+    (
+        "chatparity: key and alias cache hits (lookups.py, auth.py)",
+        r"\(chatparity/(lookups|auth)\.py",
+    ),
+    (
+        "chatparity: endpoint (gateway.py: chat_completions, _start, _chunks, finish)",
+        r"\(chatparity/gateway\.py",
+    ),
+    ("chatparity: ASGI fast path (asgi.py: route, headers, body, send)", r"\(chatparity/asgi\.py"),
+    ("chatparity: other", r"\(chatparity/"),
+    ("Django: other (ORM objects, URL resolver, settings)", r"\(django/"),
+    (
+        "asyncio (tasks, futures, timeouts; the loop itself without uvloop)",
+        r"\(asyncio/|\(selectors\.py",
+    ),
 )
+LOOP = "event loop internals (uvloop: Cython, no Python frame)"
+OTHER = "other (interpreter, GC, imports)"
+STAGES: tuple[tuple[str, str], ...] = (*PRIORITY, SERVER, *OWNER, (LOOP, ""))
+COMPILED = {label: re.compile(pattern) for label, pattern in STAGES if pattern}
+
+# Where a thread's stack enters the event loop: the frames up to it (uvicorn's start-up,
+# asyncio.run) are on every sample of the loop's thread and say nothing of the work.
+ROOT = re.compile(r"^(Runner\.run|run) \(asyncio/runners\.py")
 
 
 @dataclass
@@ -139,8 +202,13 @@ def without_line(frame: str) -> str:
     return re.sub(r":\d+\)$", ")", frame)
 
 
-def parse(path: Path) -> Samples:
-    """Fold py-spy's collapsed stacks (``root;...;leaf count``) into Samples."""
+def parse(path: Path, view: str) -> Samples:
+    """Fold py-spy's collapsed stacks (``root;...;leaf count``) into Samples.
+
+    A stack of the loop's thread with no frame past the loop's entry is uvloop's own
+    Cython work in the ``gil`` view (the thread holds the GIL), but in the ``busy`` view
+    it is mostly uvloop waiting in epoll, which cannot be told apart: left out there.
+    """
     result = Samples()
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -149,16 +217,29 @@ def parse(path: Path) -> Samples:
         frames = [short(frame) for frame in stack.split(";")]
         frames = [f for f in frames if not f.startswith(("process ", "thread "))]
         n = int(count)
-        if not frames or WAITS.match(frames[-1]):
+        work = below_root(frames)
+        if not frames or WAITS.match(frames[-1]) or (view == "busy" and work == []):
             result.waiting += n
             continue
         result.samples += n
         result.own[frames[-1]] += n
-        result.packages[package(frames[-1])] += n
+        result.packages[LOOP_PACKAGE if work == [] else package(frames[-1])] += n
         for frame in set(frames):
             result.inclusive[without_line(frame)] += n
-        result.stages[stage(frames)] += n
+        result.stages[stage(frames if work is None else work)] += n
     return result
+
+
+LOOP_PACKAGE = "event loop (no Python frame)"
+
+
+def below_root(frames: list[str]) -> list[str] | None:
+    """The frames past the event loop's entry (see ROOT), or None if it is not there
+    (a thread other than the loop's)."""
+    for index in range(len(frames) - 1, -1, -1):
+        if ROOT.match(frames[index]):
+            return frames[index + 1 :]
+    return None
 
 
 def package(frame: str) -> str:
@@ -170,12 +251,19 @@ def package(frame: str) -> str:
 
 
 def stage(frames: list[str]) -> str:
-    """The request stage a sampled stack belongs to (see STAGES)."""
-    for label, pattern in STAGES:
-        regex = re.compile(pattern)
-        if any(regex.search(frame) for frame in frames):
+    """The request stage a sampled stack belongs to (see PRIORITY, SERVER and OWNER)."""
+    if not frames:
+        return LOOP
+    for label, _ in PRIORITY:
+        if any(COMPILED[label].search(frame) for frame in frames):
             return label
-    return "other (interpreter, GC, imports)"
+    innermost = next((frame for frame in reversed(frames) if OWNERS.search(frame)), "")
+    if COMPILED[SERVER[0]].search(innermost):
+        return SERVER[0]
+    for label, _ in OWNER:
+        if any(COMPILED[label].search(frame) for frame in frames):
+            return label
+    return OTHER
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -226,7 +314,7 @@ def workload_section(w: Workload) -> list[str]:
         f"{w.rps:.0f} req/s, p50 {w.p50_ms:.1f} ms, worker CPU {w.cpu_ms_per_request:.1f} ms"
         f" per request; {gil.samples} GIL samples, {busy.samples} busy-thread samples.",
         "",
-        "| stage (a sample counts once, in the first stage it matches) | GIL | busy |",
+        "| stage (a sample counts once: the rules are in `bench/hotpath.py`) | GIL | busy |",
         "|---|---:|---:|",
     ]
     for label, _ in STAGES:
@@ -235,10 +323,9 @@ def workload_section(w: Workload) -> list[str]:
                 f"| {label} | {share(gil.stages[label], gil.samples)} |"
                 f" {share(busy.stages[label], busy.samples)} |"
             )
-    rest = "other (interpreter, GC, imports)"
     out.append(
-        f"| {rest} | {share(gil.stages[rest], gil.samples)} |"
-        f" {share(busy.stages[rest], busy.samples)} |"
+        f"| {OTHER} | {share(gil.stages[OTHER], gil.samples)} |"
+        f" {share(busy.stages[OTHER], busy.samples)} |"
     )
     out += [
         "",
@@ -255,10 +342,47 @@ def workload_section(w: Workload) -> list[str]:
     ours = [
         (frame, count)
         for frame, count in gil.inclusive.most_common()
-        if re.search(r"\((chatparity|django/db|django/core/handlers|asgiref)/", frame)
+        if re.search(r"\((chatparity|django/db|asgiref)/", frame)
     ]
-    out += ["", "Inclusive time (GIL view) of chatparity, Django handler/DB and asgiref:", ""]
+    out += ["", "Inclusive time (GIL view) of chatparity, Django's ORM and asgiref:", ""]
     out += frames_table(ours, gil.samples, 15)
+    return out
+
+
+# The profile before the /v1 fast path, as bench/PROFILE.md recorded it at commit 0720710
+# (same script, uvicorn, 1 worker; on asyncio and h11, as installed then): Django's views
+# behind its ASGI handler and middleware, httpx to the upstream, a database query per
+# request for the key and the alias, the log row written on the request's path.
+# Workload: (req/s, worker CPU ms per request).
+BEFORE = {
+    "non-stream, concurrency 1": (50, 18.8),
+    "non-stream, concurrency 32": (50, 18.9),
+    "stream, concurrency 1": (45, 20.4),
+    "stream, concurrency 32": (52, 18.4),
+}
+
+
+def before_and_after(workloads: list[Workload]) -> list[str]:
+    out = [
+        "",
+        "## Before and after the /v1 fast path",
+        "",
+        "Before (this document at commit 0720710, measured the same way): Django's views"
+        " behind its ASGI handler and middleware, httpx to the upstream, a database query"
+        " per request for the key and the alias, the log row written on the request's path,"
+        " uvicorn on asyncio and h11: about 50 req/s and 19 ms of worker CPU per request in"
+        " every workload. Now: `chatparity.asgi.FastPath` serves /v1 on the event loop, keys"
+        " and aliases are cached in process, log rows are written in batches after the reply,"
+        " the upstream is reached by `chatparity.backends.http1`, uvicorn runs on uvloop and"
+        " httptools.",
+        "",
+        "| workload | req/s before | req/s now | worker CPU per request before | now |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for w in workloads:
+        rps, cpu = BEFORE.get(w.name, (0, 0.0))
+        then = f"| {rps} | {w.rps:.0f} ({w.rps / rps:.0f}x) | {cpu} ms" if rps else "| ? | ? | ?"
+        out.append(f"| {w.name} {then} | {w.cpu_ms_per_request:.2f} ms |")
     return out
 
 
@@ -270,26 +394,47 @@ def report(workloads: list[Workload], anatomy: str, server: str, workers: int, s
         " `openai` backend to the fast stub, request logging on, SQLite in a temporary file,"
         f" {seconds} s of wrk per workload. Two py-spy views of the same run: **GIL** (the"
         " thread holding the GIL: the Python work one process serialises) and **busy** (every"
-        " thread not parked in a wait: adds what runs with the GIL released, mostly SQLite)."
-        " Raw collapsed stacks: `bench/profile/`.",
+        " thread not parked in a wait: adds what runs with the GIL released, mostly SQLite,"
+        " and threads waiting to take the GIL back). Raw collapsed stacks: `bench/profile/`."
+        f" The machine has {os.cpu_count()} CPUs, which wrk, the stub and the samplers share"
+        " with the worker: req/s varies from run to run more than the worker's CPU per"
+        " request, the steadier figure.",
+        *before_and_after(workloads),
+        "",
+        "## This run",
         "",
         "| workload | req/s (profiled) | p50 ms | worker CPU per request |",
         "|---|---:|---:|---:|",
     ]
     for w in workloads:
-        out.append(f"| {w.name} | {w.rps:.0f} | {w.p50_ms:.1f} | {w.cpu_ms_per_request:.1f} ms |")
+        out.append(f"| {w.name} | {w.rps:.0f} | {w.p50_ms:.1f} | {w.cpu_ms_per_request:.2f} ms |")
     out += [
         "",
-        "## One request, counted (in-process, one at a time)",
+        "## One request, counted (in-process)",
         "",
-        "`bench/anatomy.py` calls the ASGI application directly (no HTTP server) and wraps"
-        " library functions to count and time them. Stage rows include the rows below them.",
+        "`bench/anatomy.py` calls `project.asgi:application` (the object uvicorn serves:"
+        " `FastPath` in front of Django) directly, with no HTTP server, and wraps library and"
+        " chatparity functions to count and time them. Times are wall times, so a stage"
+        " includes the rows that run inside it and, with 32 requests at a time, its waits for"
+        " the others. Counts are per request, as measured: a count below 1 is something only"
+        " some requests do.",
         "",
         anatomy.strip(),
     ]
     for w in workloads:
         out += workload_section(w)
     return "\n".join(out) + "\n"
+
+
+def server_name(server: str) -> str:
+    """``server`` and its version; for uvicorn, what its default ``--loop auto`` and
+    ``--http auto`` pick: uvloop and httptools ("not installed": asyncio and h11)."""
+    version = harness.package_version(harness.PYTHON, server)
+    if server != "uvicorn":
+        return f"{server} {version}"
+    loop = harness.package_version(harness.PYTHON, "uvloop")
+    http = harness.package_version(harness.PYTHON, "httptools")
+    return f"uvicorn {version} (loop auto: uvloop {loop}; http auto: httptools {http})"
 
 
 def main() -> None:
@@ -361,14 +506,16 @@ def main() -> None:
                 cpu_seconds=used,
                 rps=summary["requests"] / summary["seconds"],
                 p50_ms=summary["p50_us"] / 1000,
-                views={view: parse(OUT / f"{slug}-{view}.txt") for view in VIEWS},
+                views={view: parse(OUT / f"{slug}-{view}.txt", view) for view in VIEWS},
             )
             workloads.append(workload)
             log(
                 f"  {name}: {workload.rps:.0f} req/s, {workload.cpu_ms_per_request:.1f} ms CPU"
                 " per request"
             )
-    args.out.write_text(report(workloads, anatomy, args.server, args.workers, args.duration))
+    args.out.write_text(
+        report(workloads, anatomy, server_name(args.server), args.workers, args.duration)
+    )
     log(f"Wrote {args.out} and {OUT}/")
 
 

@@ -16,6 +16,7 @@ The log row is written once the reply is sent, so it costs the client nothing.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from contextlib import aclosing, suppress
 from typing import Any
 
@@ -124,8 +125,8 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-async def _respond(replying: Any, call: Call, send: Send) -> None:
-    reply: Reply = await replying
+async def _respond(replying: Awaitable[Reply], call: Call, send: Send) -> None:
+    reply = await replying
     await send(
         {
             "type": "http.response.start",
