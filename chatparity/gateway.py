@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import random
 import re
-import secrets
 import string
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping
@@ -46,6 +47,25 @@ EVENT_STREAM = "text/event-stream; charset=utf-8"
 _STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
+# Ids only need to be unique, not secret: drawn from a generator seeded once per
+# process (again after a fork), not from a system call per request, which under
+# load makes the event loop wait for the GIL.
+_ids = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))
+# OpenAI's completion ids: "chatcmpl-" and 29 letters or digits. A byte modulo
+# 62 favours the first eight characters a little, which an id does not mind.
+_ALPHANUMERIC = (string.ascii_letters + string.digits).encode()
+_TO_ALPHANUMERIC = bytes(_ALPHANUMERIC[byte % 62] for byte in range(256))
+
+
+def request_id() -> str:
+    return f"req_{_ids.getrandbits(128):032x}"
+
+
+def completion_id() -> str:
+    return "chatcmpl-" + _ids.randbytes(29).translate(_TO_ALPHANUMERIC).decode()
+
+
 @dataclass
 class Call:
     """One request to ``/v1``, as a transport hands it over.
@@ -59,7 +79,7 @@ class Call:
     headers: Mapping[str, str]
     body: bytes
     client_ip: str | None
-    request_id: str = field(default_factory=lambda: "req_" + secrets.token_hex(16))
+    request_id: str = field(default_factory=request_id)
     record: UsageRecord | None = None
 
 
@@ -185,16 +205,6 @@ async def _resolve(model: str, grant: Grant) -> ModelAlias:
     if alias is None:
         raise errors.model_not_found(model)
     return alias
-
-
-# OpenAI's completion ids: "chatcmpl-" and 29 letters or digits. A byte modulo
-# 62 favours the first eight characters a little, which an id does not mind.
-_ALPHANUMERIC = (string.ascii_letters + string.digits).encode()
-_TO_ALPHANUMERIC = bytes(_ALPHANUMERIC[byte % 62] for byte in range(256))
-
-
-def completion_id() -> str:
-    return "chatcmpl-" + secrets.token_bytes(29).translate(_TO_ALPHANUMERIC).decode()
 
 
 @endpoint("POST")

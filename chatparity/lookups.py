@@ -10,7 +10,10 @@ may still be accepted by a worker that saw it just before.
 
 from __future__ import annotations
 
+import asyncio
 import time
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,27 +64,57 @@ class Aliases:
         return sorted(shown, key=lambda alias: alias.public_id)
 
 
-_keys: dict[str, tuple[float, Grant | None]] = {}
-_aliases: list[tuple[float, Aliases]] = []
+# name -> (expires at, value): a key's grant under its hash, the aliases under "".
+_entries: dict[str, tuple[float, Any]] = {}
+# Loads in progress, per event loop: the requests that find an entry expired at
+# the same moment wait for one database query, not one each.
+_loading: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Task[Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+_ALIASES = ""
+# Bumped by forget(): a load that began before a change must not store what it read.
+_generation = [0]
 
 
 def forget(*args: Any, **kwargs: Any) -> None:
     """Empty the cache (a signal receiver, hence the arguments it ignores)."""
-    _keys.clear()
-    _aliases.clear()
+    _generation[0] += 1
+    _entries.clear()
 
 
 async def grant(hashed_key: str) -> Grant | None:
     """The active key whose SHA-256 is ``hashed_key``, or None."""
-    now = clock()
-    cached = _keys.get(hashed_key)
-    if cached is not None and cached[0] > now:
-        return cached[1]
-    found = await sync_to_async(_load_grant)(hashed_key)
-    if len(_keys) >= MAX_KEYS:
-        _keys.clear()
-    _keys[hashed_key] = (now + app_settings.CACHE_SECONDS, found)
+    found: Grant | None = await _cached(hashed_key, _load_grant, hashed_key)
     return found
+
+
+async def aliases() -> Aliases:
+    """The enabled aliases as of at most ``CACHE_SECONDS`` ago."""
+    found: Aliases = await _cached(_ALIASES, _load_aliases)
+    return found
+
+
+async def _cached(name: str, load: Callable[..., Any], *args: Any) -> Any:
+    entry = _entries.get(name)
+    if entry is not None and entry[0] > clock():
+        return entry[1]
+    loop = asyncio.get_running_loop()
+    loading = _loading.setdefault(loop, {})
+    task = loading.get(name)
+    if task is None:
+        task = loading[name] = loop.create_task(_load(name, load, *args))
+        task.add_done_callback(lambda _: loading.pop(name, None))
+    return await asyncio.shield(task)
+
+
+async def _load(name: str, load: Callable[..., Any], *args: Any) -> Any:
+    loaded_at, generation = clock(), _generation[0]
+    value = await sync_to_async(load)(*args)
+    if generation == _generation[0]:
+        if len(_entries) > MAX_KEYS:
+            _entries.clear()
+        _entries[name] = (loaded_at + app_settings.CACHE_SECONDS, value)
+    return value
 
 
 @reconnecting
@@ -91,16 +124,6 @@ def _load_grant(hashed_key: str) -> Grant | None:
         return None
     allowed = frozenset(key.allowed_aliases.values_list("pk", flat=True))
     return Grant(key, allowed or None)
-
-
-async def aliases() -> Aliases:
-    """The enabled aliases as of at most ``CACHE_SECONDS`` ago."""
-    now = clock()
-    if _aliases and _aliases[0][0] > now:
-        return _aliases[0][1]
-    loaded = await sync_to_async(_load_aliases)()
-    _aliases[:] = [(now + app_settings.CACHE_SECONDS, loaded)]
-    return loaded
 
 
 @reconnecting

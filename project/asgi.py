@@ -1,5 +1,6 @@
-"""ASGI entry point: ``daphne project.asgi:application``."""
+"""ASGI entry point: ``uvicorn project.asgi:application --lifespan off`` (or daphne)."""
 
+import gc
 import os
 
 from channels.auth import AuthMiddlewareStack
@@ -26,3 +27,8 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+
+# What start-up loaded (Django, the apps, the URLconf) lives as long as the
+# process: out of the garbage collector's way, full collections stop rescanning
+# it (they took about 60 ms each under load).
+gc.freeze()

@@ -1,0 +1,65 @@
+"""The per-worker cache of keys and aliases."""
+
+import asyncio
+from unittest import mock
+
+from django.test import TestCase
+
+from chatparity import lookups
+from chatparity.models import ApiKey, Backend, ModelAlias, hash_key
+
+
+class LookupTests(TestCase):
+    @classmethod
+    def setUpTestData(cls):
+        cls.key, cls.plaintext = ApiKey.objects.create_key("tests")
+        backend = Backend.objects.create(name="local", kind="local")
+        ModelAlias.objects.create(public_id="SmolLM2", backend=backend)
+
+    def counting(self, name):
+        calls = []
+        original = getattr(lookups, name)
+
+        def load(*args):
+            calls.append(args)
+            return original(*args)
+
+        patcher = mock.patch.object(lookups, name, load)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        return calls
+
+    async def test_requests_arriving_together_share_one_load(self):
+        keys, aliases = self.counting("_load_grant"), self.counting("_load_aliases")
+        hashed = hash_key(self.plaintext)
+        grants = await asyncio.gather(*(lookups.grant(hashed) for _ in range(20)))
+        found = await asyncio.gather(*(lookups.aliases() for _ in range(20)))
+        assert {grant.key.pk for grant in grants} == {self.key.pk}
+        assert all(f.find("smollm2", grants[0]) is not None for f in found)
+        assert (len(keys), len(aliases)) == (1, 1)
+
+    async def test_entries_expire_after_cache_seconds(self):
+        loads = self.counting("_load_aliases")
+        with mock.patch.object(lookups, "clock", return_value=500.0) as clock:
+            await lookups.aliases()
+            clock.return_value += 0.99
+            await lookups.aliases()
+            assert len(loads) == 1
+            clock.return_value += 0.02
+            await lookups.aliases()
+            assert len(loads) == 2
+
+    async def test_an_unknown_key_is_none_and_remembered_too(self):
+        loads = self.counting("_load_grant")
+        assert await lookups.grant(hash_key("sk-cp-nobody")) is None
+        assert await lookups.grant(hash_key("sk-cp-nobody")) is None
+        assert len(loads) == 1
+
+    async def test_a_change_saved_while_loading_is_not_hidden_by_the_load(self):
+        hashed = hash_key(self.plaintext)
+        loading = asyncio.ensure_future(lookups.grant(hashed))
+        for _ in range(2):  # the request's task, then its load's, take their first step
+            await asyncio.sleep(0)
+        lookups.forget()  # as a save during the load does
+        assert (await loading).key.pk == self.key.pk  # the waiting request is served
+        assert hashed not in lookups._entries  # but the next one reads again
