@@ -6,7 +6,7 @@ import asyncio
 import logging
 from typing import Any
 
-from channels.layers import get_channel_layer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 
 from .models import RequestLog
 
@@ -42,11 +42,17 @@ def summary(row: RequestLog) -> dict[str, Any]:
     }
 
 
+def _nobody_watching(layer: Any) -> bool:
+    """True when the layer is this process's memory and no tail is open on it: the
+    summary would go nowhere. (Another layer's listeners cannot be seen from here.)"""
+    return isinstance(layer, InMemoryChannelLayer) and not layer.groups.get(GROUP)
+
+
 async def publish(row: RequestLog) -> None:
     """Send ``row``'s summary to the tail's group; never raises, a no-op without a layer."""
     try:
         layer = get_channel_layer()
-        if layer is None:
+        if layer is None or _nobody_watching(layer):
             return
         async with asyncio.timeout(PUBLISH_TIMEOUT):
             await layer.group_send(GROUP, {"type": MESSAGE_TYPE, "request": summary(row)})

@@ -149,6 +149,10 @@ async def record_usage(record: UsageRecord) -> RequestLog:
     return row
 
 
+# Seconds a batch waits for more rows before it is written: nobody waits for it
+# but the request's own task, after its client has the answer.
+BATCH_WAIT = 0.005
+
 # A busy database (SQLite's "database is locked" under many writers, a PostgreSQL
 # fail-over) gets a few more tries, over about 1.5 s, before a row is given up.
 SAVE_ATTEMPTS = 5
@@ -176,6 +180,9 @@ class LogWriter:
 
     async def _flush(self) -> None:
         try:
+            # A moment for the rows of requests finishing about now to join the
+            # batch: one database hop and transaction for all of them.
+            await asyncio.sleep(BATCH_WAIT)
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:
