@@ -175,8 +175,9 @@ class LogWriter:
         self._pending.append((row, written))
         if self._flushing is None:
             self._flushing = asyncio.create_task(self._flush())
-        # Shielded: a caller cancelled while it waits leaves its row in the batch.
-        await asyncio.shield(written)
+        # A caller cancelled while it waits leaves its row in the batch, written all
+        # the same.
+        await written
 
     async def _flush(self) -> None:
         try:
@@ -192,6 +193,10 @@ class LogWriter:
                         _settle(written, exc)
                 except DatabaseError:  # a row it refuses: find which
                     await self._one_by_one(batch)
+                except Exception as exc:  # a bug: its callers must not wait forever
+                    for _, written in batch:
+                        _settle(written, exc)
+                    raise
                 else:
                     for _, written in batch:
                         _settle(written, None)

@@ -1,8 +1,14 @@
 """What one request's log row holds."""
 
-import pytest
+import asyncio
+from unittest import mock
 
-from chatparity.models import ApiKey
+import pytest
+from django.db import IntegrityError
+from django.test import TestCase
+
+from chatparity import usage
+from chatparity.models import ApiKey, RequestLog
 from chatparity.usage import UsageRecord
 
 
@@ -33,3 +39,48 @@ def test_nul_characters_a_client_sent_are_replaced_so_postgresql_can_store_the_r
     row.refresh_from_db()
     assert (row.alias, row.user_agent) == ("model\ufffd", "agent\ufffd")
     assert row.request_body == {"model": "model\ufffd", "messages": [{"content": "a\ufffdb"}]}
+
+
+class LogWriterTests(TestCase):
+    """Rows of concurrent requests go to the database together; none is dropped."""
+
+    @classmethod
+    def setUpTestData(cls):
+        cls.key, _ = ApiKey.objects.create_key("k")
+
+    def row(self, request_id, **fields):
+        return UsageRecord(request_id=request_id, api_key=self.key, **fields).row()
+
+    async def test_rows_finishing_together_are_one_insert(self):
+        batches = []
+        original = usage.insert_rows
+
+        def insert_rows(rows):
+            batches.append(len(rows))
+            return original(rows)
+
+        writer = usage.LogWriter()
+        with mock.patch.object(usage, "insert_rows", insert_rows):
+            await asyncio.gather(*(writer.write(self.row(f"r{i}")) for i in range(10)))
+        assert batches == [10]
+        assert await RequestLog.objects.acount() == 10
+        key = await ApiKey.objects.aget(pk=self.key.pk)
+        assert key.last_used_at is not None
+
+    async def test_a_row_the_database_refuses_fails_alone(self):
+        writer = usage.LogWriter()
+        good, bad = self.row("good"), self.row("bad", status_code=-1)
+        writes = (writer.write(good), writer.write(bad))
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        assert results[0] is None
+        assert isinstance(results[1], IntegrityError)
+        assert [row.request_id async for row in RequestLog.objects.all()] == ["good"]
+
+    async def test_a_row_whose_writer_was_cancelled_is_still_written(self):
+        writer = usage.LogWriter()
+        waiting = asyncio.ensure_future(writer.write(self.row("left")))
+        await asyncio.sleep(0)
+        waiting.cancel()  # the request's task, cancelled while its row waits
+        flushing = writer._flushing
+        await flushing  # the batch it joined is written all the same
+        assert await RequestLog.objects.filter(request_id="left").aexists()
