@@ -1,9 +1,11 @@
 """The ``openai`` backend: any OpenAI-compatible upstream, over :mod:`.http1`'s pooled
 keep-alive connections.
 
-It always asks the upstream for a stream with usage, and re-reads it through
+It asks the upstream for a stream with usage when the client streams, else for
+a whole completion, and re-reads either through
 :class:`~chatparity.protocol.upstream.ChunkReader`, so clients see OpenAI's
-canonical stream (or its accumulation) whatever the upstream sent. Before the
+canonical stream (or its accumulation) whatever the upstream sent (also a
+stream it was not asked for). Before the
 first event, refused or reset connections and 5xx answers are retried with
 backoff; the view then falls over to the alias's fallbacks.
 
@@ -56,7 +58,7 @@ class UpstreamBackend:
         self.retries = int(config.options.get("retries", 2))
         self.backoff = float(config.options.get("backoff", 0.2))
         self.headers = {
-            "Accept": "text/event-stream",
+            "Accept": "application/json, text/event-stream",
             "Content-Type": "application/json",
             **config.options.get("headers", {}),
         }
@@ -76,12 +78,10 @@ class UpstreamBackend:
         return http1.Endpoint(self.url, self.headers, connect_timeout=self.connect_timeout)
 
     async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[Event]:
-        body = {
-            **request.body,
-            "model": model or request.model,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
+        # Streamed only when the client streams: a whole answer is cheaper to read.
+        body = {**request.body, "model": model or request.model, "stream": request.stream}
+        if request.stream:
+            body["stream_options"] = {"include_usage": True}
         choice = request.tool_choice
         if choice.mode == "required" and len(request.tools) == 1:
             # The same request, in the form upstreams that ignore "required" still obey.
@@ -124,7 +124,13 @@ class UpstreamBackend:
         """The events of one upstream request, up to its ``[DONE]`` or the end of its body."""
         async with self._response(orjson.dumps(body), deadline) as response:
             sse = SSEReader()
+            streamed = body["stream"] or response.headers.get("content-type", "").startswith(
+                "text/event-stream"  # an upstream that streams what was not asked so
+            )
             try:
+                if not streamed:  # a whole completion; it leaves the reader done
+                    for item in reader.read_completion(await response.read()):
+                        yield item
                 while not reader.done:
                     line = await response.readline()
                     event = sse.flush() if line is None else sse.feed(line)

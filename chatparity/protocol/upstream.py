@@ -22,6 +22,7 @@ import orjson
 
 from .errors import APIError
 from .events import Event, Finish, TextDelta, TokenLogprob, ToolCallDelta, TopLogprob, Usage
+from .tokens import approximate_tokens
 
 FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
 _ID_ALPHABET = string.ascii_letters + string.digits
@@ -144,7 +145,35 @@ class ChunkReader:
             self.upstream_usage = _usage(chunk["usage"])
         return events
 
-    def _choice(self, choice: dict[str, Any]) -> list[Event]:
+    def read_completion(self, body: bytes) -> list[Event]:
+        """The events in a whole ``chat.completion`` (the answer to a request that
+        did not stream): each choice's message read as one delta carrying all of it."""
+        self.done = True
+        try:
+            completion = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise malformed(f"invalid JSON {body[:80]!r}") from None
+        if isinstance(completion, dict) and "error" in completion:
+            raise upstream_error(completion)
+        if not isinstance(completion, dict):
+            raise malformed("the completion is not a JSON object")
+        events: list[Event] = []
+        for choice in completion.get("choices") or ():
+            if isinstance(choice, dict):
+                message = choice.get("message")
+                delta = dict(message) if isinstance(message, dict) else {}
+                calls = delta.get("tool_calls")
+                if isinstance(calls, list):  # a message's calls carry no index: their order
+                    delta["tool_calls"] = [
+                        {**call, "index": slot} for slot, call in enumerate(calls)
+                        if isinstance(call, dict)
+                    ]  # fmt: skip
+                events += self._choice({**choice, "delta": delta}, whole=True)
+        if isinstance(completion.get("usage"), dict):
+            self.upstream_usage = _usage(completion["usage"])
+        return events
+
+    def _choice(self, choice: dict[str, Any], *, whole: bool = False) -> list[Event]:
         index = choice.get("index", 0)
         if not isinstance(index, int):
             return []
@@ -157,22 +186,22 @@ class ChunkReader:
         content = delta.get("content")
         if isinstance(content, str) and content:
             logprobs = _logprobs(choice.get("logprobs"))
-            tokens = len(logprobs) if logprobs else 1
+            tokens = len(logprobs) if logprobs else _tokens(content, whole)
             self.completion_tokens += tokens
             events.append(TextDelta(index, content, logprobs=logprobs, tokens=tokens))
         for call in delta.get("tool_calls") or ():
-            events += self._tool_call(index, call)
+            events += self._tool_call(index, call, whole=whole)
         reason = choice.get("finish_reason")
         if reason:
             events += self.close([index], reason)
         return events
 
-    def _tool_call(self, index: int, call: dict[str, Any]) -> list[Event]:
+    def _tool_call(self, index: int, call: dict[str, Any], *, whole: bool) -> list[Event]:
         slot = call.get("index", 0)
         function = call.get("function") or {}
         arguments = function.get("arguments") or ""
         if arguments:
-            self.completion_tokens += 1
+            self.completion_tokens += _tokens(arguments, whole)
         if (index, slot) in self._calls:  # a later delta: only its arguments count
             return [ToolCallDelta(index, slot, arguments)] if arguments else []
         call_id = call.get("id") or "call_" + "".join(
@@ -202,6 +231,12 @@ class ChunkReader:
     def usage(self) -> Usage:
         """The upstream's usage, or else the counted one."""
         return self.upstream_usage or Usage(self.prompt_tokens, self.completion_tokens)
+
+
+def _tokens(text: str, whole: bool) -> int:
+    """Tokens counted for a delta when the upstream reports no usage: a streamed
+    delta is a token; a whole message, its length's worth."""
+    return approximate_tokens(len(text)) if whole else 1
 
 
 def _usage(usage: dict[str, Any]) -> Usage:

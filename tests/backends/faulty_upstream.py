@@ -170,6 +170,44 @@ async def _json(writer, status, payload, *, close=True):
     return not close
 
 
+WHOLE = {
+    "id": "up-1",
+    "object": "chat.completion",
+    "created": 1,
+    "model": "m",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "Hello world", "refusal": None},
+            "logprobs": None,
+            "finish_reason": "stop",
+        }
+    ],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+}
+WHOLE_TOOL_CALLS = {
+    **WHOLE,
+    "choices": [
+        {
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{city}",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": f'{{"city":"{city}"}}'},
+                    }
+                    for city in ("Paris", "Rome")
+                ],
+            },
+            "finish_reason": "tool_calls",
+        }
+    ],
+}
+
+
 def behaviours(upstream: FaultyUpstream) -> dict[str, Handler]:
     async def fail_twice_then_answer(writer):
         if upstream.attempts["flaky"] <= 2:
@@ -227,6 +265,10 @@ def behaviours(upstream: FaultyUpstream) -> dict[str, Handler]:
         "slow-tokens": slow_tokens,
         "long": lambda w: _stream(w, LONG, pause=0.01),
         "keep-alive": lambda w: _stream(w, CANONICAL, close=False),
+        # Whole completions, as an upstream answers a request that does not stream.
+        "whole": lambda w: _json(w, 200, WHOLE, close=False),
+        "whole-tool-calls": lambda w: _json(w, 200, WHOLE_TOOL_CALLS),
+        "whole-without-usage": lambda w: _json(w, 200, {**WHOLE, "usage": None}),
         "keep-alive-busy": lambda w: _json(
             w, 503, {"error": {"message": "busy", "type": "server_error"}}, close=False
         ),

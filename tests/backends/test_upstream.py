@@ -147,6 +147,52 @@ class RepairTests(UpstreamTestCase):
         assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+class WholeCompletionTests(UpstreamTestCase):
+    """A client that does not stream gets the upstream's whole completion, re-read."""
+
+    async def test_the_upstream_is_asked_for_a_whole_completion(self):
+        completion = (await self.ask("whole", temperature=0)).json()
+        sent = self.upstream.bodies["whole"]
+        assert sent["stream"] is False
+        assert "stream_options" not in sent
+        assert completion["object"] == "chat.completion"
+        assert completion["id"].startswith("chatcmpl-")
+        assert completion["model"] == "up-whole"
+        assert completion["choices"][0]["message"]["content"] == "Hello world"
+        assert completion["choices"][0]["finish_reason"] == "stop"
+        assert completion["usage"]["total_tokens"] == 7
+        row = await RequestLog.objects.aget()
+        assert (row.prompt_tokens, row.completion_tokens) == (5, 2)
+
+    async def test_tool_calls_keep_their_ids_order_and_arguments(self):
+        tool = {"type": "function", "function": {"name": "get_weather"}}
+        completion = (await self.ask("whole-tool-calls", tools=[tool])).json()
+        choice = completion["choices"][0]
+        calls = choice["message"]["tool_calls"]
+        assert [call["id"] for call in calls] == ["call_Paris", "call_Rome"]
+        assert [call["function"]["arguments"] for call in calls] == [
+            '{"city":"Paris"}',
+            '{"city":"Rome"}',
+        ]
+        assert choice["finish_reason"] == "tool_calls"
+
+    async def test_without_usage_the_tokens_are_estimated_from_the_text(self):
+        completion = (await self.ask("whole-without-usage")).json()
+        assert completion["usage"]["completion_tokens"] == 3  # "Hello world": 11 characters
+
+    async def test_whole_completions_reuse_the_connection(self):
+        connections = self.upstream.connections
+        await self.alias("whole")
+        for _ in range(3):
+            assert (await self.post("up-whole")).status_code == 200
+        assert self.upstream.connections - connections == 1
+
+    async def test_an_upstream_that_streams_anyway_is_read_as_a_stream(self):
+        completion = (await self.ask("canonical")).json()
+        assert self.upstream.bodies["canonical"]["stream"] is False
+        assert completion["choices"][0]["message"]["content"] == "Hello world"
+
+
 class EmulationTests(UpstreamTestCase):
     async def test_choices_an_upstream_ignoring_n_left_out_are_asked_for_one_by_one(self):
         completion = (await self.ask("canonical", n=3)).json()

@@ -117,3 +117,46 @@ class TestChunkReader:
         with pytest.raises(APIError) as raised:
             ChunkReader(n=1, prompt_tokens=0).read(ServerSentEvent("message", "{nope"))
         assert (raised.value.status, raised.value.code) == (502, "upstream_error")
+
+
+class TestWholeCompletion:
+    """A whole ``chat.completion`` read as the stream that would have carried it."""
+
+    def test_each_choice_is_one_delta_and_its_finisher(self):
+        reader = ChunkReader(n=2, prompt_tokens=3)
+        completion = {
+            "choices": [
+                {"index": 1, "message": {"content": "Bonjour"}, "finish_reason": "length"},
+                {"index": 0, "message": {"role": "assistant", "content": "Hello"}},
+            ],
+            "usage": {"prompt_tokens": 4, "completion_tokens": 6},
+        }
+        events = reader.read_completion(json.dumps(completion).encode())
+        assert events == [
+            TextDelta(1, "Bonjour", tokens=2),
+            Finish(1, "length"),
+            TextDelta(0, "Hello", tokens=2),
+        ]
+        assert reader.done
+        assert reader.close(reader.indices) == [Finish(0, "stop")]
+        assert reader.usage == Usage(4, 6)
+
+    def test_tool_calls_are_numbered_in_order(self):
+        reader = ChunkReader(n=1, prompt_tokens=0)
+        call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        completion = {"choices": [{"message": {"content": None, "tool_calls": [call, call]}}]}
+        events = reader.read_completion(json.dumps(completion).encode())
+        assert [(e.call_index, e.id) for e in events] == [(0, "call_1"), (1, "call_1")]
+
+    def test_an_error_envelope_is_the_upstreams_error(self):
+        reader = ChunkReader(n=1, prompt_tokens=0)
+        body = json.dumps({"error": {"message": "nope", "type": "invalid_request_error"}})
+        with pytest.raises(APIError, match="nope"):
+            reader.read_completion(body.encode())
+
+    @pytest.mark.parametrize("body", [b"{not json", b"[1, 2]"])
+    def test_anything_else_is_malformed(self, body):
+        reader = ChunkReader(n=1, prompt_tokens=0)
+        with pytest.raises(APIError) as raised:
+            reader.read_completion(body)
+        assert raised.value.status == 502
