@@ -129,34 +129,18 @@ class ChunkReader:
         if sse.data.strip() == "[DONE]":
             self.done = True
             return []
-        try:
-            chunk = orjson.loads(sse.data)
-        except orjson.JSONDecodeError:
-            raise malformed(f"invalid JSON {sse.data[:80]!r}") from None
-        if sse.event == "error" or (isinstance(chunk, dict) and "error" in chunk):
-            raise upstream_error(chunk)
-        if not isinstance(chunk, dict):
-            raise malformed("a chunk is not a JSON object")
+        chunk = self._payload(sse.data, "a chunk", error_event=sse.event == "error")
         events: list[Event] = []
         for choice in chunk.get("choices") or ():
             if isinstance(choice, dict):
                 events += self._choice(choice)
-        if isinstance(chunk.get("usage"), dict):
-            self.upstream_usage = _usage(chunk["usage"])
         return events
 
     def read_completion(self, body: bytes) -> list[Event]:
         """The events in a whole ``chat.completion`` (the answer to a request that
         did not stream): each choice's message read as one delta carrying all of it."""
         self.done = True
-        try:
-            completion = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            raise malformed(f"invalid JSON {body[:80]!r}") from None
-        if isinstance(completion, dict) and "error" in completion:
-            raise upstream_error(completion)
-        if not isinstance(completion, dict):
-            raise malformed("the completion is not a JSON object")
+        completion = self._payload(body, "the completion")
         events: list[Event] = []
         for choice in completion.get("choices") or ():
             if isinstance(choice, dict):
@@ -169,9 +153,22 @@ class ChunkReader:
                         if isinstance(call, dict)
                     ]  # fmt: skip
                 events += self._choice({**choice, "delta": delta}, whole=True)
-        if isinstance(completion.get("usage"), dict):
-            self.upstream_usage = _usage(completion["usage"])
         return events
+
+    def _payload(self, data: str | bytes, what: str, *, error_event: bool = False) -> Any:
+        """``data`` as a JSON object, its usage noted; the upstream's error (or what
+        makes it malformed) raised."""
+        try:
+            payload = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise malformed(f"invalid JSON {data[:80]!r}") from None
+        if error_event or (isinstance(payload, dict) and "error" in payload):
+            raise upstream_error(payload)
+        if not isinstance(payload, dict):
+            raise malformed(f"{what} is not a JSON object")
+        if isinstance(payload.get("usage"), dict):
+            self.upstream_usage = _usage(payload["usage"])
+        return payload
 
     def _choice(self, choice: dict[str, Any], *, whole: bool = False) -> list[Event]:
         index = choice.get("index", 0)
