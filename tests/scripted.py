@@ -12,6 +12,9 @@ from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Event, Finish, TextDelta, Usage
 from chatparity.protocol.request import ChatRequest
 
+# CHATPARITY settings that add the "scripted" backend kind.
+SCRIPTED = {"BACKEND_CLASSES": {"scripted": "tests.scripted.ScriptedBackend"}}
+
 
 class ScriptedBackend:
     """``options["script"]``: a list of text pieces, ``"<fail>"``, ``"<error>"`` or ``"<hang>"``."""

@@ -9,8 +9,8 @@ from django.test import override_settings
 from django.urls import reverse
 
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog, hash_key
+from tests.scripted import SCRIPTED
 
-SCRIPTED = {"BACKEND_CLASSES": {"scripted": "tests.scripted.ScriptedBackend"}}
 ACTION = "_selected_action"
 SECRET = "sk-upstream-secret-4242"
 

@@ -12,25 +12,8 @@ from django.test import TestCase, override_settings
 from chatparity import usage
 from chatparity.asgi import FastPath
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
-
-SCRIPTED = {"BACKEND_CLASSES": {"scripted": "tests.scripted.ScriptedBackend"}}
-
-
-def scope(method, path, headers=(), root_path=""):
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": root_path,
-        "headers": [(name.encode(), value.encode()) for name, value in headers],
-        "client": ("10.1.2.3", 50000),
-        "server": ("testserver", 80),
-    }
+from tests.asgi import http_scope
+from tests.scripted import SCRIPTED
 
 
 @override_settings(CHATPARITY=SCRIPTED)
@@ -58,7 +41,8 @@ class FastPathTests(TestCase):
         """The response start, its body, and the communicator (still running)."""
         headers = self.headers() if headers is None else headers
         communicator = ApplicationCommunicator(
-            self.application, scope(method, path, headers, root_path)
+            self.application,
+            http_scope(method, path, headers, root_path=root_path, client=("10.1.2.3", 50000)),
         )
         await communicator.send_input({"type": "http.request", "body": body})
         start = await communicator.receive_output(timeout=10)

@@ -15,26 +15,13 @@ from django.test import TransactionTestCase
 from chatparity.asgi import FastPath
 from chatparity.backends import local
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
+from tests.asgi import http_scope
+from tests.scripted import SCRIPTED
 
 
 def scope(plaintext):
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [
-            (b"authorization", f"Bearer {plaintext}".encode()),
-            (b"content-type", b"application/json"),
-        ],
-        "client": ("127.0.0.1", 50000),
-        "server": ("testserver", 80),
-    }
+    headers = [("authorization", f"Bearer {plaintext}"), ("content-type", "application/json")]
+    return http_scope("POST", "/v1/chat/completions", headers)
 
 
 def keep_test_connection(test):
@@ -86,8 +73,7 @@ class DisconnectTests(TransactionTestCase):
 
     async def test_hang_up_while_waiting_for_a_whole_answer_logs_a_cancelled_row(self):
         # A backend that hangs after its first piece: the client leaves mid-answer, always.
-        scripted = {"BACKEND_CLASSES": {"scripted": "tests.scripted.ScriptedBackend"}}
-        with self.settings(CHATPARITY=scripted):
+        with self.settings(CHATPARITY=SCRIPTED):
             _, plaintext = await sync_to_async(ApiKey.objects.create_key)("hang-up")
             backend = await Backend.objects.acreate(
                 name="hangs", kind="scripted", options={"script": ["Once", "<hang>"]}

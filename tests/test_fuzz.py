@@ -32,11 +32,11 @@ from schemathesis.python import asgi
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.errors import invalid_json
 from project.asgi import application
+from tests.scripted import SCRIPTED
 
-SCRIPTED = {"scripted": "tests.scripted.ScriptedBackend"}
 # Small limits, so that generated breaches of them stay small requests.
 FUZZ_SETTINGS = {
-    "BACKEND_CLASSES": SCRIPTED,
+    **SCRIPTED,
     "LOG_BODIES": True,  # the request log stores whatever JSON was sent
     "MAX_BODY_BYTES": 64 * 1024,
     "MAX_MESSAGES": 8,
@@ -240,7 +240,7 @@ INVALID_JSON = invalid_json().envelope()
 HI = [{"role": "user", "content": "Hi"}]
 
 
-@override_settings(CHATPARITY={"BACKEND_CLASSES": SCRIPTED, "LOG_BODIES": True})
+@override_settings(CHATPARITY={**SCRIPTED, "LOG_BODIES": True})
 class MalformedRequestTests(TestCase):
     @classmethod
     def setUpTestData(cls):

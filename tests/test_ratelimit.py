@@ -11,8 +11,7 @@ from django.test import TestCase, override_settings
 from chatparity import ratelimit
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.ratelimit import CacheCounters, RedisCounters
-
-SCRIPTED = {"BACKEND_CLASSES": {"scripted": "tests.scripted.ScriptedBackend"}}
+from tests.scripted import SCRIPTED
 
 
 async def save(instance, **fields):

@@ -9,8 +9,7 @@ from django.utils import timezone
 
 from chatparity import lookups, usage
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
-
-SCRIPTED = {"BACKEND_CLASSES": {"scripted": "tests.scripted.ScriptedBackend"}}
+from tests.scripted import SCRIPTED
 
 
 class ViewTestCase(TestCase):
