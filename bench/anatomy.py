@@ -134,7 +134,7 @@ SYNC = (
     ("asgi", "resolve", "FastPath: URL resolved (a path not seen before)"),
     ("lookups", "_load_grant", LOAD_GRANT),
     ("lookups", "_load_aliases", LOAD_ALIASES),
-    ("usage", "insert_rows", "usage.insert_rows (bulk_create in one transaction)"),
+    ("usage", "insert_rows", "usage.insert_rows (one executemany in one transaction)"),
     ("usage", "_mark_used", "usage._mark_used (last_used_at, once a minute per key)"),
 )
 

@@ -69,7 +69,7 @@ PRIORITY: tuple[tuple[str, str], ...] = (
         r"(close_old_connections|BaseDatabaseWrapper\._?close|DatabaseWrapper\.close) \(django/db",
     ),
     (
-        "DB: INSERT RequestLog batch (usage.insert_rows: bulk_create, BEGIN, COMMIT)",
+        "DB: INSERT RequestLog batch (usage.insert_rows: executemany, BEGIN, COMMIT)",
         r"insert_rows \(chatparity/usage\.py",
     ),
     (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
 import time
@@ -12,7 +13,8 @@ from typing import Any
 
 import orjson
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, OperationalError, transaction
+from django.db import DatabaseError, OperationalError, connection, transaction
+from django.db.models import Field
 from django.utils import timezone
 
 from . import tail
@@ -254,14 +256,31 @@ def _write(rows: list[RequestLog]) -> None:
 
 @reconnecting
 def insert_rows(rows: list[RequestLog]) -> None:
-    """Insert ``rows`` in one transaction."""
-    try:
-        with transaction.atomic():
-            RequestLog.objects.bulk_create(rows)
-    except DatabaseError:
-        for row in rows:  # as they were, for the next try
-            row.pk = None
-        raise
+    """Insert ``rows`` in one transaction, without reading their ids back.
+
+    Not ``bulk_create``: compiling its query costs twice the insert itself, and a
+    log row needs no id back. Each value is still prepared by its model field.
+    """
+    fields = _insert_fields()
+    values = [
+        [field.get_db_prep_save(field.pre_save(row, True), connection) for field in fields]
+        for row in rows
+    ]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.executemany(_insert_sql(connection.vendor), values)
+
+
+@functools.cache
+def _insert_fields() -> list[Field[Any, Any]]:
+    return [field for field in RequestLog._meta.concrete_fields if not field.primary_key]
+
+
+@functools.cache
+def _insert_sql(vendor: str) -> str:
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(field.column) for field in _insert_fields())
+    placeholders = ", ".join(["%s"] * len(_insert_fields()))
+    return f"INSERT INTO {quote(RequestLog._meta.db_table)} ({columns}) VALUES ({placeholders})"
 
 
 # A key's last_used_at is a day-to-day hint in the admin, not a record (the log

@@ -199,7 +199,7 @@ class PublishNeverBreaksARequestTests(TransactionTestCase):
             self.assertLogs("chatparity.tail", logging.ERROR),
         ):
             row = await record_usage(UsageRecord(request_id="req-2", api_key=self.key))
-        assert await RequestLog.objects.filter(pk=row.pk).aexists()
+        assert await RequestLog.objects.filter(request_id=row.request_id).aexists()
         await self.key.arefresh_from_db()
         assert self.key.last_used_at is not None
 
