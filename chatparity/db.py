@@ -9,9 +9,11 @@ worker's thread (one thread serves every call made through
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextvars
+from collections.abc import Callable, Coroutine
 from functools import wraps
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from django.db import DatabaseError, connection
 
@@ -35,3 +37,15 @@ def reconnecting(function: Callable[P, T]) -> Callable[P, T]:
         return function(*args, **kwargs)
 
     return wrapper
+
+
+def detached(coroutine: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """A task for database work that may outlive the request which starts it.
+
+    It runs in an empty context. Under Django's ASGI handler, a request's
+    ``sync_to_async`` calls go to a thread of the request's own, which is shut down
+    when the request ends: a task that inherited the request's context would then
+    get a new thread, and a new database connection, for every call. In an empty
+    context the calls go to asgiref's one shared thread, as on the fast path.
+    """
+    return asyncio.get_running_loop().create_task(coroutine, context=contextvars.Context())

@@ -20,7 +20,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 
 from .conf import app_settings
-from .db import reconnecting
+from .db import detached, reconnecting
 from .models import ApiKey, ModelAlias
 
 # Time as the cache sees it; tests move it forward.
@@ -102,7 +102,7 @@ async def _cached(name: str, load: Callable[..., Any], *args: Any) -> Any:
     loading = _loading.setdefault(loop, {})
     task = loading.get(name)
     if task is None:
-        task = loading[name] = loop.create_task(_load(name, load, *args))
+        task = loading[name] = detached(_load(name, load, *args))
         task.add_done_callback(lambda _: loading.pop(name, None))
     return await asyncio.shield(task)
 

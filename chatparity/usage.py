@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from . import tail
 from .conf import app_settings
-from .db import reconnecting
+from .db import detached, reconnecting
 from .models import ApiKey, ModelAlias, RequestLog
 from .protocol.completion import CompletionAccumulator
 from .protocol.errors import APIError
@@ -176,7 +176,7 @@ class LogWriter:
         written = asyncio.get_running_loop().create_future()
         self._pending.append((row, written))
         if self._flushing is None:
-            self._flushing = asyncio.create_task(self._flush())
+            self._flushing = detached(self._flush())
         # A caller cancelled while it waits leaves its row in the batch, written all
         # the same.
         await written

@@ -9,12 +9,15 @@ test backend, so a case costs milliseconds rather than a model's generation.
 Hand-written requests below cover what a schema cannot describe.
 """
 
+import asyncio
 import time
 from collections import Counter
 
 import orjson
 import pytest
 import schemathesis
+from asgiref.sync import sync_to_async
+from django.db import connections
 from django.test import TestCase, override_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -89,6 +92,10 @@ def api(transactional_db):
         with asgi.get_client(application, max_stream_events=100_000) as client:
             client.headers["Authorization"] = f"Bearer {plaintext}"
             yield schema, client
+    # With no request context on the client's event loop, the application's database
+    # calls ran in asgiref's shared thread: close its connection, which would keep
+    # PostgreSQL from dropping the test database.
+    asyncio.run(sync_to_async(connections.close_all)())
 
 
 def assert_openai_answer(response):

@@ -1,8 +1,10 @@
 """The per-worker cache of keys and aliases."""
 
 import asyncio
+import threading
 from unittest import mock
 
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.test import TestCase
 
 from chatparity import lookups
@@ -63,3 +65,22 @@ class LookupTests(TestCase):
         lookups.forget()  # as a save during the load does
         assert (await loading).key.pk == self.key.pk  # the waiting request is served
         assert hashed not in lookups._entries  # but the next one reads again
+
+
+def test_a_shared_load_runs_in_the_workers_database_thread():
+    # Not in the thread of the request that started it: Django's ASGI handler shuts
+    # that thread down when the request ends, while others may still wait for the load.
+    threads = []
+
+    def load():
+        threads.append(threading.get_ident())
+        return lookups.Aliases({})
+
+    async def a_request_under_djangos_handler():
+        async with ThreadSensitiveContext():
+            await lookups.aliases()
+        return await sync_to_async(threading.get_ident)()
+
+    with mock.patch.object(lookups, "_load_aliases", load):
+        shared = asyncio.run(a_request_under_djangos_handler())
+    assert threads == [shared]

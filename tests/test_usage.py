@@ -1,9 +1,11 @@
 """What one request's log row holds."""
 
 import asyncio
+import threading
 from unittest import mock
 
 import pytest
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.db import IntegrityError
 from django.test import TestCase
 
@@ -84,3 +86,28 @@ class LogWriterTests(TestCase):
         flushing = writer._flushing
         await flushing  # the batch it joined is written all the same
         assert await RequestLog.objects.filter(request_id="left").aexists()
+
+
+def test_a_batch_outliving_the_request_that_started_it_stays_in_one_thread():
+    # Django's ASGI handler runs each request's database calls in a thread of the
+    # request's own, shut down when it ends. A batch still open then must go on in the
+    # worker's shared database thread, not get a new thread (and connection) per write.
+    threads = []
+
+    def write(rows):
+        threads.append(threading.get_ident())
+
+    async def requests_under_djangos_handler():
+        writer = usage.LogWriter()
+        async with ThreadSensitiveContext():  # the first request
+            started = asyncio.ensure_future(writer.write(RequestLog(request_id="started")))
+            await asyncio.sleep(0)
+        # It has ended; its batch still waits for rows to join.
+        await asyncio.gather(started, writer.write(RequestLog(request_id="joined")))
+        async with ThreadSensitiveContext():  # a later request, a new batch
+            await writer.write(RequestLog(request_id="later"))
+        return await sync_to_async(threading.get_ident)()
+
+    with mock.patch.object(usage, "_write", write):
+        shared = asyncio.run(requests_under_djangos_handler())
+    assert threads == [shared, shared]
