@@ -2,6 +2,7 @@
 
 import asyncio
 import threading
+from decimal import Decimal
 from unittest import mock
 
 import pytest
@@ -11,6 +12,7 @@ from django.test import TestCase
 
 from chatparity import usage
 from chatparity.models import ApiKey, RequestLog
+from chatparity.protocol.events import Usage
 from chatparity.usage import UsageRecord
 
 
@@ -77,6 +79,28 @@ class LogWriterTests(TestCase):
         assert results[0] is None
         assert isinstance(results[1], IntegrityError)
         assert [row.request_id async for row in RequestLog.objects.all()] == ["good"]
+
+    def test_every_field_reads_back_as_it_was_recorded(self):
+        record = UsageRecord(
+            request_id="req-1", api_key=self.key, client_ip="2001:db8::1", user_agent="sdk/1.0"
+        )
+        record.completion_id, record.alias, record.backend = "chatcmpl-1", "smollm2", "local"
+        record.upstream_model, record.stream, record.n = "SmolLM2-135M", True, 2
+        record.finish_reasons, record.cancelled = {1: "length", 0: "stop"}, True
+        record.usage = Usage(prompt_tokens=7, completion_tokens=5, cached_tokens=3)
+        record.first_token_at = record.started + 0.25
+        record.request_body = {"model": "smollm2", "messages": [{"content": "é"}]}
+        row = record.row()
+        row.cost, row.response_body = Decimal("0.00001234"), '{"id": "chatcmpl-1"}'
+        row.request_body = record.request_body  # logged with LOG_BODIES on
+        usage.insert_rows([row])
+        stored = RequestLog.objects.get()
+        fields = [field.attname for field in RequestLog._meta.concrete_fields if field.name != "id"]
+        assert {name: getattr(stored, name) for name in fields} == {
+            name: getattr(row, name) for name in fields
+        }
+        assert stored.finish_reasons == ["stop", "length"]
+        assert stored.created_at is not None
 
     async def test_a_row_whose_writer_was_cancelled_is_still_written(self):
         writer = usage.LogWriter()
