@@ -50,6 +50,17 @@ DEFAULTS: dict[str, Any] = {
     # 1 Mi characters is already far beyond any local model's context, and the
     # lower cap rejects such a message before it is tokenized.
     "MAX_CONTENT_CHARS": 1024 * 1024,
+    # Fernet keys encrypting Backend.secret at rest: the first encrypts, all
+    # decrypt. Empty: derived from SECRET_KEY and SECRET_KEY_FALLBACKS.
+    "SECRET_KEYS": [],
+    # The programs a "command" backend may run, by name: only whoever deploys
+    # the settings decides what runs; a Backend row names one of these.
+    "COMMANDS": {},
+    # Most choices (n) per request by backend kind, unless an alias sets max_n.
+    # Kinds not listed: 1.
+    "MAX_N": {"local": 4, "command": 2, "openai": 8},
+    # Seconds a client has to send the whole request body (else 408).
+    "BODY_TIMEOUT": 30.0,
 }
 
 

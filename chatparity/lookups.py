@@ -33,7 +33,8 @@ MAX_KEYS = 10_000
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """An active key and the aliases it may use (None: all of them)."""
+    """An active key and the aliases it may use (None: all of them, by its
+    ``all_aliases`` flag; an empty set: none)."""
 
     key: ApiKey
     allowed: frozenset[int] | None
@@ -122,8 +123,9 @@ def _load_grant(hashed_key: str) -> Grant | None:
     key = ApiKey.objects.filter(hashed_key=hashed_key, is_active=True).first()
     if key is None:
         return None
-    allowed = frozenset(key.allowed_aliases.values_list("pk", flat=True))
-    return Grant(key, allowed or None)
+    if key.all_aliases:
+        return Grant(key, None)
+    return Grant(key, frozenset(key.allowed_aliases.values_list("pk", flat=True)))
 
 
 @reconnecting

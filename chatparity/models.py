@@ -12,6 +12,7 @@ from django.db.models.functions import Lower
 from django.utils import timezone
 
 from .conf import app_settings
+from .encryption import EncryptedTextField
 
 
 class BudgetPeriod(models.TextChoices):
@@ -47,11 +48,15 @@ class ApiKey(models.Model):
     )
     is_active = models.BooleanField(default=True)
     expires_at = models.DateTimeField(null=True, blank=True)
+    all_aliases = models.BooleanField(
+        default=True,
+        help_text="May use every alias, present and future. Off: only the aliases selected.",
+    )
     allowed_aliases: models.ManyToManyField[ModelAlias, Any] = models.ManyToManyField(
         "ModelAlias",
         blank=True,
         related_name="api_keys",
-        help_text="Aliases this key may use; none selected means all.",
+        help_text="Aliases this key may use when 'all aliases' is off; none selected means none.",
     )
     requests_per_minute = _limit("Blank: no limit.")
     tokens_per_minute = _limit("Prompt + completion tokens. Blank: no limit.")
@@ -103,7 +108,7 @@ class Backend(models.Model):
     name = models.CharField(max_length=100, unique=True)
     kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.LOCAL)
     base_url = models.URLField(blank=True)
-    secret = models.CharField(max_length=500, blank=True)
+    secret = EncryptedTextField(blank=True, help_text="Encrypted at rest; never shown.")
     options = models.JSONField(default=dict, blank=True)
     timeout = models.FloatField(default=600.0, help_text="Seconds.")
     enabled = models.BooleanField(default=True)
@@ -127,6 +132,18 @@ class ModelAlias(models.Model):
         blank=True,
         help_text="Public ids of aliases to try in order when this one's backend is"
         " unreachable before answering.",
+    )
+    max_n = models.PositiveSmallIntegerField(
+        null=True,
+        blank=True,
+        help_text="Most choices (n) one request may ask for."
+        ' Blank: CHATPARITY["MAX_N"] for the backend\'s kind.',
+    )
+    forwarded_params = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Request parameters passed to an upstream beyond the sampling and format"
+        " ones, e.g. service_tier, store, metadata, web_search_options. Others are dropped.",
     )
     enabled = models.BooleanField(default=True)
     listed = models.BooleanField(default=True, help_text="Shown in /v1/models.")
