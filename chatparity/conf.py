@@ -7,9 +7,11 @@ app_settings.LOG_BODIES``. Values are looked up on every access, so
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 from django.conf import settings
+
+T = TypeVar("T")
 
 DEFAULTS: dict[str, Any] = {
     # Backend kind -> dotted path of the class that serves it.
@@ -64,19 +66,47 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-class AppSettings:
-    """Attribute access to ``settings.CHATPARITY`` over :data:`DEFAULTS`."""
+def _value(name: str) -> Any:
+    user = getattr(settings, "CHATPARITY", {})
+    if not isinstance(user, dict):  # reported by check chatparity.E001
+        user = {}
+    default = DEFAULTS[name]
+    value = user.get(name, default)
+    if isinstance(default, dict) and isinstance(value, dict):
+        return {**default, **value}
+    return value
 
-    def __getattr__(self, name: str) -> Any:
-        if name not in DEFAULTS:
-            raise AttributeError(f"Unknown chatparity setting: {name}")
-        user = getattr(settings, "CHATPARITY", {})
-        if not isinstance(user, dict):  # reported by check chatparity.E001
-            user = {}
-        value = user.get(name, DEFAULTS[name])
-        if isinstance(DEFAULTS[name], dict) and isinstance(value, dict):
-            return {**DEFAULTS[name], **value}
-        return value
+
+class Setting(Generic[T]):
+    """One key of ``CHATPARITY``, typed: the site's value, else :data:`DEFAULTS`
+    (a dict the site gives is merged over the default dict)."""
+
+    name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: object, owner: type | None = None) -> T:
+        return cast(T, _value(self.name))
+
+
+class AppSettings:
+    """Typed attribute access to ``settings.CHATPARITY`` over :data:`DEFAULTS`."""
+
+    BACKEND_CLASSES: Setting[dict[str, str]] = Setting()
+    LOCAL_MODEL: Setting[dict[str, Any]] = Setting()
+    KEY_PREFIX: Setting[str] = Setting()
+    REDIS_URL: Setting[str | None] = Setting()
+    CACHE_SECONDS: Setting[float] = Setting()
+    LOG_BODIES: Setting[bool] = Setting()
+    SYSTEM_FINGERPRINT: Setting[str | None] = Setting()
+    MAX_BODY_BYTES: Setting[int] = Setting()
+    MAX_MESSAGES: Setting[int] = Setting()
+    MAX_CONTENT_CHARS: Setting[int] = Setting()
+    SECRET_KEYS: Setting[list[str]] = Setting()
+    COMMANDS: Setting[dict[str, dict[str, Any]]] = Setting()
+    MAX_N: Setting[dict[str, int]] = Setting()
+    BODY_TIMEOUT: Setting[float] = Setting()
 
 
 app_settings = AppSettings()
