@@ -13,12 +13,12 @@ def test_every_default_has_a_typed_attribute():
 
 def test_unset_settings_read_their_default():
     with override_settings(CHATPARITY={}):
-        assert app_settings.CACHE_SECONDS == DEFAULTS["CACHE_SECONDS"]
+        assert DEFAULTS["CACHE_SECONDS"] == app_settings.CACHE_SECONDS
 
 
 def test_a_dict_setting_is_merged_over_its_default():
     with override_settings(CHATPARITY={"MAX_N": {"openai": 16}}):
-        assert app_settings.MAX_N == {**DEFAULTS["MAX_N"], "openai": 16}
+        assert {**DEFAULTS["MAX_N"], "openai": 16} == app_settings.MAX_N
 
 
 def test_site_values_are_read_on_every_access():
