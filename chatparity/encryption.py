@@ -32,7 +32,10 @@ def _derived(secret: str) -> bytes:
 
 
 def _key_material() -> tuple[bytes, ...]:
-    configured = app_settings.SECRET_KEYS
+    configured: Any = app_settings.SECRET_KEYS
+    if isinstance(configured, str | bytes):
+        # A lone key would otherwise be read as a list of one-character keys.
+        raise ImproperlyConfigured('CHATPARITY["SECRET_KEYS"] must be a list of keys, not one key')
     if configured:
         return tuple(k.encode() if isinstance(k, str) else bytes(k) for k in configured)
     django_keys = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]
@@ -45,17 +48,28 @@ def _fernet(material: tuple[bytes, ...]) -> MultiFernet:
         return MultiFernet([Fernet(key) for key in material])
     except (ValueError, TypeError) as exc:
         raise ImproperlyConfigured(
-            'CHATPARITY["SECRET_KEYS"] must list Fernet keys'
-            " (Fernet.generate_key().decode())"
+            'CHATPARITY["SECRET_KEYS"] must list Fernet keys (Fernet.generate_key().decode())'
         ) from exc
 
 
 def fernet() -> MultiFernet:
-    """The keys in force now (read on each call, so ``override_settings`` works)."""
+    """The keys in force now (read on each call, so ``override_settings`` works).
+
+    Raises ImproperlyConfigured when ``SECRET_KEYS`` holds something else than Fernet keys.
+    """
     return _fernet(_key_material())
 
 
+def _undecryptable() -> ImproperlyConfigured:
+    return ImproperlyConfigured(
+        "A backend secret cannot be decrypted with the configured keys: keep the"
+        ' old key in CHATPARITY["SECRET_KEYS"] (or SECRET_KEY_FALLBACKS) until'
+        " chatparity_rotate_secrets has run."
+    )
+
+
 def encrypt(plaintext: str) -> str:
+    """``plaintext`` as stored: a prefixed Fernet token under the first key ("" stays "")."""
     if not plaintext:
         return ""
     return PREFIX + fernet().encrypt(plaintext.encode()).decode()
@@ -68,11 +82,7 @@ def decrypt(stored: str) -> str:
     try:
         return fernet().decrypt(stored[len(PREFIX) :].encode()).decode()
     except InvalidToken:
-        raise ImproperlyConfigured(
-            "A backend secret cannot be decrypted with the configured keys: keep the"
-            ' old key in CHATPARITY["SECRET_KEYS"] (or SECRET_KEY_FALLBACKS) until'
-            " chatparity_rotate_secrets has run."
-        ) from None
+        raise _undecryptable() from None
 
 
 def rotate(stored: str) -> str:
@@ -81,13 +91,22 @@ def rotate(stored: str) -> str:
         return ""
     if not stored.startswith(PREFIX):
         return encrypt(stored)
-    return PREFIX + fernet().rotate(stored[len(PREFIX) :].encode()).decode()
+    try:
+        return PREFIX + fernet().rotate(stored[len(PREFIX) :].encode()).decode()
+    except InvalidToken:
+        raise _undecryptable() from None
+
+
+def stored(field: str) -> models.ExpressionWrapper:  # type: ignore[type-arg]
+    """The column of an encrypted ``field`` as stored, for queries that must not decrypt:
+    ``Backend.objects.annotate(token=stored("secret"))``."""
+    return models.ExpressionWrapper(models.F(field), output_field=models.TextField())
 
 
 class EncryptedTextField(models.TextField):  # type: ignore[type-arg]
     """A text column holding a Fernet token; Python code only sees the plaintext.
 
-    It cannot be filtered on (each encryption of one value differs).
+    It cannot be filtered on (each encryption of one value differs), except for "".
     """
 
     def from_db_value(self, value: str | None, expression: Any, connection: Any) -> str | None:
