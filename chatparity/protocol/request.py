@@ -86,6 +86,9 @@ class ChatRequest:
     reasoning_effort: str | None = None
     service_tier: str | None = None
     user: str | None = None
+    # Not the client's: what the serving alias lets an upstream receive beyond the
+    # sampling and format parameters (ModelAlias.forwarded_params).
+    forwarded_params: frozenset[str] = frozenset()
 
 
 # Deeper JSON is refused as unparseable, like JSON nested past the parser's own limit:
