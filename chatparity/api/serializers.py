@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from copy import copy
 from typing import Any
 
 from django.db.models import QuerySet
@@ -112,6 +113,14 @@ class BackendSerializer(serializers.ModelSerializer[Backend]):
 
     def get_has_secret(self, backend: Backend) -> bool:
         return bool(backend.secret)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """``Backend.clean()``, which DRF does not call (a command backend's options)."""
+        backend = copy(self.instance) if self.instance is not None else Backend()
+        for name, value in attrs.items():
+            setattr(backend, name, value)
+        backend.clean()
+        return attrs
 
 
 class RequestLogSerializer(serializers.ModelSerializer[RequestLog]):

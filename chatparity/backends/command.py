@@ -1,40 +1,77 @@
-"""The command backend: a command-line program as a model.
+"""The command backend: a program declared in settings, run as a model.
 
-Each choice of a request runs the configured program once, without a shell and
-in a process group of its own; what it writes to stdout is the answer, relayed
-as it arrives. ``Backend.options``:
+Which programs may run is decided by whoever deploys the settings, never by a
+database row: ``CHATPARITY["COMMANDS"]`` declares each program by name, and a
+Backend row of kind ``command`` names one and sets only what a row may. Each
+choice of a request runs the program once, without a shell and in a process
+group of its own; what it writes to stdout is the answer, relayed as it
+arrives.
+
+A declaration, ``CHATPARITY["COMMANDS"][name]``:
 
 ``argv`` (required)
-    The command as a list of strings, e.g. ``["llm", "-m", "{model}", "-n"]``.
+    The command as a list of strings, e.g. ``["llm", "-m", "{model}", "--no-log"]``.
     Arguments after the program may hold ``{name}`` placeholders (str.format
     syntax, plain names only; ``{{`` and ``}}`` are literal braces):
     ``{prompt}`` the conversation as text, ``{system}`` the system and developer
-    messages, ``{model}`` the alias's model, or a scalar request parameter such
-    as ``{reasoning_effort}``, ``{temperature}``, ``{max_tokens}``, ``{seed}``.
-    A value comes from the request (the alias's ``default_params`` included),
-    else from ``defaults``; a placeholder still without one is a 400
-    ``invalid_request_error`` before anything runs. An argument made of one
-    placeholder only may not receive a value starting with ``-`` (the program
-    would read it as an option) unless a ``--`` argument comes before it.
+    messages, ``{model}`` the alias's model, a scalar request parameter such
+    as ``{reasoning_effort}``, ``{temperature}``, ``{max_tokens}``, ``{seed}``
+    (the alias's ``default_params`` count as sent), or any other name given a
+    value in ``defaults`` (which a client cannot set). A placeholder still
+    without a value is a 400 ``missing_required_parameter`` before anything runs.
+``defaults``
+    Placeholder values used when the request gives none, e.g.
+    ``{"reasoning_effort": "medium", "system": ""}``.
+``env``
+    Variables set in the program's environment, e.g. ``{"LLM_USER_PATH": "/var/lib/llm"}``.
+``pass_env``
+    Names of variables copied from the server's environment when set there,
+    e.g. ``["HTTPS_PROXY"]``.
+``secret_env``
+    The variable that receives the backend's ``secret`` (e.g. ``OPENAI_API_KEY``);
+    the secret never goes on the command line.
+``max_seconds``
+    The longest any request may run, whatever a backend sets (default: no cap).
 ``prompt_via``
     ``"stdin"`` (the prompt is written to stdin, which is then closed) or
     ``"argument"`` (stdin is empty). Default: ``"argument"`` when an argument
     uses ``{prompt}``, else ``"stdin"``.
-``defaults``
-    Placeholder values used when the request gives none, e.g.
-    ``{"reasoning_effort": "medium", "system": ""}``.
-``max_seconds``
-    The longest a request may run (default: the backend's ``timeout``). Past
-    it the process group is killed and the request fails with 504
-    ``timeout_error`` / ``request_timeout``.
-``secret_env``
-    The environment variable that receives the backend's ``secret`` (e.g.
-    ``OPENAI_API_KEY``); the secret never goes on the command line.
-``env``
-    Extra environment variables for the program, over the server's own.
 ``trim``
     Drop whitespace at the very end of the output (default ``true``): most
     programs end with a newline that is not part of the answer.
+
+A Backend row's ``options``:
+
+``command`` (required)
+    The name of a declaration.
+``defaults``
+    Values for placeholders of the declaration's ``argv``, over its own ``defaults``.
+``max_seconds``
+    The longest a request may run (default: the row's ``timeout``); never more
+    than the declaration's ``max_seconds``. Past it the process group is killed
+    and the request fails with 504 ``timeout_error`` / ``request_timeout``.
+``trim``
+    Overrides the declaration's ``trim``.
+
+Nothing else: the program, its arguments and its environment come from the
+settings only. A row naming an undeclared program or setting anything else is
+refused when saved (``Backend.clean()``: the admin and the management API);
+one written to the database some other way fails when the backend is built
+(the client gets a generic 500, the server log the reason), and runs nothing.
+
+The program's environment is PATH, HOME and LANG (the server's, else
+``os.defpath``, the user's home directory and ``C.UTF-8``), then ``pass_env``,
+``env`` and the secret; never the rest of the server's environment
+(``SECRET_KEY``, ``DATABASE_URL``, ...).
+
+Every value that goes into an argument is checked before anything runs, and
+refused with a 400 ``invalid_value`` (``param``: ``messages`` for the prompt
+and the system text, else the placeholder's name) when it holds a control
+character (NUL, any other C0 character but tab, newline and carriage return,
+or DEL), or when it would put a ``-`` at the start of an argument that comes
+before any ``--`` argument (the program would read it as an option), negative
+numbers included: a template that takes them writes ``--flag={name}`` or puts
+the placeholder after ``--``.
 
 The prompt: system and developer messages come first (unless ``{system}``
 takes them), then the conversation in order, each message as ``Role: text``
@@ -49,8 +86,9 @@ the deltas' ``tokens`` add up to. ``max_tokens`` cuts the text at
 unsent (finish ``stop``); either way the program is killed at once.
 
 Failures: a program that cannot start is a 500 ``spawn_error``; a non-zero
-exit is a 500 ``command_failed`` naming the status and the last line of
-stderr. Both come before the first event when nothing was sent yet.
+exit is a 500 ``command_failed`` naming the exit status. Both come before the
+first event when nothing was sent yet. What the program writes to stderr is
+logged (a warning naming the backend) when it fails, and never sent to the client.
 """
 
 from __future__ import annotations
@@ -60,6 +98,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -68,8 +107,9 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeGuard
 
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 
+from ..conf import app_settings
 from ..protocol.errors import APIError
 from ..protocol.events import Event, Finish, TextDelta, Usage
 from ..protocol.request import ChatRequest, Message
@@ -84,7 +124,6 @@ _GRACE = 2.0  # seconds from SIGTERM to SIGKILL
 _POLL = 0.1  # seconds between checks of whether a program's leader process exited
 _QUEUE = 64  # events buffered ahead of the client; beyond it the programs wait
 _STDERR_TAIL = 4096
-_MESSAGE_LIMIT = 300
 
 _BUILTINS = frozenset({"prompt", "system", "model"})
 # Request parameters whose (scalar) value a placeholder may take.
@@ -107,8 +146,13 @@ _PARAMETERS = frozenset(
         "verbosity",
     }
 )
-_OPTIONS = frozenset({"argv", "prompt_via", "defaults", "max_seconds", "secret_env", "env", "trim"})
-_NUMBER = re.compile(r"-\d+(\.\d+)?([eE][-+]?\d+)?")
+_DECLARATION_KEYS = frozenset(
+    {"argv", "defaults", "env", "pass_env", "secret_env", "max_seconds", "prompt_via", "trim"}
+)
+_ROW_KEYS = frozenset({"command", "defaults", "max_seconds", "trim"})
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# C0 controls but tab, newline and carriage return (normal in prompts), and DEL.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _LABELS = {
     "system": "System",
     "developer": "System",
@@ -120,120 +164,244 @@ _LABELS = {
 _SYSTEM_ROLES = ("system", "developer")
 
 Scalar = str | int | float | bool
+Template = tuple[tuple[str, str | None], ...]
+"""One argument as (literal text, placeholder name or None) pieces, braces unescaped."""
 
 
-# -- options -----------------------------------------------------------------
+# -- declarations and options ------------------------------------------------
+
+
+class CommandConfigError(ValueError):
+    """A declaration in ``CHATPARITY["COMMANDS"]``, or a backend's options, is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class Declaration:
+    """A program declared in ``CHATPARITY["COMMANDS"]``, checked."""
+
+    name: str
+    argv: tuple[str, ...]
+    templates: tuple[Template, ...]
+    """``argv[1:]`` parsed."""
+    guarded: tuple[bool, ...]
+    """For each of ``argv[1:]``: whether it comes before any ``--`` argument."""
+    fields: frozenset[str]
+    """Every placeholder name the arguments use."""
+    prompt_via: Literal["stdin", "argument"]
+    defaults: Mapping[str, str]
+    env: Mapping[str, str]
+    pass_env: tuple[str, ...]
+    secret_env: str | None
+    max_seconds: float | None
+    trim: bool
+
+    def environment(self, secret: str = "") -> dict[str, str]:
+        """The program's whole environment: nothing of the server's but what is named."""
+        environment = {
+            "PATH": os.environ.get("PATH", os.defpath),
+            "HOME": os.environ.get("HOME", os.path.expanduser("~")),
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+        }
+        environment.update((name, os.environ[name]) for name in self.pass_env if name in os.environ)
+        environment.update(self.env)
+        if secret and self.secret_env:
+            environment[self.secret_env] = secret
+        return environment
 
 
 @dataclass(frozen=True, slots=True)
 class CommandOptions:
-    """A command backend's options, checked."""
+    """A command backend's program, as declared, with what its row sets."""
 
-    argv: tuple[str, ...]
-    fields: frozenset[str]
-    """Every placeholder name the arguments use."""
-    guarded: frozenset[int]
-    """Arguments made of one placeholder, before any ``--``: no value may start with ``-``."""
-    prompt_via: Literal["stdin", "argument"]
+    declaration: Declaration
     defaults: Mapping[str, str]
+    """The declaration's defaults, the row's over them."""
     max_seconds: float
-    secret_env: str | None
-    env: Mapping[str, str]
     trim: bool
 
 
-def parse_options(config: BackendConfig) -> CommandOptions:
-    """Check ``config.options``; raise ImproperlyConfigured naming what is wrong."""
-    options = config.options
-    unknown = sorted(options.keys() - _OPTIONS)
+def parse_declaration(name: object, declaration: object) -> Declaration:
+    """Check one entry of ``CHATPARITY["COMMANDS"]``; raise CommandConfigError naming
+    what is wrong."""
+    where = f"CHATPARITY['COMMANDS'][{name!r}]"
+    if not isinstance(name, str) or not name:
+        raise CommandConfigError(f"{where}: a program's name must be a non-empty string")
+    if not isinstance(declaration, dict):
+        raise CommandConfigError(f"{where} must be a dict")
+    unknown = sorted(declaration.keys() - _DECLARATION_KEYS)
     if unknown:
-        raise _misconfigured(f"unknown option(s) {', '.join(unknown)}")
-    argv = options.get("argv")
+        raise CommandConfigError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}")
+    argv = declaration.get("argv")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-        raise _misconfigured("'argv' must be a non-empty list of strings")
-    if _placeholders(argv[0]):
-        raise _misconfigured("the program, argv[0], cannot hold a placeholder")
-    defaults = options.get("defaults", {})
-    if not isinstance(defaults, dict) or not all(
-        isinstance(value, Scalar) for value in defaults.values()
-    ):
-        raise _misconfigured("'defaults' must map names to strings, numbers or booleans")
-    fields = frozenset(name for arg in argv[1:] for name in _placeholders(arg))
+        raise CommandConfigError(f"{where}: 'argv' must be a non-empty list of strings")
+    if not argv[0] or _template(where, argv[0]) != ((argv[0], None),):
+        raise CommandConfigError(f"{where}: the program, argv[0], must be a plain non-empty string")
+    templates = tuple(_template(where, arg) for arg in argv[1:])
+    defaults = _defaults(where, declaration.get("defaults", {}))
+    fields = frozenset(name for pieces in templates for _, name in pieces if name is not None)
     unknown = sorted(fields - _BUILTINS - _PARAMETERS - defaults.keys())
     if unknown:
-        raise _misconfigured(
-            f"unknown placeholder(s) {', '.join(unknown)}: use prompt, system, model,"
+        raise CommandConfigError(
+            f"{where}: unknown placeholder(s) {', '.join(unknown)}: use prompt, system, model,"
             " a request parameter, or give the name a value in 'defaults'"
         )
-    prompt_via = options.get("prompt_via", "argument" if "prompt" in fields else "stdin")
+    prompt_via = declaration.get("prompt_via", "argument" if "prompt" in fields else "stdin")
     if prompt_via not in ("stdin", "argument"):
-        raise _misconfigured("'prompt_via' must be 'stdin' or 'argument'")
+        raise CommandConfigError(f"{where}: 'prompt_via' must be 'stdin' or 'argument'")
     if prompt_via == "argument" and "prompt" not in fields:
-        raise _misconfigured("'prompt_via' is 'argument' but no argument uses {prompt}")
-    max_seconds = options.get("max_seconds", config.timeout)
-    if not _is_number(max_seconds) or max_seconds <= 0:
-        raise _misconfigured("'max_seconds' must be a positive number")
-    secret_env = options.get("secret_env")
-    if secret_env is not None and not (isinstance(secret_env, str) and secret_env.isidentifier()):
-        raise _misconfigured("'secret_env' must be an environment variable name")
-    env = options.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-        raise _misconfigured("'env' must map names to strings")
-    trim = options.get("trim", True)
+        raise CommandConfigError(
+            f"{where}: 'prompt_via' is 'argument' but no argument uses {{prompt}}"
+        )
+    env = declaration.get("env", {})
+    if not isinstance(env, dict) or not all(
+        _is_variable(name) and isinstance(value, str) and "\0" not in value
+        for name, value in env.items()
+    ):
+        raise CommandConfigError(f"{where}: 'env' must map variable names to strings")
+    pass_env = declaration.get("pass_env", [])
+    if not isinstance(pass_env, list) or not all(_is_variable(name) for name in pass_env):
+        raise CommandConfigError(f"{where}: 'pass_env' must be a list of variable names")
+    secret_env = declaration.get("secret_env")
+    if secret_env is not None and not _is_variable(secret_env):
+        raise CommandConfigError(f"{where}: 'secret_env' must be a variable name")
+    max_seconds = declaration.get("max_seconds")
+    if max_seconds is not None and not _is_positive(max_seconds):
+        raise CommandConfigError(f"{where}: 'max_seconds' must be a positive number")
+    trim = declaration.get("trim", True)
     if not isinstance(trim, bool):
-        raise _misconfigured("'trim' must be true or false")
-    return CommandOptions(
+        raise CommandConfigError(f"{where}: 'trim' must be true or false")
+    return Declaration(
+        name=name,
         argv=tuple(argv),
+        templates=templates,
+        guarded=_guarded(argv[1:]),
         fields=fields,
-        guarded=frozenset(_guarded(argv)),
         prompt_via=prompt_via,
-        defaults={name: _text(value) for name, value in defaults.items()},
-        max_seconds=float(max_seconds),
-        secret_env=secret_env,
+        defaults=defaults,
         env=dict(env),
+        pass_env=tuple(pass_env),
+        secret_env=secret_env,
+        max_seconds=None if max_seconds is None else float(max_seconds),
         trim=trim,
     )
 
 
-def _misconfigured(problem: str) -> ImproperlyConfigured:
-    return ImproperlyConfigured(f"command backend: {problem}.")
+def declared(name: str) -> Declaration:
+    """The program ``CHATPARITY["COMMANDS"]`` declares as ``name``, checked."""
+    commands = app_settings.COMMANDS
+    if not isinstance(commands, dict) or name not in commands:
+        names = ", ".join(sorted(map(str, commands))) if isinstance(commands, dict) else ""
+        raise CommandConfigError(
+            f"no program {name!r} is declared in CHATPARITY['COMMANDS']"
+            f" (declared: {names or 'none'})"
+        )
+    return parse_declaration(name, commands[name])
 
 
-def _placeholders(arg: str) -> list[str]:
-    """The names of ``arg``'s ``{name}`` fields; anything fancier is refused."""
+def resolve_options(options: object, timeout: float = math.inf) -> CommandOptions:
+    """A Backend row's ``options`` on its declaration; raise CommandConfigError naming
+    what is wrong. ``timeout`` is the row's, the default of ``max_seconds``."""
+    if not isinstance(options, dict):
+        raise CommandConfigError("options must be an object")
+    name = options.get("command")
+    if not isinstance(name, str) or not name:
+        raise CommandConfigError("'command' must name a program declared in CHATPARITY['COMMANDS']")
+    unknown = sorted(options.keys() - _ROW_KEYS)
+    if unknown:
+        raise CommandConfigError(
+            f"option(s) {', '.join(map(str, unknown))} cannot be set on a backend: the program,"
+            " its arguments and its environment are declared in CHATPARITY['COMMANDS'];"
+            " a backend sets only command, defaults, max_seconds and trim"
+        )
+    declaration = declared(name)
+    defaults = _defaults("'defaults'", options.get("defaults", {}))
+    unused = sorted(defaults.keys() - declaration.fields)
+    if unused:
+        raise CommandConfigError(
+            f"'defaults': {', '.join(unused)} is not a placeholder of {name!r}"
+            f" (its placeholders: {', '.join(sorted(declaration.fields)) or 'none'})"
+        )
+    cap = declaration.max_seconds
+    max_seconds = options.get("max_seconds")
+    if max_seconds is not None and not _is_positive(max_seconds):
+        raise CommandConfigError("'max_seconds' must be a positive number")
+    if max_seconds is not None and cap is not None and max_seconds > cap:
+        raise CommandConfigError(f"'max_seconds' cannot exceed {cap:g}, the most {name!r} may run")
+    limit = min(timeout if max_seconds is None else max_seconds, math.inf if cap is None else cap)
+    if not limit > 0:
+        raise CommandConfigError("the backend's timeout must be a positive number of seconds")
+    trim = options.get("trim", declaration.trim)
+    if not isinstance(trim, bool):
+        raise CommandConfigError("'trim' must be true or false")
+    return CommandOptions(
+        declaration=declaration,
+        defaults={**declaration.defaults, **defaults},
+        max_seconds=float(limit),
+        trim=trim,
+    )
+
+
+def parse_options(config: BackendConfig) -> CommandOptions:
+    """``config``'s options resolved; raise ImproperlyConfigured naming what is wrong."""
+    try:
+        return resolve_options(config.options, config.timeout)
+    except CommandConfigError as exc:
+        raise ImproperlyConfigured(f"command backend {config.name!r}: {exc}.") from None
+
+
+def validate_options(options: object) -> None:
+    """Raise ValidationError unless ``options`` name a declared program and set only
+    what a Backend row may (see the module docstring)."""
+    try:
+        resolve_options(options)
+    except CommandConfigError as exc:
+        raise ValidationError(f"{exc}.", code="invalid") from None
+
+
+def _template(where: str, arg: str) -> Template:
+    """``arg``'s pieces; anything fancier than a plain ``{name}`` is refused."""
     try:
         parsed = list(string.Formatter().parse(arg))
     except ValueError as exc:
-        raise _misconfigured(f"argument {arg!r}: {exc}") from None
-    names = []
-    for _, name, spec, conversion in parsed:
-        if name is None:
-            continue
-        if not name.isidentifier() or spec or conversion:
-            raise _misconfigured(
-                f"argument {arg!r}: only plain {{name}} placeholders are allowed"
+        raise CommandConfigError(f"{where}: argument {arg!r}: {exc}") from None
+    pieces = []
+    for literal, name, spec, conversion in parsed:
+        if name is not None and (not name.isidentifier() or spec or conversion):
+            raise CommandConfigError(
+                f"{where}: argument {arg!r}: only plain {{name}} placeholders are allowed"
                 " (no attribute, index, conversion or format spec)"
             )
-        names.append(name)
-    return names
+        pieces.append((literal, name))
+    return tuple(pieces)
 
 
-def _guarded(argv: Sequence[str]) -> list[int]:
-    positions = []
-    for position, arg in enumerate(argv[1:], start=1):
-        if arg == "--":
-            break
-        if arg.startswith("{") and arg.endswith("}") and arg[1:-1].isidentifier():
-            positions.append(position)
-    return positions
+def _guarded(args: Sequence[str]) -> tuple[bool, ...]:
+    ended = args.index("--") if "--" in args else len(args)
+    return tuple(position < ended for position in range(len(args)))
+
+
+def _defaults(where: str, defaults: object) -> dict[str, str]:
+    if not isinstance(defaults, dict) or not all(
+        isinstance(name, str) and isinstance(value, Scalar) for name, value in defaults.items()
+    ):
+        raise CommandConfigError(f"{where} must map names to strings, numbers or booleans")
+    texts = {name: _text(value) for name, value in defaults.items()}
+    for name, text in texts.items():
+        if _CONTROL.search(text):
+            raise CommandConfigError(f"{where}: the value of {name!r} holds a control character")
+    return texts
+
+
+def _is_variable(name: object) -> bool:
+    return isinstance(name, str) and _VARIABLE.fullmatch(name) is not None
 
 
 def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _looks_like_an_option(value: str) -> bool:
-    return value.startswith("-") and not _NUMBER.fullmatch(value)
+def _is_positive(value: object) -> TypeGuard[int | float]:
+    return _is_number(value) and 0 < value < math.inf
 
 
 def _text(value: Scalar) -> str:
@@ -440,12 +608,13 @@ _Item = TextDelta | Finish | Exception
 
 
 class CommandBackend:
-    """Serves completions from a command-line program (see the module docstring)."""
+    """Serves completions from a declared command-line program (see the module docstring)."""
 
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
         self.options = parse_options(config)
-        digest = hashlib.sha256(json.dumps(self.options.argv).encode()).hexdigest()
+        self.declaration = self.options.declaration
+        digest = hashlib.sha256(json.dumps(self.declaration.argv).encode()).hexdigest()
         self._fingerprint = f"fp_{digest[:10]}"
 
     @property
@@ -455,17 +624,20 @@ class CommandBackend:
 
     async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[Event]:
         _check_supported(request)
-        options = self.options
-        prompt, system = render_prompt(request.messages, system_apart="system" in options.fields)
+        declaration = self.declaration
+        prompt, system = render_prompt(
+            request.messages, system_apart="system" in declaration.fields
+        )
         argv = self._argv(request, model, prompt, system)
-        stdin = prompt.encode() if options.prompt_via == "stdin" else None
-        deadline = asyncio.get_running_loop().time() + options.max_seconds
+        stdin = prompt.encode() if declaration.prompt_via == "stdin" else None
+        environment = declaration.environment(self.config.secret)
+        deadline = asyncio.get_running_loop().time() + self.options.max_seconds
         queue: asyncio.Queue[_Item] = asyncio.Queue(_QUEUE)
         runs: list[_Run] = []
         pumps: list[asyncio.Task[None]] = []
         try:
             for index in range(request.n):
-                runs.append(await self._spawn(index, argv, stdin, request))
+                runs.append(await self._spawn(index, argv, environment, stdin, request))
             pumps = [asyncio.create_task(self._pump(run, queue)) for run in runs]
             finished = 0
             while finished < request.n:
@@ -482,12 +654,14 @@ class CommandBackend:
             await _stop(pumps, runs)
 
     def _argv(self, request: ChatRequest, model: str, prompt: str, system: str | None) -> list[str]:
-        options = self.options
-        values = dict(options.defaults)
+        """The declared argv filled in; a 400 for a value missing or refused."""
+        declaration = self.declaration
+        values = dict(self.options.defaults)
+        # Only request parameters: a name the declaration alone gives a value stays its own.
         values.update(
             (name, _text(value))
             for name, value in request.body.items()
-            if name in options.fields and isinstance(value, Scalar)
+            if name in _PARAMETERS and name in declaration.fields and isinstance(value, Scalar)
         )
         if request.max_tokens is not None:
             values["max_tokens"] = str(request.max_tokens)
@@ -496,55 +670,54 @@ class CommandBackend:
             values["model"] = model
         if system is not None:
             values["system"] = system
-        for name in sorted(options.fields - values.keys()):
+        for name in sorted(declaration.fields - values.keys()):
             needed = "a system or developer message" if name == "system" else f"'{name}'"
             raise APIError(
                 f"The model `{request.model}` requires {needed} in the request.",
-                param="messages" if name == "system" else name,
+                param=_param(name),
                 code="missing_required_parameter",
             )
-        argv = [options.argv[0]]
-        for position, arg in enumerate(options.argv[1:], start=1):
-            value = arg.format_map(values)
-            if position in options.guarded and _looks_like_an_option(value):
-                name = arg[1:-1]
-                raise APIError(
-                    f"Invalid value for '{name}': it cannot begin with '-'.",
-                    param="messages" if name in ("prompt", "system") else name,
-                    code="invalid_value",
-                )
-            argv.append(value)
+        for name in sorted(declaration.fields):
+            if _CONTROL.search(values[name]):
+                raise _refused(name, "it cannot contain control characters")
+        argv = [declaration.argv[0]]
+        for pieces, guarded in zip(declaration.templates, declaration.guarded, strict=True):
+            argv.append(_fill(pieces, values, guarded=guarded))
         return argv
 
-    def _environment(self) -> dict[str, str] | None:
-        extra = dict(self.options.env)
-        if self.config.secret and self.options.secret_env:
-            extra[self.options.secret_env] = self.config.secret
-        return {**os.environ, **extra} if extra else None
-
     async def _spawn(
-        self, index: int, argv: list[str], stdin: bytes | None, request: ChatRequest
+        self,
+        index: int,
+        argv: list[str],
+        environment: dict[str, str],
+        stdin: bytes | None,
+        request: ChatRequest,
     ) -> _Run:
         pipe, devnull = asyncio.subprocess.PIPE, asyncio.subprocess.DEVNULL
+        name = self.declaration.name
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=devnull if stdin is None else pipe,
                 stdout=pipe,
                 stderr=pipe,
-                env=self._environment(),
+                env=environment,
                 start_new_session=True,  # its own process group, killed as one
             )
         except OSError as exc:
+            logger.warning(
+                "chatparity: backend %r could not start %r (%s): %s",
+                self.config.name, name, argv[0], exc,
+            )  # fmt: skip
             raise APIError(
-                f"The command {argv[0]!r} could not be started: {exc.strerror or exc}.",
+                f"The command {name!r} could not be started.",
                 status=500,
                 type="server_error",
                 code="spawn_error",
             ) from exc
-        logger.debug("chatparity: started %s (pid %d)", argv[0], process.pid)
+        logger.debug("chatparity: started %s (pid %d)", name, process.pid)
         output = _Output(index, request.stop, request.max_tokens, trim=self.options.trim)
-        run = _Run(index, argv[0], process, output)
+        run = _Run(index, name, process, output)
         run.helpers = [
             asyncio.create_task(_collect_stderr(process.stderr, run.stderr)),
             asyncio.create_task(_kill_leftovers(process)),
@@ -575,15 +748,17 @@ class CommandBackend:
             await queue.put(exc)
 
     def _failed(self, run: _Run, code: int) -> APIError:
-        lines = run.stderr.decode(errors="replace").strip().splitlines()
-        last = lines[-1].strip() if lines else ""
-        if self.config.secret:
-            last = last.replace(self.config.secret, "***")
-        if len(last) > _MESSAGE_LIMIT:
-            last = last[:_MESSAGE_LIMIT] + "…"
+        """The client's generic error for a failed run; its stderr goes to the log only."""
         how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        stderr = run.stderr.decode(errors="replace").strip()
+        if self.config.secret:
+            stderr = stderr.replace(self.config.secret, "***")
+        logger.warning(
+            "chatparity: backend %r: the command %r %s; its stderr ends: %s",
+            self.config.name, run.program, how, stderr or "(empty)",
+        )  # fmt: skip
         return APIError(
-            f"The command {run.program!r} {how}" + (f": {last}" if last else "."),
+            f"The command {run.program!r} {how}.",
             status=500,
             type="server_error",
             code="command_failed",
@@ -605,6 +780,31 @@ class CommandBackend:
             ) from None
 
 
+def _fill(pieces: Template, values: Mapping[str, str], *, guarded: bool) -> str:
+    """One argument with its placeholders' values. In a ``guarded`` one (before any
+    ``--``), a value may not be what puts a ``-`` at the argument's start."""
+    parts: list[str] = []
+    for literal, name in pieces:
+        parts.append(literal)
+        if name is None:
+            continue
+        value = values[name]
+        if guarded and value.startswith("-") and not any(parts):
+            raise _refused(name, "it cannot begin with '-'")
+        parts.append(value)
+    return "".join(parts)
+
+
+def _param(name: str) -> str:
+    return "messages" if name in ("prompt", "system") else name
+
+
+def _refused(name: str, problem: str) -> APIError:
+    what = {"prompt": "the prompt", "system": "the system message"}.get(name, f"'{name}'")
+    message = f"Invalid value for {what}: {problem}."
+    return APIError(message, param=_param(name), code="invalid_value")
+
+
 def _check_supported(request: ChatRequest) -> None:
     """Refuse, as a 400, what a program printing text cannot do."""
     if request.logprobs:
@@ -615,7 +815,13 @@ def _check_supported(request: ChatRequest) -> None:
 
 __all__ = [
     "CommandBackend",
+    "CommandConfigError",
     "CommandOptions",
+    "Declaration",
+    "declared",
+    "parse_declaration",
     "parse_options",
     "render_prompt",
+    "resolve_options",
+    "validate_options",
 ]
