@@ -5,7 +5,6 @@ import os
 
 from channels.auth import AuthMiddlewareStack
 from channels.routing import ProtocolTypeRouter, URLRouter
-from channels.security.websocket import AllowedHostsOriginValidator
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
 
@@ -22,9 +21,9 @@ application = ProtocolTypeRouter(
     {
         # /v1 straight to chatparity, in front of Django's handler and middleware.
         "http": FastPath(http),
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
-        ),
+        # Each route checks its Origin itself (chatparity.routing.SameOriginValidator):
+        # scheme, host and port as Django's CSRF check (channels' own validator: the host only).
+        "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
     }
 )
 

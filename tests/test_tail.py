@@ -1,4 +1,5 @@
-"""The live tail: who may connect, what a finished request publishes, that it never breaks one."""
+"""The live tail: who may connect and from which origin, what a finished request publishes,
+that it never breaks one."""
 
 import asyncio
 import json
@@ -9,15 +10,26 @@ import pytest
 from channels.layers import get_channel_layer
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
+from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, Permission, User
-from django.test import TransactionTestCase, override_settings
+from django.test import Client, TransactionTestCase, override_settings
 
 from chatparity import tail
 from chatparity.models import ApiKey, RequestLog
-from chatparity.routing import websocket_urlpatterns
+from chatparity.routing import same_origin, websocket_urlpatterns
 from chatparity.usage import UsageRecord, record_usage
 
 PATH = "/ws/chatparity/tail/"
+# What a browser sends from the admin's page at http://localhost:8000.
+SAME_ORIGIN = {"host": "localhost:8000", "origin": "http://localhost:8000"}
+
+
+def communicator_for(app, headers=SAME_ORIGIN, scheme="ws"):
+    communicator = WebsocketCommunicator(
+        app, PATH, headers=[(name.encode(), value.encode()) for name, value in headers.items()]
+    )
+    communicator.scope["scheme"] = scheme
+    return communicator
 
 
 def as_user(user):
@@ -42,9 +54,9 @@ class LiveTailTests(TransactionTestCase):
         self.admin = User.objects.create_superuser("admin")
         self.key, _ = ApiKey.objects.create_key("tests")
 
-    async def connect(self, user):
+    async def connect(self, user, headers=SAME_ORIGIN):
         await get_channel_layer().flush()  # the in-memory layer outlives each test's event loop
-        communicator = WebsocketCommunicator(as_user(user), PATH)
+        communicator = communicator_for(as_user(user), headers)
         connected, _ = await communicator.connect()
         return communicator, connected
 
@@ -113,8 +125,16 @@ class LiveTailTests(TransactionTestCase):
 
     async def test_a_scope_without_a_user_is_refused(self):
         await get_channel_layer().flush()
-        communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), PATH)
+        communicator = communicator_for(URLRouter(websocket_urlpatterns))
         connected, _ = await communicator.connect()
+        assert not connected
+
+    async def test_a_superuser_is_refused_from_another_origin(self):
+        for origin in ("http://localhost:8001", "https://localhost:8000", "http://127.0.0.1:8000"):
+            with self.subTest(origin=origin), self.assertLogs("chatparity.routing", "WARNING"):
+                _, connected = await self.connect(self.admin, {**SAME_ORIGIN, "origin": origin})
+                assert not connected
+        _, connected = await self.connect(self.admin, {"host": SAME_ORIGIN["host"]})
         assert not connected
 
     async def test_non_staff_are_refused_even_with_permission(self):
@@ -155,6 +175,120 @@ class LiveTailTests(TransactionTestCase):
         assert layer.groups.get(tail.GROUP)
         await communicator.disconnect()
         assert not layer.groups.get(tail.GROUP)
+
+
+@override_settings(CHANNEL_LAYERS=IN_MEMORY)
+class ProjectApplicationTests(TransactionTestCase):
+    """project.asgi as served: the session cookie, AuthMiddlewareStack, the origin check."""
+
+    async def test_a_logged_in_superuser_connects_from_the_same_origin_only(self):
+        from project.asgi import application
+
+        client = Client()
+        await client.aforce_login(await User.objects.acreate_superuser("admin"))
+        cookie = (
+            f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+        )
+        await get_channel_layer().flush()
+        for origin, accepted in [("http://localhost:8000", True), ("http://localhost:8080", False)]:
+            with self.subTest(origin=origin):
+                headers = {**SAME_ORIGIN, "origin": origin, "cookie": cookie}
+                communicator = communicator_for(application, headers)
+                connected, _ = await communicator.connect()
+                assert connected is accepted
+                await communicator.disconnect()
+
+
+def handshake(headers, scheme="ws"):
+    return {
+        "type": "websocket",
+        "scheme": scheme,
+        "path": PATH,
+        "headers": [(name.encode(), value.encode()) for name, value in headers.items()],
+        "server": ("127.0.0.1", 8000),
+    }
+
+
+@pytest.fixture
+def site(settings):
+    settings.ALLOWED_HOSTS = ["localhost", "127.0.0.1", "chat.example.com"]
+    settings.CSRF_TRUSTED_ORIGINS = []
+    return settings
+
+
+@pytest.mark.parametrize(
+    ("scheme", "host", "origin"),
+    [
+        ("ws", "localhost:8000", "http://localhost:8000"),
+        ("wss", "chat.example.com", "https://chat.example.com"),
+        ("wss", "chat.example.com:8443", "https://chat.example.com:8443"),
+    ],
+)
+def test_the_origin_the_socket_was_opened_on_is_accepted(site, scheme, host, origin):
+    assert same_origin(handshake({"host": host, "origin": origin}, scheme))
+
+
+@pytest.mark.parametrize(
+    ("scheme", "host", "origin"),
+    [
+        ("ws", "localhost:8000", "http://localhost:8001"),  # another port
+        ("ws", "localhost:8000", "http://localhost"),
+        ("ws", "localhost:8000", "https://localhost:8000"),  # another scheme
+        ("wss", "chat.example.com", "http://chat.example.com"),
+        ("ws", "localhost:8000", "http://127.0.0.1:8000"),  # another allowed host
+        ("ws", "localhost:8000", "http://localhost.evil.example:8000"),
+        ("ws", "evil.example:8000", "http://evil.example:8000"),  # a host not allowed
+        ("ws", "localhost:8000", "null"),
+        ("ws", "localhost:8000", "http://localhost:8000, http://localhost:8000"),
+    ],
+)
+def test_any_other_origin_is_refused(site, scheme, host, origin):
+    assert not same_origin(handshake({"host": host, "origin": origin}, scheme))
+
+
+def test_no_origin_is_refused(site):
+    assert not same_origin(handshake({"host": "localhost:8000"}))
+
+
+def test_two_origin_headers_are_refused(site):
+    scope = handshake({"host": "localhost:8000"})
+    scope["headers"] += [(b"origin", b"http://localhost:8000")] * 2
+    assert not same_origin(scope)
+
+
+def test_behind_a_tls_proxy_the_forwarded_scheme_counts(site):
+    site.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    forwarded = {"host": "chat.example.com", "x-forwarded-proto": "https"}
+    assert same_origin(handshake({**forwarded, "origin": "https://chat.example.com"}))
+    assert not same_origin(handshake({**forwarded, "origin": "http://chat.example.com"}))
+    plain = {"host": "chat.example.com", "x-forwarded-proto": "http"}
+    assert not same_origin(handshake({**plain, "origin": "https://chat.example.com"}, "wss"))
+
+
+def test_the_forwarded_host_counts_only_with_use_x_forwarded_host(site):
+    headers = {
+        "host": "127.0.0.1:8000",
+        "x-forwarded-host": "chat.example.com",
+        "origin": "http://chat.example.com",
+    }
+    assert not same_origin(handshake(headers))
+    site.USE_X_FORWARDED_HOST = True
+    assert same_origin(handshake(headers))
+
+
+def test_csrf_trusted_origins_are_accepted_exactly(site):
+    site.CSRF_TRUSTED_ORIGINS = ["https://admin.example.org", "https://*.example.net"]
+    host = {"host": "localhost:8000"}
+    for origin in ("https://admin.example.org", "https://ops.example.net", "https://example.net"):
+        assert same_origin(handshake({**host, "origin": origin})), origin
+    for origin in (
+        "http://admin.example.org",
+        "https://admin.example.org:8443",
+        "https://other.example.org",
+        "http://ops.example.net",
+        "https://ops.example.net:8443",
+    ):
+        assert not same_origin(handshake({**host, "origin": origin})), origin
 
 
 class PublishNeverBreaksARequestTests(TransactionTestCase):
