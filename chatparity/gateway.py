@@ -10,6 +10,7 @@ answer, and whether the reply was sent in full, failed or was cut short.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import random
@@ -222,10 +223,6 @@ async def chat_completions(call: Call) -> Reply:
         chat = parse_chat_request(body, _limits())
         record.alias, record.stream, record.n = chat.model, chat.stream, chat.n
         alias = await _resolve(chat.model, grant)
-        record.alias = alias.public_id  # as configured, so reports group one alias once
-        record.model_alias = alias
-        estimate = approximate_prompt_tokens(chat.messages) + (chat.max_tokens or 0) * chat.n
-        record.admission = await ratelimit.admit(grant.key, alias, estimate)
         chat, backend, events, first = await _start(chat, body, alias, grant, record)
     except asyncio.CancelledError:
         record.cancelled = True
@@ -258,18 +255,24 @@ _UNAVAILABLE = frozenset({502, 503, 504})
 
 
 async def _start(
-    chat: ChatRequest, body: dict[str, Any], alias: ModelAlias, grant: Grant, record: UsageRecord
+    requested: ChatRequest,
+    body: dict[str, Any],
+    alias: ModelAlias,
+    grant: Grant,
+    record: UsageRecord,
 ) -> tuple[ChatRequest, ChatBackend, AsyncIterator[Event], Event]:
-    """The first event from ``alias``'s backend, or else from its fallbacks in order.
+    """Admit the request on ``alias`` and return the first event of its backend, or
+    else of its fallbacks in order.
 
-    Only here, before the client has seen a byte, may a request move elsewhere.
+    Each alias serves the request on its own terms: its defaults, its maximum
+    ``n``, its rate limits and its prices. Only here, before the client has seen
+    a byte, may a request move elsewhere.
     """
-    requested, fallbacks = chat, list(alias.fallbacks)
+    fallbacks = list(alias.fallbacks)
+    _served_by(alias, record)
+    chat = _as_served_by(alias, requested, body)
+    admission = record.admission = await ratelimit.admit(grant.key, alias, _estimate(chat))
     while True:
-        chat = requested
-        if alias.default_params:
-            chat = parse_chat_request({**alias.default_params, **body})
-        record.backend, record.upstream_model = alias.backend.name, alias.model
         backend = get_backend(alias.backend)
         events = aiter(backend.stream(chat, alias.model))
         try:
@@ -277,11 +280,80 @@ async def _start(
         except APIError as error:
             if error.status not in _UNAVAILABLE:
                 raise
-            fallback = await _first_usable(fallbacks, grant)
-            if fallback is None:
-                raise
-            logger.warning("chatparity: %s failed (%s), falling back to %s", alias, error, fallback)
-            alias = fallback
+            failed = alias
+            alias, chat = await _fall_back(fallbacks, requested, body, grant, admission, error)
+            _served_by(alias, record)
+            logger.warning("chatparity: %s failed (%s), falling back to %s", failed, error, alias)
+
+
+async def _fall_back(
+    fallbacks: list[str],
+    requested: ChatRequest,
+    body: dict[str, Any],
+    grant: Grant,
+    admission: ratelimit.Admission,
+    failure: APIError,
+) -> tuple[ModelAlias, ChatRequest]:
+    """The next of ``fallbacks`` that may serve the request, the admission moved to it,
+    with the request as it serves it.
+
+    An alias is skipped when ``grant`` may not use it, when the request is not valid
+    there (its maximum ``n``), or when its own limits refuse it; when none is left,
+    the last refusal of a limit (a 429 that says when to retry) is raised, else
+    ``failure``.
+    """
+    while (alias := await _first_usable(fallbacks, grant)) is not None:
+        try:
+            chat = _as_served_by(alias, requested, body)
+        except APIError:
+            continue
+        try:
+            await admission.switch(alias, _estimate(chat))
+        except APIError as refusal:
+            failure = refusal
+            continue
+        return alias, chat
+    raise failure
+
+
+def _served_by(alias: ModelAlias, record: UsageRecord) -> None:
+    """Log the request under ``alias``, at its prices."""
+    record.alias = alias.public_id  # as configured, so reports group one alias once
+    record.model_alias = alias
+    record.backend, record.upstream_model = alias.backend.name, alias.model
+
+
+def _as_served_by(alias: ModelAlias, requested: ChatRequest, body: dict[str, Any]) -> ChatRequest:
+    """The request with ``alias``'s default parameters under the client's and the extra
+    parameters it forwards; OpenAI's 400 if it asks for more choices than ``alias`` gives."""
+    chat = requested
+    if alias.default_params:
+        chat = parse_chat_request({**alias.default_params, **body}, _limits())
+    most = _max_n(alias)
+    if chat.n > most:
+        raise APIError(
+            f"Invalid 'n': integer above maximum value. Expected a value <= {most}, but got"
+            f" {chat.n} instead.",
+            param="n",
+            code="integer_above_max_value",
+        )
+    if alias.forwarded_params:
+        forwarded = frozenset(p for p in alias.forwarded_params if isinstance(p, str))
+        chat = dataclasses.replace(chat, forwarded_params=forwarded)
+    return chat
+
+
+def _max_n(alias: ModelAlias) -> int:
+    """The most choices one request to ``alias`` may ask for: its own ``max_n``, else
+    ``CHATPARITY["MAX_N"]`` for its backend's kind, else 1."""
+    if alias.max_n is not None:
+        return alias.max_n
+    return int(app_settings.MAX_N.get(alias.backend.kind, 1))
+
+
+def _estimate(chat: ChatRequest) -> int:
+    """The tokens reserved at admission: the prompt and, for each choice, ``max_tokens``."""
+    return approximate_prompt_tokens(chat.messages) + (chat.max_tokens or 0) * chat.n
 
 
 async def _first_usable(public_ids: list[str], grant: Grant) -> ModelAlias | None:

@@ -9,8 +9,9 @@ there is more than one process).
 
 A request is admitted by :func:`admit`, which reserves what it may use (one
 request, its prompt plus ``max_tokens``, one slot in flight) and raises
-OpenAI's 429 when a limit would be passed; :meth:`Admission.settle` puts the
-real token count and cost in place of the reservation when the request ends.
+OpenAI's 429 when a limit would be passed; :meth:`Admission.switch` moves it to
+a fallback alias, under that alias's own limits; :meth:`Admission.settle` puts
+the real token count and cost in place of the reservation when the request ends.
 Minute windows are fixed windows of the UTC clock, as OpenAI's reset headers
 suggest.
 """
@@ -22,7 +23,7 @@ import datetime
 import math
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Protocol
@@ -166,6 +167,7 @@ class Window:
     name: str  # "requests" or "tokens": the suffix of its headers
     key: str
     limit: int
+    reserved: int  # what this request put in it
     used: int = 0
 
     def headers(self, reset_in: float) -> dict[str, str]:
@@ -213,16 +215,32 @@ def cost_of(alias: ModelAlias, prompt_tokens: int, completion_tokens: int) -> De
 
 @dataclass
 class Admission:
-    """What an admitted request reserved, given back or made exact by :meth:`settle`."""
+    """What an admitted request reserved, given back or made exact by :meth:`settle`.
+
+    ``key_windows`` are the key's per-minute limits, ``alias_windows`` those the
+    alias it is served by sets for each key.
+    """
 
     key: ApiKey
     alias: ModelAlias
-    reserved_tokens: int
-    token_windows: list[Window] = field(default_factory=list)
+    key_windows: list[Window] = field(default_factory=list)
+    alias_windows: list[Window] = field(default_factory=list)
     concurrency_key: str | None = None
     budget_keys: dict[str, tuple[str, int]] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     settled: bool = False
+
+    async def switch(self, alias: ModelAlias, estimated_tokens: int) -> None:
+        """Move the request, before it used anything, to ``alias`` (a fallback): reserve it
+        under ``alias``'s own limits (OpenAI's 429 if they would be passed, leaving this
+        admission as it was), then give back the tokens the previous alias reserved.
+
+        The request stays counted once against the key, and once against each alias
+        it was sent to. Its cost will be counted at ``alias``'s prices.
+        """
+        windows = await _reserve(self, _alias_scope(self.key, alias), alias, estimated_tokens)
+        await _give_back(window for window in self.alias_windows if window.name == "tokens")
+        self.alias, self.alias_windows = alias, windows
 
     async def settle(self, prompt_tokens: int, completion_tokens: int) -> None:
         """Count what the request really used; free its slot. Once only."""
@@ -231,8 +249,9 @@ class Admission:
         self.settled = True
         store = counters()
         total = prompt_tokens + completion_tokens
-        for window in self.token_windows:
-            await store.add(window.key, total - self.reserved_tokens, 120)
+        for window in (*self.key_windows, *self.alias_windows):
+            if window.name == "tokens":
+                await store.add(window.key, total - window.reserved, 120)
         if self.concurrency_key:
             await store.add(self.concurrency_key, -1, _CONCURRENCY_TTL)
         used = {
@@ -246,42 +265,16 @@ class Admission:
 
 async def admit(key: ApiKey, alias: ModelAlias, estimated_tokens: int) -> Admission:
     """Reserve one request of ``estimated_tokens`` for ``key`` on ``alias``, or raise 429."""
-    admission = Admission(key, alias, reserved_tokens=estimated_tokens)
+    admission = Admission(key, alias)
     await _check_budgets(admission)
-    now = time.time()
-    minute = int(now // 60)
-    reset_in = (minute + 1) * 60 - now
-    store = counters()
-    scopes: list[tuple[str, ApiKey | ModelAlias]] = [
-        (f"cp:rl:{key.pk}", key),
-        (f"cp:rl:{key.pk}:a{alias.pk}", alias),
-    ]
-    taken: list[tuple[str, int]] = []
+    admission.key_windows = await _reserve(admission, _key_scope(key), key, estimated_tokens)
     try:
-        for prefix, source in scopes:
-            for name, limit, amount in (
-                ("requests", source.requests_per_minute, 1),
-                ("tokens", source.tokens_per_minute, estimated_tokens),
-            ):
-                if limit is None:
-                    continue
-                window = Window(name, _window(prefix, name, minute), limit)
-                admitted, window.used = await store.reserve(window.key, amount, limit, 120)
-                admission.headers.update(window.headers(reset_in))
-                if not admitted:
-                    raise rate_limited(
-                        f"Rate limit reached for {name} per minute: limit {limit},"
-                        f" used {window.used}, requested {amount}.",
-                        name,
-                        reset_in,
-                        admission.headers,
-                    )
-                taken.append((window.key, amount))
-                if name == "tokens":
-                    admission.token_windows.append(window)
+        admission.alias_windows = await _reserve(
+            admission, _alias_scope(key, alias), alias, estimated_tokens
+        )
         if key.max_concurrent is not None:
             slot = _in_flight(key)
-            admitted, _ = await store.reserve(slot, 1, key.max_concurrent, _CONCURRENCY_TTL)
+            admitted, _ = await counters().reserve(slot, 1, key.max_concurrent, _CONCURRENCY_TTL)
             if not admitted:
                 raise rate_limited(
                     f"Too many requests in flight for this key: limit {key.max_concurrent}.",
@@ -290,11 +283,49 @@ async def admit(key: ApiKey, alias: ModelAlias, estimated_tokens: int) -> Admiss
                     admission.headers,
                 )
             admission.concurrency_key = slot
-    except APIError:
-        for counter, amount in taken:  # a refused request uses nothing
-            await store.add(counter, -amount, 120)
+    except APIError:  # a refused request uses nothing
+        await _give_back((*admission.key_windows, *admission.alias_windows))
         raise
     return admission
+
+
+async def _reserve(
+    admission: Admission, scope: str, source: ApiKey | ModelAlias, estimated_tokens: int
+) -> list[Window]:
+    """Reserve one request and ``estimated_tokens`` in the per-minute windows ``source``
+    limits under ``scope``: all of them, or none and OpenAI's 429. Their headers go to
+    ``admission``."""
+    now = time.time()
+    minute = int(now // 60)
+    reset_in = (minute + 1) * 60 - now
+    taken: list[Window] = []
+    for name, limit, amount in (
+        ("requests", source.requests_per_minute, 1),
+        ("tokens", source.tokens_per_minute, estimated_tokens),
+    ):
+        if limit is None:
+            continue
+        window = Window(name, _window(scope, name, minute), limit, reserved=amount)
+        admitted, window.used = await counters().reserve(window.key, amount, limit, 120)
+        admission.headers.update(window.headers(reset_in))
+        if not admitted:
+            await _give_back(taken)
+            raise rate_limited(
+                f"Rate limit reached for {name} per minute: limit {limit},"
+                f" used {window.used}, requested {amount}.",
+                name,
+                reset_in,
+                admission.headers,
+            )
+        taken.append(window)
+    return taken
+
+
+async def _give_back(windows: Iterable[Window]) -> None:
+    """Take back what this request reserved in ``windows``."""
+    store = counters()
+    for window in windows:
+        await store.add(window.key, -window.reserved, 120)
 
 
 @dataclass(frozen=True)
@@ -349,7 +380,7 @@ async def standing(key: ApiKey) -> list[tuple[str, str, str]]:
     rows = []
     for name, limit in (("requests", key.requests_per_minute), ("tokens", key.tokens_per_minute)):
         if limit is not None:
-            used = await store.get_or_seed(_window(f"cp:rl:{key.pk}", name, minute), 0, 120)
+            used = await store.get_or_seed(_window(_key_scope(key), name, minute), 0, 120)
             rows.append((f"{name} this minute", str(used), str(limit)))
     if key.max_concurrent is not None:
         in_flight = await store.get_or_seed(_in_flight(key), 0, _CONCURRENCY_TTL)
@@ -363,8 +394,16 @@ async def standing(key: ApiKey) -> list[tuple[str, str, str]]:
     return rows
 
 
-def _window(prefix: str, name: str, minute: int) -> str:
-    return f"{prefix}:{name[0]}:{minute}"
+def _key_scope(key: ApiKey) -> str:
+    return f"cp:rl:{key.pk}"
+
+
+def _alias_scope(key: ApiKey, alias: ModelAlias) -> str:
+    return f"cp:rl:{key.pk}:a{alias.pk}"
+
+
+def _window(scope: str, name: str, minute: int) -> str:
+    return f"{scope}:{name[0]}:{minute}"
 
 
 def _in_flight(key: ApiKey) -> str:

@@ -189,3 +189,51 @@ def test_concurrent_reservations_never_pass_the_limit(store, settings):
 
     admitted, value = asyncio.run(race())
     assert (admitted, value) == (10, 10)
+
+
+class FallbackTests(LimitTestCase):
+    """A request its alias cannot serve moves to a fallback alias, under that alias's
+    own limits and at its prices."""
+
+    @classmethod
+    def setUpTestData(cls):
+        super().setUpTestData()
+        down = Backend.objects.create(
+            name="down", kind="scripted", options={"script": ["<error>"]}
+        )  # a 502 before the first byte: unreachable
+        cls.primary = ModelAlias.objects.create(
+            public_id="primary", backend=down, fallbacks=["echo"]
+        )
+
+    async def test_the_fallbacks_own_limit_refuses_what_passes_it(self):
+        await save(self.alias, requests_per_minute=1)
+        first, second = await self.ask(model="primary"), await self.ask(model="primary")
+        assert (first.status_code, second.status_code) == (200, 429)
+        assert second.json()["error"]["code"] == "rate_limit_exceeded"
+        assert second["x-ratelimit-limit-requests"] == "1"
+
+    async def test_a_request_that_falls_back_counts_once_against_its_key(self):
+        await self.limit(requests_per_minute=2, max_concurrent=1)
+        assert (await self.ask(model="primary")).status_code == 200
+        assert (await self.ask(model="primary")).status_code == 200
+        assert (await self.ask(model="primary")).status_code == 429
+
+    async def test_the_first_alias_gives_back_the_tokens_it_reserved(self):
+        await save(self.primary, tokens_per_minute=10)
+        for _ in range(3):  # 4 + 5 reserved on primary, given back: the echo's 3 are not its
+            assert (await self.ask(model="primary", max_tokens=5)).status_code == 200
+
+    async def test_the_row_names_the_alias_that_answered_and_costs_its_prices(self):
+        await save(self.primary, input_price=Decimal("1"), output_price=Decimal("1"))
+        await save(self.alias, input_price=Decimal("1000"), output_price=Decimal("2000"))
+        response = await self.ask(model="primary")
+        assert response.json()["model"] == "primary"  # as the client asked
+        row = await RequestLog.objects.aget()
+        assert (row.alias, row.backend) == ("echo", "scripted")
+        assert row.cost == Decimal(1 * 1000 + 2 * 2000) / 1_000_000
+
+    async def test_its_cost_counts_against_the_budget_at_the_fallbacks_prices(self):
+        await save(self.alias, input_price=Decimal("1000"), output_price=Decimal("2000"))
+        await self.limit(cost_budget=Decimal("0.005"))
+        assert (await self.ask(model="primary")).status_code == 200  # $0.005: spent
+        assert (await self.ask(model="primary")).status_code == 429

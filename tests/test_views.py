@@ -1,8 +1,12 @@
 """The views end to end in-process: Django's async test client, the real local model."""
 
+import shutil
+import tempfile
+from pathlib import Path
 from unittest import mock
 
 import orjson
+from django.core.cache import cache
 from django.db import OperationalError
 from django.test import TestCase, override_settings
 from django.utils import timezone
@@ -188,6 +192,80 @@ class BackendFailureTests(ViewTestCase):
         assert response.status_code == 500
         assert response.json()["error"]["type"] == "server_error"
         assert (await RequestLog.objects.aget()).status_code == 500
+
+
+def touching(path):
+    """Settings that declare the program ``touch <path>`` as the command ``touch``."""
+    return {**SCRIPTED, "COMMANDS": {"touch": {"argv": ["touch", str(path)]}}}
+
+
+class ChoicesLimitTests(ViewTestCase):
+    """``n`` has a maximum per alias (``max_n``, else ``CHATPARITY["MAX_N"]`` for its
+    backend's kind, else 1), checked before the request is admitted or anything runs."""
+
+    def assert_refused(self, response, most, n):
+        assert response.status_code == 400
+        assert response.json()["error"] == {
+            "message": "Invalid 'n': integer above maximum value. Expected a value"
+            f" <= {most}, but got {n} instead.",
+            "type": "invalid_request_error",
+            "param": "n",
+            "code": "integer_above_max_value",
+        }
+
+    async def test_the_local_model_gives_four_choices_and_is_not_admitted_above(self):
+        cache.clear()
+        self.key.requests_per_minute = 1
+        await self.key.asave()
+        self.assert_refused(await self.ask(n=128), 4, 128)
+        row = await RequestLog.objects.aget()
+        assert (row.status_code, row.error_code, row.n) == (400, "integer_above_max_value", 128)
+        completion = (await self.ask(n=4, max_tokens=1)).json()  # the one request this minute
+        assert [choice["index"] for choice in completion["choices"]] == [0, 1, 2, 3]
+
+    async def test_a_command_gives_two_choices_and_runs_nothing_above(self):
+        marker = Path(tempfile.mkdtemp()) / "ran"
+        self.addCleanup(shutil.rmtree, marker.parent)
+        backend = await Backend.objects.acreate(
+            name="cli", kind="command", options={"command": "touch"}
+        )
+        await ModelAlias.objects.acreate(public_id="cli", backend=backend)
+        with override_settings(CHATPARITY=touching(marker)):
+            self.assert_refused(await self.ask(model="cli", n=128), 2, 128)
+            self.assert_refused(await self.ask(model="cli", n=3), 2, 3)
+            assert not marker.exists()
+            assert (await self.ask(model="cli", n=2)).status_code == 200
+        assert marker.exists()
+
+    @override_settings(CHATPARITY=SCRIPTED)
+    async def test_other_kinds_give_one_unless_the_alias_sets_its_own(self):
+        backend = await Backend.objects.acreate(
+            name="scripted", kind="scripted", options={"script": ["<fail>"]}
+        )  # a 500 if it ever ran
+        alias = await ModelAlias.objects.acreate(public_id="scripted", backend=backend)
+        self.assert_refused(await self.ask(model="scripted", n=2), 1, 2)
+        alias.max_n = 3
+        await alias.asave()
+        self.assert_refused(await self.ask(model="scripted", n=128), 3, 128)
+        assert (await self.ask(model="scripted", n=3)).status_code == 500  # it ran
+
+    @override_settings(CHATPARITY={"MAX_N": {"local": 1}})
+    async def test_settings_set_the_maximum_of_a_kind(self):
+        self.assert_refused(await self.ask(n=2), 1, 2)
+
+    @override_settings(CHATPARITY=SCRIPTED)
+    async def test_a_fallback_that_gives_fewer_choices_is_passed_over(self):
+        down = await Backend.objects.acreate(
+            name="down", kind="scripted", options={"script": ["<error>"]}
+        )
+        up = await Backend.objects.acreate(name="up", kind="scripted", options={"script": ["Hi"]})
+        await ModelAlias.objects.acreate(public_id="one", backend=up)
+        await ModelAlias.objects.acreate(public_id="two", backend=up, max_n=2)
+        await ModelAlias.objects.acreate(
+            public_id="primary", backend=down, max_n=2, fallbacks=["one", "two"]
+        )
+        assert (await self.ask(model="primary", n=2)).status_code == 200
+        assert (await RequestLog.objects.aget()).alias == "two"
 
 
 class ModelsTests(ViewTestCase):
