@@ -1,10 +1,11 @@
 """Backend secrets encrypted at rest with Fernet (``cryptography``).
 
 The keys come from ``CHATPARITY["SECRET_KEYS"]``: a list of Fernet keys, the
-first encrypts, all of them decrypt. Left empty, one key is derived from
-Django's ``SECRET_KEY`` and one more from each of ``SECRET_KEY_FALLBACKS``, so
-rotating Django's secret the documented way keeps old secrets readable until
-``manage.py chatparity_rotate_secrets`` re-encrypts them under the new key.
+first encrypts, all of them decrypt. After them come keys derived from Django's
+``SECRET_KEY`` and each of ``SECRET_KEY_FALLBACKS``, which encrypt only when
+``SECRET_KEYS`` is empty. So rotating Django's secret the documented way, or
+moving from derived keys to keys of one's own, keeps old secrets readable until
+``manage.py chatparity_rotate_secrets`` re-encrypts them under the first key.
 """
 
 from __future__ import annotations
@@ -36,10 +37,9 @@ def _key_material() -> tuple[bytes, ...]:
     if isinstance(configured, str | bytes):
         # A lone key would otherwise be read as a list of one-character keys.
         raise ImproperlyConfigured('CHATPARITY["SECRET_KEYS"] must be a list of keys, not one key')
-    if configured:
-        return tuple(k.encode() if isinstance(k, str) else bytes(k) for k in configured)
+    own = tuple(k.encode() if isinstance(k, str) else bytes(k) for k in configured)
     django_keys = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]
-    return tuple(_derived(str(key)) for key in django_keys)
+    return own + tuple(_derived(str(key)) for key in django_keys)
 
 
 @cache

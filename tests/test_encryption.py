@@ -108,6 +108,13 @@ class KeyTests(TestCase):
         ):
             Backend.objects.get(pk=backend.pk)
 
+    def test_keys_of_ones_own_still_open_tokens_under_the_derived_key(self):
+        backend = upstream()  # SECRET_KEYS empty: under the key derived from SECRET_KEY
+        with keys(NEW_KEY):
+            assert Backend.objects.get(pk=backend.pk).secret == SECRET
+            assert "Re-encrypted 1 backend secret(s)" in rotate_secrets()
+        assert plaintext_of(column(backend), NEW_KEY) == SECRET
+
     def test_something_else_than_fernet_keys_is_a_configuration_error(self):
         for configured in (["not-a-fernet-key"], NEW_KEY):
             with (
