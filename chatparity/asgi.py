@@ -10,29 +10,50 @@ URLconf mounts ``chatparity.urls``) are answered here, on the event loop,
 with no thread per request and no middleware; everything else goes to Django
 untouched. The answers are the same as the views'; only the site's middleware
 does not see ``/v1`` requests (mount the views without ``FastPath`` if it must).
+What Django itself does before a view is done here too, from the same settings:
+a Host not in ``ALLOWED_HOSTS`` gets a 400 and, when the site runs
+``SecurityMiddleware``, plain HTTP is redirected to HTTPS (``SECURE_SSL_REDIRECT``)
+and replies carry its headers (HSTS over HTTPS, ``nosniff``, ...). The body is
+read only once the key is valid, and must arrive within ``BODY_TIMEOUT``.
 The log row is written once the reply is sent, so it costs the client nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import logging
+from collections.abc import Awaitable, Mapping
 from contextlib import aclosing, suppress
+from functools import cache
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import DisallowedHost
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+from django.http import HttpRequest, HttpResponse
+from django.middleware.security import SecurityMiddleware
 from django.urls import Resolver404, resolve
 
 from . import gateway
 from .gateway import Call, Endpoint, Reply
+from .protocol.errors import APIError
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
 Receive = Any
 Send = Any
 Route = tuple[Endpoint, dict[str, Any]]
+# Headers added to a reply unless it has its own: (lower-case name, encoded pair).
+AddedHeaders = tuple[tuple[str, tuple[bytes, bytes]], ...]
 
 # Distinct paths whose route is remembered (/v1/models/<anything> is unbounded).
 MAX_ROUTES = 1024
+# Distinct Host headers remembered as allowed (a wildcard in ALLOWED_HOSTS admits many).
+MAX_HOSTS = 1024
+
+# Where Django's handler logs a refused Host.
+security_logger = logging.getLogger("django.security.DisallowedHost")
 
 
 class FastPath:
@@ -73,25 +94,139 @@ class FastPath:
         return route
 
 
+class _Probe(HttpRequest):
+    """A bare request holding only what ``get_host()`` and ``SecurityMiddleware``
+    read, so that Django's own code decides for the fast path."""
+
+    def __init__(self, scheme: str) -> None:
+        super().__init__()
+        self._scheme = scheme
+
+    def _get_scheme(self) -> str:
+        return self._scheme
+
+
+class _Edge:
+    """What Django does with a request before its view, worked out once from the
+    settings: the ``ALLOWED_HOSTS`` check of ``HttpRequest.get_host()`` and, when
+    the site runs ``SecurityMiddleware``, its HTTPS redirect and response headers."""
+
+    def __init__(self) -> None:
+        self.forwarded_host: bool = settings.USE_X_FORWARDED_HOST
+        self.proxy_ssl_header: tuple[str, str] | None = None
+        if settings.SECURE_PROXY_SSL_HEADER:
+            meta_name, secure_value = settings.SECURE_PROXY_SSL_HEADER
+            # Only HTTP_* names come from request headers (ASGIRequest.META).
+            if meta_name.startswith("HTTP_"):
+                header = meta_name.removeprefix("HTTP_").lower().replace("_", "-")
+                self.proxy_ssl_header = (header, secure_value)
+        self.security: SecurityMiddleware | None = None
+        if "django.middleware.security.SecurityMiddleware" in settings.MIDDLEWARE:
+            # Only its settings and its process_request/process_response are used.
+            self.security = SecurityMiddleware(lambda request: HttpResponse())
+        self.redirect = self.security is not None and bool(self.security.redirect)
+        self.added_headers = {secure: self._added_headers(secure) for secure in (False, True)}
+        self._allowed_hosts: set[str] = set()
+
+    def _added_headers(self, secure: bool) -> AddedHeaders:
+        """The headers ``SecurityMiddleware`` adds to a response over HTTPS or HTTP."""
+        if self.security is None:
+            return ()
+        response = HttpResponse()
+        own = set(response.headers)
+        self.security.process_response(_Probe("https" if secure else "http"), response)
+        return tuple(
+            (name.lower(), (name.lower().encode("latin-1"), value.encode("latin-1")))
+            for name, value in response.items()
+            if name not in own
+        )
+
+    def is_secure(self, scope: Scope, headers: Mapping[str, str]) -> bool:
+        """``HttpRequest.is_secure()``: the proxy's header when set, else the scheme."""
+        if self.proxy_ssl_header is not None:
+            header, secure_value = self.proxy_ssl_header
+            value = headers.get(header)
+            if value is not None:
+                return value.split(",", 1)[0].strip() == secure_value
+        return bool(scope.get("scheme") == "https")
+
+    def refusal(self, scope: Scope, headers: Mapping[str, str], secure: bool) -> Reply | None:
+        """Django's answer before the view, if any: a 400 for a Host that is not in
+        ``ALLOWED_HOSTS``, else ``SecurityMiddleware``'s redirect to HTTPS."""
+        host = headers.get("x-forwarded-host") if self.forwarded_host else None
+        if host is None:
+            host = headers.get("host")
+        redirecting = self.redirect and not secure
+        if host is not None and host in self._allowed_hosts and not redirecting:
+            return None
+        probe = _Probe("https" if secure else "http")
+        probe.path = scope["path"]
+        probe.META["QUERY_STRING"] = scope.get("query_string", b"").decode(errors="replace")
+        if host is not None:
+            probe.META["HTTP_HOST"] = host
+        else:  # get_host() rebuilds it from the server's address
+            server = scope.get("server")
+            probe.META["SERVER_NAME"] = str(server[0]) if server else "unknown"
+            probe.META["SERVER_PORT"] = str(server[1]) if server else "0"
+            if "x-forwarded-port" in headers:
+                probe.META["HTTP_X_FORWARDED_PORT"] = headers["x-forwarded-port"]
+        try:
+            probe.get_host()
+        except DisallowedHost as refused:
+            security_logger.error("%s", refused, extra={"status_code": 400})
+            return gateway.error_reply(
+                APIError(
+                    "The Host header names a host this server does not serve.",
+                    code="invalid_host",
+                )
+            )
+        if host is not None:
+            if len(self._allowed_hosts) >= MAX_HOSTS:
+                self._allowed_hosts.clear()
+            self._allowed_hosts.add(host)
+        if redirecting and self.security is not None:
+            redirect = self.security.process_request(probe)
+            if redirect is not None:
+                redirect_headers = {name.lower(): value for name, value in redirect.items()}
+                return Reply(redirect.status_code, redirect_headers, redirect.content)
+        return None
+
+
+@cache
+def _edge() -> _Edge:
+    return _Edge()
+
+
+@receiver(setting_changed)
+def _settings_changed(**kwargs: Any) -> None:
+    _edge.cache_clear()
+
+
 async def serve(route: Route, scope: Scope, receive: Receive, send: Send) -> None:
     """Answer one request with ``route``'s endpoint; stop it if the client leaves."""
     headers = {
         name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]
     }
-    body = await _read_body(receive, gateway.body_limit(headers))
-    if body is None:
-        return  # the client left before it finished sending
+    edge = _edge()
+    secure = edge.is_secure(scope, headers)
+    added = edge.added_headers[secure]
+    refusal = edge.refusal(scope, headers, secure)
+    if refusal is not None:
+        await _start(send, refusal, added)
+        await send({"type": "http.response.body", "body": refusal.body})
+        return
+    inbox = _Inbox(receive)
     client = scope.get("client")
     call = Call(
         method=scope["method"],
         path=scope["path"],
         headers=headers,
-        body=body,
+        read_body=inbox.read_body,
         client_ip=client[0] if client else None,
     )
     handler, kwargs = route
-    exchange = asyncio.ensure_future(_respond(handler(call, **kwargs), call, send))
-    hangup = asyncio.ensure_future(_disconnected(receive))
+    exchange = asyncio.ensure_future(_respond(handler(call, **kwargs), call, send, added))
+    hangup = asyncio.ensure_future(inbox.disconnected())
     try:
         await asyncio.wait((exchange, hangup), return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -102,6 +237,29 @@ async def serve(route: Route, scope: Scope, receive: Receive, send: Send) -> Non
                 await exchange
         finally:
             await gateway.finish(call)
+
+
+class _Inbox:
+    """The request's one reader of ``receive``: the body when the endpoint asks for
+    it (once the key is checked), then the client's disconnect."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._body_read = asyncio.Event()
+
+    async def read_body(self, limit: int) -> bytes:
+        try:
+            body = await _read_body(self._receive, limit)
+        finally:
+            self._body_read.set()
+        if body is None:
+            raise asyncio.CancelledError  # the client left before it finished sending
+        return body
+
+    async def disconnected(self) -> None:
+        await self._body_read.wait()
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:
@@ -120,23 +278,17 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
     return b"".join(parts)
 
 
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
+async def _start(send: Send, reply: Reply, added: AddedHeaders) -> None:
+    headers = [
+        (name.encode("latin-1"), value.encode("latin-1")) for name, value in reply.headers.items()
+    ]
+    headers.extend(pair for name, pair in added if name not in reply.headers)
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
 
 
-async def _respond(replying: Awaitable[Reply], call: Call, send: Send) -> None:
+async def _respond(replying: Awaitable[Reply], call: Call, send: Send, added: AddedHeaders) -> None:
     reply = await replying
-    await send(
-        {
-            "type": "http.response.start",
-            "status": reply.status,
-            "headers": [
-                (name.encode("latin-1"), value.encode("latin-1"))
-                for name, value in reply.headers.items()
-            ],
-        }
-    )
+    await _start(send, reply, added)
     if reply.stream is None:
         await send({"type": "http.response.body", "body": reply.body})
         return

@@ -17,7 +17,7 @@ import random
 import re
 import string
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from functools import wraps
 from typing import Any
@@ -67,18 +67,23 @@ def completion_id() -> str:
     return "chatcmpl-" + _ids.randbytes(29).translate(_TO_ALPHANUMERIC).decode()
 
 
+BodyReader = Callable[[int], Awaitable[bytes]]
+
+
 @dataclass
 class Call:
     """One request to ``/v1``, as a transport hands it over.
 
-    ``headers`` is looked up by lower-case name. ``body`` holds at most
-    :func:`body_limit` bytes: enough to tell an oversized body.
+    ``headers`` is looked up by lower-case name. The body is not read until the
+    endpoint has checked the key: ``read_body(limit)``, awaited once, returns at
+    most ``limit`` bytes, or raises :class:`asyncio.CancelledError` if the client
+    leaves before it has sent them.
     """
 
     method: str
     path: str
     headers: Mapping[str, str]
-    body: bytes
+    read_body: BodyReader
     client_ip: str | None
     request_id: str = field(default_factory=request_id)
     record: UsageRecord | None = None
@@ -189,11 +194,28 @@ def body_limit(headers: Mapping[str, str]) -> int:
     return limit + 1
 
 
-def _decode(call: Call) -> Any:
-    """The JSON body: a 413 above ``MAX_BODY_BYTES``, OpenAI's 400 if it is not JSON."""
-    if body_limit(call.headers) == 0 or len(call.body) > app_settings.MAX_BODY_BYTES:
+def _body_timeout() -> APIError:
+    error = APIError(
+        "The request body was not received in time.", status=408, code="request_timeout"
+    )
+    error.headers["connection"] = "close"  # what is left of the body is not worth waiting for
+    return error
+
+
+async def _decode(call: Call) -> Any:
+    """The JSON body, read within ``BODY_TIMEOUT`` seconds (else 408): a 413 above
+    ``MAX_BODY_BYTES`` (unread when Content-Length tells), OpenAI's 400 if it is not JSON."""
+    limit = body_limit(call.headers)
+    if limit == 0:
         raise errors.request_too_large(app_settings.MAX_BODY_BYTES)
-    return decode_body(call.body)
+    try:
+        async with asyncio.timeout(app_settings.BODY_TIMEOUT):
+            body = await call.read_body(limit)
+    except TimeoutError:
+        raise _body_timeout() from None
+    if len(body) > app_settings.MAX_BODY_BYTES:
+        raise errors.request_too_large(app_settings.MAX_BODY_BYTES)
+    return decode_body(body)
 
 
 async def _authenticate(call: Call) -> Grant:
@@ -218,7 +240,7 @@ async def chat_completions(call: Call) -> Reply:
         user_agent=call.headers.get("user-agent", ""),
     )
     try:
-        body = _decode(call)
+        body = await _decode(call)
         record.request_body = body
         chat = parse_chat_request(body, _limits())
         record.alias, record.stream, record.n = chat.model, chat.stream, chat.n

@@ -25,11 +25,17 @@ def django_view(handler: Endpoint) -> View:
 
     @csrf_exempt
     async def view(request: HttpRequest, **kwargs: Any) -> HttpResponseBase:
+        async def read_body(limit: int) -> bytes:
+            # Read only once the key is checked. Under Django's ASGI handler the body
+            # is already here (it reads the whole body before any view runs); under
+            # WSGI the server reads it, within its own time-outs.
+            return request.read(limit)
+
         call = Call(
             method=request.method or "GET",
             path=request.path,
             headers=request.headers,
-            body=request.read(gateway.body_limit(request.headers)),
+            read_body=read_body,
             client_ip=request.META.get("REMOTE_ADDR"),
         )
         try:

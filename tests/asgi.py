@@ -1,8 +1,10 @@
 """An HTTP request as an ASGI server hands it to the application."""
 
 
-def http_scope(method, path, headers=(), *, root_path="", client=("127.0.0.1", 50000)):
-    """The scope of ``method path`` with ``headers`` (name, value) as text."""
+def http_scope(
+    method, path, headers=(), *, query_string="", root_path="", client=("127.0.0.1", 50000)
+):
+    """The scope of ``method path?query_string`` with ``headers`` (name, value) as text."""
     return {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -11,7 +13,7 @@ def http_scope(method, path, headers=(), *, root_path="", client=("127.0.0.1", 5
         "scheme": "http",
         "path": path,
         "raw_path": path.encode(),
-        "query_string": b"",
+        "query_string": query_string.encode(),
         "root_path": root_path,
         "headers": [(name.encode(), value.encode()) for name, value in headers],
         "client": client,

@@ -1,13 +1,15 @@
 """The ASGI fast path: ``/v1`` answered in front of Django, the same as the views."""
 
+import asyncio
 import threading
+import time
 from unittest import mock
 
 import orjson
 from asgiref.sync import sync_to_async
 from asgiref.testing import ApplicationCommunicator
 from django.core.asgi import get_asgi_application
-from django.test import TestCase, override_settings
+from django.test import TestCase, modify_settings, override_settings
 
 from chatparity import usage
 from chatparity.asgi import FastPath
@@ -15,9 +17,24 @@ from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from tests.asgi import http_scope
 from tests.scripted import SCRIPTED
 
+# The production settings of SecurityMiddleware, behind a proxy that says the scheme.
+HTTPS = {
+    "SECURE_SSL_REDIRECT": True,
+    "SECURE_PROXY_SSL_HEADER": ("HTTP_X_FORWARDED_PROTO", "https"),
+    "SECURE_HSTS_SECONDS": 3600,
+    "SECURE_HSTS_INCLUDE_SUBDOMAINS": True,
+}
+# What SecurityMiddleware may add to a response.
+SECURITY_HEADERS = (
+    b"strict-transport-security",
+    b"x-content-type-options",
+    b"referrer-policy",
+    b"cross-origin-opener-policy",
+)
+
 
 @override_settings(CHATPARITY=SCRIPTED)
-class FastPathTests(TestCase):
+class FastPathTestCase(TestCase):
     @classmethod
     def setUpTestData(cls):
         cls.key, cls.plaintext = ApiKey.objects.create_key("tests")
@@ -37,13 +54,21 @@ class FastPathTests(TestCase):
             *extra.items(),
         ]
 
-    async def exchange(self, method, path, body=b"", headers=None, root_path=""):
-        """The response start, its body, and the communicator (still running)."""
+    def communicator(self, method, path, headers=None, query_string="", root_path=""):
         headers = self.headers() if headers is None else headers
-        communicator = ApplicationCommunicator(
-            self.application,
-            http_scope(method, path, headers, root_path=root_path, client=("10.1.2.3", 50000)),
+        scope = http_scope(
+            method,
+            path,
+            headers,
+            query_string=query_string,
+            root_path=root_path,
+            client=("10.1.2.3", 50000),
         )
+        return ApplicationCommunicator(self.application, scope)
+
+    async def exchange(self, method, path, body=b"", headers=None, query_string="", root_path=""):
+        """The response start, its body, and the communicator (still running)."""
+        communicator = self.communicator(method, path, headers, query_string, root_path)
         await communicator.send_input({"type": "http.request", "body": body})
         start = await communicator.receive_output(timeout=10)
         parts = []
@@ -62,6 +87,8 @@ class FastPathTests(TestCase):
         await communicator.wait(timeout=10)
         return start, content
 
+
+class FastPathTests(FastPathTestCase):
     async def test_a_completion_is_what_the_view_answers(self):
         start, content = await self.ask()
         view = await self.async_client.post(
@@ -154,3 +181,198 @@ class FastPathTests(TestCase):
         start, content, _ = await self.exchange("GET", "/admin/login/", headers=[])
         assert start["status"] == 200
         assert b"<form" in content
+
+
+@override_settings(CHATPARITY={**SCRIPTED, "BODY_TIMEOUT": 0.3})
+class BodyTests(FastPathTestCase):
+    """The key is checked before the body is read, and the body has a deadline."""
+
+    async def test_a_missing_or_wrong_key_is_refused_before_the_body_is_sent(self):
+        for authorization in ([], [("authorization", "Bearer sk-cp-wrong-key-123456")]):
+            headers = [*authorization, ("content-length", "1000")]
+            communicator = self.communicator("POST", "/v1/chat/completions", headers)
+            # No http.request message: the body never comes.
+            start = await communicator.receive_output(timeout=2)
+            assert start["status"] == 401
+            content = (await communicator.receive_output(timeout=2))["body"]
+            assert orjson.loads(content)["error"]["type"] == "invalid_request_error"
+            await communicator.wait(timeout=2)
+        assert await RequestLog.objects.acount() == 0
+
+    async def assert_timed_out(self, communicator):
+        start = await communicator.receive_output(timeout=5)
+        assert start["status"] == 408
+        assert dict(start["headers"])[b"connection"] == b"close"
+        content = (await communicator.receive_output(timeout=5))["body"]
+        assert orjson.loads(content) == {
+            "error": {
+                "message": "The request body was not received in time.",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "request_timeout",
+            }
+        }
+        await communicator.wait(timeout=5)
+        row = await RequestLog.objects.aget()  # the key was valid: the request is logged
+        assert (row.status_code, row.error_code, row.client_ip) == (
+            408, "request_timeout", "10.1.2.3",
+        )  # fmt: skip
+
+    async def test_a_body_that_stalls_is_408_and_the_connection_closes(self):
+        communicator = self.communicator("POST", "/v1/chat/completions")
+        await communicator.send_input(
+            {"type": "http.request", "body": b'{"model": "ec', "more_body": True}
+        )
+        await self.assert_timed_out(communicator)
+
+    async def test_a_body_that_trickles_gets_the_deadline_not_more(self):
+        communicator = self.communicator("POST", "/v1/chat/completions")
+
+        async def trickle():
+            while True:
+                await communicator.send_input(
+                    {"type": "http.request", "body": b" ", "more_body": True}
+                )
+                await asyncio.sleep(0.02)
+
+        started = time.monotonic()
+        trickling = asyncio.ensure_future(trickle())
+        try:
+            await self.assert_timed_out(communicator)
+        finally:
+            trickling.cancel()
+        assert 0.3 <= time.monotonic() - started < 3
+
+    async def test_a_body_sent_in_parts_within_the_deadline_is_served(self):
+        communicator = self.communicator("POST", "/v1/chat/completions")
+        body = orjson.dumps({"model": "echo", "messages": [{"role": "user", "content": "Hi"}]})
+        for part in (body[:10], body[10:20]):
+            await communicator.send_input({"type": "http.request", "body": part, "more_body": True})
+            await asyncio.sleep(0.1)
+        await communicator.send_input({"type": "http.request", "body": body[20:]})
+        start = await communicator.receive_output(timeout=5)
+        assert start["status"] == 200
+
+    async def test_a_client_that_leaves_mid_body_leaves_a_cancelled_row(self):
+        communicator = self.communicator("POST", "/v1/chat/completions")
+        await communicator.send_input({"type": "http.request", "body": b"{", "more_body": True})
+        await communicator.send_input({"type": "http.disconnect"})
+        await communicator.wait(timeout=5)
+        row = await RequestLog.objects.aget()
+        assert row.cancelled
+
+
+class HostTests(FastPathTestCase):
+    """ALLOWED_HOSTS holds on the fast path as in Django's ``HttpRequest.get_host()``."""
+
+    async def status(self, host, **headers):
+        start, _, _ = await self.exchange(
+            "GET", "/v1/models", headers=self.headers(host=host, **headers)
+        )
+        return start["status"]
+
+    async def test_a_host_not_allowed_is_400_as_through_django(self):
+        with self.assertLogs("django.security.DisallowedHost", "ERROR") as logged:
+            start, content, _ = await self.exchange(
+                "GET", "/v1/models", headers=self.headers(host="evil.example")
+            )
+        assert start["status"] == 400
+        assert orjson.loads(content)["error"]["code"] == "invalid_host"
+        assert "Invalid HTTP_HOST header: 'evil.example'" in logged.output[0]
+        view = await self.async_client.get("/v1/models", headers={"host": "evil.example"})
+        assert view.status_code == 400
+
+    async def test_allowed_hosts_are_served(self):
+        # ALLOWED_HOSTS of the development settings, and the test client's host.
+        for host in ("localhost", "localhost:8000", "127.0.0.1:8000", "[::1]", "testserver"):
+            assert await self.status(host) == 200, host
+        start, _, _ = await self.exchange("GET", "/v1/models")  # no Host: the server's name
+        assert start["status"] == 200
+
+    @override_settings(ALLOWED_HOSTS=[], DEBUG=True)
+    async def test_with_debug_and_no_allowed_hosts_only_localhost_is_allowed(self):
+        for host in ("localhost:8000", "api.localhost", "127.0.0.1", "[::1]:8000"):
+            assert await self.status(host) == 200, host
+        with self.assertLogs("django.security.DisallowedHost", "ERROR"):
+            assert await self.status("chat.example.com") == 400
+
+    @override_settings(ALLOWED_HOSTS=[], DEBUG=False)
+    async def test_without_debug_no_allowed_hosts_allows_none(self):
+        with self.assertLogs("django.security.DisallowedHost", "ERROR"):
+            assert await self.status("localhost") == 400
+
+    async def test_the_forwarded_host_counts_only_when_trusted(self):
+        forwarded = {"x-forwarded-host": "evil.example"}
+        assert await self.status("localhost", **forwarded) == 200
+        with self.settings(USE_X_FORWARDED_HOST=True):
+            with self.assertLogs("django.security.DisallowedHost", "ERROR"):
+                assert await self.status("localhost", **forwarded) == 400
+            assert await self.status("evil.example", **{"x-forwarded-host": "localhost"}) == 200
+
+    async def test_a_host_allowed_once_is_checked_again_when_the_settings_change(self):
+        assert await self.status("localhost") == 200
+        with self.settings(ALLOWED_HOSTS=["chat.example.com"]):
+            with self.assertLogs("django.security.DisallowedHost", "ERROR"):
+                assert await self.status("localhost") == 400
+            assert await self.status("chat.example.com") == 200
+
+
+@override_settings(**HTTPS)
+class HttpsTests(FastPathTestCase):
+    """The fast path does what SecurityMiddleware does for the views."""
+
+    async def test_plain_http_is_redirected_to_https_before_the_key_is_checked(self):
+        start, content, _ = await self.exchange(
+            "GET", "/v1/models", headers=self.headers(host="localhost:8000"), query_string="a=1"
+        )
+        assert start["status"] == 301
+        headers = dict(start["headers"])
+        assert headers[b"location"] == b"https://localhost:8000/v1/models?a=1"
+        assert b"strict-transport-security" not in headers  # never over plain HTTP
+        assert headers[b"x-content-type-options"] == b"nosniff"
+        assert content == b""
+        assert await RequestLog.objects.acount() == 0
+
+    async def test_https_replies_carry_hsts(self):
+        start, _, _ = await self.exchange(
+            "GET", "/v1/models", headers=self.headers(**{"x-forwarded-proto": "https"})
+        )
+        assert start["status"] == 200
+        headers = dict(start["headers"])
+        assert headers[b"strict-transport-security"] == b"max-age=3600; includeSubDomains"
+        assert headers[b"x-content-type-options"] == b"nosniff"
+
+    async def test_the_security_headers_are_the_views(self):
+        for proto in ("http", "https"):
+            start, _, _ = await self.exchange(
+                "GET",
+                "/v1/models",
+                headers=self.headers(**{"x-forwarded-proto": proto}),
+            )
+            view = await self.async_client.get(
+                "/v1/models",
+                headers={"Authorization": f"Bearer {self.plaintext}", "X-Forwarded-Proto": proto},
+            )
+            assert start["status"] == view.status_code
+            fast = {n: v for n, v in start["headers"] if n in SECURITY_HEADERS}
+            slow = {n.lower().encode(): v.encode() for n, v in view.items()}
+            assert fast == {n: slow[n] for n in SECURITY_HEADERS if n in slow}
+            assert fast, proto
+
+    @override_settings(SECURE_REDIRECT_EXEMPT=[r"^v1/models$"])
+    async def test_an_exempt_path_is_served_over_http(self):
+        start, _, _ = await self.exchange("GET", "/v1/models")
+        assert start["status"] == 200
+
+    @override_settings(SECURE_SSL_HOST="secure.example.com")
+    async def test_the_redirect_goes_to_secure_ssl_host(self):
+        start, _, _ = await self.exchange(
+            "GET", "/v1/models", headers=self.headers(host="localhost")
+        )
+        assert dict(start["headers"])[b"location"] == b"https://secure.example.com/v1/models"
+
+    @modify_settings(MIDDLEWARE={"remove": "django.middleware.security.SecurityMiddleware"})
+    async def test_without_security_middleware_nothing_is_redirected_or_added(self):
+        start, _, _ = await self.exchange("GET", "/v1/models")
+        assert start["status"] == 200
+        assert not {name for name, _ in start["headers"]} & set(SECURITY_HEADERS)

@@ -7,12 +7,14 @@ from unittest import mock
 
 import orjson
 from django.core.cache import cache
+from django.core.handlers.asgi import ASGIRequest
 from django.db import OperationalError
 from django.test import TestCase, override_settings
 from django.utils import timezone
 
-from chatparity import lookups, usage
+from chatparity import lookups, usage, views
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
+from tests.asgi import http_scope
 from tests.scripted import SCRIPTED
 
 
@@ -109,6 +111,8 @@ class ErrorTests(ViewTestCase):
 
     async def test_key_scoped_to_other_aliases_gets_404_and_a_filtered_model_list(self):
         other = await ModelAlias.objects.acreate(public_id="other", backend=self.local)
+        self.key.all_aliases = False
+        await self.key.asave()
         await self.key.allowed_aliases.aset([other])
         response = await self.ask(model="smollm2", max_tokens=1)
         assert response.status_code == 404
@@ -345,3 +349,20 @@ class BusyDatabaseTests(ViewTestCase):
             response = await self.ask(model="gpt-9")
         assert response.status_code == 404
         assert response.json()["error"]["code"] == "model_not_found"
+
+
+class UnreadableBody:
+    """A request body that must not be read."""
+
+    def read(self, *args):
+        raise AssertionError("the body of an unauthenticated request was read")
+
+
+class BodyTests(ViewTestCase):
+    async def test_the_key_is_checked_before_the_body_is_read(self):
+        for authorization in ([], [("authorization", "Bearer sk-cp-wrong-key-123456")]):
+            headers = [*authorization, ("content-type", "application/json")]
+            scope = http_scope("POST", "/v1/chat/completions", headers)
+            response = await views.chat_completions(ASGIRequest(scope, UnreadableBody()))
+            assert response.status_code == 401
+        assert await RequestLog.objects.acount() == 0
