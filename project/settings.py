@@ -1,8 +1,9 @@
 """Settings of the example project, read from the environment.
 
 With no environment at all these are development settings. ``DJANGO_ENV=production``
-turns DEBUG off, requires SECRET_KEY and ALLOWED_HOSTS, and turns on secure
-cookies, HSTS, the HTTPS redirect and logging to stdout.
+turns DEBUG off (and refuses ``DEBUG=1``), requires ALLOWED_HOSTS and a strong
+SECRET_KEY of its own, and turns on secure cookies, HSTS, the HTTPS redirect and
+logging to stdout.
 """
 
 import os
@@ -12,11 +13,17 @@ import sys
 from pathlib import Path
 
 import dj_database_url
+from django.core.checks.security.base import (
+    SECRET_KEY_INSECURE_PREFIX,
+    SECRET_KEY_MIN_LENGTH,
+    SECRET_KEY_MIN_UNIQUE_CHARACTERS,
+)
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 DEV_SECRET_KEY = "chatparity-dev-only-not-secret"
+TEMPLATE_SECRET_KEY = "change-me"  # the placeholder in deploy/chatparity.env
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -61,12 +68,27 @@ if ENVIRONMENT not in {"development", "production"}:
 PRODUCTION = ENVIRONMENT == "production"
 
 SECRET_KEY = os.environ.get("SECRET_KEY", DEV_SECRET_KEY)
-if PRODUCTION and SECRET_KEY in {"", DEV_SECRET_KEY}:
+if PRODUCTION and SECRET_KEY in {"", DEV_SECRET_KEY, TEMPLATE_SECRET_KEY}:
     raise ImproperlyConfigured(
-        "DJANGO_ENV=production needs SECRET_KEY in the environment, e.g. from"
+        "DJANGO_ENV=production needs a SECRET_KEY of its own in the environment (not an"
+        " example's), e.g. from python -c 'import secrets; print(secrets.token_urlsafe(50))'."
+    )
+if PRODUCTION and (
+    len(SECRET_KEY) < SECRET_KEY_MIN_LENGTH
+    or len(set(SECRET_KEY)) < SECRET_KEY_MIN_UNIQUE_CHARACTERS
+    or SECRET_KEY.startswith(SECRET_KEY_INSECURE_PREFIX)
+):
+    # What check --deploy only warns about (security.W009): here, a refusal.
+    raise ImproperlyConfigured(
+        f"DJANGO_ENV=production needs a SECRET_KEY of at least {SECRET_KEY_MIN_LENGTH}"
+        f" characters, {SECRET_KEY_MIN_UNIQUE_CHARACTERS} of them different, not starting"
+        f" with {SECRET_KEY_INSECURE_PREFIX!r}, e.g. from"
         " python -c 'import secrets; print(secrets.token_urlsafe(50))'."
     )
 DEBUG = _flag("DEBUG", not PRODUCTION)
+if PRODUCTION and DEBUG:
+    # Debug pages show settings, code and queries to whoever triggers an error.
+    raise ImproperlyConfigured("DJANGO_ENV=production refuses DEBUG=1.")
 ALLOWED_HOSTS = _list("ALLOWED_HOSTS", "" if PRODUCTION else "localhost,127.0.0.1,[::1]")
 if PRODUCTION and not ALLOWED_HOSTS:
     raise ImproperlyConfigured(

@@ -1,6 +1,7 @@
 """The example project's two modes: development with no environment at all, and
 ``DJANGO_ENV=production``, which must pass ``check --deploy`` without a single issue."""
 
+import json
 import os
 import runpy
 import subprocess
@@ -14,6 +15,7 @@ from django.test import TestCase, override_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = ROOT / "project" / "settings.py"
+ENV_TEMPLATE = ROOT / "project" / "deploy" / "chatparity.env"
 
 PRODUCTION = {
     "DJANGO_ENV": "production",
@@ -24,6 +26,14 @@ PRODUCTION = {
     "DATABASE_URL": "postgres://chatparity:secret@db.internal:5432/chatparity",
     "REDIS_URL": "redis://redis.internal:6379/0",
 }
+
+
+def template_value(name: str) -> str:
+    """``name``'s value in the production environment template."""
+    for line in ENV_TEMPLATE.read_text().splitlines():
+        if line.startswith(f"{name}="):
+            return line.partition("=")[2]
+    raise LookupError(name)
 
 
 def load_settings(**env: str) -> dict[str, object]:
@@ -82,6 +92,14 @@ def test_production_refuses_to_start_without_a_secret_key():
     [
         ({"SECRET_KEY": "chatparity-dev-only-not-secret"}, "SECRET_KEY"),
         ({"SECRET_KEY": ""}, "SECRET_KEY"),
+        ({"SECRET_KEY": template_value("SECRET_KEY")}, "SECRET_KEY"),
+        ({"SECRET_KEY": "x7Kq2-vN9pL4mR8tW1yZ5bC3dF6gH0jS_aE2uI9oP4lK7nM1q"}, "SECRET_KEY"),
+        ({"SECRET_KEY": "abcd" * 20}, "SECRET_KEY"),
+        (
+            {"SECRET_KEY": "django-insecure-x7Kq2-vN9pL4mR8tW1yZ5bC3dF6gH0jS_aE2uI9oP4l"},
+            "SECRET_KEY",
+        ),
+        ({"DEBUG": "1"}, "DEBUG"),
         ({"ALLOWED_HOSTS": ""}, "ALLOWED_HOSTS"),
         ({"DJANGO_ENV": "prod"}, "DJANGO_ENV"),
         ({"SECURE_SSL_REDIRECT": "ture"}, "SECURE_SSL_REDIRECT"),
@@ -118,7 +136,7 @@ def test_production_knobs_come_from_the_environment():
     settings = load_settings(
         **{
             **PRODUCTION,
-            "DEBUG": "1",
+            "DEBUG": "0",
             "SECURE_SSL_REDIRECT": "0",
             "SECURE_HSTS_SECONDS": "3600",
             "SECURE_HSTS_INCLUDE_SUBDOMAINS": "no",
@@ -127,7 +145,7 @@ def test_production_knobs_come_from_the_environment():
             "LOG_LEVEL": "warning",
         }
     )
-    assert settings["DEBUG"] is True
+    assert settings["DEBUG"] is False
     assert settings["SECURE_SSL_REDIRECT"] is False
     assert settings["SECURE_HSTS_SECONDS"] == 3600
     assert settings["SECURE_HSTS_INCLUDE_SUBDOMAINS"] is False
@@ -147,6 +165,56 @@ def test_production_logs_to_stdout():
     assert result.returncode == 0, result.stderr
     assert "WARNING chatparity" in result.stdout
     assert "upstream down" in result.stdout
+
+
+# Requests through the example project's ASGI application (the /v1 fast path in
+# front of Django), in a process started with the production environment.
+FAST_PATH_REQUESTS = """
+import asyncio, json
+from asgiref.testing import ApplicationCommunicator
+from project.asgi import application
+from tests.asgi import http_scope
+
+async def get(headers):
+    communicator = ApplicationCommunicator(application, http_scope("GET", "/v1/models", headers))
+    await communicator.send_input({"type": "http.request", "body": b""})
+    start = await communicator.receive_output(timeout=10)
+    await communicator.wait(timeout=10)
+    headers = {name.decode(): value.decode() for name, value in start["headers"]}
+    return {"status": start["status"], "headers": headers}
+
+async def main():
+    host = ("host", "chat.example.com")
+    print(json.dumps({
+        "bad host": await get([("host", "evil.example.com"), ("x-forwarded-proto", "https")]),
+        "http": await get([host]),
+        "https": await get([host, ("x-forwarded-proto", "https")]),
+    }))
+
+asyncio.run(main())
+"""
+
+
+def test_production_fast_path_refuses_bad_hosts_redirects_http_and_sends_hsts():
+    result = subprocess.run(
+        [sys.executable, "-c", FAST_PATH_REQUESTS],
+        cwd=ROOT,
+        env={"PATH": os.environ["PATH"], **PRODUCTION},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    *logged, last = result.stdout.splitlines()
+    replies = json.loads(last)
+    assert replies["bad host"]["status"] == 400
+    assert any("Invalid HTTP_HOST header: 'evil.example.com'" in line for line in logged)
+    assert replies["http"]["status"] == 301
+    assert replies["http"]["headers"]["location"] == "https://chat.example.com/v1/models"
+    assert "strict-transport-security" not in replies["http"]["headers"]
+    assert replies["https"]["status"] == 401  # reached the endpoint: no key
+    hsts = replies["https"]["headers"]["strict-transport-security"]
+    assert hsts == "max-age=31536000; includeSubDomains"
 
 
 _production = load_settings(**PRODUCTION)
