@@ -30,6 +30,11 @@ class ChatBackend(Protocol):
     :class:`~chatparity.protocol.errors.APIError` before the first event, so
     the client gets a real HTTP status. Closing or cancelling the generator
     must stop the work behind it at once.
+
+    ``model`` is the serving alias's model. A backend that passes parameters on
+    to another server passes the client's sampling and format parameters from
+    ``request.body`` and others only when named in ``request.forwarded_params``
+    (the alias's choice, never the client's).
     """
 
     config: BackendConfig

@@ -9,9 +9,20 @@ stream it was not asked for). Before the
 first event, refused or reset connections and 5xx answers are retried with
 backoff; the view then falls over to the alias's fallbacks.
 
+Only the conversation and the parameters that shape sampling and format
+(:data:`FORWARDED`) reach the upstream; others, those that cost money or
+store data upstream (``service_tier``, ``store``, ``metadata``,
+``web_search_options``, ``audio``, ``prediction``, ...), only when the alias
+lists them in ``ModelAlias.forwarded_params``.
+
+An upstream's error reaches clients as its status, type and code with a
+generic message; its own text (which may name internal hosts or show a masked
+key) is logged, and passed on only when the backend opts in.
+
 Options (``Backend.options``): ``retries`` (2), ``backoff`` (seconds, 0.2,
 doubled per retry), ``headers`` (extra request headers), ``connect_timeout``
-(seconds, 10). ``Backend.timeout`` bounds the whole request.
+(seconds, 10), ``pass_error_text`` (false: pass the upstream's own error
+messages on to clients). ``Backend.timeout`` bounds the whole request.
 
 After ``[DONE]`` the rest of the upstream's body (its last, empty chunk) is
 awaited in the background, so that the connection goes back to the pool; a
@@ -22,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from functools import cached_property, partial
@@ -33,11 +45,47 @@ from ..protocol.errors import APIError
 from ..protocol.events import Event, Usage
 from ..protocol.request import ChatRequest
 from ..protocol.tokens import approximate_prompt_tokens
-from ..protocol.upstream import ChunkReader, SSEReader, malformed, upstream_error
+from ..protocol.upstream import ChunkReader, SSEReader, UpstreamError, malformed, upstream_error
 from . import http1
 from .base import BackendConfig
 
+logger = logging.getLogger(__name__)
+
 _RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+
+# The request parameters an upstream gets whatever the alias: the conversation and
+# what shapes sampling and format, billed by nothing but the tokens they shape.
+# (model, stream and stream_options are the backend's own.) Not here, so only when
+# an alias forwards them: service_tier (a dearer tier), store and metadata (the
+# conversation kept upstream), web_search_options (paid searches), audio and
+# modalities (audio output), prediction (rejected predicted tokens are billed),
+# user, safety_identifier and prompt_cache_key (claims the gateway cannot check,
+# made in the name of the upstream's account).
+FORWARDED = frozenset(
+    {
+        "messages",
+        "temperature",
+        "top_p",
+        "max_tokens",
+        "max_completion_tokens",
+        "stop",
+        "n",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+        "seed",
+        "response_format",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "functions",
+        "function_call",
+        "reasoning_effort",
+        "verbosity",
+    }
+)
 
 
 def timeout_error() -> APIError:
@@ -65,6 +113,7 @@ class UpstreamBackend:
         if config.secret:
             self.headers["Authorization"] = f"Bearer {config.secret}"
         self.connect_timeout = min(float(config.options.get("connect_timeout", 10)), config.timeout)
+        self.pass_error_text = config.options.get("pass_error_text") is True
         digest = hashlib.sha256(f"{config.name}:{config.base_url}".encode()).hexdigest()
         self._fingerprint = f"fp_{digest[:10]}"
 
@@ -78,8 +127,13 @@ class UpstreamBackend:
         return http1.Endpoint(self.url, self.headers, connect_timeout=self.connect_timeout)
 
     async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[Event]:
+        body = {
+            name: value
+            for name, value in request.body.items()
+            if name in FORWARDED or name in request.forwarded_params
+        }
         # Streamed only when the client streams: a whole answer is cheaper to read.
-        body = {**request.body, "model": model or request.model, "stream": request.stream}
+        body.update(model=model or request.model, stream=request.stream)
         if request.stream:
             body["stream_options"] = {"include_usage": True}
         choice = request.tool_choice
@@ -122,27 +176,31 @@ class UpstreamBackend:
         self, body: dict[str, Any], reader: ChunkReader, deadline: float
     ) -> AsyncGenerator[Event, None]:
         """The events of one upstream request, up to its ``[DONE]`` or the end of its body."""
-        async with self._response(orjson.dumps(body), deadline) as response:
-            sse = SSEReader()
-            streamed = body["stream"] or response.headers.get("content-type", "").startswith(
-                "text/event-stream"  # an upstream that streams what was not asked so
-            )
-            try:
-                if not streamed:  # a whole completion; it leaves the reader done
-                    for item in reader.read_completion(await response.read()):
-                        yield item
-                while not reader.done:
-                    line = await response.readline()
-                    event = sse.flush() if line is None else sse.feed(line)
-                    if event is not None:
-                        for item in reader.read(event):
+        try:
+            async with self._response(orjson.dumps(body), deadline) as response:
+                sse = SSEReader()
+                content_type = response.headers.get("content-type", "")
+                # Also an upstream that streams what it was not asked to.
+                streamed = body["stream"] or content_type.startswith("text/event-stream")
+                try:
+                    if not streamed:  # a whole completion; it leaves the reader done
+                        for item in reader.read_completion(await response.read()):
                             yield item
-                    if line is None:
-                        break  # the body ended without [DONE]: what is open gets finished
-            except http1.Timeout:
-                raise timeout_error() from None
-            except http1.HTTPError as exc:
-                raise malformed(f"the connection dropped ({type(exc).__name__})") from None
+                    while not reader.done:
+                        line = await response.readline()
+                        event = sse.flush() if line is None else sse.feed(line)
+                        if event is not None:
+                            for item in reader.read(event):
+                                yield item
+                        if line is None:
+                            break  # the body ended without [DONE]: what is open gets finished
+                except http1.Timeout:
+                    raise timeout_error() from None
+                except http1.HTTPError as exc:
+                    self._log("the connection dropped", exc)
+                    raise malformed(f"the connection dropped ({type(exc).__name__})") from None
+        except UpstreamError as error:
+            raise self._reported(error) from None
 
     @asynccontextmanager
     async def _response(self, content: bytes, deadline: float) -> AsyncIterator[http1.Response]:
@@ -155,7 +213,8 @@ class UpstreamBackend:
                 response = await self._endpoint.post(content, deadline)
             except http1.Timeout:
                 raise timeout_error() from None
-            except http1.ConnectError:
+            except http1.ConnectError as exc:
+                self._log("could not connect", exc)
                 failure = APIError(
                     "The upstream is unavailable.",
                     status=503,
@@ -163,6 +222,7 @@ class UpstreamBackend:
                     code="upstream_unavailable",
                 )
             except http1.HTTPError as exc:
+                self._log("the connection failed", exc)
                 failure = APIError(
                     f"The upstream connection failed ({type(exc).__name__}).",
                     status=502,
@@ -185,8 +245,8 @@ class UpstreamBackend:
                 raise failure
             await asyncio.sleep(self.backoff * 2**attempt)
 
-    async def _error(self, response: http1.Response) -> APIError:
-        """The upstream's error in OpenAI's envelope, its status kept, the secret never shown."""
+    async def _error(self, response: http1.Response) -> UpstreamError:
+        """The upstream's error answer in OpenAI's envelope, its status kept."""
         try:
             body = await response.read()
         except http1.Timeout:
@@ -196,9 +256,27 @@ class UpstreamBackend:
         try:
             payload: Any = orjson.loads(body)
         except orjson.JSONDecodeError:
-            payload = None
-        status = response.status
-        error = upstream_error(payload, status=status if status < 500 else 502)
-        if self.config.secret and self.config.secret in error.message:
-            error.message = error.message.replace(self.config.secret, "***")
+            payload = body.decode("utf-8", "replace")
+        return upstream_error(payload, status=response.status)
+
+    def _reported(self, error: UpstreamError) -> UpstreamError:
+        """``error``, what the upstream sent logged, its own message passed on when the
+        backend opts in; the secret never shown."""
+        logger.warning(
+            "chatparity: backend %s: %s %s",
+            self.config.name,
+            error.message,
+            self._masked(error.detail) or "(nothing more)",
+        )
+        if self.pass_error_text and error.upstream_message:
+            error.message = self._masked(error.upstream_message)
         return error
+
+    def _log(self, what: str, exc: Exception) -> None:
+        """A connection failure, with what it says of the upstream, for the server's log only."""
+        logger.warning(
+            "chatparity: backend %s: %s: %s", self.config.name, what, self._masked(repr(exc))
+        )
+
+    def _masked(self, text: str) -> str:
+        return text.replace(self.config.secret, "***") if self.config.secret else text

@@ -7,11 +7,14 @@ error`` kept apart). :class:`ChunkReader` turns the upstream's
 what real servers get wrong: changing ids (ignored: the encoder sets its
 own), a missing or repeated role, a finish_reason riding on a content chunk,
 tool-call ids and names repeated on later deltas, a missing finisher or
-``[DONE]``, usage missing or on the wrong chunk.
+``[DONE]``, usage missing or on the wrong chunk. What an upstream sends
+instead (an error, something malformed) becomes an :class:`UpstreamError`,
+whose message tells clients nothing the upstream wrote.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
 import string
 from collections.abc import Iterable
@@ -65,39 +68,83 @@ class SSEReader:
         return event
 
 
-def upstream_error(payload: Any, status: int = 502) -> APIError:
-    """An APIError from an upstream's error envelope (or whatever it sent instead)."""
+class UpstreamError(APIError):
+    """An upstream's failure as clients see it: a message of ours with the upstream's
+    status, type and code.
+
+    ``detail`` is what the upstream sent (its error message, or an excerpt), for the
+    server's log; ``upstream_message`` its own error message, if it sent one. Upstream
+    texts may name internal hosts or carry secrets: they reach clients only when a
+    backend opts in.
+    """
+
+    def __init__(
+        self, message: str, *, detail: str = "", upstream_message: str = "", **fields: Any
+    ) -> None:
+        super().__init__(message, **fields)
+        self.detail = detail
+        self.upstream_message = upstream_message
+
+
+# What an upstream's type, code or param must look like to be passed on: identifiers
+# and parameter paths, never free text.
+_IDENTIFIER = re.compile(r"[A-Za-z0-9_.:\-\[\]]{1,64}")
+DETAIL_CHARS = 500  # of an upstream's text, kept for the log
+
+
+def _identifier(value: Any) -> str | None:
+    text = str(value) if isinstance(value, str | int) and not isinstance(value, bool) else ""
+    return text if _IDENTIFIER.fullmatch(text) else None
+
+
+def upstream_error(payload: Any, status: int | None = None) -> UpstreamError:
+    """The error an upstream answered with HTTP ``status`` (None: within a 2xx answer),
+    from its error envelope or whatever it sent instead (``payload``: decoded JSON, or
+    text). Clients get a 4xx status as is, anything else as 502."""
     error = payload.get("error") if isinstance(payload, dict) else None
+    kind = code = param = None
+    message = error if isinstance(error, str) else ""
     if isinstance(error, dict):
-        message = error.get("message")
-        return APIError(
-            str(message) if message else f"The upstream failed with HTTP {status}.",
-            status=status,
-            type=str(
-                error.get("type") or ("server_error" if status >= 500 else "invalid_request_error")
-            ),
-            param=error.get("param") if isinstance(error.get("param"), str) else None,
-            code=str(error["code"]) if error.get("code") is not None else None,
-        )
-    if isinstance(error, str):
-        return APIError(
-            error, status=status, type="server_error" if status >= 500 else "invalid_request_error"
-        )
-    return APIError(
-        f"The upstream failed with HTTP {status}.",
-        status=status,
-        type="server_error",
-        code="upstream_error",
+        message = error["message"] if isinstance(error.get("message"), str) else ""
+        kind, code = _identifier(error.get("type")), _identifier(error.get("code"))
+        param = _identifier(error.get("param"))
+    said = [f"status {status}"] if status is not None else []
+    if code is not None:
+        said.append(f"code '{code}'")
+    circumstances = f" ({', '.join(said)})" if said else ""
+    client_status = status if status is not None and 400 <= status < 500 else 502
+    return UpstreamError(
+        f"The upstream model returned an error{circumstances}.",
+        detail=_excerpt(message or payload),
+        upstream_message=message,
+        status=client_status,
+        type=kind or ("server_error" if client_status >= 500 else "invalid_request_error"),
+        param=param,
+        code=code if isinstance(error, dict) else "upstream_error",
     )
 
 
-def malformed(detail: str) -> APIError:
-    return APIError(
-        f"The upstream sent a malformed stream: {detail}",
+def malformed(problem: str, sent: str | bytes = "") -> UpstreamError:
+    """The upstream sent something that is not OpenAI's wire format: ``problem`` says what,
+    in our words; an excerpt of what it ``sent`` is kept for the log."""
+    return UpstreamError(
+        f"The upstream sent a malformed stream: {problem}.",
+        detail=_excerpt(sent),
         status=502,
         type="server_error",
         code="upstream_error",
     )
+
+
+def _excerpt(sent: Any) -> str:
+    """The start of what an upstream sent (text, bytes or decoded JSON), for the log."""
+    if isinstance(sent, bytes):
+        text = sent[:DETAIL_CHARS].decode("utf-8", "replace")
+    elif isinstance(sent, str):
+        text = sent
+    else:
+        text = "" if sent is None else orjson.dumps(sent).decode()
+    return text[:DETAIL_CHARS]
 
 
 class ChunkReader:
@@ -161,11 +208,11 @@ class ChunkReader:
         try:
             payload = orjson.loads(data)
         except orjson.JSONDecodeError:
-            raise malformed(f"invalid JSON {data[:80]!r}") from None
+            raise malformed("invalid JSON", data) from None
         if error_event or (isinstance(payload, dict) and "error" in payload):
             raise upstream_error(payload)
         if not isinstance(payload, dict):
-            raise malformed(f"{what} is not a JSON object")
+            raise malformed(f"{what} is not a JSON object", data)
         if isinstance(payload.get("usage"), dict):
             self.upstream_usage = _usage(payload["usage"])
         return payload

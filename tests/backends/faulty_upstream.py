@@ -254,6 +254,18 @@ def behaviours(upstream: FaultyUpstream) -> dict[str, Handler]:
                 }
             },
         ),
+        "leaky-error": lambda w: _json(
+            w,
+            400,
+            {
+                "error": {
+                    "message": f"vllm-0.internal.corp:8000 refused key {upstream.secret[:5]}***",
+                    "type": "error at 10.0.0.7",
+                    "param": "see http://10.0.0.7/",
+                    "code": "no route to 10.0.0.7",
+                }
+            },
+        ),
         "rate-limited": lambda w: _json(
             w, 429, {"error": {"message": "slow down", "type": "requests", "code": "rate_limit"}}
         ),

@@ -85,12 +85,12 @@ class UpstreamTestCase(TestCase):
 
 class CanonicalForwardingTests(UpstreamTestCase):
     async def test_forwards_with_the_secret_the_effective_model_and_usage_asked(self):
-        response = await self.ask("canonical", stream=True, user="u-1")
+        response = await self.ask("canonical", stream=True, temperature=0.5)
         chunks = await self.stream_of(response)
         sent = self.upstream.bodies["canonical"]
         assert sent["model"] == "canonical"
         assert sent["stream_options"] == {"include_usage": True}
-        assert sent["user"] == "u-1"
+        assert sent["temperature"] == 0.5
         head = self.upstream.heads["canonical"]
         assert f"authorization: bearer {SECRET}".lower() in head
         assert "content-type: application/json" in head
@@ -106,6 +106,72 @@ class CanonicalForwardingTests(UpstreamTestCase):
         assert completion["usage"]["completion_tokens"] == 2
         row = await RequestLog.objects.aget()
         assert (row.backend, row.upstream_model, row.total_tokens) == ("faulty", "canonical", 7)
+
+
+# What a client may send that costs money, keeps data upstream or speaks for the account.
+UNFORWARDED = {
+    "service_tier": "priority",
+    "store": True,
+    "metadata": {"who": "me"},
+    "web_search_options": {},
+    "prediction": {"type": "content", "content": "Hello"},
+    "modalities": ["text"],
+    "user": "u-1",
+    "safety_identifier": "s-1",
+    "prompt_cache_key": "k-1",
+}
+SAMPLING = {
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "max_tokens": 5,
+    "stop": ["\n"],
+    "n": 1,
+    "presence_penalty": 0.1,
+    "frequency_penalty": 0.1,
+    "logit_bias": {"50256": -100},
+    "logprobs": True,
+    "top_logprobs": 2,
+    "seed": 7,
+    "reasoning_effort": "low",
+    "verbosity": "low",
+}
+
+
+class AllowListTests(UpstreamTestCase):
+    """Only the sampling and format parameters reach an upstream, and those its alias
+    forwards."""
+
+    async def test_parameters_that_cost_money_or_keep_data_do_not_reach_the_upstream(self):
+        response = await self.ask("whole", **SAMPLING, **UNFORWARDED)
+        assert response.status_code == 200
+        sent = self.upstream.bodies["whole"]
+        assert sent.keys() == {"model", "messages", "stream", *SAMPLING}
+        assert {name: sent[name] for name in SAMPLING} == SAMPLING
+
+    async def test_tools_and_formats_reach_it(self):
+        tool = {"type": "function", "function": {"name": "get_weather"}}
+        response_format = {"type": "json_schema", "json_schema": {"name": "w", "schema": {}}}
+        body = {"tools": [tool], "tool_choice": "auto", "parallel_tool_calls": False}
+        await self.alias("whole-tool-calls")
+        await self.post("up-whole-tool-calls", response_format=response_format, **body)
+        sent = self.upstream.bodies["whole-tool-calls"]
+        assert sent.items() >= {**body, "response_format": response_format}.items()
+
+    async def test_an_alias_forwards_the_parameters_it_lists(self):
+        await self.alias("whole", forwarded_params=["service_tier", "store", "metadata"])
+        assert (await self.post("up-whole", **UNFORWARDED)).status_code == 200
+        sent = self.upstream.bodies["whole"]
+        assert (sent["service_tier"], sent["store"], sent["metadata"]) == (
+            "priority", True, {"who": "me"},
+        )  # fmt: skip
+        assert "web_search_options" not in sent
+        assert "user" not in sent
+
+    async def test_an_alias_default_is_forwarded_only_when_listed(self):
+        await self.alias("whole", default_params={"service_tier": "flex", "temperature": 0})
+        assert (await self.post("up-whole")).status_code == 200
+        assert "service_tier" not in self.upstream.bodies["whole"]
+        assert self.upstream.bodies["whole"]["temperature"] == 0
 
 
 class RepairTests(UpstreamTestCase):
@@ -210,25 +276,58 @@ class EmulationTests(UpstreamTestCase):
 
 
 class FailureTests(UpstreamTestCase):
-    async def test_client_error_keeps_status_and_message_without_the_secret(self):
-        response = await self.ask("bad-request")
+    async def test_client_error_keeps_status_type_and_code_with_a_message_of_ours(self):
+        with self.assertLogs("chatparity.backends.upstream", "WARNING") as logged:
+            response = await self.ask("bad-request")
         assert response.status_code == 400
         error = response.json()["error"]
         assert error == {
-            "message": "Bad key *** for this model",
+            "message": "The upstream model returned an error (status 400, code 'model_not_found').",
             "type": "invalid_request_error",
             "param": "model",
             "code": "model_not_found",
         }
-        assert SECRET not in response.content.decode()
         assert self.upstream.attempts["bad-request"] == 1  # a 4xx is not retried
         row = await RequestLog.objects.aget()
         assert (row.status_code, row.error_code) == (400, "model_not_found")
+        # What the upstream said is the server's to read, the secret masked.
+        assert "backend faulty" in logged.output[0]
+        assert "Bad key *** for this model" in logged.output[0]
+        assert SECRET not in "".join(logged.output)
+
+    async def test_free_text_in_an_upstream_error_never_reaches_the_client(self):
+        with self.assertLogs("chatparity.backends.upstream", "WARNING") as logged:
+            response = await self.ask("leaky-error")
+        assert response.status_code == 400
+        assert response.json()["error"] == {
+            "message": "The upstream model returned an error (status 400).",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
+        assert "vllm-0.internal.corp:8000 refused key sk-up***" in logged.output[0]
+
+    async def test_a_backend_may_pass_on_its_upstreams_messages_secret_masked(self):
+        trusted = await Backend.objects.acreate(
+            name="trusted", kind="openai", base_url=self.upstream.base_url, secret=SECRET,
+            options={"pass_error_text": True},
+        )  # fmt: skip
+        await self.alias("bad-request", backend=trusted)
+        with self.assertLogs("chatparity.backends.upstream", "WARNING"):
+            response = await self.post("up-bad-request")
+        assert response.status_code == 400
+        assert response.json()["error"]["message"] == "Bad key *** for this model"
+        assert response.json()["error"]["code"] == "model_not_found"
 
     async def test_rate_limit_is_passed_on_as_a_429(self):
         response = await self.ask("rate-limited", stream=True)
         assert response.status_code == 429
-        assert response.json()["error"]["message"] == "slow down"
+        assert response.json()["error"] == {
+            "message": "The upstream model returned an error (status 429, code 'rate_limit').",
+            "type": "requests",
+            "param": None,
+            "code": "rate_limit",
+        }
 
     async def test_server_errors_are_retried_then_a_502(self):
         response = await self.ask("server-error")
@@ -237,9 +336,16 @@ class FailureTests(UpstreamTestCase):
         assert self.upstream.attempts["server-error"] == 3
 
     async def test_an_html_error_page_becomes_the_envelope(self):
-        response = await self.ask("not-json-error", stream=True)
+        with self.assertLogs("chatparity.backends.upstream", "WARNING") as logged:
+            response = await self.ask("not-json-error", stream=True)
         assert response.status_code == 502
-        assert response.json()["error"]["code"] == "upstream_error"
+        assert response.json()["error"] == {
+            "message": "The upstream model returned an error (status 502).",
+            "type": "server_error",
+            "param": None,
+            "code": "upstream_error",
+        }
+        assert "<html>bad gateway</html>" in logged.output[-1]
 
     async def test_a_flaky_upstream_is_retried_until_it_answers(self):
         completion = (await self.ask("flaky")).json()
@@ -253,13 +359,20 @@ class FailureTests(UpstreamTestCase):
         assert self.upstream.attempts["reset"] == 3
 
     async def test_refused_connection_is_a_503_after_retries(self):
+        port = closed_port()
         down = await Backend.objects.acreate(
-            name="down", kind="openai", base_url=f"http://127.0.0.1:{closed_port()}/v1",
+            name="down", kind="openai", base_url=f"http://127.0.0.1:{port}/v1",
             options={"backoff": 0.01},
         )  # fmt: skip
         await self.alias("canonical", backend=down)
-        response = await self.post("up-canonical", stream=True)
+        with self.assertLogs("chatparity.backends.upstream", "WARNING") as logged:
+            response = await self.post("up-canonical", stream=True)
         assert response.status_code == 503
+        # Where the upstream lives is for the server's log only.
+        assert str(port) not in response.content.decode()
+        assert len(logged.output) == 3  # each attempt
+        assert "backend down: could not connect: ConnectError(" in logged.output[0]
+        assert str(port) in logged.output[0]
         assert response.json()["error"] == {
             "message": "The upstream is unavailable.",
             "type": "server_error",
@@ -283,8 +396,8 @@ class FailureTests(UpstreamTestCase):
         completion = response.json()
         assert completion["model"] == "primary"
         assert completion["choices"][0]["message"]["content"] == "Hello world"
-        row = await RequestLog.objects.aget()
-        assert (row.alias, row.backend, row.status_code) == ("primary", "faulty", 200)
+        row = await RequestLog.objects.aget()  # under the alias that answered
+        assert (row.alias, row.backend, row.status_code) == ("up-canonical", "faulty", 200)
 
     async def test_a_base_url_that_is_not_http_is_a_502(self):
         odd = await Backend.objects.acreate(
@@ -335,8 +448,10 @@ class MidStreamFailureTests(UpstreamTestCase):
         await self.assert_error_frame("malformed", "server_error")
 
     async def test_an_upstream_error_event_mid_stream(self):
-        chunks = await self.assert_error_frame("error-event", "server_error")
-        assert chunks[-2]["error"]["message"] == "overloaded"
+        with self.assertLogs("chatparity.backends.upstream", "WARNING") as logged:
+            chunks = await self.assert_error_frame("error-event", "server_error")
+        assert chunks[-2]["error"]["message"] == "The upstream model returned an error."
+        assert "overloaded" in logged.output[0]
 
     async def test_a_never_ending_stream_times_out(self):
         endless = await Backend.objects.acreate(
@@ -378,11 +493,9 @@ class ConnectionReuseTests(UpstreamTestCase):
     async def test_error_answers_and_their_retries_reuse_the_connection(self):
         response = await self.ask("keep-alive-busy")
         assert response.status_code == 502
-        assert response.json()["error"]["message"] == "busy"
         assert self.upstream.attempts["keep-alive-busy"] == 3
         response = await self.ask("keep-alive-bad-request")
         assert response.status_code == 400
-        assert response.json()["error"]["message"] == "no"
         assert self.new_connections() == 1
 
 

@@ -6,7 +6,13 @@ import pytest
 
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
-from chatparity.protocol.upstream import ChunkReader, ServerSentEvent, SSEReader
+from chatparity.protocol.upstream import (
+    ChunkReader,
+    ServerSentEvent,
+    SSEReader,
+    UpstreamError,
+    upstream_error,
+)
 
 
 def sse_events(*lines):
@@ -109,14 +115,20 @@ class TestChunkReader:
     )
     def test_error_events_raise_the_upstream_error(self, event, payload):
         reader = ChunkReader(n=1, prompt_tokens=0)
-        with pytest.raises(APIError) as raised:
+        with pytest.raises(UpstreamError) as raised:
             reader.read(ServerSentEvent(event, json.dumps(payload)))
-        assert (raised.value.message, raised.value.type) == ("overloaded", "server_error")
+        error = raised.value
+        assert (error.status, error.type) == (502, "server_error")
+        assert error.message == "The upstream model returned an error."
+        assert error.upstream_message == "overloaded"
 
-    def test_malformed_json_is_a_502(self):
-        with pytest.raises(APIError) as raised:
-            ChunkReader(n=1, prompt_tokens=0).read(ServerSentEvent("message", "{nope"))
-        assert (raised.value.status, raised.value.code) == (502, "upstream_error")
+    def test_malformed_json_is_a_502_that_keeps_what_was_sent_for_the_log(self):
+        with pytest.raises(UpstreamError) as raised:
+            ChunkReader(n=1, prompt_tokens=0).read(ServerSentEvent("message", "{at 10.0.0.7"))
+        error = raised.value
+        assert (error.status, error.code) == (502, "upstream_error")
+        assert error.message == "The upstream sent a malformed stream: invalid JSON."
+        assert (error.detail, error.upstream_message) == ("{at 10.0.0.7", "")
 
 
 class TestWholeCompletion:
@@ -151,8 +163,11 @@ class TestWholeCompletion:
     def test_an_error_envelope_is_the_upstreams_error(self):
         reader = ChunkReader(n=1, prompt_tokens=0)
         body = json.dumps({"error": {"message": "nope", "type": "invalid_request_error"}})
-        with pytest.raises(APIError, match="nope"):
+        with pytest.raises(UpstreamError) as raised:
             reader.read_completion(body.encode())
+        assert (raised.value.type, raised.value.upstream_message) == (
+            "invalid_request_error", "nope",
+        )  # fmt: skip
 
     @pytest.mark.parametrize("body", [b"{not json", b"[1, 2]"])
     def test_anything_else_is_malformed(self, body):
@@ -160,3 +175,54 @@ class TestWholeCompletion:
         with pytest.raises(APIError) as raised:
             reader.read_completion(body)
         assert raised.value.status == 502
+
+
+class TestUpstreamError:
+    """An upstream's error as clients see it: its status, type and code, our message."""
+
+    def test_the_envelope_keeps_status_type_param_and_code(self):
+        error = upstream_error(
+            {
+                "error": {
+                    "message": "This model's maximum context length is 8192 tokens.",
+                    "type": "invalid_request_error",
+                    "param": "messages.[0].content",
+                    "code": "context_length_exceeded",
+                }
+            },
+            status=400,
+        )
+        assert error.envelope()["error"] == {
+            "message": "The upstream model returned an error (status 400, code"
+            " 'context_length_exceeded').",
+            "type": "invalid_request_error",
+            "param": "messages.[0].content",
+            "code": "context_length_exceeded",
+        }
+        assert error.status == 400
+        assert error.upstream_message == "This model's maximum context length is 8192 tokens."
+
+    def test_free_text_in_type_param_or_code_is_dropped(self):
+        error = upstream_error(
+            {"error": {"type": "error at 10.0.0.7", "param": "x y", "code": "no route to host"}},
+            status=403,
+        )
+        assert (error.type, error.param, error.code) == ("invalid_request_error", None, None)
+        assert error.message == "The upstream model returned an error (status 403)."
+
+    @pytest.mark.parametrize(("status", "seen"), [(500, 502), (503, 502), (302, 502), (404, 404)])
+    def test_clients_get_a_4xx_as_is_and_anything_else_as_502(self, status, seen):
+        assert upstream_error({"error": {"message": "x"}}, status=status).status == seen
+
+    @pytest.mark.parametrize(
+        "payload", ["<html>proxy 10.0.0.7 says no</html>", {"error": "proxy 10.0.0.7 says no"}]
+    )
+    def test_what_is_not_an_envelope_is_an_upstream_error_kept_for_the_log(self, payload):
+        error = upstream_error(payload, status=500)
+        assert error.envelope()["error"] == {
+            "message": "The upstream model returned an error (status 500).",
+            "type": "server_error",
+            "param": None,
+            "code": "upstream_error",
+        }
+        assert "proxy 10.0.0.7 says no" in error.detail
