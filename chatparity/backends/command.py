@@ -237,7 +237,7 @@ def parse_declaration(name: object, declaration: object) -> Declaration:
     if not argv[0] or _template(where, argv[0]) != ((argv[0], None),):
         raise CommandConfigError(f"{where}: the program, argv[0], must be a plain non-empty string")
     templates = tuple(_template(where, arg) for arg in argv[1:])
-    defaults = _defaults(where, declaration.get("defaults", {}))
+    defaults = _defaults(f"{where}: 'defaults'", declaration.get("defaults", {}))
     fields = frozenset(name for pieces in templates for _, name in pieces if name is not None)
     unknown = sorted(fields - _BUILTINS - _PARAMETERS - defaults.keys())
     if unknown:
@@ -355,7 +355,8 @@ def validate_options(options: object) -> None:
     try:
         resolve_options(options)
     except CommandConfigError as exc:
-        raise ValidationError(f"{exc}.", code="invalid") from None
+        # Not code "invalid": a model form would show its JSON field's message for that code.
+        raise ValidationError(f"{exc}.", code="invalid_command") from None
 
 
 def _template(where: str, arg: str) -> Template:

@@ -1,12 +1,15 @@
-"""The command backend on real programs: cat, printf, sh, yes, and the llm CLI with SmolLM2.
+"""The command backend on real programs: cat, printf, sh, env, yes, and the llm CLI with SmolLM2.
 
-Direct tests drive ``CommandBackend.stream``; view tests go through
-/v1/chat/completions with Django's async test client, and the hang-up test
-through ASGI with ``http.disconnect``.
+Every program is declared in ``CHATPARITY["COMMANDS"]`` (``override_settings``);
+backends name it. Direct tests drive ``CommandBackend.stream``; view tests go
+through /v1/chat/completions with Django's async test client, and the hang-up
+test through ASGI with ``http.disconnect``.
 """
 
 import asyncio
+import logging
 import math
+import os
 import re
 import sys
 import tempfile
@@ -18,11 +21,13 @@ import pytest
 from asgiref.sync import sync_to_async
 from asgiref.testing import ApplicationCommunicator
 from django.core.asgi import get_asgi_application
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
-from django.test import TestCase, TransactionTestCase
+from django.test import TestCase, TransactionTestCase, override_settings
 
+from chatparity.admin import BackendForm
+from chatparity.api.serializers import BackendSerializer
 from chatparity.backends import backend_class
 from chatparity.backends.base import BackendConfig
 from chatparity.backends.command import CommandBackend
@@ -37,15 +42,23 @@ LLM = str(Path(sys.executable).with_name("llm"))  # the llm CLI of this venv
 GRANDPARENT = ["sh", "-c", 'sleep 300 & echo "$$ $!"; sleep 300']
 
 
-def command(*argv, timeout=60.0, secret="", **options):
+def declaring(**commands):
+    """Settings that declare ``commands`` (name -> declaration)."""
+    return override_settings(CHATPARITY={"COMMANDS": commands})
+
+
+def command(*argv, timeout=60.0, secret="", options=None, **declaration):
+    """A backend of ``argv``, declared as ``cli`` with ``declaration``; ``options`` are
+    what its row sets beside the name."""
     config = BackendConfig(
         name="cli",
         kind="command",
         secret=secret,
-        options={"argv": list(argv), **options},
+        options={"command": "cli", **(options or {})},
         timeout=timeout,
     )
-    return CommandBackend(config)
+    with declaring(cli={"argv": list(argv), **declaration}):
+        return CommandBackend(config)
 
 
 def ask(content="Hello there", *, messages=None, body=None, **fields):
@@ -177,7 +190,7 @@ def test_conversation_is_rendered_with_system_first_and_roles_labelled():
 
 def test_prompt_via_argument_leaves_stdin_empty():
     backend = command("sh", "-c", 'printf "%s|" "$1"; cat', "sh", "{prompt}")
-    assert backend.options.prompt_via == "argument"
+    assert backend.declaration.prompt_via == "argument"
     assert text_of(answer(backend, ask("Hi"))) == "Hi|"
 
 
@@ -230,18 +243,16 @@ def test_a_system_placeholder_without_system_messages_needs_a_default():
     assert text_of(answer(backend, ask())) == "[]"
 
 
-def test_a_value_that_looks_like_an_option_is_refused_unless_after_double_dash():
-    backend = command("printf", "%s", "{prompt}")
-    error = failure(backend, ask("--version"))[1]
-    assert (error.status, error.code, error.param) == (400, "invalid_value", "messages")
-    backend = command("sh", "-c", 'printf %s "$2"', "sh", "--", "{prompt}")
-    assert text_of(answer(backend, ask("--version"))) == "--version"
-    numbers = command("printf", "%s", "{presence_penalty}")
-    assert text_of(answer(numbers, ask(body={"presence_penalty": -1.5}))) == "-1.5"
+def test_the_client_cannot_fill_a_placeholder_only_the_declaration_gives():
+    backend = command("printf", "%s", "{profile}", defaults={"profile": "safe"})
+    assert text_of(answer(backend, ask(body={"profile": "--evil"}))) == "safe"
+
+
+# -- declarations ------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("options", "problem"),
+    ("declaration", "problem"),
     [
         ({"argv": ["printf", "{a.b}"]}, "only plain {name} placeholders"),
         ({"argv": ["printf", "{a[0]}"]}, "only plain {name} placeholders"),
@@ -250,7 +261,8 @@ def test_a_value_that_looks_like_an_option_is_refused_unless_after_double_dash()
         ({"argv": ["printf", "{}"]}, "only plain {name} placeholders"),
         ({"argv": ["printf", "{model"]}, "expected '}'"),
         ({"argv": ["printf", "{reasoning_efort}"]}, "unknown placeholder(s) reasoning_efort"),
-        ({"argv": ["{model}"]}, "argv[0], cannot hold a placeholder"),
+        ({"argv": ["{model}"]}, "argv[0], must be a plain non-empty string"),
+        ({"argv": [""]}, "argv[0], must be a plain non-empty string"),
         ({"argv": []}, "'argv' must be a non-empty list"),
         ({"argv": "llm -m x"}, "'argv' must be a non-empty list"),
         ({"argv": ["cat"], "prompt_via": "argument"}, "no argument uses {prompt}"),
@@ -258,13 +270,151 @@ def test_a_value_that_looks_like_an_option_is_refused_unless_after_double_dash()
         ({"argv": ["cat"], "max_seconds": 0}, "'max_seconds' must be a positive"),
         ({"argv": ["cat"], "secret_env": "A KEY"}, "'secret_env' must be"),
         ({"argv": ["cat"], "defaults": {"x": [1]}}, "'defaults' must map"),
-        ({"argv": ["cat"], "argument": "x"}, "unknown option(s) argument"),
+        ({"argv": ["cat"], "defaults": {"x": "a\0b"}}, "'x' holds a control character"),
+        ({"argv": ["cat"], "env": {"A=B": "x"}}, "'env' must map variable names"),
+        ({"argv": ["cat"], "env": {"A": 1}}, "'env' must map variable names"),
+        ({"argv": ["cat"], "pass_env": "HOME"}, "'pass_env' must be a list"),
+        ({"argv": ["cat"], "cwd": "/tmp"}, "unknown key(s) cwd"),
+        (["cat"], "must be a dict"),
     ],
 )
-def test_bad_options_are_refused_when_the_backend_is_built(options, problem):
-    with pytest.raises(ImproperlyConfigured) as raised:
-        CommandBackend(BackendConfig(name="cli", kind="command", options=options))
+def test_bad_declarations_are_refused_when_the_backend_is_built(declaration, problem):
+    config = BackendConfig(name="cli", kind="command", options={"command": "cli"})
+    with declaring(cli=declaration), pytest.raises(ImproperlyConfigured) as raised:
+        CommandBackend(config)
     assert problem in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ({"argv": ["sh", "-c", "id"]}, "'command' must name a program declared"),
+        (
+            {"command": "sh"},
+            "no program 'sh' is declared in CHATPARITY['COMMANDS'] (declared: cli)",
+        ),
+        ({"command": "cli", "argv": ["sh"]}, "option(s) argv cannot be set on a backend"),
+        ({"command": "cli", "env": {"LD_PRELOAD": "x"}}, "option(s) env cannot be set"),
+        ({"command": "cli", "pass_env": ["SECRET_KEY"]}, "option(s) pass_env cannot be set"),
+        ({"command": "cli", "secret_env": "X"}, "option(s) secret_env cannot be set"),
+        ({"command": "cli", "prompt_via": "argument"}, "option(s) prompt_via cannot be set"),
+        ({"command": "cli", "defaults": {"flag": "x"}}, "flag is not a placeholder of 'cli'"),
+        ({"command": "cli", "defaults": {"model": "a\x1bb"}}, "holds a control character"),
+        ({"command": "cli", "max_seconds": 31}, "'max_seconds' cannot exceed 30"),
+        ({"command": "cli", "max_seconds": -1}, "'max_seconds' must be a positive number"),
+        ({"command": "cli", "trim": "no"}, "'trim' must be true or false"),
+        ("cat", "options must be an object"),
+    ],
+)
+def test_a_backend_names_a_declared_program_and_sets_nothing_else(options, problem):
+    config = BackendConfig(name="mine", kind="command", options=options)
+    cli = {"argv": ["printf", "%s", "{model}"], "max_seconds": 30}
+    with declaring(cli=cli), pytest.raises(ImproperlyConfigured) as raised:
+        CommandBackend(config)
+    assert problem in str(raised.value)
+
+
+def test_a_backend_sets_defaults_max_seconds_and_trim_within_its_declaration():
+    template = ("printf", "%s;%s\n", "{model}", "{reasoning_effort}")
+    declared = {"defaults": {"reasoning_effort": "medium"}, "max_seconds": 30}
+    plain = command(*template, **declared)
+    assert (plain.options.max_seconds, plain.options.trim) == (30, True)
+    assert text_of(answer(plain, ask(), model="m")) == "m;medium"
+    row = {"defaults": {"reasoning_effort": "low", "model": "m1"}, "max_seconds": 5, "trim": False}
+    chosen = command(*template, **declared, options=row)
+    assert (chosen.options.max_seconds, chosen.options.trim) == (5, False)
+    assert text_of(answer(chosen, ask(), model="")) == "m1;low\n"
+    assert text_of(answer(chosen, ask(body={"reasoning_effort": "high"}), model="m")) == "m;high\n"
+
+
+def test_the_declared_max_seconds_caps_the_backend_timeout():
+    backend = command("sleep", "300", timeout=600, max_seconds=0.3)
+    assert backend.options.max_seconds == 0.3
+    started = time.monotonic()
+    assert failure(backend, ask())[1].code == "request_timeout"
+    assert time.monotonic() - started < 10
+    assert command("cat", timeout=2, max_seconds=30).options.max_seconds == 2
+
+
+# -- argument guard ----------------------------------------------------------
+
+# Records that it ran in the file $0, then prints its arguments.
+ARGUMENTS = ("sh", "-c", 'touch "$0"; printf "%s|" "$@"')
+PASSWD = [Message("system", "--output=/etc/passwd"), Message("user", "Hi")]
+
+
+def arguments_of(tmp_path, template, *, model="m", **request):
+    """What the program got as arguments from ``template``, or the error (it never ran)."""
+    marker = tmp_path / "ran"
+    backend = command(*ARGUMENTS, str(marker), *template, defaults={"system": ""})
+    events, error = run(backend, ask(**request), model)
+    assert marker.exists() == (error is None)
+    return error or text_of(events)
+
+
+@pytest.mark.parametrize(
+    ("template", "request_", "param"),
+    [
+        (["{prompt}"], {"content": "--version"}, "messages"),
+        (["{system}{prompt}"], {"messages": PASSWD}, "messages"),
+        (["{system}{prompt}"], {"content": "-x"}, "messages"),
+        (["{presence_penalty}"], {"body": {"presence_penalty": -1.5}}, "presence_penalty"),
+        (["{seed}"], {"body": {"seed": -5}}, "seed"),
+        (["{model}"], {"model": "-rf"}, "model"),
+    ],
+    ids=["prompt", "system-then-prompt", "empty-system-then-prompt", "negative-float",
+         "negative-integer", "model"],
+)  # fmt: skip
+def test_a_value_that_would_start_an_argument_with_a_dash_is_refused(
+    tmp_path, template, request_, param
+):
+    error = arguments_of(tmp_path, template, **request_)
+    assert (error.status, error.type, error.code, error.param) == (
+        400, "invalid_request_error", "invalid_value", param,
+    )  # fmt: skip
+    assert "cannot begin with '-'" in error.message
+
+
+@pytest.mark.parametrize(
+    ("template", "request_", "sent"),
+    [
+        (["x{prompt}"], {"content": "-v"}, "x-v|"),
+        (["--penalty={presence_penalty}"], {"body": {"presence_penalty": -1.5}}, "--penalty=-1.5|"),
+        (["{system}{prompt}"], {"messages": [Message("system", "Be"), Message("user", "-x")]},
+         "Be-x|"),
+        (["--", "{system}{prompt}"], {"messages": PASSWD}, "--|--output=/etc/passwdHi|"),
+        (["--", "-a", "--", "{system}"], {"messages": PASSWD}, "--|-a|--|--output=/etc/passwd|"),
+        (["{prompt}", "--"], {"content": "a\tb\r\nc"}, "a\tb\r\nc|--|"),
+    ],
+    ids=["after-a-literal", "in-a-flag", "after-a-value", "after-double-dash",
+         "after-the-first-double-dash", "tab-and-newlines"],
+)  # fmt: skip
+def test_a_value_is_passed_where_it_cannot_start_an_option(tmp_path, template, request_, sent):
+    assert arguments_of(tmp_path, template, **request_) == sent
+
+
+@pytest.mark.parametrize("character", ["\0", "\x01", "\x1b", "\x0b", "\x7f"])
+@pytest.mark.parametrize(
+    ("template", "request_", "param"),
+    [
+        (["{prompt}"], lambda c: {"content": f"Hi{c}there"}, "messages"),
+        (["--", "{system}"], lambda c: {"messages": [Message("system", c), Message("user", "Hi")]},
+         "messages"),
+        (["--user={user}"], lambda c: {"body": {"user": f"me{c}"}}, "user"),
+        (["{model}"], lambda c: {"model": f"m{c}"}, "model"),
+    ],
+    ids=["prompt", "system", "parameter", "model"],
+)  # fmt: skip
+def test_a_control_character_in_any_value_is_a_400_before_anything_runs(
+    tmp_path, character, template, request_, param
+):
+    error = arguments_of(tmp_path, template, **request_(character))
+    assert (error.status, error.code, error.param) == (400, "invalid_value", param)
+    assert "control characters" in error.message
+
+
+def test_a_control_character_in_a_prompt_sent_to_stdin_is_no_argument():
+    assert text_of(answer(command("cat"), ask("a\0b"))) == "a\0b"
 
 
 def test_the_registry_knows_the_command_kind():
@@ -346,11 +496,12 @@ def test_time_out_after_output_ends_the_events_with_the_504():
     assert_group_is_gone(leader, child)
 
 
-def test_a_missing_program_is_a_spawn_error():
-    events, error = failure(command("/nonexistent/cli"), ask())
+def test_a_missing_program_is_a_spawn_error_naming_only_the_declaration(caplog):
+    events, error = failure(command("/nonexistent/bin/cli-program"), ask())
     assert events == []
     assert (error.status, error.type, error.code) == (500, "server_error", "spawn_error")
-    assert "/nonexistent/cli" in error.message
+    assert error.message == "The command 'cli' could not be started."
+    assert "/nonexistent/bin/cli-program" in caplog.text  # for whoever runs the server
 
 
 def test_a_program_that_is_not_executable_is_a_spawn_error(tmp_path):
@@ -359,14 +510,22 @@ def test_a_program_that_is_not_executable_is_a_spawn_error(tmp_path):
     assert failure(command(str(script)), ask())[1].code == "spawn_error"
 
 
-def test_non_zero_exit_before_output_names_the_status_and_last_stderr_line():
-    backend = command("sh", "-c", "echo 'loading' >&2; echo 'Error: no key' >&2; exit 3")
-    events, error = failure(backend, ask())
+def test_non_zero_exit_answers_the_status_alone_and_logs_the_stderr(caplog):
+    backend = command("sh", "-c", "echo 'loading' >&2; echo 'Error: no key at /srv' >&2; exit 3")
+    with caplog.at_level(logging.WARNING, logger="chatparity.backends.command"):
+        events, error = failure(backend, ask())
     assert events == []
     assert (error.status, error.type, error.code) == (500, "server_error", "command_failed")
-    assert "status 3" in error.message
-    assert "Error: no key" in error.message
-    assert "loading" not in error.message
+    assert error.message == "The command 'cli' exited with status 3."
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING
+    assert "backend 'cli'" in record.getMessage()
+    assert "loading\nError: no key at /srv" in record.getMessage()
+
+
+def test_a_program_killed_by_a_signal_says_so():
+    error = failure(command("sh", "-c", "echo secret-ish >&2; kill -9 $$"), ask())[1]
+    assert error.message == "The command 'cli' was killed by signal 9."
 
 
 def test_non_zero_exit_after_output_fails_after_the_deltas():
@@ -377,13 +536,7 @@ def test_non_zero_exit_after_output_fails_after_the_deltas():
     assert "status 4" in error.message
 
 
-def test_a_long_stderr_line_is_truncated_in_the_message():
-    error = failure(command("sh", "-c", "printf 'x%.0s' $(seq 2000) >&2; exit 1"), ask())[1]
-    assert "xxxx" in error.message
-    assert len(error.message) < 400
-
-
-def test_the_secret_reaches_only_the_named_variable_and_never_an_error():
+def test_the_secret_reaches_only_the_named_variable_and_never_an_error_or_the_log(caplog):
     secret = "sk-upstream-1234567890"
     echo = 'printf "%s" "$UPSTREAM_KEY"'
     assert text_of(answer(command("sh", "-c", echo, secret=secret), ask())) == ""
@@ -394,8 +547,49 @@ def test_the_secret_reaches_only_the_named_variable_and_never_an_error():
         secret_env="UPSTREAM_KEY",
     )  # fmt: skip
     error = failure(leaky, ask())[1]
-    assert secret not in error.message
-    assert "bad key ***" in error.message
+    assert secret not in error.message + caplog.text
+    assert "bad key ***" in caplog.text
+
+
+# -- environment -------------------------------------------------------------
+
+
+def environment_of(backend):
+    return dict(line.split("=", 1) for line in text_of(answer(backend, ask())).splitlines())
+
+
+def test_the_program_gets_path_home_lang_and_only_what_is_declared(monkeypatch):
+    monkeypatch.setenv("SECRET_KEY", "django-secret")
+    monkeypatch.setenv("DATABASE_URL", "postgres://user:password@db/chat")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
+    monkeypatch.setenv("LANG", "fr_FR.UTF-8")
+    backend = command(
+        "env", secret="sk-1", secret_env="UPSTREAM_KEY", env={"LLM_USER_PATH": "/var/lib/llm"},
+        pass_env=["HTTPS_PROXY", "NOT_SET_ANYWHERE"],
+    )  # fmt: skip
+    assert environment_of(backend) == {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ["HOME"],
+        "LANG": "fr_FR.UTF-8",
+        "HTTPS_PROXY": "http://proxy:3128",
+        "LLM_USER_PATH": "/var/lib/llm",
+        "UPSTREAM_KEY": "sk-1",
+    }
+
+
+def test_without_the_server_s_own_values_the_environment_has_safe_ones(monkeypatch):
+    for name in ("PATH", "HOME", "LANG"):
+        monkeypatch.delenv(name, raising=False)
+    environment = environment_of(command("/usr/bin/env"))
+    assert environment == {
+        "PATH": os.defpath,
+        "HOME": os.path.expanduser("~"),
+        "LANG": "C.UTF-8",
+    }
+
+
+def test_the_declaration_s_env_wins_over_the_server_s_path():
+    assert environment_of(command("env", env={"PATH": "/bin"}))["PATH"] == "/bin"
 
 
 # -- cancellation ------------------------------------------------------------
@@ -446,9 +640,17 @@ class CommandViewTests(TestCase):
     def setUpTestData(cls):
         cls.key, cls.plaintext = ApiKey.objects.create_key("tests")
 
-    async def alias(self, public_id, *argv, seconds=60.0, default_params=None, model="", **options):
+    def setUp(self):
+        self.commands = {}  # what alias() declares, seen by the settings as it grows
+        self.enterContext(override_settings(CHATPARITY={"COMMANDS": self.commands}))
+
+    async def alias(
+        self, public_id, *argv, seconds=60.0, default_params=None, model="", **declaration
+    ):
+        """An alias of a backend named ``public_id`` running ``argv``, declared under that name."""
+        self.commands[public_id] = {"argv": list(argv), **declaration}
         backend = await Backend.objects.acreate(
-            name=public_id, kind="command", options={"argv": list(argv), **options}, timeout=seconds
+            name=public_id, kind="command", options={"command": public_id}, timeout=seconds
         )
         await ModelAlias.objects.acreate(
             public_id=public_id, backend=backend, model=model, default_params=default_params or {}
@@ -540,19 +742,29 @@ class CommandViewTests(TestCase):
         row = await RequestLog.objects.aget()
         assert (row.status_code, row.error_code) == (200, "request_timeout")
 
-    async def test_spawn_error_is_a_500(self):
-        await self.alias("gone", "/nonexistent/cli")
+    async def test_spawn_error_is_a_500_without_the_path(self):
+        await self.alias("gone", "/nonexistent/bin/cli")
         response = await self.ask("gone", stream=True)
         assert response.status_code == 500
-        assert response.json()["error"]["code"] == "spawn_error"
+        assert response.json()["error"] == {
+            "message": "The command 'gone' could not be started.",
+            "type": "server_error",
+            "param": None,
+            "code": "spawn_error",
+        }
 
     async def test_failure_before_output_is_a_500_and_after_output_an_error_frame(self):
-        await self.alias("fails", "sh", "-c", "echo 'quota exceeded' >&2; exit 2")
-        response = await self.ask("fails", stream=True)
+        await self.alias("fails", "sh", "-c", "echo 'quota exceeded for /srv/app' >&2; exit 2")
+        with self.assertLogs("chatparity.backends.command", logging.WARNING) as logs:
+            response = await self.ask("fails", stream=True)
         assert response.status_code == 500
-        error = response.json()["error"]
-        assert (error["type"], error["code"]) == ("server_error", "command_failed")
-        assert "quota exceeded" in error["message"]
+        assert response.json()["error"] == {
+            "message": "The command 'fails' exited with status 2.",
+            "type": "server_error",
+            "param": None,
+            "code": "command_failed",
+        }
+        assert "quota exceeded for /srv/app" in logs.output[0]
 
         await self.alias("fails-late", "sh", "-c", "printf partial; sleep 0.1; exit 2")
         response = await self.ask("fails-late", stream=True)
@@ -560,6 +772,64 @@ class CommandViewTests(TestCase):
         frames = await self.frames(response)
         assert orjson.loads(frames[-2])["error"]["code"] == "command_failed"
         assert frames[-1] == b"[DONE]"
+
+    async def test_a_backend_written_to_the_database_with_its_own_argv_runs_nothing(self):
+        marker = Path(self.enterContext(tempfile.TemporaryDirectory())) / "ran"
+        self.commands["cli"] = {"argv": ["sh", "-c", f"touch {marker}"]}  # a real program
+        for name, options in [
+            ("argv", {"argv": ["sh", "-c", f"touch {marker}"]}),
+            ("named", {"command": "cli", "argv": ["sh", "-c", f"touch {marker}"]}),
+            ("undeclared", {"command": "sh"}),
+        ]:
+            backend = await Backend.objects.acreate(name=name, kind="command", options=options)
+            await ModelAlias.objects.acreate(public_id=name, backend=backend)
+            with self.assertLogs("django.request", logging.ERROR):
+                response = await self.ask(name)
+            assert response.status_code == 500
+            assert response.json()["error"]["message"] == (
+                "The server had an error while processing your request."
+            )
+        assert not marker.exists()
+
+
+@declaring(cli={"argv": ["printf", "%s", "{model}"], "max_seconds": 30})
+class CommandValidationTests(TestCase):
+    """The admin and the management API refuse what the backend would refuse."""
+
+    def test_a_command_backend_is_checked_on_full_clean(self):
+        Backend(
+            name="ok", kind="command", options={"command": "cli", "max_seconds": 5}
+        ).full_clean()
+        for options in [
+            {"argv": ["sh", "-c", "id"]},
+            {"command": "sh"},
+            {"command": "cli", "env": {}},
+        ]:
+            with pytest.raises(ValidationError) as raised:
+                Backend(name="bad", kind="command", options=options).full_clean()
+            assert list(raised.value.message_dict) == ["options"]
+        Backend(name="other", kind="openai", options={"argv": ["x"]}).full_clean()  # not a program
+
+    def test_the_admin_form_refuses_an_undeclared_program(self):
+        data = {"name": "cli", "kind": "command", "timeout": 60, "enabled": True}
+        form = BackendForm(data={**data, "options": '{"argv": ["sh", "-c", "id"]}'})
+        assert not form.is_valid()
+        assert "'command' must name a program declared" in form.errors["options"][0]
+        assert BackendForm(data={**data, "options": '{"command": "cli"}'}).is_valid()
+
+    def test_the_api_serializer_refuses_an_undeclared_program_on_create_and_update(self):
+        data = {"name": "cli", "kind": "command", "options": {"command": "sh"}}
+        serializer = BackendSerializer(data=data)
+        assert not serializer.is_valid()
+        assert "no program 'sh' is declared" in str(serializer.errors["options"][0])
+        backend = Backend.objects.create(name="cli", kind="local")
+        changed = BackendSerializer(backend, data={"kind": "command"}, partial=True)
+        assert not changed.is_valid()
+        assert "options" in changed.errors
+        allowed = BackendSerializer(
+            backend, data={"kind": "command", "options": {"command": "cli"}}, partial=True
+        )
+        assert allowed.is_valid(), allowed.errors
 
 
 class CommandHangUpTests(TransactionTestCase):
@@ -572,8 +842,9 @@ class CommandHangUpTests(TransactionTestCase):
 
     async def test_hang_up_kills_the_process_group_and_logs_a_cancelled_row(self):
         _, plaintext = await sync_to_async(ApiKey.objects.create_key)("hang-up")
+        self.enterContext(declaring(grandparent={"argv": GRANDPARENT}))
         backend = await Backend.objects.acreate(
-            name="grandparent", kind="command", options={"argv": GRANDPARENT}
+            name="grandparent", kind="command", options={"command": "grandparent"}
         )
         await ModelAlias.objects.acreate(public_id="grandparent", backend=backend)
         communicator = ApplicationCommunicator(get_asgi_application(), scope(plaintext))

