@@ -19,12 +19,27 @@ from .dashboard import UsageDashboardAdmin
 from .models import ApiKey, Backend, ModelAlias, RequestLog, UsageDashboard
 
 
+class ApiKeyForm(forms.ModelForm):
+    """A key for every alias, or for the aliases selected: never both by mistake."""
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if cleaned.get("all_aliases") and cleaned.get("allowed_aliases"):
+            self.add_error(
+                "allowed_aliases",
+                "Untick 'all aliases' to limit the key to these, or select none.",
+            )
+        return cleaned
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
+    form = ApiKeyForm
     list_display = [
-        "name", "masked_key", "owner", "status", "expires_at", "created_at", "last_used_at",
+        "name", "masked_key", "owner", "status", "all_aliases", "expires_at", "created_at",
+        "last_used_at",
     ]  # fmt: skip
-    list_filter = ["is_active", "owner"]
+    list_filter = ["is_active", "all_aliases", "owner"]
     search_fields = ["name", "prefix"]
     readonly_fields = ["masked_key", "usage_against_limits", "created_at", "last_used_at"]
     filter_horizontal = ["allowed_aliases"]
@@ -35,7 +50,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     )  # fmt: skip
 
     def get_fieldsets(self, request: HttpRequest, obj: ApiKey | None = None) -> Any:
-        key = ("name", "owner", "is_active", "expires_at", "allowed_aliases")
+        key = ("name", "owner", "is_active", "expires_at", "all_aliases", "allowed_aliases")
         if obj is None:
             return [(None, {"fields": key}), ("Limits and budgets", {"fields": self.limits})]
         return [
@@ -82,13 +97,23 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke selected keys", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        count = queryset.update(is_active=False)
+        count = self._set_active(request, queryset, False)
         self.message_user(request, f"Revoked {count} key(s).", messages.SUCCESS)
 
     @admin.action(description="Reactivate selected keys", permissions=["change"])
     def reactivate(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        count = queryset.update(is_active=True)
+        count = self._set_active(request, queryset, True)
         self.message_user(request, f"Reactivated {count} key(s).", messages.SUCCESS)
+
+    def _set_active(self, request: HttpRequest, queryset: QuerySet[ApiKey], active: bool) -> int:
+        """Save each key that changes, noted in its admin history; how many did."""
+        keys = list(queryset.filter(is_active=not active))
+        for key in keys:
+            key.is_active = active
+            # save(), not update(): its signal empties this worker's key cache at once.
+            key.save(update_fields=["is_active"])
+            self.log_change(request, key, "Reactivated." if active else "Revoked.")
+        return len(keys)
 
 
 class BackendForm(forms.ModelForm):
@@ -139,10 +164,12 @@ class BackendAdmin(admin.ModelAdmin):
     def alias_count(self, backend: Backend) -> int:
         return backend.alias_count  # type: ignore[attr-defined, no-any-return]
 
-    @admin.action(description="Test connection", permissions=["view"])
+    @admin.action(description="Test connection", permissions=["change"])
     def test_connection(self, request: HttpRequest, queryset: QuerySet[Backend]) -> None:
+        """A one-token completion on each backend: it may cost money, hence the change
+        permission, and leaves a log row."""
         for backend in queryset:
-            trial = async_to_sync(probe.check_connection)(backend)
+            trial = async_to_sync(probe.check_connection)(backend, request.user.get_username())
             if trial.ok:
                 self.message_user(
                     request,
@@ -169,15 +196,21 @@ class ModelAliasAdmin(admin.ModelAdmin):
     list_select_related = ["backend"]
     actions = ["try_it"]
 
-    @admin.action(description="Try it: send a short prompt", permissions=["view"])
+    @admin.action(description="Try it: send a short prompt", permissions=["change"])
     def try_it(self, request: HttpRequest, queryset: QuerySet[ModelAlias]) -> TemplateResponse:
-        """An intermediate page: a prompt form, and each selected alias's reply and timing."""
+        """An intermediate page: a prompt form, and each selected alias's reply and timing.
+
+        Each reply may cost money, hence the change permission, and leaves a log row.
+        """
         form = TryItForm(request.POST if "prompt" in request.POST else None)
         trials = []
         if form.is_valid():
             trials = [
                 async_to_sync(probe.try_alias)(
-                    alias, form.cleaned_data["prompt"], form.cleaned_data["max_tokens"]
+                    alias,
+                    request.user.get_username(),
+                    form.cleaned_data["prompt"],
+                    form.cleaned_data["max_tokens"],
                 )
                 for alias in queryset.select_related("backend")
             ]
@@ -191,6 +224,18 @@ class ModelAliasAdmin(admin.ModelAdmin):
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "admin/chatparity/modelalias/try_it.html", context)
+
+
+# A spreadsheet takes a cell starting with one of these for a formula (OWASP's list).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """``value`` safe to open in a spreadsheet: text that would start a formula gets a
+    leading ``'``, as OWASP advises against CSV injection."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
 
 
 CSV_COLUMNS = [
@@ -236,9 +281,8 @@ class RequestLogAdmin(admin.ModelAdmin):
         writer.writerow(CSV_COLUMNS)
         reasons = CSV_COLUMNS.index("finish_reasons")
         for row in queryset.order_by("created_at").values_list(*CSV_COLUMNS):
-            writer.writerow(
-                [" ".join(value) if i == reasons else value for i, value in enumerate(row)]
-            )
+            values = [" ".join(value) if i == reasons else value for i, value in enumerate(row)]
+            writer.writerow([csv_cell(value) for value in values])
         return response
 
 

@@ -1,27 +1,31 @@
 """Short completions run from the admin: "try it" on an alias, "test connection" on a backend.
 
-They take the same path as an API request (validation, alias defaults, the
-backend's events, the chunk encoder and accumulator) but are not API requests,
-so they leave no RequestLog row.
+They take the gateway's path from the parsed request on (alias defaults,
+fallbacks, the backend's events, the chunk encoder) and, since they may spend
+money upstream, each leaves a RequestLog row as an API request does: with no
+API key, the key prefix :data:`KEY_PREFIX` and the admin user named in the
+user agent.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from .backends import get_backend
-from .models import Backend, ModelAlias
+from . import gateway
+from .lookups import Grant
+from .models import ApiKey, Backend, ModelAlias
 from .protocol.completion import CompletionAccumulator
 from .protocol.errors import APIError, as_api_error
-from .protocol.events import TextDelta, ToolCallDelta
 from .protocol.request import parse_chat_request
 from .protocol.stream import ChunkEncoder
+from .usage import UsageRecord, record_usage
 
 TRY_PROMPT = "Say hello in one short sentence."
+# In the log's key_prefix column, where an API request has its key's prefix.
+KEY_PREFIX = "admin"
 
 
 @dataclass(frozen=True)
@@ -39,66 +43,76 @@ class Trial:
     error: str = ""
 
 
-async def try_alias(alias: ModelAlias, prompt: str = TRY_PROMPT, max_tokens: int = 64) -> Trial:
-    """Send ``prompt`` through ``alias`` (with its default parameters)."""
-    body = {
-        **alias.default_params,
-        "model": alias.public_id,
+async def try_alias(
+    alias: ModelAlias, operator: str, prompt: str = TRY_PROMPT, max_tokens: int = 64
+) -> Trial:
+    """Send ``prompt`` through ``alias`` (its default parameters and fallbacks) for
+    the admin user named ``operator``."""
+    return await _complete(alias.public_id, alias, operator, prompt, max_tokens)
+
+
+async def check_connection(backend: Backend, operator: str) -> Trial:
+    """A one-token completion on ``backend`` alone, with the model of its first alias."""
+    alias = await backend.aliases.order_by("pk").afirst() or ModelAlias()
+    alias.backend, alias.fallbacks = backend, []  # this backend, not the alias's fallbacks
+    return await _complete(backend.name, alias, operator, "Hi", 1)
+
+
+async def _complete(
+    label: str, alias: ModelAlias, operator: str, prompt: str, max_tokens: int
+) -> Trial:
+    key = _operator_key(operator)
+    record = UsageRecord(
+        request_id=gateway.request_id(),
+        api_key=key,
+        user_agent=f"chatparity admin ({operator})",
+        alias=alias.public_id,
+        model_alias=alias,
+    )
+    body: dict[str, Any] = {
+        "model": alias.public_id or alias.backend.name,
         "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
+        # Not max_tokens: an alias's default max_completion_tokens would win over it.
+        "max_completion_tokens": max_tokens,
     }
-    body.pop("max_completion_tokens", None)
-    return await _complete(alias.public_id, alias.backend, alias.model, body)
-
-
-async def check_connection(backend: Backend) -> Trial:
-    """A one-token completion on ``backend``, with the model of its first alias."""
-    alias = await backend.aliases.order_by("pk").afirst()
-    model = alias.model if alias else ""
-    body = {"model": model or backend.name, "messages": [{"role": "user", "content": "Hi"}]}
-    return await _complete(backend.name, backend, model, {**body, "max_tokens": 1})
-
-
-async def _complete(label: str, row: Backend, model: str, body: dict[str, Any]) -> Trial:
-    started = time.perf_counter()
-    first_token: float | None = None
+    accumulator = CompletionAccumulator()
+    error: APIError | None = None
     try:
-        request = parse_chat_request(body)
-        backend = get_backend(row)
-        accumulator = CompletionAccumulator()
-        encoder: ChunkEncoder | None = None
-        async with aclosing(backend.stream(request, model)) as events:  # type: ignore[type-var]
-            async for event in events:
-                if first_token is None and isinstance(event, TextDelta | ToolCallDelta):
-                    first_token = time.perf_counter()
-                if encoder is None:
-                    encoder = ChunkEncoder(
-                        completion_id="chatcmpl-try",
-                        created=int(time.time()),
-                        model=request.model,
-                        system_fingerprint=backend.system_fingerprint,
-                        include_usage=True,
-                    )
-                for chunk in encoder.encode(event):
-                    accumulator.add(chunk)
+        chat = parse_chat_request(body)
+        chat, backend, events, first = await gateway._start(
+            chat, body, alias, Grant(key, None), record
+        )
+        record.completion_id = gateway.completion_id()
+        encoder = ChunkEncoder(
+            completion_id=record.completion_id,
+            created=int(time.time()),
+            model=chat.model,
+            system_fingerprint=backend.system_fingerprint,
+            include_usage=True,
+        )
+        async for chunk in gateway._chunks(first, events, encoder, record):
+            accumulator.add(chunk)
     except Exception as exc:
-        error: APIError = as_api_error(exc)
-        return Trial(label, ok=False, duration_ms=_since(started), error=error.message)
+        error = as_api_error(exc)
+        record.fail(error)
+    row = await record_usage(record)
+    if error is not None:
+        return Trial(label, ok=False, duration_ms=row.duration_ms, error=error.message)
     completion = accumulator.completion()
     choice = completion["choices"][0] if completion["choices"] else {}
     message = choice.get("message", {})
-    usage = completion.get("usage") or {}
     return Trial(
         label,
         ok=True,
         reply=message.get("content") or json.dumps(message.get("tool_calls") or []),
         finish_reason=choice.get("finish_reason") or "",
-        prompt_tokens=usage.get("prompt_tokens", 0),
-        completion_tokens=usage.get("completion_tokens", 0),
-        time_to_first_token_ms=None if first_token is None else _since(started, first_token),
-        duration_ms=_since(started),
+        prompt_tokens=row.prompt_tokens,
+        completion_tokens=row.completion_tokens,
+        time_to_first_token_ms=row.time_to_first_token_ms,
+        duration_ms=row.duration_ms,
     )
 
 
-def _since(started: float, until: float | None = None) -> float:
-    return round(((until or time.perf_counter()) - started) * 1000, 1)
+def _operator_key(operator: str) -> ApiKey:
+    """What the log row takes for its key: never saved, so the row's api_key is null."""
+    return ApiKey(name=f"admin user {operator}", prefix=KEY_PREFIX)

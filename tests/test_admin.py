@@ -3,8 +3,11 @@
 import csv
 import io
 
+import orjson
 import pytest
+from django.contrib.auth.models import Permission
 from django.contrib.sessions.models import Session
+from django.db import connection
 from django.test import override_settings
 from django.urls import reverse
 
@@ -13,6 +16,8 @@ from tests.scripted import SCRIPTED
 
 ACTION = "_selected_action"
 SECRET = "sk-upstream-secret-4242"
+# Long enough that only a change this worker hears of can end a cached grant.
+CACHED = {**SCRIPTED, "CACHE_SECONDS": 3600}
 
 
 def run_action(client, model, action, objects, **extra):
@@ -24,15 +29,46 @@ def page(response) -> str:
     return response.content.decode()
 
 
+def messages_of(response) -> list[str]:
+    return [str(message) for message in response.wsgi_request._messages]
+
+
+def v1_chat(client, plaintext, model):
+    """A chat completion request to /v1 presenting ``plaintext``; its JSON answer."""
+    response = client.post(
+        "/v1/chat/completions",
+        orjson.dumps({"model": model, "messages": [{"role": "user", "content": "Hi"}]}),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {plaintext}"},
+    )
+    return response.status_code, response.json()
+
+
 @pytest.fixture
 def scripted_alias(db, settings):
-    settings.CHATPARITY = SCRIPTED
+    settings.CHATPARITY = CACHED
 
     def make(*script, name="scripted"):
         backend = Backend.objects.create(name=name, kind="scripted", options={"script": script})
         return ModelAlias.objects.create(public_id=name, backend=backend, model="echo")
 
     return make
+
+
+@pytest.fixture
+def staff_client(client, django_user_model):
+    """A client logged in as staff holding only the chatparity permissions given
+    (codenames such as "view_backend"), not a superuser."""
+
+    def login(*codenames):
+        user = django_user_model.objects.create_user("editor", password="pw", is_staff=True)
+        user.user_permissions.set(
+            Permission.objects.filter(content_type__app_label="chatparity", codename__in=codenames)
+        )
+        client.force_login(user)
+        return client
+
+    return login
 
 
 class TestApiKeyAdmin:
@@ -67,6 +103,54 @@ class TestApiKeyAdmin:
         run_action(admin_client, "apikey", "reactivate", [key])
         key.refresh_from_db()
         assert key.is_active
+
+    def test_a_revoked_key_is_refused_on_the_next_request_to_this_worker(
+        self, admin_client, scripted_alias
+    ):
+        scripted_alias("Hi")
+        key, plaintext = ApiKey.objects.create_key("k")
+        assert v1_chat(admin_client, plaintext, "scripted")[0] == 200  # its grant is cached now
+        run_action(admin_client, "apikey", "revoke", [key])
+        status, answer = v1_chat(admin_client, plaintext, "scripted")
+        assert (status, answer["error"]["code"]) == (401, "invalid_api_key")
+        run_action(admin_client, "apikey", "reactivate", [key])
+        assert v1_chat(admin_client, plaintext, "scripted")[0] == 200
+
+    @pytest.mark.parametrize(
+        ("permissions", "revoked"),
+        [(["view_apikey"], False), (["view_apikey", "change_apikey"], True)],
+    )
+    def test_revoking_needs_the_change_permission(self, staff_client, db, permissions, revoked):
+        key, _ = ApiKey.objects.create_key("k")
+        run_action(staff_client(*permissions), "apikey", "revoke", [key])
+        key.refresh_from_db()
+        assert key.is_active is not revoked
+
+    def test_a_key_is_for_every_alias_or_only_those_selected(self, admin_client, scripted_alias):
+        alias = scripted_alias("Hi")
+        add = reverse("admin:chatparity_apikey_add")
+        form = {"name": "k", "is_active": "on", "budget_period": "month"}
+        assert admin_client.get(add).context["adminform"].form["all_aliases"].value() is True
+        admin_client.post(add, {**form, "all_aliases": "on"})
+        admin_client.post(add, {**form, "allowed_aliases": [alias.pk]})  # all_aliases unticked
+        everything, scoped = ApiKey.objects.order_by("pk")
+        assert (everything.all_aliases, list(everything.allowed_aliases.all())) == (True, [])
+        assert (scoped.all_aliases, list(scoped.allowed_aliases.all())) == (False, [alias])
+        listing = admin_client.get(reverse("admin:chatparity_apikey_changelist"))
+        assert "all_aliases" in listing.context["cl"].list_display
+        assert (page(listing).count('alt="True"'), page(listing).count('alt="False"')) == (1, 1)
+
+    def test_every_alias_and_aliases_selected_at_once_is_refused(
+        self, admin_client, scripted_alias
+    ):
+        alias = scripted_alias("Hi")
+        form = {"name": "k", "is_active": "on", "budget_period": "month", "all_aliases": "on"}
+        response = admin_client.post(
+            reverse("admin:chatparity_apikey_add"), {**form, "allowed_aliases": [alias.pk]}
+        )
+        (error,) = response.context["adminform"].form.errors["allowed_aliases"]
+        assert error.startswith("Untick 'all aliases'")
+        assert not ApiKey.objects.exists()
 
     def test_limits_are_edited_on_the_key_and_its_usage_shown(self, admin_client, db):
         key, _ = ApiKey.objects.create_key("k")
@@ -113,10 +197,15 @@ class TestBackendAdmin:
         backend = Backend.objects.create(
             name="up", kind="openai", base_url="http://127.0.0.1:9/v1", secret=SECRET
         )
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT secret FROM chatparity_backend WHERE id = %s", [backend.pk])
+            (stored,) = cursor.fetchone()
+        assert SECRET not in stored  # encrypted at rest
         form = page(admin_client.get(reverse("admin:chatparity_backend_change", args=[backend.pk])))
-        assert SECRET not in form
         listing = admin_client.get(reverse("admin:chatparity_backend_changelist"))
-        assert SECRET not in page(listing)
+        for shown in (form, page(listing)):
+            assert SECRET not in shown
+            assert stored not in shown
         assert 'alt="True"' in page(listing)  # the "secret" column says one is set
 
         assert self.change(admin_client, backend, secret="").status_code == 302
@@ -133,9 +222,52 @@ class TestBackendAdmin:
         good = scripted_alias("pong", name="good").backend
         bad = scripted_alias("<error>", name="bad").backend
         response = run_action(admin_client, "backend", "test_connection", [good, bad])
-        shown = [str(m) for m in response.wsgi_request._messages]
+        shown = messages_of(response)
         assert any(m.startswith("good: connected, answered in") for m in shown)
         assert "bad: upstream refused" in shown
+
+    def test_test_connection_leaves_a_log_row_naming_the_admin_user(
+        self, admin_client, admin_user, scripted_alias
+    ):
+        backend = scripted_alias("pong", name="good").backend
+        run_action(admin_client, "backend", "test_connection", [backend])
+        row = RequestLog.objects.get()
+        assert (row.api_key, row.key_prefix, row.status_code) == (None, "admin", 200)
+        assert (row.backend, row.alias, row.upstream_model) == ("good", "good", "echo")
+        assert (row.prompt_tokens, row.completion_tokens, row.finish_reasons) == (1, 1, ["stop"])
+        assert row.duration_ms > 0
+        assert admin_user.username in row.user_agent
+
+    def test_test_connection_tries_the_backend_itself_not_its_aliases_fallbacks(
+        self, admin_client, scripted_alias
+    ):
+        scripted_alias("pong", name="good")
+        bad = scripted_alias("<error>", name="bad")
+        bad.fallbacks = ["good"]
+        bad.save()
+        response = run_action(admin_client, "backend", "test_connection", [bad.backend])
+        assert "bad: upstream refused" in messages_of(response)
+        row = RequestLog.objects.get()
+        assert (row.backend, row.status_code, row.error_type) == ("bad", 502, "server_error")
+
+    def test_test_connection_on_a_backend_without_aliases(self, admin_client, scripted_alias):
+        backend = scripted_alias("pong", name="lonely").backend
+        ModelAlias.objects.all().delete()
+        response = run_action(admin_client, "backend", "test_connection", [backend])
+        assert any(m.startswith("lonely: connected") for m in messages_of(response))
+        row = RequestLog.objects.get()
+        assert (row.backend, row.alias, row.status_code) == ("lonely", "", 200)
+
+    @pytest.mark.parametrize(
+        ("permissions", "runs"), [(["view_backend"], 0), (["change_backend"], 1)]
+    )
+    def test_test_connection_needs_the_change_permission(
+        self, staff_client, scripted_alias, permissions, runs
+    ):
+        backend = scripted_alias("pong").backend
+        response = run_action(staff_client(*permissions), "backend", "test_connection", [backend])
+        assert sum(m.endswith("ms.") for m in messages_of(response)) == runs
+        assert RequestLog.objects.count() == runs
 
 
 class TestModelAliasAdmin:
@@ -164,6 +296,64 @@ class TestModelAliasAdmin:
         (trial,) = response.context["trials"]
         assert (trial.ok, trial.error) == (False, "upstream refused")
         assert 'class="error"' in page(response)
+        row = RequestLog.objects.get()
+        assert (row.status_code, row.error_type, row.error_code) == (502, "server_error", "bad")
+
+    def test_try_it_leaves_a_log_row_like_any_request(
+        self, admin_client, admin_user, scripted_alias
+    ):
+        alias = scripted_alias("Hel", "lo!")
+        answered = run_action(
+            admin_client, "modelalias", "try_it", [alias], prompt="Hi", max_tokens="8"
+        )
+        (trial,) = answered.context["trials"]
+        row = RequestLog.objects.get()
+        assert (row.api_key, row.key_prefix, row.status_code) == (None, "admin", 200)
+        assert (row.alias, row.backend, row.upstream_model) == ("scripted", "scripted", "echo")
+        assert (row.prompt_tokens, row.completion_tokens) == (1, 2)
+        assert row.completion_id.startswith("chatcmpl-")
+        assert (row.duration_ms, row.time_to_first_token_ms) == (
+            trial.duration_ms,
+            trial.time_to_first_token_ms,
+        )
+        assert row.user_agent == f"chatparity admin ({admin_user.username})"
+
+    def test_try_it_goes_on_to_a_fallback_as_requests_do(self, admin_client, scripted_alias):
+        scripted_alias("Hello", name="spare")
+        alias = scripted_alias("<error>", name="broken")
+        alias.fallbacks = ["spare"]
+        alias.save()
+        response = run_action(
+            admin_client, "modelalias", "try_it", [alias], prompt="Hi", max_tokens="8"
+        )
+        (trial,) = response.context["trials"]
+        assert (trial.ok, trial.reply) == (True, "Hello")
+        assert RequestLog.objects.get().backend == "spare"
+
+    @pytest.mark.parametrize(
+        ("permissions", "runs"), [(["view_modelalias"], 0), (["change_modelalias"], 1)]
+    )
+    def test_try_it_needs_the_change_permission(
+        self, staff_client, scripted_alias, permissions, runs
+    ):
+        alias = scripted_alias("Hi")
+        response = run_action(
+            staff_client(*permissions), "modelalias", "try_it", [alias], prompt="Hi", max_tokens="8"
+        )
+        assert len(response.context.get("trials", [])) == runs
+        assert RequestLog.objects.count() == runs
+
+    def test_deleting_an_alias_narrows_the_keys_limited_to_it(self, admin_client, scripted_alias):
+        only = scripted_alias("Hi", name="only")
+        scripted_alias("Hi", name="other")
+        key, plaintext = ApiKey.objects.create_key("scoped", all_aliases=False)
+        key.allowed_aliases.add(only)
+        assert v1_chat(admin_client, plaintext, "only")[0] == 200
+        delete = reverse("admin:chatparity_modelalias_delete", args=[only.pk])
+        assert admin_client.post(delete, {"post": "yes"}).status_code == 302
+        for model in ("only", "other"):
+            status, answer = v1_chat(admin_client, plaintext, model)
+            assert (status, answer["error"]["code"]) == (404, "model_not_found")
 
     def test_try_it_on_the_local_model(self, admin_client, db):
         local = Backend.objects.create(name="local", kind="local")
@@ -175,7 +365,8 @@ class TestModelAliasAdmin:
         assert trial.ok
         assert trial.reply.strip()
         assert (trial.finish_reason, trial.completion_tokens) == ("length", 4)
-        assert RequestLog.objects.count() == 0  # admin trials are not API requests
+        row = RequestLog.objects.get()
+        assert (row.backend, row.completion_tokens, row.finish_reasons) == ("local", 4, ["length"])
 
 
 class TestRequestLogAdmin:
@@ -217,6 +408,22 @@ class TestRequestLogAdmin:
         ]
         assert table[0]["total_tokens"] == "7"
 
+    @pytest.mark.parametrize(
+        "user_agent",
+        ['=HYPERLINK("http://x","y")', "+1+1", "-2+3", "@SUM(A1)", "\t=1", "\r=1"],
+    )
+    def test_csv_cells_a_spreadsheet_would_run_as_formulas_are_escaped(
+        self, admin_client, db, user_agent
+    ):
+        row = RequestLog.objects.create(
+            request_id="req", key_prefix="sk-cp-abcd", alias="=1+1", status_code=200,
+            duration_ms=5.0, user_agent=user_agent,
+        )  # fmt: skip
+        response = run_action(admin_client, "requestlog", "export_csv", [row])
+        (exported,) = csv.DictReader(io.StringIO(response.content.decode(), newline=""))
+        assert (exported["user_agent"], exported["alias"]) == ("'" + user_agent, "'=1+1")
+        assert exported["request_id"] == "req"
+
 
 @override_settings(CHATPARITY=SCRIPTED)
 def test_non_staff_cannot_open_the_admin(client, django_user_model):
@@ -225,3 +432,23 @@ def test_non_staff_cannot_open_the_admin(client, django_user_model):
     response = client.get(reverse("admin:chatparity_apikey_changelist"))
     assert response.status_code == 302
     assert "/login/" in response["Location"]
+
+
+class TestNarrowStaff:
+    """Staff see and do in the admin only what their model permissions allow."""
+
+    def test_without_permissions_nothing_of_chatparity_opens(self, staff_client, db):
+        editor = staff_client()
+        for model in ("apikey", "backend", "modelalias", "requestlog"):
+            assert editor.get(reverse(f"admin:chatparity_{model}_changelist")).status_code == 403
+
+    def test_view_permission_alone_shows_but_does_not_change(self, staff_client, db):
+        backend = Backend.objects.create(name="up", kind="openai", secret=SECRET)
+        viewer = staff_client("view_backend")
+        assert viewer.get(reverse("admin:chatparity_backend_changelist")).status_code == 200
+        assert viewer.get(reverse("admin:chatparity_backend_add")).status_code == 403
+        change = reverse("admin:chatparity_backend_change", args=[backend.pk])
+        assert viewer.post(change, {"name": "renamed", "kind": "command"}).status_code == 403
+        backend.refresh_from_db()
+        assert (backend.name, backend.kind) == ("up", "openai")
+        assert viewer.get(reverse("admin:chatparity_apikey_changelist")).status_code == 403

@@ -21,6 +21,7 @@ def test_createapikey_prints_only_the_plaintext_and_stores_only_its_hash():
     assert key.hashed_key == hash_key(plaintext)
     assert key.prefix == plaintext[:10]
     assert plaintext not in {key.name, key.prefix, key.hashed_key}
+    assert (key.all_aliases, key.is_active) == (True, True)  # for every alias, as before
 
 
 @pytest.mark.django_db

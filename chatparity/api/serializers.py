@@ -31,22 +31,33 @@ class AliasField(serializers.SlugRelatedField[ModelAlias]):
 class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
     """An API key without its secret: only the display prefix is ever shown.
 
-    ``allowed_aliases`` lists alias public ids; an empty list means every alias.
+    ``all_aliases`` (default true) lets it use every alias; false limits it to
+    ``allowed_aliases``, a list of alias public ids, where an empty list means none.
     """
 
     allowed_aliases = AliasField(
         many=True,
         required=False,
-        help_text="Public ids of the aliases this key may use; empty means all.",
+        help_text="With all_aliases false: the public ids of the aliases this key may use.",
     )
 
     class Meta:
         model = ApiKey
         fields = [
-            "id", "name", "prefix", "owner", "is_active", "expires_at",
+            "id", "name", "prefix", "owner", "is_active", "expires_at", "all_aliases",
             "allowed_aliases", "requests_per_minute", "tokens_per_minute", "max_concurrent",
             "token_budget", "cost_budget", "budget_period", "created_at", "last_used_at",
         ]  # fmt: skip
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # Before all_aliases, naming aliases was how a key was limited: a client that
+        # still does so must not get a key for every alias instead.
+        all_aliases = attrs.get("all_aliases", self.instance.all_aliases if self.instance else True)
+        if all_aliases and attrs.get("allowed_aliases"):
+            raise serializers.ValidationError(
+                {"allowed_aliases": "Set all_aliases to false to limit the key to these aliases."}
+            )
+        return attrs
 
 
 class ApiKeyCreateSerializer(ApiKeySerializer):

@@ -18,7 +18,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import APIException
 from rest_framework.filters import BaseFilterBackend, SearchFilter
 from rest_framework.pagination import BasePagination, LimitOffsetPagination
-from rest_framework.permissions import IsAdminUser
+from rest_framework.permissions import DjangoModelPermissions, IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
@@ -33,6 +33,24 @@ if TYPE_CHECKING:
 
 _M = TypeVar("_M", bound=Model)
 _Query = TypeVar("_Query", bound=serializers.LogFilterSerializer)
+
+_READ = ["%(app_label)s.view_%(model_name)s"]
+_CHANGE = ["%(app_label)s.change_%(model_name)s"]
+
+
+class ModelPermissions(DjangoModelPermissions):
+    """Django's model permissions, as in the admin: view to read, add, change or delete to write.
+
+    DRF's own class lets anyone read; here GET, HEAD and OPTIONS need the view permission.
+    """
+
+    perms_map = {**DjangoModelPermissions.perms_map, "GET": _READ, "HEAD": _READ, "OPTIONS": _READ}
+
+
+class ChangePermission(ModelPermissions):
+    """For actions that POST a change to an existing row (revoke a key) rather than add one."""
+
+    perms_map = {**ModelPermissions.perms_map, "POST": _CHANGE}
 
 
 class StaffAPIView(APIView):
@@ -50,16 +68,24 @@ class StaffAPIView(APIView):
     permission_classes: Sequence[_PermissionClass] = (IsAdminUser,)
 
 
+class PermittedAPIView(StaffAPIView):
+    """Staff users holding the model permission the method needs on the view's ``queryset``
+    (superusers hold them all)."""
+
+    permission_classes = (IsAdminUser, ModelPermissions)
+
+
 class InUse(APIException):
-    """409: the row is still referenced, so deleting it would break or widen something."""
+    """409: the row is still referenced, so deleting it would break something."""
 
     status_code = status.HTTP_409_CONFLICT
     default_detail = "Still in use."
     default_code = "protected"
 
 
-class StaffModelViewSet(StaffAPIView, viewsets.ModelViewSet[_M]):
-    """CRUD for staff; unpaginated; deleting a row something still points at is a 409."""
+class StaffModelViewSet(PermittedAPIView, viewsets.ModelViewSet[_M]):
+    """CRUD for staff holding the model permissions; unpaginated; deleting a row
+    something still points at is a 409."""
 
     pagination_class: type[BasePagination] | None = None
     filter_backends: Sequence[type[BaseFilterBackend]] = ()
@@ -99,13 +125,13 @@ class ApiKeyViewSet(StaffModelViewSet[ApiKey]):
         return serializers.ApiKeySerializer
 
     @extend_schema(request=None, responses=serializers.ApiKeySerializer)
-    @action(detail=True, methods=["post"])
+    @action(detail=True, methods=["post"], permission_classes=[IsAdminUser, ChangePermission])
     def revoke(self, request: Request, pk: str | None = None) -> Response:
         """Deactivate the key: requests made with it are refused."""
         return self._set_active(False)
 
     @extend_schema(request=None, responses=serializers.ApiKeySerializer)
-    @action(detail=True, methods=["post"])
+    @action(detail=True, methods=["post"], permission_classes=[IsAdminUser, ChangePermission])
     def reactivate(self, request: Request, pk: str | None = None) -> Response:
         """Activate the key again."""
         return self._set_active(True)
@@ -118,19 +144,14 @@ class ApiKeyViewSet(StaffModelViewSet[ApiKey]):
 
 
 class ModelAliasViewSet(StaffModelViewSet[ModelAlias]):
-    """Model aliases: the public model ids clients ask for."""
+    """Model aliases: the public model ids clients ask for.
+
+    Deleting one takes it out of every key's scope: a key limited to it is then
+    limited to its other aliases, or to none (keys for all aliases say so by a flag).
+    """
 
     queryset = ModelAlias.objects.select_related("backend").order_by("public_id")
     serializer_class = serializers.ModelAliasSerializer
-
-    def perform_destroy(self, instance: ModelAlias) -> None:
-        # A key whose scope loses its last alias would be allowed every alias.
-        scoped = ApiKey.objects.filter(allowed_aliases=instance).count()
-        if scoped:
-            raise InUse(
-                f"{instance} is in the scope of {scoped} API key(s); remove it from them first."
-            )
-        super().perform_destroy(instance)
 
 
 class BackendViewSet(StaffModelViewSet[Backend]):
@@ -146,7 +167,7 @@ class LogPagination(LimitOffsetPagination):
 
 
 @extend_schema_view(list=extend_schema(parameters=[serializers.RequestLogFilterSerializer]))
-class RequestLogViewSet(StaffAPIView, viewsets.ReadOnlyModelViewSet[RequestLog]):
+class RequestLogViewSet(PermittedAPIView, viewsets.ReadOnlyModelViewSet[RequestLog]):
     """The request log, newest first."""
 
     queryset = RequestLog.objects.order_by("-created_at", "-pk")
@@ -160,7 +181,13 @@ class RequestLogViewSet(StaffAPIView, viewsets.ReadOnlyModelViewSet[RequestLog])
         return parse_query(self.request, serializers.RequestLogFilterSerializer).filter_rows(rows)
 
 
-class UsageView(StaffAPIView):
+class ReportView(PermittedAPIView):
+    """A report over the request log: needs its view permission."""
+
+    queryset = RequestLog.objects.all()
+
+
+class UsageView(ReportView):
     """Usage totals from :func:`chatparity.reports.usage`."""
 
     @extend_schema(
@@ -170,12 +197,12 @@ class UsageView(StaffAPIView):
     def get(self, request: Request) -> Response:
         """Requests, errors, cancellations and tokens per day, key and/or alias."""
         query = parse_query(request, serializers.UsageFilterSerializer)
-        rows = query.filter_rows(RequestLog.objects.all())
+        rows = query.filter_rows(self.queryset.all())
         totals = reports.usage(rows, query.validated_data["group_by"])
         return Response(serializers.UsageRowSerializer(totals, many=True).data)
 
 
-class LatencyView(StaffAPIView):
+class LatencyView(ReportView):
     """Latency percentiles from :func:`chatparity.reports.latency_by_alias`."""
 
     @extend_schema(
@@ -185,11 +212,11 @@ class LatencyView(StaffAPIView):
     def get(self, request: Request) -> Response:
         """Per alias: requests, error rate, p50/p95 duration and time to first token."""
         rows = parse_query(request, serializers.LogFilterSerializer).filter_rows(
-            RequestLog.objects.all()
+            self.queryset.all()
         )
         latency = reports.latency_by_alias(rows)
         return Response(serializers.LatencyRowSerializer(latency, many=True).data)
 
 
 class SchemaView(StaffAPIView, SpectacularAPIView):
-    """The OpenAPI 3 document of the site's REST API, this one included."""
+    """The OpenAPI 3 document of the site's REST API, this one included: any staff user."""

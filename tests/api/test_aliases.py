@@ -68,11 +68,29 @@ def test_list_retrieve_update_delete(admin_client, alias):
     assert not ModelAlias.objects.exists()
 
 
-def test_an_alias_a_key_is_scoped_to_cannot_be_deleted(admin_client, alias):
-    # An empty scope means every alias: deleting the key's only alias would widen it.
-    key, _ = ApiKey.objects.create_key("scoped")
+def v1_chat(client, plaintext, model):
+    response = client.post(
+        "/v1/chat/completions",
+        {"model": model, "messages": [{"role": "user", "content": "Hi"}]},
+        content_type=JSON,
+        headers={"Authorization": f"Bearer {plaintext}"},
+    )
+    return response.status_code, response.json()
+
+
+def test_deleting_an_alias_narrows_the_keys_limited_to_it_never_widens_them(
+    admin_client, alias, backend, settings
+):
+    settings.CHATPARITY = {"CACHE_SECONDS": 3600}
+    ModelAlias.objects.create(public_id="other", backend=backend)
+    key, plaintext = ApiKey.objects.create_key("scoped", all_aliases=False)
     key.allowed_aliases.add(alias)
-    response = admin_client.delete(url("alias-detail", alias.pk))
-    assert response.status_code == 409
-    assert "scope" in response.json()["detail"]
-    assert list(key.allowed_aliases.all()) == [alias]
+    models = admin_client.get("/v1/models", headers={"Authorization": f"Bearer {plaintext}"})
+    assert [model["id"] for model in models.json()["data"]] == ["smollm2"]  # now cached
+
+    assert admin_client.delete(url("alias-detail", alias.pk)).status_code == 204
+    key.refresh_from_db()
+    assert (key.all_aliases, list(key.allowed_aliases.all())) == (False, [])
+    for model in ("smollm2", "other"):
+        status, answer = v1_chat(admin_client, plaintext, model)
+        assert (status, answer["error"]["code"]) == (404, "model_not_found")

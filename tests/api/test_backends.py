@@ -1,6 +1,7 @@
 """backends/: the secret is write-only, kept when omitted, and reported only as has_secret."""
 
 import pytest
+from django.db import connection
 
 from chatparity.models import Backend
 
@@ -34,6 +35,10 @@ def upstream(admin_client):
 
 def test_the_secret_is_stored_but_never_returned(admin_client, upstream):
     assert upstream.secret == SECRET
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT secret FROM chatparity_backend WHERE id = %s", [upstream.pk])
+        (stored,) = cursor.fetchone()
+    assert SECRET not in stored  # encrypted at rest
     responses = [
         admin_client.get(url("backend-list")),
         admin_client.get(url("backend-detail", upstream.pk)),
@@ -48,6 +53,7 @@ def test_the_secret_is_stored_but_never_returned(admin_client, upstream):
         assert response.status_code == 200
         assert_no_secret(response)
         assert SECRET + "-2" not in response.content.decode()
+        assert stored not in response.content.decode()
     assert responses[1].json()["has_secret"] is True
 
 

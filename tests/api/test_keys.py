@@ -11,7 +11,7 @@ from .helpers import url
 pytestmark = pytest.mark.django_db
 
 FIELDS = {
-    "id", "name", "prefix", "owner", "is_active", "expires_at", "allowed_aliases",
+    "id", "name", "prefix", "owner", "is_active", "expires_at", "all_aliases", "allowed_aliases",
     "requests_per_minute", "tokens_per_minute", "max_concurrent", "token_budget",
     "cost_budget", "budget_period", "created_at", "last_used_at",
 }  # fmt: skip
@@ -30,6 +30,7 @@ def test_create_returns_the_plaintext_whose_sha256_is_stored(admin_client):
     assert hashlib.sha256(created["key"].encode()).hexdigest() == key.hashed_key
     assert created["key"].startswith(created["prefix"])
     assert (created["name"], created["is_active"], key.prefix) == ("ci", True, created["prefix"])
+    assert (created["all_aliases"], created["allowed_aliases"], key.all_aliases) == (True, [], True)
 
 
 def test_limits_and_budgets_are_set_through_the_api(admin_client):
@@ -105,18 +106,53 @@ def test_revoking_an_unknown_key_is_404(admin_client):
 
 def test_a_key_scoped_to_aliases_round_trips(admin_client, alias, backend):
     other = alias.__class__.objects.create(public_id="other", backend=backend)
-    created = create(admin_client, name="scoped", allowed_aliases=["SmolLM2", "other"])
+    created = create(
+        admin_client, name="scoped", all_aliases=False, allowed_aliases=["SmolLM2", "other"]
+    )
     assert sorted(created["allowed_aliases"]) == ["other", "smollm2"]
     key = ApiKey.objects.get(pk=created["id"])
-    assert set(key.allowed_aliases.all()) == {alias, other}
+    assert (key.all_aliases, set(key.allowed_aliases.all())) == (False, {alias, other})
     assert sorted(admin_client.get(url("key-detail", key.pk)).json()["allowed_aliases"]) == [
         "other", "smollm2",
     ]  # fmt: skip
     cleared = admin_client.patch(
         url("key-detail", key.pk), {"allowed_aliases": []}, content_type="application/json"
     )
-    assert cleared.json()["allowed_aliases"] == []
-    assert not key.allowed_aliases.exists()
+    assert (cleared.json()["all_aliases"], cleared.json()["allowed_aliases"]) == (False, [])
+    assert not key.allowed_aliases.exists()  # a key for no alias, not for all of them
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"allowed_aliases": ["smollm2"]},  # how a key was limited before all_aliases
+        {"all_aliases": True, "allowed_aliases": ["smollm2"]},
+    ],
+)
+def test_aliases_named_for_a_key_for_every_alias_are_a_400(admin_client, alias, body):
+    response = admin_client.post(
+        url("key-list"), {"name": "x", **body}, content_type="application/json"
+    )
+    assert response.status_code == 400
+    assert "all_aliases" in response.json()["allowed_aliases"][0]
+    assert not ApiKey.objects.exists()
+
+
+def test_a_scoped_key_can_be_opened_to_every_alias(admin_client, alias):
+    key, _ = ApiKey.objects.create_key("scoped", all_aliases=False)
+    key.allowed_aliases.add(alias)
+    json = "application/json"
+    named = admin_client.patch(
+        url("key-detail", key.pk), {"all_aliases": True, "allowed_aliases": ["smollm2"]},
+        content_type=json,
+    )  # fmt: skip
+    assert named.status_code == 400
+    opened = admin_client.patch(
+        url("key-detail", key.pk), {"all_aliases": True, "allowed_aliases": []}, content_type=json
+    )
+    assert opened.status_code == 200
+    key.refresh_from_db()
+    assert (key.all_aliases, list(key.allowed_aliases.all())) == (True, [])
 
 
 def test_an_unknown_alias_is_a_400(admin_client, alias):
