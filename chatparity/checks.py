@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError
 from django.utils.module_loading import import_string
 
 from .backends.command import CommandConfigError, parse_declaration
@@ -139,6 +141,55 @@ def check_commands(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                     " an executable found on the PATH it runs with.",
                     hint="Install it, give its full path in 'argv', or set PATH in 'env'.",
                     id="chatparity.W020",
+                )
+            )
+    return messages
+
+
+@register()
+def check_secret_keys(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    from .encryption import fernet
+
+    try:
+        fernet()
+    except ImproperlyConfigured as exc:
+        return [Error(str(exc), id="chatparity.E030")]
+    return []
+
+
+@register(Tags.database)
+def check_stored_secrets(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Every backend secret opens with the configured keys (run by ``migrate`` and
+    ``check --database``), so a lost key stops a deploy, not every request."""
+    from .encryption import decrypt, fernet, stored
+    from .models import Backend
+
+    try:
+        fernet()
+    except ImproperlyConfigured:
+        return []  # reported as E030
+    messages: list[CheckMessage] = []
+    for database in databases or ():
+        rows = Backend.objects.using(database).exclude(secret="").annotate(token=stored("secret"))
+        unreadable = []
+        try:
+            for name, token in rows.values_list("name", "token"):
+                try:
+                    decrypt(token)
+                except ImproperlyConfigured:
+                    unreadable.append(name)
+        except DatabaseError:
+            continue  # not migrated yet
+        if unreadable:
+            messages.append(
+                Error(
+                    f"The secret of backend(s) {', '.join(sorted(unreadable))} cannot be"
+                    " decrypted with the configured keys.",
+                    hint='Add the key they were encrypted with to CHATPARITY["SECRET_KEYS"]'
+                    " (or SECRET_KEY_FALLBACKS), then run chatparity_rotate_secrets.",
+                    id="chatparity.E031",
                 )
             )
     return messages

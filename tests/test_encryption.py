@@ -190,3 +190,27 @@ class MigrationTests(TransactionTestCase):
 
         self.migrate(self.BEFORE)
         assert (column(with_secret), column(without)) == (SECRET, "")
+
+
+class CheckTests(TestCase):
+    databases = {"default"}
+
+    def test_keys_that_are_not_fernet_keys_are_reported_at_start(self):
+        from chatparity.checks import check_secret_keys
+
+        with keys("not-a-key"):
+            assert [m.id for m in check_secret_keys()] == ["chatparity.E030"]
+        with keys(NEW_KEY):
+            assert check_secret_keys() == []
+
+    def test_a_secret_no_configured_key_opens_stops_migrate_not_requests(self):
+        from chatparity.checks import check_stored_secrets
+
+        with keys(OLD_KEY):
+            upstream(name="lost")
+        with keys(NEW_KEY):
+            messages = check_stored_secrets(databases=["default"])
+            assert [m.id for m in messages] == ["chatparity.E031"]
+            assert "lost" in messages[0].msg
+        with keys(NEW_KEY, OLD_KEY):
+            assert check_stored_secrets(databases=["default"]) == []

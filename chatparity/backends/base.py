@@ -17,7 +17,7 @@ class BackendConfig:
     name: str
     kind: str
     base_url: str = ""
-    secret: str = ""
+    secret: str = field(default="", repr=False)  # never in tracebacks or debug pages
     options: dict[str, Any] = field(default_factory=dict)
     timeout: float = 600.0
 
