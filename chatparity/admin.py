@@ -141,6 +141,16 @@ class BackendForm(forms.ModelForm):
         cleaned = super().clean() or {}
         if cleaned.get("clear_secret"):
             cleaned["secret"] = ""
+        # Else whoever may change a backend could point it at a server of theirs and
+        # receive the secret they may not read.
+        moved = sorted({"kind", "base_url"} & set(self.changed_data))
+        typed = self["secret"].data or cleaned.get("clear_secret")
+        if moved and self.instance.secret and not typed:
+            self.add_error(
+                "secret",
+                f"Enter the secret again (or clear it) to change the {' and '.join(moved)}:"
+                " the stored one never goes to a new place unasked.",
+            )
         return cleaned
 
 

@@ -218,6 +218,35 @@ class TestBackendAdmin:
         backend.refresh_from_db()
         assert backend.secret == ""
 
+    @pytest.mark.parametrize(
+        "change", [{"base_url": "https://attacker.example/v1"}, {"kind": "local"}]
+    )
+    def test_the_stored_secret_does_not_follow_a_new_kind_or_url_unless_entered_again(
+        self, admin_client, db, change
+    ):
+        backend = Backend.objects.create(
+            name="up", kind="openai", base_url="https://api.example.com/v1", secret=SECRET
+        )
+        moved = self.change(admin_client, backend, **change)
+        assert moved.status_code == 200
+        (error,) = moved.context["adminform"].form.errors["secret"]
+        assert error.startswith("Enter the secret again")
+        backend.refresh_from_db()
+        assert (backend.kind, backend.base_url) == ("openai", "https://api.example.com/v1")
+        assert self.change(admin_client, backend, **change, secret="sk-new").status_code == 302
+        backend.refresh_from_db()
+        assert backend.secret == "sk-new"
+
+    def test_a_new_url_may_clear_the_secret_instead(self, admin_client, db):
+        backend = Backend.objects.create(
+            name="up", kind="openai", base_url="https://api.example.com/v1", secret=SECRET
+        )
+        other = "https://elsewhere.example/v1"
+        cleared = self.change(admin_client, backend, base_url=other, clear_secret="on")
+        assert cleared.status_code == 302
+        backend.refresh_from_db()
+        assert (backend.base_url, backend.secret) == (other, "")
+
     def test_test_connection_reports_success_and_failure(self, admin_client, scripted_alias):
         good = scripted_alias("pong", name="good").backend
         bad = scripted_alias("<error>", name="bad").backend

@@ -8,6 +8,7 @@ from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.test import TestCase
 
 from chatparity import lookups
+from chatparity.conf import app_settings
 from chatparity.models import ApiKey, Backend, ModelAlias, hash_key
 
 
@@ -50,6 +51,16 @@ class LookupTests(TestCase):
             clock.return_value += 0.02
             await lookups.aliases()
             assert len(loads) == 2
+
+    async def test_a_key_revoked_by_another_worker_is_refused_within_cache_seconds(self):
+        hashed = hash_key(self.plaintext)
+        with mock.patch.object(lookups, "clock", return_value=500.0) as clock:
+            assert await lookups.grant(hashed) is not None
+            # update() sends no signal: this worker hears no more than of another's save.
+            await ApiKey.objects.filter(pk=self.key.pk).aupdate(is_active=False)
+            assert await lookups.grant(hashed) is not None
+            clock.return_value += app_settings.CACHE_SECONDS + 0.01
+            assert await lookups.grant(hashed) is None
 
     async def test_an_unknown_key_is_none_and_remembered_too(self):
         loads = self.counting("_load_grant")

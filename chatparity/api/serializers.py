@@ -109,6 +109,10 @@ class ModelAliasSerializer(serializers.ModelSerializer[ModelAlias]):
         }
 
 
+# Fields that decide where a backend's secret is sent.
+SECRET_GOES_TO = ("kind", "base_url")
+
+
 class BackendSerializer(serializers.ModelSerializer[Backend]):
     """A backend. ``secret`` is write-only: omit it on update to keep it, send "" to clear it."""
 
@@ -126,8 +130,23 @@ class BackendSerializer(serializers.ModelSerializer[Backend]):
         return bool(backend.secret)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        """``Backend.clean()``, which DRF does not call (a command backend's options)."""
+        """``Backend.clean()``, which DRF does not call (a command backend's options);
+        a stored secret sent somewhere new only when it comes with the change."""
         backend = copy(self.instance) if self.instance is not None else Backend()
+        # Else whoever may change a backend could point it at a server of theirs and
+        # receive the secret they may not read.
+        moved = [
+            name
+            for name in SECRET_GOES_TO
+            if attrs.get(name, getattr(backend, name)) != getattr(backend, name)
+        ]
+        if moved and backend.secret and "secret" not in attrs:
+            raise serializers.ValidationError(
+                {
+                    "secret": f'Send the secret again (or "" to clear it) with a new'
+                    f" {' and '.join(moved)}: the stored one never goes to a new place unasked."
+                }
+            )
         for name, value in attrs.items():
             setattr(backend, name, value)
         backend.clean()

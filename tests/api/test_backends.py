@@ -92,3 +92,25 @@ def test_a_backend_aliases_use_cannot_be_deleted(admin_client, alias, backend):
 def test_an_unused_backend_can_be_deleted(admin_client, backend):
     assert admin_client.delete(url("backend-detail", backend.pk)).status_code == 204
     assert not Backend.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "change", [{"base_url": "https://attacker.example/v1"}, {"kind": "command"}]
+)
+def test_the_stored_secret_does_not_follow_a_new_kind_or_url_unless_sent_again(
+    admin_client, upstream, change
+):
+    moved = admin_client.patch(url("backend-detail", upstream.pk), change, content_type=JSON)
+    assert moved.status_code == 400
+    assert "Send the secret again" in moved.json()["secret"][0]
+    upstream.refresh_from_db()
+    assert (upstream.base_url, upstream.kind) == ("https://api.example.com/v1", "openai")
+
+
+@pytest.mark.parametrize("secret", ["sk-theirs", ""])
+def test_a_new_url_comes_with_a_secret_or_clears_it(admin_client, upstream, secret):
+    body = {"base_url": "https://elsewhere.example/v1", "secret": secret}
+    response = admin_client.patch(url("backend-detail", upstream.pk), body, content_type=JSON)
+    assert response.status_code == 200
+    upstream.refresh_from_db()
+    assert (upstream.base_url, upstream.secret) == ("https://elsewhere.example/v1", secret)

@@ -100,6 +100,15 @@ def test_revoke_and_reactivate_toggle_is_active(admin_client):
     assert ApiKey.objects.get(pk=pk).is_active is True
 
 
+def test_a_key_revoked_through_the_api_is_refused_on_the_next_request(admin_client, settings):
+    settings.CHATPARITY = {"CACHE_SECONDS": 3600}
+    created = create(admin_client, name="ci")
+    bearer = {"Authorization": f"Bearer {created['key']}"}
+    assert admin_client.get("/v1/models", headers=bearer).status_code == 200  # cached now
+    admin_client.post(url("key-revoke", created["id"]))
+    assert admin_client.get("/v1/models", headers=bearer).status_code == 401
+
+
 def test_revoking_an_unknown_key_is_404(admin_client):
     assert admin_client.post(url("key-revoke", 999)).status_code == 404
 
