@@ -1,10 +1,10 @@
 """Short completions run from the admin: "try it" on an alias, "test connection" on a backend.
 
-They take the gateway's path from the parsed request on (alias defaults,
-fallbacks, the backend's events, the chunk encoder) and, since they may spend
-money upstream, each leaves a RequestLog row as an API request does: with no
-API key, the key prefix :data:`KEY_PREFIX` and the admin user named in the
-user agent.
+They take the gateway's path from the parsed request on (the alias's defaults,
+limits and fallbacks, the backend's events, the chunk encoder) and, since they
+may spend money upstream, each leaves a RequestLog row as an API request does:
+with no API key, the key prefix :data:`KEY_PREFIX` and the admin user named in
+the user agent.
 """
 
 from __future__ import annotations
@@ -63,11 +63,7 @@ async def _complete(
 ) -> Trial:
     key = _operator_key(operator)
     record = UsageRecord(
-        request_id=gateway.request_id(),
-        api_key=key,
-        user_agent=f"chatparity admin ({operator})",
-        alias=alias.public_id,
-        model_alias=alias,
+        request_id=gateway.request_id(), api_key=key, user_agent=f"chatparity admin ({operator})"
     )
     body: dict[str, Any] = {
         "model": alias.public_id or alias.backend.name,
