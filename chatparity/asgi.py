@@ -36,6 +36,7 @@ from django.middleware.security import SecurityMiddleware
 from django.urls import Resolver404, resolve
 
 from . import gateway
+from .conf import app_settings
 from .gateway import Call, Endpoint, Reply
 from .protocol.errors import APIError
 
@@ -124,7 +125,8 @@ class _Edge:
         if "django.middleware.security.SecurityMiddleware" in settings.MIDDLEWARE:
             # Only its settings and its process_request/process_response are used.
             self.security = SecurityMiddleware(lambda request: HttpResponse())
-        self.redirect = self.security is not None and bool(self.security.redirect)
+        # The middleware when it redirects plain HTTP (SECURE_SSL_REDIRECT).
+        self.redirect = self.security if self.security and self.security.redirect else None
         self.added_headers = {secure: self._added_headers(secure) for secure in (False, True)}
         self._allowed_hosts: set[str] = set()
 
@@ -135,10 +137,9 @@ class _Edge:
         response = HttpResponse()
         own = set(response.headers)
         self.security.process_response(_Probe("https" if secure else "http"), response)
+        added = ((name.lower(), value) for name, value in response.items() if name not in own)
         return tuple(
-            (name.lower(), (name.lower().encode("latin-1"), value.encode("latin-1")))
-            for name, value in response.items()
-            if name not in own
+            (name, (name.encode("latin-1"), value.encode("latin-1"))) for name, value in added
         )
 
     def is_secure(self, scope: Scope, headers: Mapping[str, str]) -> bool:
@@ -156,8 +157,8 @@ class _Edge:
         host = headers.get("x-forwarded-host") if self.forwarded_host else None
         if host is None:
             host = headers.get("host")
-        redirecting = self.redirect and not secure
-        if host is not None and host in self._allowed_hosts and not redirecting:
+        redirect = None if secure else self.redirect
+        if host is not None and host in self._allowed_hosts and redirect is None:
             return None
         probe = _Probe("https" if secure else "http")
         probe.path = scope["path"]
@@ -184,11 +185,11 @@ class _Edge:
             if len(self._allowed_hosts) >= MAX_HOSTS:
                 self._allowed_hosts.clear()
             self._allowed_hosts.add(host)
-        if redirecting and self.security is not None:
-            redirect = self.security.process_request(probe)
-            if redirect is not None:
-                redirect_headers = {name.lower(): value for name, value in redirect.items()}
-                return Reply(redirect.status_code, redirect_headers, redirect.content)
+        if redirect is not None:
+            response = redirect.process_request(probe)  # None: an exempt path
+            if response is not None:
+                response_headers = {name.lower(): value for name, value in response.items()}
+                return Reply(response.status_code, response_headers, response.content)
         return None
 
 
@@ -241,20 +242,49 @@ async def serve(route: Route, scope: Scope, receive: Receive, send: Send) -> Non
 
 class _Inbox:
     """The request's one reader of ``receive``: the body when the endpoint asks for
-    it (once the key is checked), then the client's disconnect."""
+    it (once the key is checked), within ``BODY_TIMEOUT``, then the client's disconnect."""
 
     def __init__(self, receive: Receive) -> None:
         self._receive = receive
         self._body_read = asyncio.Event()
+        self._reader: asyncio.Task[Any] | None = None  # while it reads the body
+        self._started = 0.0
+        self._deadline: asyncio.TimerHandle | None = None
+        self._expired = False
 
     async def read_body(self, limit: int) -> bytes:
+        loop = asyncio.get_running_loop()
+        reader = self._reader = asyncio.current_task()
+        assert reader is not None  # the request's own task
+        self._started = loop.time()
+        # Runs only once this task has had to wait for the body: a body already
+        # received, as nearly every one is, costs no timer.
+        loop.call_soon(self._arm_deadline)
         try:
             body = await _read_body(self._receive, limit)
+        except asyncio.CancelledError:
+            if self._expired and reader.uncancel() == 0:  # only the deadline cancelled
+                raise TimeoutError from None
+            raise
         finally:
+            self._reader = None
+            if self._deadline is not None:
+                self._deadline.cancel()
             self._body_read.set()
         if body is None:
             raise asyncio.CancelledError  # the client left before it finished sending
         return body
+
+    def _arm_deadline(self) -> None:
+        if self._reader is not None:
+            loop = asyncio.get_running_loop()
+            delay = self._started + app_settings.BODY_TIMEOUT - loop.time()
+            self._deadline = loop.call_later(delay, self._expire)
+
+    def _expire(self) -> None:
+        if self._reader is not None:
+            self._expired = True
+            self._reader.cancel()
 
     async def disconnected(self) -> None:
         await self._body_read.wait()

@@ -76,8 +76,9 @@ class Call:
 
     ``headers`` is looked up by lower-case name. The body is not read until the
     endpoint has checked the key: ``read_body(limit)``, awaited once, returns at
-    most ``limit`` bytes, or raises :class:`asyncio.CancelledError` if the client
-    leaves before it has sent them.
+    most ``limit`` bytes. A transport reading from the network raises
+    :class:`TimeoutError` when they take longer than ``BODY_TIMEOUT`` seconds to
+    arrive, and :class:`asyncio.CancelledError` if the client leaves first.
     """
 
     method: str
@@ -203,14 +204,13 @@ def _body_timeout() -> APIError:
 
 
 async def _decode(call: Call) -> Any:
-    """The JSON body, read within ``BODY_TIMEOUT`` seconds (else 408): a 413 above
-    ``MAX_BODY_BYTES`` (unread when Content-Length tells), OpenAI's 400 if it is not JSON."""
+    """The JSON body: a 408 if it came too slowly, a 413 above ``MAX_BODY_BYTES``
+    (unread when Content-Length tells), OpenAI's 400 if it is not JSON."""
     limit = body_limit(call.headers)
     if limit == 0:
         raise errors.request_too_large(app_settings.MAX_BODY_BYTES)
     try:
-        async with asyncio.timeout(app_settings.BODY_TIMEOUT):
-            body = await call.read_body(limit)
+        body = await call.read_body(limit)
     except TimeoutError:
         raise _body_timeout() from None
     if len(body) > app_settings.MAX_BODY_BYTES:
