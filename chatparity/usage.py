@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, OperationalError, connection, transaction
-from django.db.models import Field
+from django.db.models import CharField, Field
 from django.utils import timezone
 
 from . import tail
@@ -82,12 +82,12 @@ class UsageRecord:
         now = time.perf_counter()
         first = self.first_token_at
         generating = now - first if first is not None else 0.0
-        return RequestLog(
+        row = RequestLog(
             completion_id=self.completion_id,
             request_id=self.request_id,
             api_key=self.api_key,
             key_prefix=self.api_key.prefix,
-            alias=_storable(self.alias),
+            alias=self.alias,
             backend=self.backend,
             upstream_model=self.upstream_model,
             stream=self.stream,
@@ -111,10 +111,13 @@ class UsageRecord:
             if generating > 0
             else None,
             client_ip=_ip_address(self.client_ip),
-            user_agent=_storable(self.user_agent[:500]),
+            user_agent=self.user_agent,
             request_body=_storable(self.request_body) if app_settings.LOG_BODIES else None,
             response_body=orjson.dumps(self.body.completion()).decode() if self.body else "",
         )
+        for name, max_length in _text_columns():
+            setattr(row, name, _storable(getattr(row, name))[:max_length])
+        return row
 
 
 def _storable(value: Any) -> Any:
@@ -127,6 +130,18 @@ def _storable(value: Any) -> Any:
     if isinstance(value, dict):
         return {_storable(key): _storable(item) for key, item in value.items()}
     return value
+
+
+@functools.cache
+def _text_columns() -> list[tuple[str, int]]:
+    """The log's bounded text columns: a client's strings end up in several (the model
+    it named, its user agent, an error code an upstream sent), and PostgreSQL refuses
+    a row with a value longer than its column, which SQLite takes."""
+    return [
+        (field.attname, field.max_length)
+        for field in RequestLog._meta.concrete_fields
+        if isinstance(field, CharField) and field.max_length is not None
+    ]
 
 
 def _ip_address(address: str | None) -> str | None:

@@ -8,10 +8,12 @@ from unittest import mock
 import pytest
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.db import IntegrityError
+from django.db.models import CharField
 from django.test import TestCase
 
 from chatparity import usage
 from chatparity.models import ApiKey, RequestLog
+from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Usage
 from chatparity.usage import UsageRecord
 
@@ -43,6 +45,29 @@ def test_nul_characters_a_client_sent_are_replaced_so_postgresql_can_store_the_r
     row.refresh_from_db()
     assert (row.alias, row.user_agent) == ("model\ufffd", "agent\ufffd")
     assert row.request_body == {"model": "model\ufffd", "messages": [{"content": "a\ufffdb"}]}
+
+
+@pytest.mark.django_db
+def test_long_strings_are_cut_to_their_columns_so_postgresql_can_store_the_row():
+    # A 300-character unknown model name, a long user agent, an upstream's long code:
+    # PostgreSQL refuses what is longer than its column (SQLite does not check).
+    key, _ = ApiKey.objects.create_key("k")
+    record = UsageRecord(request_id="r", api_key=key, user_agent="u" * 1000)
+    record.alias, record.backend, record.upstream_model = "m" * 300, "b" * 300, "x" * 300
+    record.fail(APIError("refused", type="t" * 100, code="c\x00" * 50))
+    row = record.row()
+    columns = {
+        field.name: field.max_length
+        for field in RequestLog._meta.concrete_fields
+        if isinstance(field, CharField)
+    }
+    for name in ("alias", "backend", "upstream_model", "user_agent", "error_type", "error_code"):
+        assert len(getattr(row, name)) == columns[name], name
+    assert row.alias == "m" * 200
+    assert row.error_code == "c\ufffd" * 32
+    row.save()
+    row.refresh_from_db()
+    assert (len(row.alias), len(row.user_agent)) == (200, 500)
 
 
 class LogWriterTests(TestCase):

@@ -137,6 +137,12 @@ class ErrorTests(ViewTestCase):
         row = await RequestLog.objects.aget()
         assert (row.status_code, row.error_code, row.alias) == (404, "model_not_found", "gpt-9")
 
+    async def test_a_300_character_unknown_model_is_logged_cut_to_its_column(self):
+        response = await self.ask(model="gpt-" + "9" * 296)
+        assert response.status_code == 404
+        row = await RequestLog.objects.aget()  # which PostgreSQL would refuse uncut
+        assert row.alias == "gpt-" + "9" * 196
+
     async def test_invalid_request_is_400_and_logged(self):
         response = await self.ask(n=0)
         assert response.status_code == 400
