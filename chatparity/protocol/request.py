@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Any, Literal, TypeVar
@@ -247,6 +247,8 @@ _Parser = Callable[[Any, str], Any]
 
 _NAME = re.compile(r"[a-zA-Z0-9_-]+")
 _TOKEN_ID = re.compile(r"[0-9]+")
+MAX_TOKEN_ID = 2**31 - 1
+"""The largest token id a ``logit_bias`` key may name (llama.cpp's are 32-bit)."""
 
 
 def _string(value: Any, param: str, max_length: int | None = None) -> str:
@@ -455,7 +457,15 @@ def _token_id(key: str, param: str) -> int:
             " integers.",
             param=param,
         )
-    return int(key)
+    # Measured before int(), which refuses more than 4,300 digits with a ValueError.
+    digits = key.lstrip("0") or "0"
+    if len(digits) > len(str(MAX_TOKEN_ID)) or int(digits) > MAX_TOKEN_ID:
+        raise APIError(
+            f"Invalid key in '{param}': {key}. Token ids are at most {MAX_TOKEN_ID}.",
+            param=param,
+            code="invalid_value",
+        )
+    return int(digits)
 
 
 def _metadata(value: Any, param: str) -> dict[str, str]:
@@ -498,9 +508,15 @@ def _response_format(value: Any, param: str) -> ResponseFormat:
     param = f"{param}.json_schema"
     name = _required(described, "name", param, _name)
     _optional(described, "description", param, _string)
+    schema = _optional(described, "schema", param, _object)
+    if schema is not None:
+        try:
+            check_schema(schema)
+        except SchemaTooComplex as exc:
+            raise response_schema_error(name, str(exc)) from None
     return ResponseFormat(
         kind,
-        schema=_optional(described, "schema", param, _object),
+        schema=schema,
         name=name,
         strict=_optional(described, "strict", param, _boolean) or False,
     )
@@ -515,12 +531,18 @@ def _tool(value: Any, param: str) -> Tool:
     _required(tool, "type", param, _FUNCTION)
     function = _required(tool, "function", param, _object)
     param = f"{param}.function"
-    return Tool(
+    parsed = Tool(
         name=_required(function, "name", param, _name),
         description=_optional(function, "description", param, _string),
         parameters=_optional(function, "parameters", param, _object),
         strict=_optional(function, "strict", param, _boolean) or False,
     )
+    if parsed.strict and parsed.parameters is not None:
+        try:
+            check_schema(parsed.parameters)
+        except SchemaTooComplex as exc:
+            raise tool_schema_error(f"{param}.parameters", parsed.name, str(exc)) from None
+    return parsed
 
 
 def _tool_choice(value: Any, param: str) -> ToolChoice:
@@ -660,4 +682,226 @@ def _unanswered(ids: list[str], param: str) -> APIError:
         " each 'tool_call_id'. The following tool_call_ids did not have response messages:"
         f" {', '.join(ids)}",
         param=param,
+    )
+
+
+# JSON Schemas: bounded before anything (a grammar, an upstream request) is built from one.
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaBounds:
+    """Caps on the work one JSON Schema can cause.
+
+    Counts are totals over the whole schema. A repetition is a count keyword
+    (``minItems``, ``maxLength``, ...) or a ``{n,m}`` in a ``pattern``; grammar
+    builders unroll each into that many copies of a rule.
+    """
+
+    max_bytes: int  # as compact JSON
+    max_depth: int  # subschemas within subschemas
+    max_properties: int
+    max_enum_values: int
+    max_branches: int  # members of anyOf, oneOf and allOf, and of type lists
+    max_repetition: int
+    max_pattern_length: int
+    max_nested_repetition: int  # the product of {n,m} nested in a pattern's groups
+
+
+SCHEMA_BOUNDS = SchemaBounds(
+    max_bytes=256 * 1024,
+    max_depth=32,
+    max_properties=5000,  # OpenAI's limit for strict schemas
+    max_enum_values=1000,  # OpenAI's limit for strict schemas
+    max_branches=1000,
+    max_repetition=100_000,  # a grammar unrolled from it stays within a few megabytes
+    max_pattern_length=10_000,
+    max_nested_repetition=100_000,
+)
+"""What any request's schemas may hold, whichever backend serves it; a backend
+that builds more from a schema (the local model's grammars) bounds it further."""
+
+
+class SchemaTooComplex(ValueError):
+    """A schema beyond its :class:`SchemaBounds`; the message says where and how."""
+
+
+def check_schema(schema: Any, bounds: SchemaBounds = SCHEMA_BOUNDS) -> None:
+    """Raise :class:`SchemaTooComplex` if ``schema`` exceeds ``bounds``.
+
+    Only the work a schema can cause is checked, without recursion; whether it
+    is a valid schema is left to whoever uses it.
+    """
+    try:
+        size = len(orjson.dumps(schema))
+    except orjson.JSONEncodeError as exc:  # nested past orjson's 254 levels
+        raise SchemaTooComplex(f"the schema cannot be encoded as JSON ({exc})") from None
+    if size > bounds.max_bytes:
+        raise SchemaTooComplex(
+            f"the schema is {size} bytes long, more than the maximum of {bounds.max_bytes}"
+        )
+    limits = {
+        "properties": bounds.max_properties,
+        "enum values": bounds.max_enum_values,
+        "anyOf, oneOf, allOf and type members": bounds.max_branches,
+    }
+    totals = dict.fromkeys(limits, 0)
+    pending: list[tuple[Any, tuple[str, ...], int]] = [(schema, (), 0)]
+    while pending:
+        node, context, depth = pending.pop()
+        if not isinstance(node, dict):
+            continue
+        if depth > bounds.max_depth:
+            raise SchemaTooComplex(
+                f"In context={context}, schemas nest more than {bounds.max_depth} levels deep"
+            )
+        for key in _REPETITIONS:
+            count = node.get(key)
+            if isinstance(count, int | float) and count > bounds.max_repetition:
+                raise SchemaTooComplex(
+                    f"In context={context}, '{key}' is {count}, more than the maximum of"
+                    f" {bounds.max_repetition}"
+                )
+        if isinstance(pattern := node.get("pattern"), str):
+            _check_pattern(pattern, context, bounds)
+        for what, count in _counted(node):
+            totals[what] += count
+            if totals[what] > limits[what]:
+                raise SchemaTooComplex(f"the schema has more than {limits[what]} {what}")
+        pending.extend((child, (*context, *where), depth + 1) for where, child in _subschemas(node))
+
+
+_REPETITIONS = (
+    "minItems",
+    "maxItems",
+    "minLength",
+    "maxLength",
+    "minProperties",
+    "maxProperties",
+    "minContains",
+    "maxContains",
+)
+_SUBSCHEMA = (
+    "items",
+    "additionalItems",
+    "additionalProperties",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "contains",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+)
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "dependentSchemas", "$defs", "definitions")
+
+
+def _subschemas(node: dict[str, Any]) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """The schemas directly inside ``node``, each with its path from ``node``."""
+    for key in _SUBSCHEMA:
+        if isinstance(node.get(key), dict):
+            yield (key,), node[key]
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(node.get(key), list):
+            yield from (((key, str(i)), child) for i, child in enumerate(node[key]))
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(node.get(key), dict):
+            yield from (((key, name), child) for name, child in node[key].items())
+
+
+def _counted(node: dict[str, Any]) -> Iterator[tuple[str, int]]:
+    """What ``node`` itself adds to the totals :func:`check_schema` bounds."""
+    if isinstance(node.get("properties"), dict):
+        yield "properties", len(node["properties"])
+    if isinstance(node.get("enum"), list):
+        yield "enum values", len(node["enum"])
+    for key in ("anyOf", "oneOf", "allOf", "type"):
+        if isinstance(node.get(key), list):
+            yield "anyOf, oneOf, allOf and type members", len(node[key])
+
+
+# A {n}, {n,} or {n,m} quantifier, as grammar builders read one.
+_QUANTIFIER = re.compile(r"\{\s*([0-9]*)\s*(?:,\s*([0-9]*)\s*)?\}")
+_HUGE = 10**9  # stands for a count too long to convert: int() refuses 4,300 digits
+
+
+def _check_pattern(pattern: str, context: tuple[str, ...], bounds: SchemaBounds) -> None:
+    """Bound a ``pattern``'s length and its counted repetitions, alone and nested.
+
+    A count nested in a counted group multiplies: ``([a-z]{0,20}){0,20}`` lets
+    400 positions match at once, and a grammar sampler tries each for every
+    token. ``*``, ``+`` and ``?`` do not multiply: each loops over one copy.
+    """
+    if len(pattern) > bounds.max_pattern_length:
+        raise SchemaTooComplex(
+            f"In context={context}, 'pattern' is {len(pattern)} characters long, more than the"
+            f" maximum of {bounds.max_pattern_length}"
+        )
+    groups = [0]  # per open group: the largest product of counts inside it
+    last = 0  # the product of counts inside the atom or group just read
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        quantifier = _QUANTIFIER.match(pattern, i) if char == "{" else None
+        if quantifier:
+            count = max(_count(bound) for bound in quantifier.groups())
+            if count > bounds.max_repetition:
+                raise SchemaTooComplex(
+                    f"In context={context}, 'pattern' repeats more than the maximum of"
+                    f" {bounds.max_repetition} times"
+                )
+            if last and count * last > bounds.max_nested_repetition:
+                raise SchemaTooComplex(
+                    f"In context={context}, 'pattern' nests repetitions of more than the"
+                    f" maximum of {bounds.max_nested_repetition} times in all"
+                )
+            last = count * max(last, 1)
+            groups[-1] = max(groups[-1], last)
+            i = quantifier.end()
+            continue
+        if char == "(":
+            groups.append(0)
+        elif char == ")" and len(groups) > 1:
+            last = groups.pop()
+            groups[-1] = max(groups[-1], last)
+        elif char not in "*+?":
+            last = 0
+            i = _atom_end(pattern, i) - 1
+        i += 1
+
+
+def _atom_end(pattern: str, start: int) -> int:
+    """Where the atom at ``start`` ends: one character, an escape or a ``[...]`` class."""
+    if pattern[start] == "\\":
+        return start + 2
+    if pattern[start] != "[":
+        return start + 1
+    i = start + 1
+    while i < len(pattern) and pattern[i] != "]":
+        i += 2 if pattern[i] == "\\" else 1
+    return i + 1
+
+
+def _count(digits: str | None) -> int:
+    if not digits:
+        return 0
+    return int(digits) if len(digits) <= 9 else _HUGE
+
+
+def response_schema_error(name: str, reason: str) -> APIError:
+    """OpenAI's 400 for a ``response_format`` schema that cannot be used."""
+    return APIError(
+        f"Invalid schema for response_format '{name}': {reason}.",
+        param="response_format.json_schema.schema",
+        code="invalid_json_schema",
+    )
+
+
+def tool_schema_error(param: str, name: str, reason: str) -> APIError:
+    """OpenAI's 400 for a function's ``parameters`` schema that cannot be used."""
+    return APIError(
+        f"Invalid schema for function '{name}': {reason}.",
+        param=param,
+        code="invalid_function_parameters",
     )

@@ -1,12 +1,23 @@
 """The server's caps on a request, refused in OpenAI's words for its own limits."""
 
+from dataclasses import replace
+
 import orjson
 import pytest
 from django.core.checks import run_checks
 from django.test import override_settings
 
 from chatparity.protocol.errors import APIError, invalid_json, request_too_large
-from chatparity.protocol.request import MAX_DEPTH, Limits, decode_body, parse_chat_request
+from chatparity.protocol.request import (
+    MAX_DEPTH,
+    SCHEMA_BOUNDS,
+    Limits,
+    SchemaBounds,
+    SchemaTooComplex,
+    check_schema,
+    decode_body,
+    parse_chat_request,
+)
 
 LIMITS = Limits(max_messages=3, max_content_chars=5)
 CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
@@ -197,6 +208,159 @@ def test_an_assistant_message_with_a_well_formed_function_call_is_accepted():
     call = {"name": "f", "arguments": "{}"}
     request = parse([{"role": "assistant", "content": None, "function_call": call}])
     assert request.messages[0].content is None
+
+
+# JSON Schemas: bounded before any backend builds anything from them.
+
+SMALL = SchemaBounds(
+    max_bytes=200,
+    max_depth=3,
+    max_properties=3,
+    max_enum_values=3,
+    max_branches=3,
+    max_repetition=10,
+    max_pattern_length=20,
+    max_nested_repetition=20,
+)
+
+
+def too_complex(schema, bounds=SMALL):
+    with pytest.raises(SchemaTooComplex) as raised:
+        check_schema(schema, bounds)
+    return str(raised.value)
+
+
+def items(depth):
+    """``depth`` array schemas, each the items of the one around it."""
+    schema = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        pytest.param({"type": "string", "maxLength": 10, "pattern": "^(a{0,4}b){0,5}$"}, id="edge"),
+        pytest.param(items(3), id="as deep as allowed"),
+        pytest.param({"properties": {"a": {"enum": [1, 2, 3]}, "b": {}, "c": {}}}, id="totals"),
+        pytest.param({"anyOf": [{"type": ["string", "null"]}]}, id="three branches"),
+        pytest.param({"type": "string", "pattern": "^[{]+\\{99}$"}, id="braces, no counts"),
+        pytest.param({"enum": [{"maxItems": 99}], "default": {"maxItems": 99}}, id="data"),
+    ],
+)
+def test_a_schema_within_its_bounds_passes(schema):
+    check_schema(schema, SMALL)
+
+
+@pytest.mark.parametrize(
+    ("schema", "reason"),
+    [
+        (
+            {"description": "x" * 200},
+            "the schema is 218 bytes long, more than the maximum of 200",
+        ),
+        (items(4), "In context=('items', 'items', 'items', 'items'), schemas nest more than 3"),
+        (
+            {"properties": {"a": {"properties": {"b": {}, "c": {}}}, "d": {}}},
+            "the schema has more than 3 properties",
+        ),
+        (
+            {"properties": {"a": {"enum": [1, 2]}, "b": {"enum": [3, 4]}}},
+            "the schema has more than 3 enum values",
+        ),
+        (
+            {"anyOf": [{"type": ["string", "null"]}, {"oneOf": [{}]}]},
+            "the schema has more than 3 anyOf, oneOf, allOf and type members",
+        ),
+        (
+            {"properties": {"a": {"maxItems": 11}}},
+            "In context=('properties', 'a'), 'maxItems' is 11, more than the maximum of 10",
+        ),
+        ({"minLength": 1e30}, "'minLength' is 1e+30, more than the maximum of 10"),
+        ({"pattern": "^" + "a" * 20 + "$"}, "'pattern' is 22 characters long"),
+        ({"pattern": "^a{11}$"}, "'pattern' repeats more than the maximum of 10 times"),
+        ({"pattern": "^a{2,11}$"}, "'pattern' repeats more than the maximum of 10 times"),
+        ({"pattern": "^(a{5}){5}$"}, "'pattern' nests repetitions of more than the maximum of 20"),
+        ({"pattern": "^a{3}{7}$"}, "'pattern' nests repetitions of more than the maximum of 20"),
+        ({"pattern": "^((a{3})?b){7}$"}, "'pattern' nests repetitions"),
+    ],
+)
+def test_a_schema_past_a_bound_is_too_complex(schema, reason):
+    assert reason in too_complex(schema)
+
+
+def test_a_count_of_thousands_of_digits_is_refused_without_converting_it():
+    long_patterns = replace(SMALL, max_bytes=10**4, max_pattern_length=10**4)
+    reason = too_complex({"pattern": "^a{" + "9" * 5000 + "}$"}, long_patterns)
+    assert "'pattern' repeats more than the maximum of 10 times" in reason
+
+
+def test_star_plus_and_optional_do_not_multiply_nested_counts():
+    check_schema({"pattern": "^(a{0,9} ?)*(b{9})+$"}, SMALL)
+
+
+def test_a_schema_of_any_depth_is_refused_not_recursed_into():
+    assert "schemas nest more than 32 levels deep" in too_complex(items(120), SCHEMA_BOUNDS)
+    assert "cannot be encoded as JSON" in too_complex(items(50_000), SCHEMA_BOUNDS)
+
+
+def with_schema(schema, **changes):
+    json_schema = {"name": "answer", "schema": schema, **changes}
+    return {
+        "model": "m",
+        "messages": [user("Hi")],
+        "response_format": {"type": "json_schema", "json_schema": json_schema},
+    }
+
+
+def function(name, parameters, strict=True):
+    return {
+        "type": "function",
+        "function": {"name": name, "parameters": parameters, "strict": strict},
+    }
+
+
+BOMB = {"type": "array", "items": {"type": "integer"}, "maxItems": 2_000_000}
+
+
+def test_a_response_format_schema_past_the_bounds_is_openais_invalid_schema():
+    with pytest.raises(APIError) as raised:
+        parse_chat_request(with_schema(BOMB))
+    assert raised.value.status == 400
+    assert raised.value.envelope()["error"] == {
+        "message": "Invalid schema for response_format 'answer': In context=(), 'maxItems' is"
+        " 2000000, more than the maximum of 100000.",
+        "type": "invalid_request_error",
+        "param": "response_format.json_schema.schema",
+        "code": "invalid_json_schema",
+    }
+
+
+def test_a_strict_functions_parameters_past_the_bounds_are_openais_invalid_parameters():
+    tools = [function("fine", {"type": "object"}), function("bomb", BOMB)]
+    with pytest.raises(APIError) as raised:
+        parse_chat_request({"model": "m", "messages": [user("Hi")], "tools": tools})
+    assert raised.value.envelope()["error"] == {
+        "message": "Invalid schema for function 'bomb': In context=(), 'maxItems' is 2000000,"
+        " more than the maximum of 100000.",
+        "type": "invalid_request_error",
+        "param": "tools[1].function.parameters",
+        "code": "invalid_function_parameters",
+    }
+
+
+def test_a_non_strict_functions_parameters_are_left_to_the_backend():
+    tools = [function("loose", BOMB, strict=False)]
+    request = parse_chat_request({"model": "m", "messages": [user("Hi")], "tools": tools})
+    assert request.tools[0].parameters == BOMB
+
+
+def test_the_default_bounds_take_openais_own_limits():
+    assert (SCHEMA_BOUNDS.max_properties, SCHEMA_BOUNDS.max_enum_values) == (5000, 1000)
+    parse_chat_request(with_schema({"enum": list(range(1000))}))
+    with pytest.raises(APIError):
+        parse_chat_request(with_schema({"enum": list(range(1001))}))
 
 
 # The settings behind the limits.

@@ -194,6 +194,13 @@ def test_null_means_not_given():
             ],
             id="tool results answer the calls",
         ),
+        pytest.param(
+            {"logit_bias": {"2147483647": 1, "0" * 5000 + "7": -1}},
+            "logit_bias",
+            {2147483647: 1.0, 7: -1.0},
+            id="token ids up to 2**31 - 1, with any number of leading zeros",
+        ),
+        pytest.param({"model": "m" * 300}, "model", "m" * 300, id="a model name of any length"),
     ],
 )
 def test_accepted_values(changes, field, value):
@@ -465,6 +472,20 @@ ERRORS = [
         "Invalid key in 'logit_bias': -1. You should only be submitting non-negative integers.",
         "logit_bias",
         id="a bias keyed by a negative id",
+    ),
+    case(
+        {"logit_bias": {"2147483648": 1}},
+        "Invalid key in 'logit_bias': 2147483648. Token ids are at most 2147483647.",
+        "logit_bias",
+        "invalid_value",
+        id="a bias keyed by an id past 32 bits",
+    ),
+    case(
+        {"logit_bias": {"9" * 5000: 1}},
+        f"Invalid key in 'logit_bias': {'9' * 5000}. Token ids are at most 2147483647.",
+        "logit_bias",
+        "invalid_value",
+        id="a bias keyed by more digits than int() converts",
     ),
     # Lengths.
     case({"messages": []}, *empty("messages"), id="no message"),
