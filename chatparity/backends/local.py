@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import codecs
+import ctypes
 import hashlib
 import importlib.util
 import itertools
@@ -70,6 +71,14 @@ class _ChoiceDone:
     cached_tokens: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Grammars:
+    """The grammars a request's choices may need, built and compiled before any starts."""
+
+    answer: str | None
+    arguments: list[str]  # one per tool, in the request's order
+
+
 @dataclass
 class _Job:
     """One choice of one request, as a worker thread sees it."""
@@ -77,6 +86,7 @@ class _Job:
     index: int
     request: ChatRequest
     prompt: list[int]
+    grammars: _Grammars
     budget: int
     seed: int
     stop: threading.Event
@@ -96,7 +106,7 @@ class LocalModel:
         self.n_ctx = n_ctx
         self._n_threads = n_threads
         self._vocab = Llama(model_path, vocab_only=True, verbose=False)
-        self._tokenizer_lock = threading.Lock()
+        self.max_token_bytes = _max_token_bytes(self._vocab)
         self._free: queue.SimpleQueue[Llama] = queue.SimpleQueue()
         self._created = 0
         self._pool_lock = threading.Lock()
@@ -125,15 +135,39 @@ class LocalModel:
 
     # -- prompt ------------------------------------------------------------
 
+    # llama.cpp's tokenizers keep their per-call state apart (llama.cpp #9369), so
+    # requests tokenize side by side, each in its own thread.
+
     def tokenize(self, text: str) -> list[int]:
-        with self._tokenizer_lock:
-            return list(self._vocab.tokenize(text.encode(), add_bos=True, special=True))
+        return list(self._vocab.tokenize(text.encode(), add_bos=True, special=True))
 
     def tokenize_continuation(self, text: str) -> list[int]:
-        with self._tokenizer_lock:
-            return list(self._vocab.tokenize(text.encode(), add_bos=False, special=True))
+        return list(self._vocab.tokenize(text.encode(), add_bos=False, special=True))
+
+    def prepare(self, request: ChatRequest) -> tuple[list[int], _Grammars]:
+        """The prompt's tokens and the request's grammars, or the 400 that refuses it
+        (runs in a thread: converting a schema or tokenizing takes a while)."""
+        vocab = self._vocab._model.vocab
+        for token in request.logit_bias:
+            if token >= self._vocab.n_vocab():
+                raise errors.APIError(
+                    f"Invalid key in 'logit_bias': {token}. This model's token ids are below"
+                    f" {self._vocab.n_vocab()}.",
+                    param="logit_bias",
+                    code="invalid_value",
+                )
+        prepared = _Grammars(
+            answer=grammars.response_grammar(request.response_format, vocab),
+            arguments=[
+                grammars.arguments_grammar(tool, index, vocab)
+                for index, tool in enumerate(request.tools)
+            ],
+        )
+        return self.prompt_tokens(request), prepared
 
     def prompt_tokens(self, request: ChatRequest) -> list[int]:
+        """The prompt's tokens; OpenAI's context_length_exceeded, without tokenizing,
+        when its length alone shows that it cannot fit the context."""
         messages = [_template_message(message) for message in request.messages]
         if request.tools and request.tool_choice.mode != "none":
             tools = grammars.tools_system_prompt(request.tools)
@@ -141,8 +175,12 @@ class LocalModel:
                 messages[0] = {"role": "system", "content": f"{messages[0]['content']}\n\n{tools}"}
             else:
                 messages.insert(0, {"role": "system", "content": tools})
-        rendered = self._formatter(messages=messages)  # type: ignore[arg-type]
-        return self.tokenize(rendered.prompt)
+        prompt = self._formatter(messages=messages).prompt  # type: ignore[arg-type]
+        if self.max_token_bytes is not None:
+            at_least = -(-len(prompt.encode()) // self.max_token_bytes)
+            if at_least >= self.n_ctx or at_least + (request.max_tokens or 0) > self.n_ctx:
+                raise _cannot_fit(self.n_ctx, at_least, request.max_tokens)
+        return self.tokenize(prompt)
 
     # -- contexts ----------------------------------------------------------
 
@@ -206,9 +244,9 @@ class LocalModel:
                     penalty_present=request.presence_penalty,
                 )
             if grammar is not None:
-                from llama_cpp.llama_grammar import LlamaGrammar
-
-                sampler.add_grammar(llama._model, LlamaGrammar.from_string(grammar))
+                llama_cpp.llama_sampler_chain_add(
+                    sampler.sampler, grammars.grammar_sampler(llama._model.vocab, grammar)
+                )
             if request.temperature == 0:
                 sampler.add_greedy()
             else:
@@ -233,6 +271,44 @@ class LocalModel:
                 llama.eval([token])
         finally:
             sampler.close()
+
+
+# Vocabularies whose tokens spell out every byte of the text they encode (byte-level
+# BPE, SentencePiece with byte fallback, RWKV): a text of n bytes is at least
+# n / (longest token) tokens. WordPiece and Unigram drop whitespace or normalize.
+_SPELLING_VOCABS = frozenset({1, 2, 5})  # LLAMA_VOCAB_TYPE_SPM, _BPE, _RWKV
+
+
+def _max_token_bytes(vocab: Llama) -> int | None:
+    """The most bytes one token stands for, or None if its vocabulary may drop bytes."""
+    import llama_cpp
+
+    model = vocab._model.vocab
+    if llama_cpp.llama_vocab_type(model) not in _SPELLING_VOCABS:
+        return None
+    buffer = ctypes.create_string_buffer(256)
+    # A piece longer than the buffer is returned as minus its length.
+    return max(
+        abs(int(llama_cpp.llama_token_to_piece(model, token, buffer, len(buffer), 0, True)))
+        for token in range(vocab.n_vocab())
+    )
+
+
+def _cannot_fit(n_ctx: int, at_least: int, completion: int | None) -> errors.APIError:
+    """OpenAI's context_length_exceeded for a prompt of ``at_least`` tokens, counted
+    from its bytes."""
+    asked = (
+        f"your messages resulted in at least {at_least} tokens"
+        if completion is None
+        else f"you requested at least {at_least + completion} tokens (at least {at_least} in"
+        f" the messages, {completion} in the completion)"
+    )
+    return errors.APIError(
+        f"This model's maximum context length is {n_ctx} tokens. However, {asked}. Please"
+        " reduce the length of the messages or completion.",
+        param="messages",
+        code="context_length_exceeded",
+    )
 
 
 def _eval_prompt(llama: Llama, tokens: list[int], *, reuse: bool) -> int:
@@ -264,7 +340,7 @@ class _ChoiceRunner:
 
     def run(self) -> None:
         request, job = self.request, self.job
-        answer = grammars.response_grammar(request.response_format)
+        answer = job.grammars.answer
         choice = request.tool_choice
         if not request.tools or choice.mode == "none":
             self._answer(None, self.model.sample(self.llama, job.prompt, job, answer))
@@ -319,13 +395,13 @@ class _ChoiceRunner:
     def _call(self, prompt: list[int], name: str) -> None:
         """Stream the arguments of a call to ``name`` as tool-call deltas."""
         job, request = self.job, self.request
-        tool = next(tool for tool in request.tools if tool.name == name)
+        index = next(i for i, tool in enumerate(request.tools) if tool.name == name)
         call_id = "call_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
         job.emit(ToolCallDelta(job.index, 0, "", id=call_id, name=name, tokens=0))
         prompt = prompt + self.model.tokenize_continuation(grammars.TOOL_ARGUMENTS)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         reason = "stop" if request.tool_choice.mode == "function" else "tool_calls"
-        grammar = grammars.arguments_grammar(tool)
+        grammar = job.grammars.arguments[index]
         with closing(self.model.sample(self.llama, prompt, job, grammar)) as tokens:
             for token in tokens:
                 fragment = decoder.decode(self._take(token))
@@ -444,15 +520,12 @@ class LocalBackend:
 
     async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[Event]:
         local = await self.model()
-        prompt = await asyncio.to_thread(local.prompt_tokens, request)
+        prompt, prepared = await asyncio.to_thread(local.prepare, request)
         room = local.n_ctx - len(prompt)
         if request.max_tokens is not None and request.max_tokens > room:
             raise errors.context_length_exceeded(local.n_ctx, len(prompt), request.max_tokens)
         if room <= 0:
             raise errors.context_length_exceeded(local.n_ctx, len(prompt), 0)
-        for tool in request.tools:  # surface bad schemas as a 400 before streaming
-            grammars.arguments_grammar(tool)
-        grammars.response_grammar(request.response_format)
 
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[object] = asyncio.Queue()
@@ -470,6 +543,7 @@ class LocalBackend:
                 index=index,
                 request=request,
                 prompt=prompt,
+                grammars=prepared,
                 budget=request.max_tokens or room,
                 seed=(base_seed + index) & 0x7FFFFFFF,
                 stop=stop,

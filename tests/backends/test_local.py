@@ -2,6 +2,8 @@
 
 import asyncio
 import json
+import re
+import threading
 
 import pytest
 
@@ -194,3 +196,71 @@ def test_usage_counts_prompt_once_and_sums_choices(backend):
     assert isinstance(usage, Usage)
     assert usage.completion_tokens == 6
     assert usage.prompt_tokens > 10
+
+
+# Bounded work: refused before the expensive part, and never in another request's way.
+
+
+def test_a_prompt_whose_bytes_cannot_fit_is_refused_before_tokenizing(backend, monkeypatch):
+    local = asyncio.run(backend.model())
+    monkeypatch.setattr(local, "tokenize", lambda text: pytest.fail("the prompt was tokenized"))
+    too_long = "x" * (local.n_ctx * local.max_token_bytes)
+    with pytest.raises(APIError) as refused:
+        run(backend, ask(too_long, max_tokens=None))
+    assert (refused.value.status, refused.value.param, refused.value.code) == (
+        400,
+        "messages",
+        "context_length_exceeded",
+    )
+    counted = re.fullmatch(
+        r"This model's maximum context length is 2048 tokens\. However, your messages resulted in"
+        r" at least (\d+) tokens\. Please reduce the length of the messages or completion\.",
+        refused.value.message,
+    )
+    assert counted
+    assert int(counted[1]) > local.n_ctx
+
+
+def test_the_byte_bound_never_counts_more_tokens_than_there_are(backend):
+    local = asyncio.run(backend.model())
+    for text in ["Hello, world!", " " * 5000, "\n" + " " * 80, "é" * 999, "<|im_start|>" * 50]:
+        assert len(local.tokenize(text)) * local.max_token_bytes >= len(text.encode())
+
+
+def test_tokenizing_a_long_prompt_does_not_hold_up_another_request(backend, monkeypatch):
+    local = asyncio.run(backend.model())
+    tokenize, started = local._vocab.tokenize, threading.Event()
+
+    def noted(text, **options):
+        if len(text) > 1000:
+            started.set()
+        return tokenize(text, **options)
+
+    monkeypatch.setattr(local._vocab, "tokenize", noted)
+    long_prompt = threading.Thread(target=local.tokenize, args=("Lorem ipsum. " * 300_000,))
+    long_prompt.start()
+    started.wait()
+    run(backend, ask(max_tokens=1))
+    assert long_prompt.is_alive(), "the short request waited for the long prompt's tokens"
+    long_prompt.join()
+
+
+def test_a_logit_bias_token_past_the_vocabulary_is_a_400(backend):
+    with pytest.raises(APIError) as refused:
+        run(backend, ask(max_tokens=1, logit_bias={49152: -100}))
+    assert (refused.value.status, refused.value.param, refused.value.code) == (
+        400,
+        "logit_bias",
+        "invalid_value",
+    )
+
+
+def test_a_tools_parameters_past_the_local_bounds_are_a_400_naming_the_tool(backend):
+    bomb = Tool("bomb", parameters={"type": "array", "items": {}, "maxItems": 2500})
+    with pytest.raises(APIError) as refused:
+        run(backend, ask(tools=[WEATHER, bomb], tool_choice=ToolChoice("auto")))
+    assert (refused.value.status, refused.value.param, refused.value.code) == (
+        400,
+        "tools[1].function.parameters",
+        "invalid_function_parameters",
+    )

@@ -1,0 +1,281 @@
+"""Grammars for the local model: a schema a client sends becomes a grammar llama.cpp
+compiles, or a 400; never a crashed process."""
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import astuple
+from pathlib import Path
+
+import pytest
+
+from chatparity.backends import grammars
+from chatparity.backends.local import smollm2_model_path
+from chatparity.protocol.errors import APIError
+from chatparity.protocol.request import SCHEMA_BOUNDS, ResponseFormat, Tool
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    from llama_cpp import Llama
+
+    model = Llama(smollm2_model_path(), vocab_only=True, verbose=False)
+    yield model._model.vocab
+    model.close()
+
+
+def refusal(build):
+    with pytest.raises(APIError) as raised:
+        build()
+    assert raised.value.status == 400
+    return raised.value.envelope()["error"]
+
+
+def answer_in(schema):
+    return ResponseFormat("json_schema", schema, name="answer")
+
+
+def test_the_local_bounds_are_nowhere_looser_than_a_requests():
+    assert all(
+        local <= anywhere
+        for local, anywhere in zip(
+            astuple(grammars.LOCAL_SCHEMA_BOUNDS), astuple(SCHEMA_BOUNDS), strict=True
+        )
+    )
+
+
+def test_a_schema_up_to_the_bounds_becomes_a_grammar(vocab):
+    schema = {"type": "array", "items": {"type": "integer"}, "maxItems": 1000}
+    assert grammars.response_grammar(answer_in(schema), vocab).startswith("integer ::=")
+
+
+def test_a_schema_a_request_may_carry_can_be_too_much_for_the_local_model(vocab):
+    schema = {"type": "array", "items": {"type": "integer"}, "maxItems": 2500}
+    assert refusal(lambda: grammars.response_grammar(answer_in(schema), vocab)) == {
+        "message": "Invalid schema for response_format 'answer': In context=(), 'maxItems' is"
+        " 2500, more than the maximum of 1000.",
+        "type": "invalid_request_error",
+        "param": "response_format.json_schema.schema",
+        "code": "invalid_json_schema",
+    }
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_tools_parameters_are_bounded_whether_strict_or_not(vocab, strict):
+    tool = Tool("pick", parameters={"type": "string", "maxLength": 2500}, strict=strict)
+    error = refusal(lambda: grammars.arguments_grammar(tool, 3, vocab))
+    assert (error["param"], error["code"]) == (
+        "tools[3].function.parameters",
+        "invalid_function_parameters",
+    )
+    assert error["message"].startswith("Invalid schema for function 'pick': ")
+
+
+def test_a_grammar_llama_cpp_refuses_is_a_400(vocab):
+    # The converter leaves "\." in a literal, which llama.cpp's parser does not take.
+    schema = {"type": "string", "pattern": "^([a-z]{1,5}\\.){0,10}[a-z]{2,6}$"}
+    error = refusal(lambda: grammars.response_grammar(answer_in(schema), vocab))
+    assert error["message"] == (
+        "Invalid schema for response_format 'answer': llama.cpp cannot compile the grammar"
+        " made from it."
+    )
+
+
+def test_a_schema_the_converter_cannot_read_is_a_400(vocab):
+    schema = {"$ref": "https://example.com/schema.json"}
+    error = refusal(lambda: grammars.response_grammar(answer_in(schema), vocab))
+    assert "Fetching remote schemas is not allowed" in error["message"]
+
+
+@pytest.mark.parametrize("text", ["root ::= (", "root ::= other", "root ::= root"])
+def test_a_grammar_llama_cpp_refuses_never_reaches_a_sampler_chain(vocab, text):
+    with pytest.raises(grammars.GrammarRefused):
+        grammars.grammar_sampler(vocab, text)
+
+
+# Whatever a client sends: the bombs found so far and a fuzzed set, each through the
+# parser and the local backend to its first token, in a process of its own.
+
+BOMBS = [
+    # llama.cpp refuses more than 1,000 optional copies; llama-cpp-python crashed on that.
+    {"type": "array", "items": {"type": "integer"}, "maxItems": 2500},
+    {"type": "string", "maxLength": 1500},
+    {"type": "string", "pattern": "^a{0,1500}$"},
+    {"type": "string", "pattern": "^([a-z]{1,5}\\.){0,10}[a-z]{2,6}$"},
+    {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},  # left recursion
+    # Gigabytes of grammar.
+    {"type": "array", "items": {"type": "integer"}, "minItems": 10**9},
+    {"type": "string", "pattern": "^(ab){1000000000}$"},
+    # Minutes of sampling for each token.
+    {"type": "string", "pattern": "^((a{0,30}){0,30}){0,30}$"},
+    {"type": "string", "pattern": "^([a-z]{0,20}){0,20}$"},
+    {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1000)}},
+    {"anyOf": [{"const": i} for i in range(1000)]},
+    # Unbounded recursion in the converter.
+    {"type": "array", "items": {}, "maxItems": -1},
+    {"type": "array", "items": {}, "minItems": 5, "maxItems": 2},
+]
+
+COUNTS = [0, 1, 2, 3, 8, 20, 64, 999, 1000, 1001, 2500, 100_001, 10**9, -1, 2.5, 1e30, True, "5"]
+QUANTIFIED = [0, 1, 2, 4, 8, 30, 65, 999, 1000, 1001, 2500, 10**6]
+
+
+def fuzzed_pattern(rng, depth=0):
+    parts = []
+    for _ in range(rng.randint(1, 3)):
+        if depth < 2 and rng.random() < 0.4:
+            atom = f"({fuzzed_pattern(rng, depth + 1)})"
+        else:
+            atom = rng.choice(["a", "[a-z]", "\\d", ".", "\\.", "x|y", "[^\\]]", "{"])
+        low, high = rng.choice(QUANTIFIED), rng.choice(QUANTIFIED)
+        counted = rng.choice([f"{{{low}}}", f"{{{low},}}", f"{{{low},{high}}}"])
+        parts.append(atom + rng.choice(["", "", "*", "+", "?", counted, counted]))
+    return "".join(parts)
+
+
+def fuzzed_schema(rng, depth=0):
+    """A schema, valid or not, from what grammar builders have trouble with."""
+    kinds = ["string", "integer", "number", "boolean", "null", "enum", "const"]
+    if depth < 3:
+        kinds += ["object", "object", "array", "array", "union", "types", "ref", "wide"]
+    kind = rng.choice(kinds)
+    if kind == "object":
+        names = [rng.choice(["a", "b c", 'q"', "\n", "é", "-"]) + str(i) for i in range(4)]
+        schema = {
+            "type": "object",
+            "properties": {
+                name: fuzzed_schema(rng, depth + 1) for name in names[: rng.randint(0, 4)]
+            },
+        }
+        if rng.random() < 0.5:
+            schema["required"] = rng.choice([names[:2], names, "a", [1]])
+        if rng.random() < 0.4:
+            schema["additionalProperties"] = rng.choice(
+                [True, False, fuzzed_schema(rng, depth + 1)]
+            )
+        return schema
+    if kind == "array":
+        schema = {"type": "array", "items": fuzzed_schema(rng, depth + 1)}
+        if rng.random() < 0.2:
+            schema["items"] = [fuzzed_schema(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+        for key in ("minItems", "maxItems"):
+            if rng.random() < 0.6:
+                schema[key] = rng.choice(COUNTS)
+        return schema
+    if kind == "string":
+        schema = {"type": "string"}
+        for key in ("minLength", "maxLength"):
+            if rng.random() < 0.4:
+                schema[key] = rng.choice(COUNTS)
+        if rng.random() < 0.6:
+            anchored = rng.random() < 0.9
+            pattern = fuzzed_pattern(rng)
+            schema["pattern"] = f"^{pattern}$" if anchored else pattern
+        if rng.random() < 0.2:
+            schema["format"] = rng.choice(["date", "time", "date-time", "uuid", "email"])
+        return schema
+    if kind == "enum":
+        return {
+            "enum": [
+                rng.choice([1, "x", None, [1], {"a": 1}]) for _ in range(rng.choice([0, 1, 3, 300]))
+            ]
+        }
+    if kind == "const":
+        return {"const": rng.choice([1, 'x"y', None, [1, {"a": []}]])}
+    if kind == "union":
+        key = rng.choice(["anyOf", "oneOf", "allOf"])
+        return {key: [fuzzed_schema(rng, depth + 1) for _ in range(rng.choice([0, 1, 2, 4]))]}
+    if kind == "types":
+        return {"type": rng.sample(["string", "integer", "null", "object", "array", "bogus"], 2)}
+    if kind == "ref":
+        target = rng.choice(["#/$defs/a", "#/$defs/missing", "#", "other.json", "#/$defs/a/b"])
+        inner = rng.choice([fuzzed_schema(rng, depth + 1), {"$ref": "#/$defs/a"}])
+        return {"$defs": {"a": inner}, "$ref": target}
+    if kind == "wide":
+        count = rng.choice([10, 300, 600])
+        return {
+            "type": "object",
+            "properties": {f"p{i}": {"type": "integer"} for i in range(count)},
+        }
+    return {"type": kind}
+
+
+def fuzzed_bodies(count, seed=11):
+    """Request bodies carrying the bombs, then ``count`` fuzzed schemas: each as a
+    response_format, and every fifth also as a tool's parameters (with tool_choice
+    "none", its grammar is built and compiled all the same, and the prompt does not
+    carry the schema to evaluate)."""
+    rng = random.Random(seed)
+    schemas = BOMBS + [fuzzed_schema(rng) for _ in range(count)]
+    for i, schema in enumerate(schemas):
+        body = {
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": "Answer in JSON."}],
+            "max_tokens": 1,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "schema": schema, "strict": i % 2 == 0},
+            },
+        }
+        yield body
+        if i % 5 == 0:
+            function = {"name": "act", "parameters": schema, "strict": i % 2 == 0}
+            yield {
+                "model": "smollm2",
+                "messages": [{"role": "user", "content": "Act."}],
+                "max_tokens": 1,
+                "tools": [{"type": "function", "function": function}],
+                "tool_choice": "none",
+            }
+
+
+async def serve(backend, body):
+    """What a client sent ``body`` gets: "answered", or "refused" and a status."""
+    from chatparity.protocol.request import parse_chat_request
+
+    try:
+        request = parse_chat_request(body)
+        async for _ in backend.stream(request, "smollm2"):
+            pass
+    except APIError as error:
+        if error.status != 400:
+            print(f"{error!r} for {json.dumps(body)[:500]}", file=sys.stderr)
+        return f"refused {error.status}"
+    return "answered"
+
+
+def main(count):
+    """The child process: every body through the parser and the local backend."""
+    import django
+
+    django.setup()
+    from chatparity.backends.base import BackendConfig
+    from chatparity.backends.local import LocalBackend
+
+    backend = LocalBackend(BackendConfig(name="local", kind="local"))
+
+    async def serve_all():
+        return Counter([await serve(backend, body) for body in fuzzed_bodies(count)])
+
+    print(json.dumps(asyncio.run(serve_all())))
+
+
+def test_no_schema_a_client_sends_crashes_the_process():
+    child = subprocess.run(
+        [sys.executable, "-c", "from tests.backends.test_grammars import main; main(300)"],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert child.returncode == 0, f"exit {child.returncode}: {child.stderr[-1000:]}"
+    outcomes = json.loads(child.stdout.splitlines()[-1])
+    assert set(outcomes) == {"answered", "refused 400"}, child.stderr[-1000:]
+    assert min(outcomes.values()) > 50  # both kinds, plenty of each
