@@ -7,6 +7,7 @@ import pytest
 from django.core.checks import run_checks
 from django.test import override_settings
 
+from chatparity.gateway import body_limit
 from chatparity.protocol.errors import APIError, invalid_json, request_too_large
 from chatparity.protocol.request import (
     MAX_DEPTH,
@@ -136,6 +137,21 @@ def test_a_body_too_large_is_a_413_in_openais_envelope():
             "code": "request_too_large",
         }
     }
+
+
+@pytest.mark.parametrize(
+    ("declared", "read"),
+    [
+        ("8388608", 8388609),
+        ("08388608", 8388609),
+        ("0" * 5000 + "1", 8388609),
+        ("8388609", 0),
+        ("9" * 5000, 0),
+        ("nonsense", 8388609),
+    ],
+)
+def test_a_declared_length_tells_how_much_body_to_read(declared, read):
+    assert body_limit({"content-length": declared}) == read
 
 
 def nested(depth, empty=b"[]"):
