@@ -273,18 +273,22 @@ class LocalModel:
             sampler.close()
 
 
-# Vocabularies whose tokens spell out every byte of the text they encode (byte-level
-# BPE, SentencePiece with byte fallback, RWKV): a text of n bytes is at least
-# n / (longest token) tokens. WordPiece and Unigram drop whitespace or normalize.
-_SPELLING_VOCABS = frozenset({1, 2, 5})  # LLAMA_VOCAB_TYPE_SPM, _BPE, _RWKV
-
-
 def _max_token_bytes(vocab: Llama) -> int | None:
-    """The most bytes one token stands for, or None if its vocabulary may drop bytes."""
+    """The most bytes one token stands for, or None if its vocabulary may drop bytes.
+
+    Byte-level BPE, SentencePiece with byte fallback and RWKV spell out every
+    byte of the text they encode, so n bytes are at least n / (this) tokens;
+    WordPiece and Unigram drop whitespace or normalize, and have no such bound.
+    """
     import llama_cpp
 
     model = vocab._model.vocab
-    if llama_cpp.llama_vocab_type(model) not in _SPELLING_VOCABS:
+    spelling = (
+        llama_cpp.LLAMA_VOCAB_TYPE_SPM,
+        llama_cpp.LLAMA_VOCAB_TYPE_BPE,
+        llama_cpp.LLAMA_VOCAB_TYPE_RWKV,
+    )
+    if llama_cpp.llama_vocab_type(model) not in spelling:
         return None
     buffer = ctypes.create_string_buffer(256)
     # A piece longer than the buffer is returned as minus its length.
