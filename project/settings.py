@@ -256,4 +256,6 @@ CHATPARITY: dict[str, object] = {
     "LOG_BODIES": _flag("CHATPARITY_LOG_BODIES", False),
     "REDIS_URL": REDIS_URL or None,
     "COMMANDS": _commands(),
+    # Fernet keys for Backend.secret, newest first; empty: derived from SECRET_KEY.
+    "SECRET_KEYS": _list("CHATPARITY_SECRET_KEYS"),
 }
