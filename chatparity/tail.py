@@ -48,8 +48,10 @@ def _nobody_watching(layer: Any) -> bool:
     return isinstance(layer, InMemoryChannelLayer) and not layer.groups.get(GROUP)
 
 
-async def publish(row: RequestLog) -> None:
-    """Send ``row``'s summary to the tail's group; never raises, a no-op without a layer."""
+async def publish(row: RequestLog, **kwargs: Any) -> None:
+    """Send ``row``'s summary to the tail's group; never raises, a no-op without a layer.
+
+    A receiver of :data:`chatparity.signals.request_logged`, hence ``kwargs``."""
     try:
         layer = get_channel_layer()
         if layer is None or _nobody_watching(layer):

@@ -17,7 +17,6 @@ from django.db import DatabaseError, OperationalError, connection, transaction
 from django.db.models import CharField, Field
 from django.utils import timezone
 
-from . import tail
 from .conf import app_settings
 from .db import detached, reconnecting
 from .models import ApiKey, ModelAlias, RequestLog
@@ -25,6 +24,7 @@ from .protocol.completion import CompletionAccumulator
 from .protocol.errors import APIError
 from .protocol.events import Event, Finish, TextDelta, ToolCallDelta, Usage
 from .ratelimit import Admission, cost_of
+from .signals import request_logged
 
 logger = logging.getLogger(__name__)
 
@@ -155,14 +155,16 @@ def _ip_address(address: str | None) -> str | None:
 
 async def record_usage(record: UsageRecord) -> RequestLog:
     """Write the request's log row, count it against the key's limits and budgets,
-    and mark the key as used."""
+    mark the key as used, then send :data:`~chatparity.signals.request_logged`."""
     row = record.row()
     try:
         await _writer().write(row)
     finally:
         if record.admission is not None:
             await record.admission.settle(row.prompt_tokens, row.completion_tokens)
-    await tail.publish(row)
+    for receiver, outcome in await request_logged.asend_robust(sender=RequestLog, row=row):
+        if isinstance(outcome, Exception):
+            logger.error("chatparity: %r failed on request_logged", receiver, exc_info=outcome)
     return row
 
 
