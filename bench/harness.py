@@ -384,3 +384,27 @@ def measure(
         upstream_requests=after.get("served", 0) - before.get("served", 0),
         upstream_connections=after.get("connections", 0) - before.get("connections", 0),
     )
+
+
+# -- RESULTS.md -----------------------------------------------------------------
+
+# Around the section bench/transports.py writes into RESULTS.md, which bench/run.py keeps.
+SECTION_START = "<!-- transports: written by bench/transports.py -->"
+SECTION_END = "<!-- /transports -->"
+
+
+def kept_section(path: Path) -> str:
+    """bench/transports.py's section as it is in ``path``, or ``""``."""
+    current = path.read_text() if path.exists() else ""
+    start, end = current.find(SECTION_START), current.find(SECTION_END)
+    return current[start : end + len(SECTION_END)] + "\n" if 0 <= start < end else ""
+
+
+def write_section(path: Path, text: str) -> None:
+    """Put bench/transports.py's section ``text`` in place of the one in ``path``, or after
+    what is there."""
+    current = path.read_text() if path.exists() else ""
+    kept = kept_section(path)
+    if kept:
+        current = current.replace(kept, "")
+    path.write_text(current.rstrip("\n") + "\n\n" + text)

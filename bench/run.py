@@ -551,7 +551,8 @@ def main() -> None:
     chart = BENCH / "results.png"
     drawn = subprocess.run([str(tools), str(BENCH / "chart.py"), str(data), str(chart)])
     text = report(results, args.duration, drawn.returncode == 0)
-    args.out.write_text(text)
+    kept = harness.kept_section(args.out)  # the HTTP clients compared, bench/transports.py's
+    args.out.write_text(text + ("\n" + kept if kept else ""))
     print(text)
     log(f"Wrote {args.out}, {data} and {chart}; server logs in {work}")
 

@@ -100,6 +100,10 @@ def timeout_error() -> APIError:
 class UpstreamBackend:
     """Forwards completions to ``<base_url>/chat/completions``."""
 
+    transport = http1.Endpoint
+    """The HTTP client, made with the URL, the headers and ``connect_timeout``
+    (``bench/transports.py`` measures others in its place)."""
+
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
         self.url = config.base_url.rstrip("/") + "/chat/completions"
@@ -124,7 +128,7 @@ class UpstreamBackend:
     @cached_property
     def _endpoint(self) -> http1.Endpoint:
         """Made at the first request, so that a bad URL fails it like an unreachable one."""
-        return http1.Endpoint(self.url, self.headers, connect_timeout=self.connect_timeout)
+        return self.transport(self.url, self.headers, connect_timeout=self.connect_timeout)
 
     async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[Event]:
         body = {
