@@ -378,7 +378,8 @@ class Behaviour:
 
 def behaviour(client: str) -> Behaviour:
     """tests/backends/test_upstream.py with ``client`` under the backend."""
-    env = {**os.environ, "PYTHONPATH": str(BENCH), "BENCH_TRANSPORT": client}
+    path = os.pathsep.join(filter(None, (str(BENCH), os.environ.get("PYTHONPATH"))))
+    env = {**os.environ, "PYTHONPATH": path, "BENCH_TRANSPORT": client}
     command = [
         harness.PYTHON,
         "-m",
