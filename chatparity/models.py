@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -12,9 +13,12 @@ from django.db import models
 from django.db.models.functions import Lower
 from django.utils import timezone
 
-from .backends.command import validate_options
+from .backends import config_errors
+from .backends.upstream import check_forwarded_params
 from .conf import app_settings
 from .encryption import EncryptedTextField
+from .protocol.errors import APIError
+from .protocol.request import parse_chat_request
 
 
 class BudgetPeriod(models.TextChoices):
@@ -24,6 +28,14 @@ class BudgetPeriod(models.TextChoices):
 
 def _limit(help_text: str) -> models.PositiveIntegerField[int | None, int | None]:
     return models.PositiveIntegerField(null=True, blank=True, help_text=help_text)
+
+
+def refused(errors: dict[str, str]) -> ValidationError:
+    """A ValidationError with one message per field."""
+    # Not code "invalid": a model form would show its field's own message for that code.
+    return ValidationError(
+        {field: ValidationError(message, code="refused") for field, message in errors.items()}
+    )
 
 
 def hash_key(plaintext: str) -> str:
@@ -120,13 +132,37 @@ class Backend(models.Model):
         return self.name
 
     def clean(self) -> None:
-        """A command backend names a program declared in settings and sets only what
-        a backend may (``chatparity.backends.command``)."""
-        if self.kind == self.Kind.COMMAND:
-            try:
-                validate_options(self.options)
-            except ValidationError as error:
-                raise ValidationError({"options": error}) from None
+        """A configured kind, its base URL and options as its class checks them
+        (:func:`chatparity.backends.config_errors`), a positive timeout."""
+        errors = config_errors(self.kind, self.base_url, self.options)
+        if self.timeout is not None and not self.timeout > 0:
+            errors["timeout"] = "Give the seconds a request may take, more than 0."
+        if errors:
+            raise refused(errors)
+
+
+MAX_N = 128
+"""OpenAI's most choices (``n``) per request."""
+
+# The request's own: never a default an alias adds.
+NOT_DEFAULTS = ("model", "messages", "stream", "stream_options")
+
+
+def check_default_params(params: Any) -> None:
+    """Raise ValueError unless ``params`` are parameters a request could carry
+    (``ModelAlias.default_params``), with the message the request would get."""
+    if not isinstance(params, dict):
+        raise ValueError('Give an object of request parameters, e.g. {"max_tokens": 256}.')
+    own = [name for name in NOT_DEFAULTS if name in params]
+    if own:
+        raise ValueError(f"{', '.join(map(repr, own))}: the request's own, never a default.")
+    # Any conversation would do: this one names JSON, so that a json_object
+    # response_format is judged on its own.
+    messages = [{"role": "user", "content": "Answer in JSON."}]
+    try:
+        parse_chat_request({**params, "model": "alias", "messages": messages})
+    except APIError as error:
+        raise ValueError(error.message) from None
 
 
 class ModelAlias(models.Model):
@@ -180,6 +216,49 @@ class ModelAlias(models.Model):
 
     def __str__(self) -> str:
         return self.public_id
+
+    def clean(self) -> None:
+        """Default parameters a request could carry, fallbacks naming other aliases,
+        parameters to forward that an upstream would not get otherwise, ``max_n``
+        within OpenAI's bounds of ``n``."""
+        errors = {}
+        checks: list[tuple[str, Callable[[], None]]] = [
+            ("default_params", lambda: check_default_params(self.default_params)),
+            ("fallbacks", self._check_fallbacks),
+            ("forwarded_params", lambda: check_forwarded_params(self.forwarded_params)),
+        ]
+        for field, check in checks:
+            try:
+                check()
+            except ValueError as exc:
+                errors[field] = str(exc)
+        if self.max_n is not None and not 1 <= self.max_n <= MAX_N:
+            errors["max_n"] = f"Give a number of choices from 1 to {MAX_N}, or leave it blank."
+        if errors:
+            raise refused(errors)
+
+    def _check_fallbacks(self) -> None:
+        """Raise ValueError unless the fallbacks name other aliases, once each."""
+        fallbacks = self.fallbacks
+        if not isinstance(fallbacks, list) or not all(isinstance(f, str) for f in fallbacks):
+            raise ValueError('List the public ids of other aliases, e.g. ["gpt-4o-mini"].')
+        named = [fallback.lower() for fallback in fallbacks]
+        for fallback, name in zip(fallbacks, named, strict=True):
+            if name == self.public_id.lower():
+                raise ValueError(f"{fallback!r} is this alias: it cannot fall back to itself.")
+            if named.count(name) > 1:
+                raise ValueError(f"{fallback!r} is listed twice.")
+        found = set(
+            ModelAlias.objects.exclude(pk=self.pk)
+            .annotate(lowered=Lower("public_id"))
+            .filter(lowered__in=named)
+            .values_list("lowered", flat=True)
+        )
+        missing = [
+            fallback for fallback, name in zip(fallbacks, named, strict=True) if name not in found
+        ]
+        if missing:
+            raise ValueError(f"No alias is named {', '.join(map(repr, missing))}.")
 
 
 class RequestLog(models.Model):

@@ -2,6 +2,7 @@
 
 import csv
 import io
+import json
 
 import orjson
 import pytest
@@ -12,6 +13,7 @@ from django.test import override_settings
 from django.urls import reverse
 
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog, hash_key
+from tests.configs import BAD_ALIASES, BAD_BACKENDS, GOOD_ALIAS, GOOD_BACKENDS
 from tests.scripted import SCRIPTED
 
 ACTION = "_selected_action"
@@ -219,7 +221,7 @@ class TestBackendAdmin:
         assert backend.secret == ""
 
     @pytest.mark.parametrize(
-        "change", [{"base_url": "https://attacker.example/v1"}, {"kind": "local"}]
+        "change", [{"base_url": "https://attacker.example/v1"}, {"kind": "local", "base_url": ""}]
     )
     def test_the_stored_secret_does_not_follow_a_new_kind_or_url_unless_entered_again(
         self, admin_client, db, change
@@ -297,6 +299,27 @@ class TestBackendAdmin:
         response = run_action(staff_client(*permissions), "backend", "test_connection", [backend])
         assert sum(m.endswith("ms.") for m in messages_of(response)) == runs
         assert RequestLog.objects.count() == runs
+
+    def add(self, client, **fields):
+        """The add form posted with ``fields`` over a local backend's."""
+        data = {"name": "new", "kind": "local", "base_url": "", "timeout": "30", **fields}
+        data["options"] = json.dumps(data.get("options", {}))
+        return client.post(reverse("admin:chatparity_backend_add"), data)
+
+    @pytest.mark.parametrize(("fields", "field", "words"), BAD_BACKENDS)
+    def test_a_bad_backend_is_refused_on_its_field(self, admin_client, db, fields, field, words):
+        response = self.add(admin_client, **fields)
+        assert response.status_code == 200
+        errors = response.context["adminform"].form.errors
+        assert list(errors) == [field]
+        assert words in errors[field][0]
+        assert not Backend.objects.exists()
+
+    @pytest.mark.parametrize("fields", GOOD_BACKENDS)
+    def test_a_good_backend_is_saved(self, admin_client, db, fields):
+        assert self.add(admin_client, **fields).status_code == 302
+        saved = Backend.objects.get()
+        assert (saved.kind, saved.options) == (fields["kind"], fields.get("options", {}))
 
 
 class TestModelAliasAdmin:
@@ -396,6 +419,40 @@ class TestModelAliasAdmin:
         assert (trial.finish_reason, trial.completion_tokens) == ("length", 4)
         row = RequestLog.objects.get()
         assert (row.backend, row.completion_tokens, row.finish_reasons) == ("local", 4, ["length"])
+
+
+class TestModelAliasForm:
+    """The alias form refuses what a request would refuse, on the field at fault."""
+
+    @pytest.fixture
+    def spare(self, db):
+        local = Backend.objects.create(name="local", kind="local")
+        return ModelAlias.objects.create(public_id="spare", backend=local)
+
+    def add(self, client, spare, **fields):
+        data = {
+            "public_id": "new", "backend": spare.backend.pk, "model": "", "max_n": "",
+            "enabled": "on", "listed": "on", "owned_by": "chatparity", "input_price": "0",
+            "output_price": "0",
+        }  # fmt: skip
+        for name in ("default_params", "fallbacks", "forwarded_params"):
+            data[name] = json.dumps(fields.pop(name, {} if name == "default_params" else []))
+        data.update(fields)
+        return client.post(reverse("admin:chatparity_modelalias_add"), data)
+
+    @pytest.mark.parametrize(("fields", "field", "words"), BAD_ALIASES)
+    def test_a_bad_alias_is_refused_on_its_field(self, admin_client, spare, fields, field, words):
+        response = self.add(admin_client, spare, **fields)
+        assert response.status_code == 200
+        errors = response.context["adminform"].form.errors
+        assert list(errors) == [field]
+        assert words in errors[field][0]
+        assert not ModelAlias.objects.filter(public_id="new").exists()
+
+    def test_a_good_alias_is_saved(self, admin_client, spare):
+        assert self.add(admin_client, spare, **GOOD_ALIAS).status_code == 302
+        saved = ModelAlias.objects.get(public_id="new")
+        assert {name: getattr(saved, name) for name in GOOD_ALIAS} == GOOD_ALIAS
 
 
 class TestRequestLogAdmin:

@@ -92,9 +92,10 @@ class ModelAliasSerializer(serializers.ModelSerializer[ModelAlias]):
     class Meta:
         model = ModelAlias
         fields = [
-            "id", "public_id", "backend", "model", "default_params", "fallbacks", "enabled",
-            "listed", "owned_by", "context_window", "description", "requests_per_minute",
-            "tokens_per_minute", "input_price", "output_price", "created_at",
+            "id", "public_id", "backend", "model", "default_params", "fallbacks", "max_n",
+            "forwarded_params", "enabled", "listed", "owned_by", "context_window", "description",
+            "requests_per_minute", "tokens_per_minute", "input_price", "output_price",
+            "created_at",
         ]  # fmt: skip
         extra_kwargs = {
             "public_id": {
@@ -107,6 +108,15 @@ class ModelAliasSerializer(serializers.ModelSerializer[ModelAlias]):
                 ]
             }
         }
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """``ModelAlias.clean()``, which DRF does not call: default parameters, fallbacks,
+        forwarded parameters and ``max_n`` refused with the field at fault."""
+        alias = copy(self.instance) if self.instance is not None else ModelAlias()
+        for name, value in attrs.items():
+            setattr(alias, name, value)
+        alias.clean()
+        return attrs
 
 
 # Fields that decide where a backend's secret is sent.
@@ -130,8 +140,8 @@ class BackendSerializer(serializers.ModelSerializer[Backend]):
         return bool(backend.secret)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        """``Backend.clean()``, which DRF does not call (a command backend's options);
-        a stored secret sent somewhere new only when it comes with the change."""
+        """``Backend.clean()``, which DRF does not call (its kind, base URL, options and
+        timeout); a stored secret sent somewhere new only when it comes with the change."""
         backend = copy(self.instance) if self.instance is not None else Backend()
         # Else whoever may change a backend could point it at a server of theirs and
         # receive the secret they may not read.

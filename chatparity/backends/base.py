@@ -1,10 +1,11 @@
-"""The one small protocol every backend implements."""
+"""The one small protocol every backend implements, and the checks of its configuration."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from ..protocol.events import Event
 from ..protocol.request import ChatRequest
@@ -35,6 +36,18 @@ class ChatBackend(Protocol):
     to another server passes the client's sampling and format parameters from
     ``request.body`` and others only when named in ``request.forwarded_params``
     (the alias's choice, never the client's).
+
+    Two static methods may check a Backend row before it is saved (the admin
+    and the management API; a kind without them is not checked). Each raises
+    ValueError with a message naming what is wrong, shown on the row's field:
+
+    ``check_options(options: dict) -> None``
+        Unknown options, values of the wrong type, numbers out of range. The
+        backend runs it on ``config.options`` when it is built too, so a row
+        written some other way fails the same way, before serving anything.
+    ``check_base_url(base_url: str) -> None``
+        A URL this kind cannot use, or the lack of one it needs
+        (:func:`http_base_url`, :func:`no_base_url`).
     """
 
     config: BackendConfig
@@ -45,3 +58,54 @@ class ChatBackend(Protocol):
     def system_fingerprint(self) -> str: ...
 
     def stream(self, request: ChatRequest, model: str) -> AsyncIterator[Event]: ...
+
+
+def known_options(options: dict[str, Any], known: frozenset[str]) -> None:
+    """Raise ValueError naming the options not in ``known``."""
+    unknown = sorted(options.keys() - known)
+    if unknown:
+        raise ValueError(
+            f"Unknown option(s) {', '.join(map(repr, unknown))}; this kind of backend"
+            f" takes {', '.join(map(repr, sorted(known)))}."
+        )
+
+
+def number_option(
+    options: dict[str, Any], name: str, lo: float, hi: float, *, integer: bool = False
+) -> None:
+    """Raise ValueError unless ``options[name]``, when given, is a number (an integer
+    with ``integer``) from ``lo`` to ``hi``."""
+    if name not in options:
+        return
+    value = options[name]
+    kind = "an integer" if integer else "a number"
+    valid = isinstance(value, int) if integer else isinstance(value, int | float)
+    if isinstance(value, bool) or not valid or not lo <= value <= hi:
+        raise ValueError(f"{name!r} must be {kind} from {lo} to {hi}, not {value!r}.")
+
+
+def no_base_url(base_url: str) -> None:
+    """The ``check_base_url`` of kinds that connect to nothing."""
+    if base_url:
+        raise ValueError("This kind of backend connects to no URL: leave the base URL blank.")
+
+
+def http_base_url(base_url: str) -> None:
+    """The ``check_base_url`` of kinds that talk to an HTTP server: an http(s) URL
+    with a host, no query or fragment (paths are added to it) and no credentials
+    (those go in the secret)."""
+    if not base_url:
+        raise ValueError("This kind of backend needs the URL of its server, e.g. https://host/v1.")
+    try:
+        parts = urlsplit(base_url)
+        parts.port  # noqa: B018  (a port out of range raises here)
+    except ValueError as exc:
+        raise ValueError(f"Not a valid URL: {exc}.") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("Use an http:// or https:// URL with a host.")
+    if parts.query or parts.fragment:
+        raise ValueError("Paths are added to this URL: give it no query or fragment.")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(
+            "Put no credentials in the URL: the secret holds them, encrypted and never shown."
+        )

@@ -105,16 +105,16 @@ import signal
 import string
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, TypeGuard
+from typing import Any, Literal, TypeGuard
 
-from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import app_settings
 from ..protocol.errors import APIError
 from ..protocol.events import Event, Finish, TextDelta, Usage
 from ..protocol.request import ChatRequest, Message
 from ..protocol.tokens import CHARS_PER_TOKEN, approximate_tokens
-from .base import BackendConfig
+from .base import BackendConfig, no_base_url
 from .text import TextStreamer
 
 logger = logging.getLogger(__name__)
@@ -347,16 +347,6 @@ def parse_options(config: BackendConfig) -> CommandOptions:
         return resolve_options(config.options, config.timeout)
     except CommandConfigError as exc:
         raise ImproperlyConfigured(f"command backend {config.name!r}: {exc}.") from None
-
-
-def validate_options(options: object) -> None:
-    """Raise ValidationError unless ``options`` name a declared program and set only
-    what a Backend row may (see the module docstring)."""
-    try:
-        resolve_options(options)
-    except CommandConfigError as exc:
-        # Not code "invalid": a model form would show its JSON field's message for that code.
-        raise ValidationError(f"{exc}.", code="invalid_command") from None
 
 
 def _template(where: str, arg: str) -> Template:
@@ -611,12 +601,24 @@ _Item = TextDelta | Finish | Exception
 class CommandBackend:
     """Serves completions from a declared command-line program (see the module docstring)."""
 
+    check_base_url = staticmethod(no_base_url)
+
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
         self.options = parse_options(config)
         self.declaration = self.options.declaration
         digest = hashlib.sha256(json.dumps(self.declaration.argv).encode()).hexdigest()
         self._fingerprint = f"fp_{digest[:10]}"
+
+    @staticmethod
+    def check_options(options: dict[str, Any]) -> None:
+        """Raise CommandConfigError unless ``options`` name a declared program and set
+        only what a Backend row may (see the module docstring); :func:`parse_options`
+        checks the same when the backend is built."""
+        try:
+            resolve_options(options)
+        except CommandConfigError as exc:
+            raise CommandConfigError(f"{exc}.") from None
 
     @property
     def system_fingerprint(self) -> str:
@@ -824,5 +826,4 @@ __all__ = [
     "parse_options",
     "render_prompt",
     "resolve_options",
-    "validate_options",
 ]

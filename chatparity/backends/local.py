@@ -40,7 +40,7 @@ from ..protocol.events import (
 )
 from ..protocol.request import ChatRequest, Message
 from . import grammars
-from .base import BackendConfig
+from .base import BackendConfig, known_options, no_base_url, number_option
 from .text import TextStreamer
 
 if TYPE_CHECKING:
@@ -499,12 +499,33 @@ def _options(config: BackendConfig) -> _Options:
     return _Options(str(model_path), int(merged["n_ctx"]), contexts, int(n_threads))
 
 
+OPTIONS = frozenset({"model_path", "n_ctx", "contexts", "n_threads"})
+"""What a local Backend row's ``options`` may set, over ``CHATPARITY["LOCAL_MODEL"]``."""
+
+
 class LocalBackend:
     """Serves completions from the embedded llama.cpp model."""
 
+    check_base_url = staticmethod(no_base_url)
+
     def __init__(self, config: BackendConfig) -> None:
+        self.check_options(config.options)
         self.config = config
         self._model: LocalModel | None = None
+
+    @staticmethod
+    def check_options(options: dict[str, Any]) -> None:
+        """:data:`OPTIONS` only: ``model_path`` a path (null: the setting's), ``n_ctx``
+        and ``contexts`` positive integers, ``n_threads`` one too (null: CPU cores
+        / contexts)."""
+        known_options(options, OPTIONS)
+        model_path = options.get("model_path")
+        if model_path is not None and (not isinstance(model_path, str) or not model_path):
+            raise ValueError(f"'model_path' must be the path of a GGUF file, not {model_path!r}.")
+        number_option(options, "n_ctx", 1, 2**20, integer=True)
+        number_option(options, "contexts", 1, 64, integer=True)
+        if options.get("n_threads") is not None:
+            number_option(options, "n_threads", 1, 1024, integer=True)
 
     async def model(self) -> LocalModel:
         if self._model is None:

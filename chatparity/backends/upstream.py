@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from functools import cached_property, partial
@@ -43,11 +44,11 @@ import orjson
 
 from ..protocol.errors import APIError
 from ..protocol.events import Event, Usage
-from ..protocol.request import ChatRequest
+from ..protocol.request import ChatRequest, parse_chat_request
 from ..protocol.tokens import approximate_prompt_tokens
 from ..protocol.upstream import ChunkReader, SSEReader, UpstreamError, malformed, upstream_error
 from . import http1
-from .base import BackendConfig
+from .base import BackendConfig, http_base_url, known_options, number_option
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,46 @@ FORWARDED = frozenset(
 )
 
 
+OPTIONS = frozenset({"retries", "backoff", "headers", "connect_timeout", "pass_error_text"})
+"""What an ``openai`` Backend row's ``options`` may set (see the module docstring)."""
+
+# A header's name (RFC 9110's token) and value (visible text, spaces and tabs).
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+# The request's framing, which the HTTP client sets whatever the headers say.
+_FRAMING_HEADERS = frozenset({"content-length", "transfer-encoding"})
+
+
+# Parameters an alias cannot forward: those the backend sets itself.
+_BACKENDS_OWN = frozenset({"model", "stream", "stream_options"})
+
+
+def check_forwarded_params(names: Any) -> None:
+    """Raise ValueError unless ``names`` (an alias's ``forwarded_params``) lists request
+    parameters an upstream would not get otherwise: neither in :data:`FORWARDED` nor
+    the backend's own."""
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise ValueError('List the names of request parameters, e.g. ["service_tier"].')
+    for name in names:
+        if name in FORWARDED:
+            raise ValueError(f"{name!r} is always forwarded: leave it out.")
+        if name in _BACKENDS_OWN:
+            raise ValueError(f"{name!r} is set by the backend itself.")
+        if not _is_request_parameter(name):
+            raise ValueError(f"{name!r} is not a Chat Completions request parameter.")
+
+
+def _is_request_parameter(name: str) -> bool:
+    """Whether the request parser knows ``name``: it refuses unknown names before
+    reading values, and takes a null value as if the name were left out."""
+    probe = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], name: None}
+    try:
+        parse_chat_request(probe)
+    except APIError:
+        return False
+    return True
+
+
 def timeout_error() -> APIError:
     return APIError(
         "The upstream did not answer in time.",
@@ -104,7 +145,10 @@ class UpstreamBackend:
     """The HTTP client, made with the URL, the headers and ``connect_timeout``
     (``bench/transports.py`` measures others in its place)."""
 
+    check_base_url = staticmethod(http_base_url)
+
     def __init__(self, config: BackendConfig) -> None:
+        self.check_options(config.options)
         self.config = config
         self.url = config.base_url.rstrip("/") + "/chat/completions"
         self.retries = int(config.options.get("retries", 2))
@@ -120,6 +164,28 @@ class UpstreamBackend:
         self.pass_error_text = config.options.get("pass_error_text") is True
         digest = hashlib.sha256(f"{config.name}:{config.base_url}".encode()).hexdigest()
         self._fingerprint = f"fp_{digest[:10]}"
+
+    @staticmethod
+    def check_options(options: dict[str, Any]) -> None:
+        """:data:`OPTIONS` only, each of its type: ``retries`` 0 to 10, ``backoff`` 0 to
+        60 seconds, ``connect_timeout`` above 0 to 600 seconds, ``pass_error_text`` a
+        boolean, ``headers`` names and values an HTTP request can carry."""
+        known_options(options, OPTIONS)
+        number_option(options, "retries", 0, 10, integer=True)
+        number_option(options, "backoff", 0, 60)
+        number_option(options, "connect_timeout", 0.001, 600)
+        if not isinstance(options.get("pass_error_text", False), bool):
+            raise ValueError("'pass_error_text' must be true or false.")
+        headers = options.get("headers", {})
+        if not isinstance(headers, dict):
+            raise ValueError("'headers' must map header names to values.")
+        for name, value in headers.items():
+            if not _HEADER_NAME.fullmatch(name) or name.lower() in _FRAMING_HEADERS:
+                raise ValueError(f"'headers': {name!r} is not a header a backend may set.")
+            if not isinstance(value, str) or not _HEADER_VALUE.fullmatch(value):
+                raise ValueError(
+                    f"'headers': the value of {name!r} must be text without control characters."
+                )
 
     @property
     def system_fingerprint(self) -> str:

@@ -1,8 +1,10 @@
-"""aliases/: CRUD, the backend named by its name, public ids unique case-insensitively."""
+"""aliases/: CRUD, the backend named by its name, public ids unique case-insensitively;
+bad defaults, fallbacks, forwarded parameters or max_n are a 400 on their field."""
 
 import pytest
 
 from chatparity.models import ApiKey, ModelAlias
+from tests.configs import BAD_ALIASES, GOOD_ALIAS
 
 from .helpers import url
 
@@ -94,3 +96,41 @@ def test_deleting_an_alias_narrows_the_keys_limited_to_it_never_widens_them(
     for model in ("smollm2", "other"):
         status, answer = v1_chat(admin_client, plaintext, model)
         assert (status, answer["error"]["code"]) == (404, "model_not_found")
+
+
+@pytest.fixture
+def spare(backend):
+    return ModelAlias.objects.create(public_id="spare", backend=backend)
+
+
+@pytest.mark.parametrize(("fields", "field", "words"), BAD_ALIASES)
+def test_a_bad_alias_is_a_400_on_its_field(admin_client, spare, fields, field, words):
+    body = {"public_id": "new", "backend": "local", **fields}
+    response = admin_client.post(url("alias-list"), body, content_type=JSON)
+    assert response.status_code == 400
+    assert list(response.json()) == [field]
+    assert words in response.json()[field][0]
+    assert not ModelAlias.objects.filter(public_id="new").exists()
+
+
+def test_a_good_alias_is_saved_with_what_it_forwards_and_its_max_n(admin_client, spare):
+    body = {"public_id": "new", "backend": "local", **GOOD_ALIAS}
+    response = admin_client.post(url("alias-list"), body, content_type=JSON)
+    assert response.status_code == 201, response.content
+    assert {name: response.json()[name] for name in GOOD_ALIAS} == GOOD_ALIAS
+    saved = ModelAlias.objects.get(public_id="new")
+    assert {name: getattr(saved, name) for name in GOOD_ALIAS} == GOOD_ALIAS
+
+
+def test_an_update_is_checked_as_the_row_it_makes(admin_client, alias, spare):
+    change = admin_client.patch(
+        url("alias-detail", alias.pk), {"public_id": "spare-2"}, content_type=JSON
+    )
+    assert change.status_code == 200
+    itself = admin_client.patch(
+        url("alias-detail", alias.pk), {"fallbacks": ["Spare-2"]}, content_type=JSON
+    )
+    assert itself.status_code == 400
+    assert "cannot fall back to itself" in itself.json()["fallbacks"][0]
+    alias.refresh_from_db()
+    assert alias.fallbacks == []

@@ -1,9 +1,11 @@
-"""backends/: the secret is write-only, kept when omitted, and reported only as has_secret."""
+"""backends/: the secret is write-only, kept when omitted, and reported only as has_secret;
+a bad kind, base URL, option or timeout is a 400 on its field."""
 
 import pytest
 from django.db import connection
 
 from chatparity.models import Backend
+from tests.configs import BAD_BACKENDS, GOOD_BACKENDS
 
 from .helpers import url
 
@@ -114,3 +116,32 @@ def test_a_new_url_comes_with_a_secret_or_clears_it(admin_client, upstream, secr
     assert response.status_code == 200
     upstream.refresh_from_db()
     assert (upstream.base_url, upstream.secret) == ("https://elsewhere.example/v1", secret)
+
+
+@pytest.mark.parametrize(("fields", "field", "words"), BAD_BACKENDS)
+def test_a_bad_backend_is_a_400_on_its_field(admin_client, fields, field, words):
+    body = {"name": "new", "kind": "local", "timeout": 30, **fields}
+    response = admin_client.post(url("backend-list"), body, content_type=JSON)
+    assert response.status_code == 400
+    assert list(response.json()) == [field]
+    assert words in response.json()[field][0]
+    assert not Backend.objects.exists()
+
+
+@pytest.mark.parametrize("fields", GOOD_BACKENDS)
+def test_a_good_backend_is_saved(admin_client, fields):
+    body = {"name": "new", "timeout": 30, **fields}
+    response = admin_client.post(url("backend-list"), body, content_type=JSON)
+    assert response.status_code == 201, response.content
+    saved = Backend.objects.get()
+    assert (saved.kind, saved.options) == (fields["kind"], fields.get("options", {}))
+
+
+def test_an_update_is_checked_as_the_row_it_makes(admin_client, upstream):
+    response = admin_client.patch(
+        url("backend-detail", upstream.pk), {"options": {"retries": 11}}, content_type=JSON
+    )
+    assert response.status_code == 400
+    assert "'retries' must be an integer from 0 to 10" in response.json()["options"][0]
+    upstream.refresh_from_db()
+    assert upstream.options == {}

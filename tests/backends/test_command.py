@@ -808,7 +808,10 @@ class CommandValidationTests(TestCase):
             with pytest.raises(ValidationError) as raised:
                 Backend(name="bad", kind="command", options=options).full_clean()
             assert list(raised.value.message_dict) == ["options"]
-        Backend(name="other", kind="openai", options={"argv": ["x"]}).full_clean()  # not a program
+        upstream = Backend(name="other", kind="openai", base_url="https://example.com/v1")
+        upstream.options = {"argv": ["x"]}
+        with pytest.raises(ValidationError, match="Unknown option"):  # its kind's own check
+            upstream.full_clean()
 
     def test_the_admin_form_refuses_an_undeclared_program(self):
         data = {"name": "cli", "kind": "command", "timeout": 60, "enabled": True}

