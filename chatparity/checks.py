@@ -9,7 +9,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DatabaseError
 from django.utils.module_loading import import_string
 
@@ -192,4 +192,35 @@ def check_stored_secrets(
                     id="chatparity.E031",
                 )
             )
+    return messages
+
+
+@register(Tags.database)
+def check_stored_configuration(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Backends and aliases the admin would refuse to save as they are (saved before
+    it checked them, or written some other way): each fails at request time."""
+    from .models import Backend, ModelAlias
+
+    messages: list[CheckMessage] = []
+    for database in databases or ():
+        try:
+            rows = [*Backend.objects.using(database), *ModelAlias.objects.using(database)]
+        except DatabaseError:
+            continue  # not migrated yet
+        for row in rows:
+            try:
+                row.clean()
+            except ValidationError as error:
+                problems = "; ".join(
+                    f"{field}: {' '.join(texts)}" for field, texts in error.message_dict.items()
+                )
+                messages.append(
+                    Warning(
+                        f"{row._meta.verbose_name} {str(row)!r}: {problems}",
+                        hint="Open it in the admin and correct it.",
+                        id="chatparity.W040",
+                    )
+                )
     return messages

@@ -249,7 +249,8 @@ class ModelAlias(models.Model):
             if named.count(name) > 1:
                 raise ValueError(f"{fallback!r} is listed twice.")
         found = set(
-            ModelAlias.objects.exclude(pk=self.pk)
+            ModelAlias.objects.db_manager(self._state.db)
+            .exclude(pk=self.pk)
             .annotate(lowered=Lower("public_id"))
             .filter(lowered__in=named)
             .values_list("lowered", flat=True)

@@ -2,6 +2,7 @@
 admin and the management API run), each error on the field at fault."""
 
 import pytest
+from django.core.checks import Tags, run_checks
 from django.core.exceptions import ValidationError
 
 from chatparity.backends import config_errors
@@ -92,3 +93,18 @@ class TestModelAlias:
     def test_an_alias_renamed_is_not_its_own_fallback_under_its_old_name(self, spare):
         spare.public_id, spare.fallbacks = "renamed", ["spare"]
         assert "No alias is named 'spare'" in refusal(spare)["fallbacks"][0]
+
+
+def test_stored_rows_that_would_be_refused_are_reported_by_check_database(spare):
+    Backend.objects.create(name="typo", kind="openai", base_url="https://example.com/v1",
+                           options={"retry": 3})  # fmt: skip
+    ModelAlias.objects.create(public_id="broken", backend=spare.backend, fallbacks=["nowhere"])
+    found = run_checks(tags=[Tags.database], databases=["default"])
+    assert [(m.id, m.msg) for m in found if m.id == "chatparity.W040"] == [
+        (
+            "chatparity.W040",
+            "backend 'typo': options: Unknown option(s) 'retry'; this kind of backend takes"
+            " 'backoff', 'connect_timeout', 'headers', 'pass_error_text', 'retries'.",
+        ),
+        ("chatparity.W040", "model alias 'broken': fallbacks: No alias is named 'nowhere'."),
+    ]
