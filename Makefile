@@ -15,7 +15,7 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[local,postgres,redis]' --group dev
+	$(BIN)/pip install --quiet -e '.[all,example]' --group dev  # every opt-in part, as the example project enables them
 	touch $@
 
 install: $(VENV)/.installed

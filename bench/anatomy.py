@@ -146,8 +146,9 @@ def instrument() -> None:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.sqlite3 import base as sqlite
 
-    from chatparity import asgi, gateway, lookups, ratelimit, tail, usage
+    from chatparity import asgi, gateway, lookups, ratelimit, usage
     from chatparity.backends import http1
+    from chatparity.dashboard import tail
 
     modules = {
         "asgi": asgi,

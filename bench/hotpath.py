@@ -102,7 +102,7 @@ OWNERS = re.compile(
     r"\((uvicorn|httptools|uvloop|daphne|twisted|autobahn|chatparity|django|asgiref|channels)/"
 )
 OWNER: tuple[tuple[str, str], ...] = (
-    ("chatparity: live tail publish (channel layer)", r"\(chatparity/tail\.py"),
+    ("chatparity: live tail publish (channel layer)", r"\(chatparity/dashboard/tail\.py"),
     ("chatparity: rate limit admit/settle, cost", r"\(chatparity/ratelimit\.py"),
     ("chatparity: settings reads (conf.AppSettings.__getattr__)", r"\(chatparity/conf\.py"),
     (

@@ -1,4 +1,4 @@
-"""Admin for keys, backends, aliases, the request log and the usage dashboard."""
+"""Admin for keys, backends, aliases and the request log."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
 from . import probe, ratelimit
-from .dashboard import UsageDashboardAdmin
-from .models import ApiKey, Backend, ModelAlias, RequestLog, UsageDashboard
+from .models import ApiKey, Backend, ModelAlias, RequestLog
 
 
 class ApiKeyForm(forms.ModelForm):
@@ -294,6 +293,3 @@ class RequestLogAdmin(admin.ModelAdmin):
             values = [" ".join(value) if i == reasons else value for i, value in enumerate(row)]
             writer.writerow([csv_cell(value) for value in values])
         return response
-
-
-admin.site.register(UsageDashboard, UsageDashboardAdmin)

@@ -20,8 +20,3 @@ class ChatparityConfig(AppConfig):
             post_delete.connect(forget, sender=model, dispatch_uid=uid)
         m2m_changed.connect(forget, sender=ApiKey.allowed_aliases.through)
         setting_changed.connect(forget)
-
-        from .signals import request_logged
-        from .tail import publish
-
-        request_logged.connect(publish, dispatch_uid="chatparity.tail")

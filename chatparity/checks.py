@@ -54,8 +54,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
 
 @register()
 def check_local_model(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    from .backends.local import smollm2_model_path
-
     if "local" not in app_settings.BACKEND_CLASSES:
         return []
     if importlib.util.find_spec("llama_cpp") is None:
@@ -66,6 +64,8 @@ def check_local_model(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
                 id="chatparity.W002",
             )
         ]
+    from .backends.local import smollm2_model_path
+
     model_path = app_settings.LOCAL_MODEL.get("model_path") or smollm2_model_path()
     if model_path is None or not Path(model_path).is_file():
         return [

@@ -301,12 +301,3 @@ class RequestLog(models.Model):
 
     def __str__(self) -> str:
         return f"{self.request_id} {self.alias} {self.status_code}"
-
-
-class UsageDashboard(RequestLog):
-    """The request log seen as charts: the admin's usage dashboard."""
-
-    class Meta:
-        proxy = True
-        verbose_name = "usage dashboard"
-        verbose_name_plural = "usage dashboard"

@@ -15,13 +15,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 http = ASGIStaticFilesHandler(get_asgi_application())  # also sets Django up
 
 from chatparity.asgi import FastPath  # noqa: E402
-from chatparity.routing import websocket_urlpatterns  # noqa: E402
+from chatparity.dashboard.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # /v1 straight to chatparity, in front of Django's handler and middleware.
         "http": FastPath(http),
-        # Each route checks its Origin itself (chatparity.routing.SameOriginValidator):
+        # Each route checks its Origin itself (chatparity.dashboard.routing.SameOriginValidator):
         # scheme, host and port as Django's CSRF check (channels' own validator: the host only).
         "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
     }

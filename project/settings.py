@@ -140,6 +140,9 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "channels",
     "chatparity",
+    "chatparity.dashboard",
+    "chatparity.api",
+    "chatparity.conformance",
 ]
 
 MIDDLEWARE = [

@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from chatparity.charts import grouped_bars, stacked_bars, ticks
+from chatparity.dashboard.charts import grouped_bars, stacked_bars, ticks
 
 SVG = "{http://www.w3.org/2000/svg}"
 EVIL = '<script>alert("x")</script>'

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from django.core.management import CommandError, call_command
 
-from chatparity import conformance
-from chatparity.conformance import CHECKS, Runner, parse_stream
+from chatparity.conformance import checker
+from chatparity.conformance.checker import CHECKS, Runner, parse_stream
 from chatparity.protocol import errors
 from chatparity.protocol.completion import CompletionAccumulator
 from chatparity.protocol.errors import APIError
@@ -30,7 +30,7 @@ KEY = "sk-test"
 BASE_URL = "http://testserver/v1"
 WORDS = ["Once", " upon", " a", " time", ",", " a", " dragon", " slept", "."]
 BY_NAME = {check.name: check for check in CHECKS}
-CLIENT = conformance.client
+CLIENT = checker.client
 
 
 def events(chat: ChatRequest) -> list[Event]:
@@ -337,7 +337,7 @@ def test_a_judge_that_crashes_fails_its_own_row_only():
     def broken(model, responses):
         raise KeyError("x")
 
-    check = conformance.Check("broken", "", (conformance.MODELS,), broken)
+    check = checker.Check("broken", "", (checker.MODELS,), broken)
     runner = Runner(http(), MODEL)
     assert runner.run(check).reason() == "could not judge the response: KeyError('x')"
     assert runner.run(BY_NAME["models.list"]).ok
@@ -352,7 +352,7 @@ def test_a_judge_that_crashes_fails_its_own_row_only():
     ],
 )
 def test_only_and_skip_match_substrings(only, skip, expected):
-    assert [check.name for check in conformance.select(only=only, skip=skip)] == expected
+    assert [check.name for check in checker.select(only=only, skip=skip)] == expected
 
 
 @pytest.fixture
@@ -364,7 +364,7 @@ def served_by(monkeypatch):
             assert (base_url, key, seconds) == (BASE_URL, KEY, timeout)
             return http(handler)
 
-        monkeypatch.setattr(conformance, "client", fake_client)
+        monkeypatch.setattr(checker, "client", fake_client)
 
     return serve
 

@@ -5,12 +5,15 @@ import re
 
 import pytest
 from django.contrib.auth.models import Permission
+from django.contrib.contenttypes.models import ContentType
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from pytest_django.asserts import assertContains, assertNotContains
 
-from chatparity.dashboard import utc_today
+from chatparity.dashboard.admin import utc_today
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 
-URL = "/admin/chatparity/usagedashboard/"
+URL = "/admin/chatparity_dashboard/usagedashboard/"
 EVIL = "<script>alert(1)</script>"
 
 pytestmark = pytest.mark.django_db
@@ -67,8 +70,8 @@ def test_page_is_an_admin_page_with_title_and_breadcrumbs(admin_client):
     response = admin_client.get(URL)
     assertContains(response, "<h1>Usage dashboard</h1>", html=True)
     assertContains(response, '<div class="breadcrumbs">')
-    assertContains(response, 'href="/admin/chatparity/"')
-    assertContains(response, "/static/chatparity/tail.js")
+    assertContains(response, 'href="/admin/chatparity_dashboard/"')
+    assertContains(response, "/static/chatparity_dashboard/tail.js")
     assert response.context["site_header"]  # each_context of the admin site
 
 
@@ -250,10 +253,15 @@ def test_staff_without_permission_are_refused(client, django_user_model):
     assert client.get(URL).status_code == 403
 
 
-@pytest.mark.parametrize("codename", ["view_requestlog", "view_usagedashboard"])
-def test_staff_with_view_permission_see_the_dashboard(client, django_user_model, codename):
+@pytest.mark.parametrize(
+    "permission", ["chatparity.view_requestlog", "chatparity_dashboard.view_usagedashboard"]
+)
+def test_staff_with_view_permission_see_the_dashboard(client, django_user_model, permission):
+    app_label, codename = permission.split(".")
     user = django_user_model.objects.create_user("staff", is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename=codename))
+    user.user_permissions.add(
+        Permission.objects.get(content_type__app_label=app_label, codename=codename)
+    )
     client.force_login(user)
     log()
     response = client.get(URL)
@@ -268,3 +276,22 @@ def test_the_dashboard_is_read_only(admin_client):
     index = admin_client.get("/admin/").content.decode()
     assert f'href="{URL}"' in index
     assert f'href="{URL}add/"' not in index
+
+
+@pytest.mark.django_db(transaction=True)
+def test_staff_allowed_the_dashboard_before_it_was_an_app_of_its_own_still_are(
+    django_user_model,
+):
+    # Until chatparity 0007 the proxy model (and so its permissions) belonged to "chatparity".
+    executor = MigrationExecutor(connection)
+    executor.migrate([("chatparity_dashboard", None)])
+    staff = django_user_model.objects.create_user("staff", is_staff=True)
+    staff.user_permissions.add(
+        Permission.objects.get(content_type__app_label="chatparity", codename="view_usagedashboard")
+    )
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes("chatparity_dashboard"))
+    ContentType.objects.clear_cache()
+    staff = django_user_model.objects.get(pk=staff.pk)
+    assert staff.has_perm("chatparity_dashboard.view_usagedashboard")
+    assert not ContentType.objects.filter(app_label="chatparity", model="usagedashboard").exists()

@@ -1,5 +1,6 @@
 """GET /healthz: what a load balancer polls. No key; 200 when every dependency answers, else 503."""
 
+import sys
 import time
 from unittest import mock
 
@@ -119,6 +120,16 @@ class HealthTests(TestCase):
         response = await self.get()
         assert response.status_code == 200
         assert response.json()["checks"] == {"database": "ok", "cache": "ok"}
+
+    async def test_a_channel_layer_configured_without_channels_installed_fails(self):
+        with (
+            mock.patch.dict(sys.modules, {"channels.layers": None}),  # as if not installed
+            self.assertLogs("chatparity.health", "WARNING") as logs,
+        ):
+            response = await self.get()
+        assert response.status_code == 503
+        assert response.json()["checks"]["channel_layer"] == "fail"
+        assert "channel_layer failed" in logs.output[0]
 
     @override_settings(CACHES=HUNG_CACHE)
     async def test_hung_dependency_is_a_timeout_answered_in_time(self):

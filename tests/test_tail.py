@@ -14,9 +14,9 @@ from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, Permission, User
 from django.test import Client, TransactionTestCase, override_settings
 
-from chatparity import tail
+from chatparity.dashboard import tail
+from chatparity.dashboard.routing import same_origin, websocket_urlpatterns
 from chatparity.models import ApiKey, RequestLog
-from chatparity.routing import same_origin, websocket_urlpatterns
 from chatparity.usage import UsageRecord, record_usage
 
 PATH = "/ws/chatparity/tail/"
@@ -131,7 +131,10 @@ class LiveTailTests(TransactionTestCase):
 
     async def test_a_superuser_is_refused_from_another_origin(self):
         for origin in ("http://localhost:8001", "https://localhost:8000", "http://127.0.0.1:8000"):
-            with self.subTest(origin=origin), self.assertLogs("chatparity.routing", "WARNING"):
+            with (
+                self.subTest(origin=origin),
+                self.assertLogs("chatparity.dashboard.routing", "WARNING"),
+            ):
                 _, connected = await self.connect(self.admin, {**SAME_ORIGIN, "origin": origin})
                 assert not connected
         _, connected = await self.connect(self.admin, {"host": SAME_ORIGIN["host"]})
@@ -301,14 +304,14 @@ class PublishNeverBreaksARequestTests(TransactionTestCase):
     @override_settings(CHANNEL_LAYERS={})
     async def test_without_a_channel_layer_publish_does_nothing(self):
         assert get_channel_layer() is None
-        with self.assertNoLogs("chatparity.tail"):
+        with self.assertNoLogs("chatparity.dashboard.tail"):
             await tail.publish(self.row)
 
     async def test_a_failing_layer_is_logged_and_swallowed(self):
         layer = mock.Mock(group_send=mock.AsyncMock(side_effect=ConnectionError("redis down")))
         with (
             mock.patch.object(tail, "get_channel_layer", return_value=layer),
-            self.assertLogs("chatparity.tail", logging.ERROR) as logs,
+            self.assertLogs("chatparity.dashboard.tail", logging.ERROR) as logs,
         ):
             await tail.publish(self.row)
         assert "req-1" in logs.output[0]
@@ -322,7 +325,7 @@ class PublishNeverBreaksARequestTests(TransactionTestCase):
         with (
             mock.patch.object(tail, "get_channel_layer", return_value=layer),
             mock.patch.object(tail, "PUBLISH_TIMEOUT", 0.05),
-            self.assertLogs("chatparity.tail", logging.ERROR),
+            self.assertLogs("chatparity.dashboard.tail", logging.ERROR),
         ):
             await asyncio.wait_for(tail.publish(self.row), timeout=5)
 
@@ -330,7 +333,7 @@ class PublishNeverBreaksARequestTests(TransactionTestCase):
         layer = mock.Mock(group_send=mock.AsyncMock(side_effect=RuntimeError("boom")))
         with (
             mock.patch.object(tail, "get_channel_layer", return_value=layer),
-            self.assertLogs("chatparity.tail", logging.ERROR),
+            self.assertLogs("chatparity.dashboard.tail", logging.ERROR),
         ):
             row = await record_usage(UsageRecord(request_id="req-2", api_key=self.key))
         assert await RequestLog.objects.filter(request_id=row.request_id).aexists()

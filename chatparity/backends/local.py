@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..conf import app_settings
 from ..protocol import errors
 from ..protocol.events import (
@@ -317,6 +315,8 @@ def _cannot_fit(n_ctx: int, at_least: int, completion: int | None) -> errors.API
 
 def _eval_prompt(llama: Llama, tokens: list[int], *, reuse: bool) -> int:
     """Evaluate ``tokens``, reusing the context's cached prefix; return its length."""
+    import numpy as np  # like llama_cpp, which brings it: only [local] installs it
+
     previous = llama.input_ids[: llama.n_tokens if reuse else 0]
     limit = min(len(previous), len(tokens) - 1)
     same = np.asarray(previous[:limit]) == np.asarray(tokens[:limit], dtype=previous.dtype)
@@ -421,6 +421,8 @@ _ID_ALPHABET = string.ascii_letters + string.digits
 
 
 def _logprob(llama: Llama, token: int, top: int) -> TokenLogprob:
+    import numpy as np  # like llama_cpp, which brings it: only [local] installs it
+
     logits = np.ctypeslib.as_array(llama._ctx.get_logits_ith(-1), shape=(llama.n_vocab(),))
     shifted = logits - logits.max()
     logprobs = shifted - np.log(np.exp(shifted).sum())

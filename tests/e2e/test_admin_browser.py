@@ -73,7 +73,7 @@ def test_a_key_from_creation_to_the_log_the_dashboard_and_the_live_tail(admin_pa
     assert plaintext not in listing
     assert f"{plaintext[:10]}…" in listing
 
-    page.goto(f"{url}/admin/chatparity/usagedashboard/")
+    page.goto(f"{url}/admin/chatparity_dashboard/usagedashboard/")
     page.wait_for_selector("[data-tail-status=live]")
 
     with OpenAI(base_url=daphne_server.base_url, api_key=plaintext, max_retries=0) as sdk:
@@ -94,7 +94,7 @@ def test_a_key_from_creation_to_the_log_the_dashboard_and_the_live_tail(admin_pa
     assert plaintext[:10] in logged
     assert "smollm2" in logged
 
-    page.goto(f"{url}/admin/chatparity/usagedashboard/")
+    page.goto(f"{url}/admin/chatparity_dashboard/usagedashboard/")
     bars = page.locator("svg[data-chart=requests-per-day] rect.bar")
     assert bars.count() >= 1
     assert float(bars.first.get_attribute("height")) > 0

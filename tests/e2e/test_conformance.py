@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from chatparity.conformance import CHECKS
+from chatparity.conformance.checker import CHECKS
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from chatparity.conformance import CHECKS
+from chatparity.conformance.checker import CHECKS
 
 pytestmark = pytest.mark.e2e
 

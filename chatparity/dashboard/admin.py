@@ -1,4 +1,4 @@
-"""The usage dashboard: the admin changelist of UsageDashboard, drawn from ``reports``."""
+"""The usage dashboard: the admin page of UsageDashboard, drawn from ``chatparity.reports``."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils import timezone
 
+from ..models import ApiKey, ModelAlias, RequestLog
+from ..reports import LogFilter, latency_by_alias, usage
 from .charts import grouped_bars, stacked_bars
-from .models import ApiKey, ModelAlias, RequestLog, UsageDashboard
-from .reports import LogFilter, latency_by_alias, usage
+from .models import UsageDashboard
 from .tail import TAIL_PATH
 
 DEFAULT_DAYS = 14
@@ -235,5 +236,8 @@ class UsageDashboardAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             context.update(daily_charts(rows, days))
             context["latency"], context["latency_chart"] = latency_table(rows)
         return TemplateResponse(
-            request, "admin/chatparity/usagedashboard/change_list.html", context
+            request, "admin/chatparity_dashboard/usagedashboard/change_list.html", context
         )
+
+
+admin.site.register(UsageDashboard, UsageDashboardAdmin)

@@ -8,7 +8,7 @@ from typing import Any
 
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 
-from .models import RequestLog
+from ..models import RequestLog
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from .dashboard import can_view_usage
+from .admin import can_view_usage
 from .tail import GROUP
 
 

@@ -1,4 +1,4 @@
-"""WebSocket routes, each behind :class:`SameOriginValidator`; ``project.asgi`` mounts them
+"""WebSocket routes, each behind :class:`SameOriginValidator`; an ASGI application mounts them
 behind AuthMiddlewareStack.
 
 A browser sends the session cookie with a WebSocket handshake from any page of the same

@@ -1,0 +1,6 @@
+"""The conformance checker: does a server speak OpenAI's Chat Completions wire format?
+
+Opt-in (``pip install 'django-chatparity[conformance]'``, which brings httpx): add
+``"chatparity.conformance"`` to ``INSTALLED_APPS`` for ``manage.py chatparity_conformance``.
+The checks themselves are :mod:`chatparity.conformance.checker`.
+"""
