@@ -15,15 +15,16 @@ a Host not in ``ALLOWED_HOSTS`` gets a 400 and, when the site runs
 ``SecurityMiddleware``, plain HTTP is redirected to HTTPS (``SECURE_SSL_REDIRECT``)
 and replies carry its headers (HSTS over HTTPS, ``nosniff``, ...). The body is
 read only once the key is valid, and must arrive within ``BODY_TIMEOUT``.
-The log row is written once the reply is sent, so it costs the client nothing.
+The request's accounting (limits settled, log row written) is closed once the
+reply is sent, so it costs the client nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Mapping
-from contextlib import aclosing, suppress
+from collections.abc import Mapping
+from contextlib import suppress
 from functools import cache
 from typing import Any
 
@@ -226,7 +227,19 @@ async def serve(route: Route, scope: Scope, receive: Receive, send: Send) -> Non
         client_ip=client[0] if client else None,
     )
     handler, kwargs = route
-    exchange = asyncio.ensure_future(_respond(handler(call, **kwargs), call, send, added))
+    reply: Reply | None = None
+
+    async def respond() -> None:
+        nonlocal reply
+        # An endpoint cancelled before its reply (the client left) accounts for itself.
+        reply = await handler(call, **kwargs)
+        try:
+            await _send(send, reply, added)
+        except BaseException:  # cancelled (the client left) or OSError (it is gone)
+            reply.cancel()
+            raise
+
+    exchange = asyncio.ensure_future(respond())
     hangup = asyncio.ensure_future(inbox.disconnected())
     try:
         await asyncio.wait((exchange, hangup), return_when=asyncio.FIRST_COMPLETED)
@@ -237,7 +250,10 @@ async def serve(route: Route, scope: Scope, receive: Receive, send: Send) -> Non
             with suppress(asyncio.CancelledError, OSError):  # OSError: the client left
                 await exchange
         finally:
-            await gateway.finish(call)
+            # Here, not in the exchange: a client that hangs up once it has the whole
+            # reply (as servers report one that is done) must not cut the closing short.
+            if reply is not None:
+                await reply.close()
 
 
 class _Inbox:
@@ -316,13 +332,11 @@ async def _start(send: Send, reply: Reply, added: AddedHeaders) -> None:
     await send({"type": "http.response.start", "status": reply.status, "headers": headers})
 
 
-async def _respond(replying: Awaitable[Reply], call: Call, send: Send, added: AddedHeaders) -> None:
-    reply = await replying
+async def _send(send: Send, reply: Reply, added: AddedHeaders) -> None:
     await _start(send, reply, added)
     if reply.stream is None:
         await send({"type": "http.response.body", "body": reply.body})
         return
-    async with aclosing(gateway.frames(call, reply.stream)) as frames:
-        async for frame in frames:
-            await send({"type": "http.response.body", "body": frame, "more_body": True})
+    async for frame in reply.stream:
+        await send({"type": "http.response.body", "body": frame, "more_body": True})
     await send({"type": "http.response.body", "body": b""})

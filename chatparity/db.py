@@ -15,25 +15,31 @@ from collections.abc import Callable, Coroutine
 from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connections
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 
 def reconnecting(function: Callable[P, T]) -> Callable[P, T]:
-    """Run ``function`` once more on a new connection when the one it used turned
-    out broken (the database restarted, a proxy dropped an idle connection)."""
+    """Run ``function`` once more on new connections when one it used turned out
+    broken (the database restarted, a proxy dropped an idle connection): whichever
+    database the site's routers sent its queries to."""
 
     @wraps(function)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return function(*args, **kwargs)
         except DatabaseError:
-            broken = connection.connection is not None and not connection.is_usable()
-            if connection.in_atomic_block or not broken:
+            broken = [
+                connection
+                for connection in connections.all(initialized_only=True)
+                if connection.connection is not None and not connection.is_usable()
+            ]
+            if not broken or any(connection.in_atomic_block for connection in broken):
                 raise
-            connection.close()
+            for connection in broken:
+                connection.close()
         return function(*args, **kwargs)
 
     return wrapper

@@ -1,10 +1,15 @@
 """The ``/v1`` endpoints, independent of how the request arrived.
 
 Each endpoint takes a :class:`Call` and returns a :class:`Reply`. Two thin
-transports hand calls over: Django views (:mod:`chatparity.views`) and the
-ASGI fast path (:mod:`chatparity.asgi`). Both send the reply, then call
-:func:`finish`, which writes the request's log row: after the client has its
-answer, and whether the reply was sent in full, failed or was cut short.
+transports hand calls over and send replies: Django views
+(:mod:`chatparity.views`) and the ASGI fast path (:mod:`chatparity.asgi`). A
+transport tells the reply when the client left (:meth:`Reply.cancel`) and when
+it is done with it (:meth:`Reply.close`), which closes the request's
+:class:`~chatparity.accounting.Accounting`: after the client has its answer,
+and whether the reply was sent in full, failed or was cut short.
+
+:func:`start` is the pipeline of a chat completion, shared by the endpoint and
+the admin's trials (:mod:`chatparity.probe`).
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ from functools import wraps
 from typing import Any
 
 import orjson
-from django.db import DatabaseError
 
-from . import lookups, ratelimit
+from . import lookups
+from .accounting import Accounting
 from .auth import authenticate
 from .backends import ChatBackend, get_backend
 from .conf import app_settings
@@ -39,7 +44,7 @@ from .protocol.openapi import openapi_document
 from .protocol.request import ChatRequest, Limits, decode_body, parse_chat_request
 from .protocol.stream import DONE, ChunkEncoder, error_frame, sse
 from .protocol.tokens import approximate_prompt_tokens
-from .usage import UsageRecord, record_usage
+from .usage import UsageRecord
 
 logger = logging.getLogger(__name__)
 
@@ -87,21 +92,35 @@ class Call:
     read_body: BodyReader
     client_ip: str | None
     request_id: str = field(default_factory=request_id)
-    record: UsageRecord | None = None
 
 
 @dataclass
 class Reply:
-    """What to send back: a whole body, or a stream of byte frames."""
+    """What to send back: a whole body, or a stream of byte frames, and the request's
+    accounting, which the transport closes through :meth:`close`."""
 
     status: int
     headers: dict[str, str]
     body: bytes = b""
     stream: AsyncGenerator[bytes, None] | None = None
+    accounting: Accounting | None = None
 
     @property
     def content_type(self) -> str:
         return self.headers["content-type"]
+
+    def cancel(self) -> None:
+        """The client left before the whole reply was sent."""
+        if self.accounting is not None:
+            self.accounting.cancel()
+
+    async def close(self) -> None:
+        """The transport is done with the reply (sent, failed or cut short): its stream
+        is closed, stopping the backend behind it, then the accounting is closed."""
+        if self.stream is not None:
+            await self.stream.aclose()
+        if self.accounting is not None:
+            await self.accounting.close()
 
 
 Endpoint = Callable[..., Coroutine[Any, Any, Reply]]
@@ -135,9 +154,6 @@ def endpoint(*methods: str) -> Callable[[Endpoint], Endpoint]:
                     if not isinstance(exc, APIError):
                         logger.exception("chatparity: unexpected failure")
                     reply = error_reply(errors.as_api_error(exc))
-            if call.record is not None and call.record.admission is not None:
-                for name, value in call.record.admission.headers.items():
-                    reply.headers.setdefault(name, value)
             reply.headers["x-request-id"] = call.request_id
             reply.headers["openai-processing-ms"] = str(
                 round((time.perf_counter() - started) * 1000)
@@ -147,32 +163,6 @@ def endpoint(*methods: str) -> Callable[[Endpoint], Endpoint]:
         return wrapper
 
     return decorate
-
-
-async def finish(call: Call) -> None:
-    """Write the request's log row, once. A database that refuses it even after
-    retries is logged loudly, never made the client's error."""
-    record, call.record = call.record, None
-    if record is None:
-        return
-    try:
-        await record_usage(record)
-    except DatabaseError:
-        logger.exception("chatparity: the log row of %s was lost", record.request_id)
-
-
-async def frames(call: Call, stream: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
-    """``stream``'s frames. A transport that stops reading early (its client went
-    away) marks the request cancelled, and the backend behind it is stopped."""
-    try:
-        async for frame in stream:
-            yield frame
-    except GeneratorExit:
-        if call.record is not None:
-            call.record.cancelled = True
-        raise
-    finally:
-        await stream.aclose()
 
 
 _DIGITS = re.compile(r"[0-9]+")
@@ -224,7 +214,7 @@ async def _authenticate(call: Call) -> Grant:
     return await authenticate(call.headers.get("authorization", ""))
 
 
-async def _resolve(model: str, grant: Grant) -> ModelAlias:
+async def _resolve(model: str, grant: Grant | None) -> ModelAlias:
     """The alias ``model`` names, if ``grant`` may use it; else OpenAI's 404."""
     alias = (await lookups.aliases()).find(model, grant)
     if alias is None:
@@ -235,55 +225,109 @@ async def _resolve(model: str, grant: Grant) -> ModelAlias:
 @endpoint("POST")
 async def chat_completions(call: Call) -> Reply:
     grant = await _authenticate(call)
-    record = call.record = UsageRecord(
-        request_id=call.request_id,
-        api_key=grant.key,
-        client_ip=call.client_ip,
-        user_agent=call.headers.get("user-agent", ""),
+    accounting = Accounting(
+        UsageRecord(
+            request_id=call.request_id,
+            api_key=grant.key,
+            client_ip=call.client_ip,
+            user_agent=call.headers.get("user-agent", ""),
+        )
     )
     try:
-        body = await _decode(call)
-        record.request_body = body
-        chat = parse_chat_request(body, _limits())
-        record.alias, record.stream, record.n = chat.model, chat.stream, chat.n
-        alias = await _resolve(chat.model, grant)
-        chat, backend, events, first = await _start(chat, body, alias, grant, record)
-    except asyncio.CancelledError:
-        record.cancelled = True
+        answer = await start(await _decode(call), accounting, grant=grant)
+        if answer.request.stream:
+            headers = {"content-type": EVENT_STREAM, **_STREAM_HEADERS}
+            reply = Reply(200, headers, stream=answer.frames())
+        else:
+            reply = json_reply(await answer.whole())
+    except asyncio.CancelledError:  # the client left before its reply
+        accounting.cancel()
+        await accounting.close()
         raise
     except Exception as exc:
-        record.fail(errors.as_api_error(exc))
-        raise
+        reply = error_reply(accounting.fail(exc))
+    for name, value in accounting.headers.items():
+        reply.headers.setdefault(name, value)
+    reply.accounting = accounting
+    return reply
 
-    record.completion_id = completion_id()
+
+@dataclass
+class Answer:
+    """A chat completion under way: its chunks, each noted by the request's accounting.
+
+    Read it once, with :meth:`whole` or :meth:`frames`.
+    """
+
+    request: ChatRequest
+    """The request as its alias serves it (with the alias's defaults)."""
+    chunks: AsyncGenerator[dict[str, Any], None]
+    accounting: Accounting
+
+    async def whole(self) -> dict[str, Any]:
+        """The ``chat.completion`` the chunks add up to; an :class:`APIError` if the
+        backend failed midway."""
+        accumulator = CompletionAccumulator()
+        async for chunk in self.chunks:
+            accumulator.add(chunk)
+        return accumulator.completion()
+
+    async def frames(self) -> AsyncGenerator[bytes, None]:
+        """The chunks as SSE frames; a failure after the first byte becomes one error
+        frame, then ``[DONE]``. Closing it early stops the backend."""
+        try:
+            async for chunk in self.chunks:
+                yield sse(chunk)
+        except APIError as error:
+            self.accounting.fail(error, streaming=True)
+            yield error_frame(error)
+        finally:
+            await self.chunks.aclose()
+        yield DONE
+
+
+async def start(
+    body: Any,
+    accounting: Accounting,
+    *,
+    grant: Grant | None = None,
+    alias: ModelAlias | None = None,
+) -> Answer:
+    """Start the chat completion ``body`` (a decoded JSON request) asks for, as
+    ``/v1/chat/completions`` does: validated, on ``alias`` if given (an admin's
+    trial) else on the alias the body names, with that alias's defaults, admitted
+    under its limits, on its backend or else on its fallbacks, which ``grant`` must
+    allow (None: every alias). Its answer's chunks are noted by ``accounting``,
+    which its caller closes.
+    """
+    requested = parse_chat_request(body, _limits())
+    accounting.requested(requested, body)
+    if alias is None:
+        alias = await _resolve(requested.model, grant)
+    chat, backend, events, first = await _begin(requested, body, alias, grant, accounting)
+    answer_id = completion_id()
+    accounting.answering(answer_id)
     encoder = ChunkEncoder(
-        completion_id=record.completion_id,
+        completion_id=answer_id,
         created=int(time.time()),
         model=chat.model,
         system_fingerprint=backend.system_fingerprint,
         include_usage=chat.include_usage or not chat.stream,
         logprobs=chat.logprobs,
     )
-    chunks = _chunks(first, events, encoder, record)
-    if not chat.stream:
-        accumulator = CompletionAccumulator()
-        async for chunk in chunks:
-            accumulator.add(chunk)
-        return json_reply(accumulator.completion())
-    headers = {"content-type": EVENT_STREAM, **_STREAM_HEADERS}
-    return Reply(200, headers, stream=_event_stream(chunks))
+    return Answer(chat, _chunks(first, events, encoder, accounting), accounting)
 
 
 # Failures that mean "this backend is unreachable": the next fallback alias may serve.
 _UNAVAILABLE = frozenset({502, 503, 504})
 
 
-async def _start(
+async def _begin(
     requested: ChatRequest,
     body: dict[str, Any],
     alias: ModelAlias,
-    grant: Grant,
-    record: UsageRecord,
+    grant: Grant | None,
+    accounting: Accounting,
 ) -> tuple[ChatRequest, ChatBackend, AsyncIterator[Event], Event]:
     """Admit the request on ``alias`` and return the first event of its backend, or
     else of its fallbacks in order.
@@ -293,9 +337,9 @@ async def _start(
     a byte, may a request move elsewhere.
     """
     fallbacks = list(alias.fallbacks)
-    _served_by(alias, record)
+    accounting.served_by(alias)
     chat = _as_served_by(alias, requested, body)
-    admission = record.admission = await ratelimit.admit(grant.key, alias, _estimate(chat))
+    await accounting.admit(alias, _estimate(chat))
     while True:
         backend = get_backend(alias.backend)
         events = aiter(backend.stream(chat, alias.model))
@@ -305,8 +349,7 @@ async def _start(
             if error.status not in _UNAVAILABLE:
                 raise
             failed = alias
-            alias, chat = await _fall_back(fallbacks, requested, body, grant, admission, error)
-            _served_by(alias, record)
+            alias, chat = await _fall_back(fallbacks, requested, body, grant, accounting, error)
             logger.warning("chatparity: %s failed (%s), falling back to %s", failed, error, alias)
 
 
@@ -314,8 +357,8 @@ async def _fall_back(
     fallbacks: list[str],
     requested: ChatRequest,
     body: dict[str, Any],
-    grant: Grant,
-    admission: ratelimit.Admission,
+    grant: Grant | None,
+    accounting: Accounting,
     failure: APIError,
 ) -> tuple[ModelAlias, ChatRequest]:
     """The next of ``fallbacks`` that may serve the request, the admission moved to it,
@@ -332,19 +375,12 @@ async def _fall_back(
         except APIError:
             continue
         try:
-            await admission.switch(alias, _estimate(chat))
+            await accounting.switch(alias, _estimate(chat))
         except APIError as refusal:
             failure = refusal
             continue
         return alias, chat
     raise failure
-
-
-def _served_by(alias: ModelAlias, record: UsageRecord) -> None:
-    """Log the request under ``alias``, at its prices."""
-    record.alias = alias.public_id  # as configured, so reports group one alias once
-    record.model_alias = alias
-    record.backend, record.upstream_model = alias.backend.name, alias.model
 
 
 def _as_served_by(alias: ModelAlias, requested: ChatRequest, body: dict[str, Any]) -> ChatRequest:
@@ -380,7 +416,7 @@ def _estimate(chat: ChatRequest) -> int:
     return approximate_prompt_tokens(chat.messages) + (chat.max_tokens or 0) * chat.n
 
 
-async def _first_usable(public_ids: list[str], grant: Grant) -> ModelAlias | None:
+async def _first_usable(public_ids: list[str], grant: Grant | None) -> ModelAlias | None:
     """Pop ``public_ids`` up to the first alias that exists and ``grant`` may use."""
     while public_ids:
         try:
@@ -391,15 +427,17 @@ async def _first_usable(public_ids: list[str], grant: Grant) -> ModelAlias | Non
 
 
 async def _chunks(
-    first: Event, events: AsyncIterator[Event], encoder: ChunkEncoder, record: UsageRecord
-) -> AsyncIterator[dict[str, Any]]:
-    """The request's chunks, noted in ``record`` as they go, however they end."""
+    first: Event, events: AsyncIterator[Event], encoder: ChunkEncoder, accounting: Accounting
+) -> AsyncGenerator[dict[str, Any], None]:
+    """The request's chunks, each event and chunk noted by ``accounting``; a backend's
+    failure midway raised as the :class:`APIError` the client is told."""
+    observe, observe_chunk = accounting.observe, accounting.observe_chunk
 
     def encode(event: Event) -> list[dict[str, Any]]:
-        record.observe(event)
+        observe(event)
         chunks = encoder.encode(event)
         for chunk in chunks:
-            record.observe_chunk(chunk)
+            observe_chunk(chunk)
         return chunks
 
     try:
@@ -408,28 +446,14 @@ async def _chunks(
         async for event in events:
             for chunk in encode(event):
                 yield chunk
-    except asyncio.CancelledError:
-        record.cancelled = True
-        raise
     except Exception as exc:
         failure = errors.as_api_error(exc)
-        record.fail(failure, streaming=record.stream)
         if failure is exc:
             raise
         logger.exception("chatparity: backend failed mid-response")
         raise failure from exc
     finally:
         await events.aclose()  # type: ignore[attr-defined]
-
-
-async def _event_stream(chunks: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[bytes, None]:
-    """SSE frames; a failure after the first byte becomes one error frame + [DONE]."""
-    try:
-        async for chunk in chunks:
-            yield sse(chunk)
-    except APIError as error:
-        yield error_frame(error)
-    yield DONE
 
 
 def _model_object(alias: ModelAlias) -> dict[str, Any]:

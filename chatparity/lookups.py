@@ -49,11 +49,12 @@ class Aliases:
 
     by_id: dict[str, ModelAlias]
 
-    def find(self, model: str, grant: Grant, *, servable: bool = True) -> ModelAlias | None:
-        """The alias ``model`` names (case-insensitively), if ``grant`` may use it
-        and, when ``servable``, its backend is enabled."""
+    def find(self, model: str, grant: Grant | None, *, servable: bool = True) -> ModelAlias | None:
+        """The alias ``model`` names (case-insensitively), if ``grant`` may use it (no
+        grant: an admin's trial, which may use every alias) and, when ``servable``,
+        its backend is enabled."""
         alias = self.by_id.get(model.lower())
-        if alias is None or not grant.may_use(alias):
+        if alias is None or (grant is not None and not grant.may_use(alias)):
             return None
         if servable and not alias.backend.enabled:
             return None

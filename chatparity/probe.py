@@ -1,27 +1,23 @@
 """Short completions run from the admin: "try it" on an alias, "test connection" on a backend.
 
-They take the gateway's path from the parsed request on (the alias's defaults,
-limits and fallbacks, the backend's events, the chunk encoder) and, since they
-may spend money upstream, each leaves a RequestLog row as an API request does:
-with no API key, the key prefix :data:`KEY_PREFIX` and the admin user named in
-the user agent.
+They go through the gateway's pipeline as an API request does
+(:func:`chatparity.gateway.start`: validation with the alias's defaults,
+admission under the alias's limits, the backend and its fallbacks, the chunks)
+and, since they may spend money upstream, each leaves a RequestLog row: with no
+API key, the key prefix :data:`KEY_PREFIX` and the admin user named in the user
+agent. No key's limits count them; the alias's own do, as for one more key.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from . import gateway
-from .lookups import Grant
-from .models import ApiKey, Backend, ModelAlias
-from .protocol.completion import CompletionAccumulator
-from .protocol.errors import APIError, as_api_error
-from .protocol.request import parse_chat_request
-from .protocol.stream import ChunkEncoder
-from .usage import UsageRecord, record_usage
+from .accounting import Accounting
+from .models import Backend, ModelAlias
+from .usage import UsageRecord
 
 TRY_PROMPT = "Say hello in one short sentence."
 # In the log's key_prefix column, where an API request has its key's prefix.
@@ -61,9 +57,12 @@ async def check_connection(backend: Backend, operator: str) -> Trial:
 async def _complete(
     label: str, alias: ModelAlias, operator: str, prompt: str, max_tokens: int
 ) -> Trial:
-    key = _operator_key(operator)
-    record = UsageRecord(
-        request_id=gateway.request_id(), api_key=key, user_agent=f"chatparity admin ({operator})"
+    accounting = Accounting(
+        UsageRecord(
+            request_id=gateway.request_id(),
+            key_prefix=KEY_PREFIX,
+            user_agent=f"chatparity admin ({operator})",
+        )
     )
     body: dict[str, Any] = {
         "model": alias.public_id or alias.backend.name,
@@ -71,30 +70,14 @@ async def _complete(
         # Not max_tokens: an alias's default max_completion_tokens would win over it.
         "max_completion_tokens": max_tokens,
     }
-    accumulator = CompletionAccumulator()
-    error: APIError | None = None
     try:
-        chat = parse_chat_request(body)
-        chat, backend, events, first = await gateway._start(
-            chat, body, alias, Grant(key, None), record
-        )
-        record.completion_id = gateway.completion_id()
-        encoder = ChunkEncoder(
-            completion_id=record.completion_id,
-            created=int(time.time()),
-            model=chat.model,
-            system_fingerprint=backend.system_fingerprint,
-            include_usage=True,
-        )
-        async for chunk in gateway._chunks(first, events, encoder, record):
-            accumulator.add(chunk)
+        answer = await gateway.start(body, accounting, alias=alias)
+        completion = await answer.whole()
     except Exception as exc:
-        error = as_api_error(exc)
-        record.fail(error)
-    row = await record_usage(record)
-    if error is not None:
+        error = accounting.fail(exc)
+        row = await accounting.close()
         return Trial(label, ok=False, duration_ms=row.duration_ms, error=error.message)
-    completion = accumulator.completion()
+    row = await accounting.close()
     choice = completion["choices"][0] if completion["choices"] else {}
     message = choice.get("message", {})
     return Trial(
@@ -107,8 +90,3 @@ async def _complete(
         time_to_first_token_ms=row.time_to_first_token_ms,
         duration_ms=row.duration_ms,
     )
-
-
-def _operator_key(operator: str) -> ApiKey:
-    """What the log row takes for its key: never saved, so the row's api_key is null."""
-    return ApiKey(name=f"admin user {operator}", prefix=KEY_PREFIX)

@@ -9,9 +9,11 @@ there is more than one process).
 
 A request is admitted by :func:`admit`, which reserves what it may use (one
 request, its prompt plus ``max_tokens``, one slot in flight) and raises
-OpenAI's 429 when a limit would be passed; :meth:`Admission.switch` moves it to
-a fallback alias, under that alias's own limits; :meth:`Admission.settle` puts
-the real token count and cost in place of the reservation when the request ends.
+OpenAI's 429 when a limit would be passed (a request with no key, an admin's
+trial, passes only the alias's limits, as one more client of its own);
+:meth:`Admission.switch` moves it to a fallback alias, under that alias's own
+limits; :meth:`Admission.settle` puts the real token count and cost in place
+of the reservation when the request ends.
 Minute windows are fixed windows of the UTC clock, as OpenAI's reset headers
 suggest.
 """
@@ -221,7 +223,7 @@ class Admission:
     alias it is served by sets for each key.
     """
 
-    key: ApiKey
+    key: ApiKey | None
     alias: ModelAlias
     key_windows: list[Window] = field(default_factory=list)
     alias_windows: list[Window] = field(default_factory=list)
@@ -263,16 +265,21 @@ class Admission:
                 await store.add(counter, used[kind], ttl)
 
 
-async def admit(key: ApiKey, alias: ModelAlias, estimated_tokens: int) -> Admission:
-    """Reserve one request of ``estimated_tokens`` for ``key`` on ``alias``, or raise 429."""
+async def admit(key: ApiKey | None, alias: ModelAlias, estimated_tokens: int) -> Admission:
+    """Reserve one request of ``estimated_tokens`` for ``key`` on ``alias``, or raise 429.
+
+    With no key (an admin's trial) only ``alias``'s limits apply, counted as for one
+    more key of its own: no key's limits, budgets or slots are touched.
+    """
     admission = Admission(key, alias)
-    await _check_budgets(admission)
-    admission.key_windows = await _reserve(admission, _key_scope(key), key, estimated_tokens)
+    if key is not None:
+        await _check_budgets(admission, key)
+        admission.key_windows = await _reserve(admission, _key_scope(key), key, estimated_tokens)
     try:
         admission.alias_windows = await _reserve(
             admission, _alias_scope(key, alias), alias, estimated_tokens
         )
-        if key.max_concurrent is not None:
+        if key is not None and key.max_concurrent is not None:
             slot = _in_flight(key)
             admitted, _ = await counters().reserve(slot, 1, key.max_concurrent, _CONCURRENCY_TTL)
             if not admitted:
@@ -360,8 +367,8 @@ async def _budgets(key: ApiKey) -> list[Budget]:
     return budgets
 
 
-async def _check_budgets(admission: Admission) -> None:
-    for budget in await _budgets(admission.key):
+async def _check_budgets(admission: Admission, key: ApiKey) -> None:
+    for budget in await _budgets(key):
         if budget.used >= budget.limit:
             raise insufficient_quota(budget.resets_in)
         admission.budget_keys[budget.kind] = (budget.counter, budget.ttl)
@@ -398,8 +405,8 @@ def _key_scope(key: ApiKey) -> str:
     return f"cp:rl:{key.pk}"
 
 
-def _alias_scope(key: ApiKey, alias: ModelAlias) -> str:
-    return f"cp:rl:{key.pk}:a{alias.pk}"
+def _alias_scope(key: ApiKey | None, alias: ModelAlias) -> str:
+    return f"cp:rl:{'admin' if key is None else key.pk}:a{alias.pk}"
 
 
 def _window(scope: str, name: str, minute: int) -> str:

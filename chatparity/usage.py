@@ -1,4 +1,8 @@
-"""Usage accounting: what one request did, written once as a RequestLog row."""
+"""The log: what one request did, written once as a RequestLog row.
+
+Rows are written by one batching writer per event loop, on the database the
+site's routers choose for RequestLog.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,8 @@ from typing import Any
 
 import orjson
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, OperationalError, connection, transaction
+from django.db import DatabaseError, OperationalError, connections, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import CharField, Field
 from django.utils import timezone
 
@@ -22,8 +27,8 @@ from .db import detached, reconnecting
 from .models import ApiKey, ModelAlias, RequestLog
 from .protocol.completion import CompletionAccumulator
 from .protocol.errors import APIError
-from .protocol.events import Event, Finish, TextDelta, ToolCallDelta, Usage
-from .ratelimit import Admission, cost_of
+from .protocol.events import Usage
+from .ratelimit import cost_of
 from .signals import request_logged
 
 logger = logging.getLogger(__name__)
@@ -31,10 +36,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class UsageRecord:
-    """Accumulates one request's facts as its events go by."""
+    """One request's facts, as its :class:`~chatparity.accounting.Accounting` notes them.
+
+    ``key_prefix`` is the key's prefix unless given: a request with no key (an
+    admin's trial) names who made it there instead.
+    """
 
     request_id: str
-    api_key: ApiKey
+    api_key: ApiKey | None = None
+    key_prefix: str = ""
     client_ip: str | None = None
     user_agent: str = ""
     started: float = field(default_factory=time.perf_counter)
@@ -53,32 +63,21 @@ class UsageRecord:
     first_token_at: float | None = None
     request_body: Any = None
     model_alias: ModelAlias | None = None
-    admission: Admission | None = None
     body: CompletionAccumulator | None = field(
         default_factory=lambda: CompletionAccumulator() if app_settings.LOG_BODIES else None
     )
 
-    def observe(self, event: Event) -> None:
-        if isinstance(event, TextDelta | ToolCallDelta):
-            if self.first_token_at is None:
-                self.first_token_at = time.perf_counter()
-            self.completion_tokens_sent += event.tokens
-        elif isinstance(event, Finish):
-            self.finish_reasons[event.index] = event.reason
-        elif isinstance(event, Usage):
-            self.usage = event
+    def __post_init__(self) -> None:
+        if not self.key_prefix and self.api_key is not None:
+            self.key_prefix = self.api_key.prefix
 
-    def observe_chunk(self, chunk: dict[str, Any]) -> None:
-        if self.body is not None:
-            self.body.add(chunk)
-
-    def fail(self, error: APIError, *, streaming: bool = False) -> None:
-        self.error = error
-        if not streaming:
-            self.status_code = error.status
+    @property
+    def tokens(self) -> Usage:
+        """The usage the backend reported, else the completion tokens counted as sent."""
+        return self.usage or Usage(prompt_tokens=0, completion_tokens=self.completion_tokens_sent)
 
     def row(self) -> RequestLog:
-        usage = self.usage or Usage(prompt_tokens=0, completion_tokens=self.completion_tokens_sent)
+        usage = self.tokens
         now = time.perf_counter()
         first = self.first_token_at
         generating = now - first if first is not None else 0.0
@@ -86,7 +85,7 @@ class UsageRecord:
             completion_id=self.completion_id,
             request_id=self.request_id,
             api_key=self.api_key,
-            key_prefix=self.api_key.prefix,
+            key_prefix=self.key_prefix,
             alias=self.alias,
             backend=self.backend,
             upstream_model=self.upstream_model,
@@ -153,18 +152,27 @@ def _ip_address(address: str | None) -> str | None:
         return None
 
 
-async def record_usage(record: UsageRecord) -> RequestLog:
-    """Write the request's log row, count it against the key's limits and budgets,
-    mark the key as used, then send :data:`~chatparity.signals.request_logged`."""
-    row = record.row()
+async def log(row: RequestLog) -> None:
+    """Write ``row`` through this event loop's batched writer, then send
+    :data:`~chatparity.signals.request_logged`.
+
+    A row the database refuses even after retries is logged loudly, never raised:
+    the request it records has had its answer (and is not announced).
+    """
     try:
         await _writer().write(row)
-    finally:
-        if record.admission is not None:
-            await record.admission.settle(row.prompt_tokens, row.completion_tokens)
+    except DatabaseError:
+        logger.exception("chatparity: the log row of %s was lost", row.request_id)
+        return
     for receiver, outcome in await request_logged.asend_robust(sender=RequestLog, row=row):
         if isinstance(outcome, Exception):
             logger.error("chatparity: %r failed on request_logged", receiver, exc_info=outcome)
+
+
+async def record_usage(record: UsageRecord) -> RequestLog:
+    """Log ``record``'s row, for a record no limits reserved anything for; the row."""
+    row = record.row()
+    await log(row)
     return row
 
 
@@ -273,18 +281,21 @@ def _write(rows: list[RequestLog]) -> None:
 
 @reconnecting
 def insert_rows(rows: list[RequestLog]) -> None:
-    """Insert ``rows`` in one transaction, without reading their ids back.
+    """Insert ``rows`` in one transaction, without reading their ids back, into the
+    database the site's routers choose for writing RequestLog.
 
     Not ``bulk_create``: compiling its query costs twice the insert itself, and a
     log row needs no id back. Each value is still prepared by its model field.
     """
+    database = router.db_for_write(RequestLog)
+    connection = connections[database]
     fields = _insert_fields()
     values = [
         [field.get_db_prep_save(field.pre_save(row, True), connection) for field in fields]
         for row in rows
     ]
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.executemany(_insert_sql(connection.vendor), values)
+    with transaction.atomic(using=database), connection.cursor() as cursor:
+        cursor.executemany(_insert_sql(connection), values)
 
 
 @functools.cache
@@ -292,12 +303,19 @@ def _insert_fields() -> list[Field[Any, Any]]:
     return [field for field in RequestLog._meta.concrete_fields if not field.primary_key]
 
 
-@functools.cache
-def _insert_sql(vendor: str) -> str:
-    quote = connection.ops.quote_name
-    columns = ", ".join(quote(field.column) for field in _insert_fields())
-    placeholders = ", ".join(["%s"] * len(_insert_fields()))
-    return f"INSERT INTO {quote(RequestLog._meta.db_table)} ({columns}) VALUES ({placeholders})"
+_insert_statements: dict[str, str] = {}  # by database vendor
+
+
+def _insert_sql(connection: BaseDatabaseWrapper) -> str:
+    statement = _insert_statements.get(connection.vendor)
+    if statement is None:
+        quote = connection.ops.quote_name
+        columns = ", ".join(quote(field.column) for field in _insert_fields())
+        placeholders = ", ".join(["%s"] * len(_insert_fields()))
+        table = quote(RequestLog._meta.db_table)
+        statement = f"INSERT INTO {table} ({columns}) VALUES ({placeholders})"
+        _insert_statements[connection.vendor] = statement
+    return statement
 
 
 # A key's last_used_at is a day-to-day hint in the admin, not a record (the log

@@ -6,16 +6,14 @@ Mounted through ``chatparity.urls``, they run behind the site's middleware.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from . import gateway
-from .gateway import Call, Endpoint
+from .gateway import Call, Endpoint, Reply
 
 View = Callable[..., Coroutine[Any, Any, HttpResponseBase]]
 
@@ -38,21 +36,16 @@ def django_view(handler: Endpoint) -> View:
             read_body=read_body,
             client_ip=request.META.get("REMOTE_ADDR"),
         )
-        try:
-            reply = await handler(call, **kwargs)
-        except asyncio.CancelledError:  # the client went away
-            await gateway.finish(call)
-            raise
+        # An endpoint cancelled before its reply (the client left) accounts for itself.
+        reply = await handler(call, **kwargs)
         if reply.stream is None:
-            await gateway.finish(call)
+            await reply.close()  # a view's work ends when it returns its response
             response: HttpResponseBase = HttpResponse(
                 reply.body, status=reply.status, content_type=reply.content_type
             )
         else:
             response = StreamingHttpResponse(
-                _finishing(reply.stream, call),
-                status=reply.status,
-                content_type=reply.content_type,
+                _sending(reply, reply.stream), status=reply.status, content_type=reply.content_type
             )
         for name, value in reply.headers.items():
             if name != "content-type":
@@ -65,13 +58,17 @@ def django_view(handler: Endpoint) -> View:
     return view
 
 
-async def _finishing(stream: AsyncGenerator[bytes, None], call: Call) -> AsyncIterator[bytes]:
+async def _sending(reply: Reply, frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``reply``'s ``frames``, for Django to send; the reply closed once they are sent
+    or Django stopped asking for them (the client left)."""
     try:
-        async with aclosing(gateway.frames(call, stream)) as frames:
-            async for frame in frames:
-                yield frame
+        async for frame in frames:
+            yield frame
+    except BaseException:  # GeneratorExit or CancelledError: the client left
+        reply.cancel()
+        raise
     finally:
-        await gateway.finish(call)
+        await reply.close()
 
 
 chat_completions = django_view(gateway.chat_completions)

@@ -370,6 +370,37 @@ class TestModelAliasAdmin:
         )
         assert row.user_agent == f"chatparity admin ({admin_user.username})"
 
+    def test_try_it_logs_its_request_as_any_request_is_logged(
+        self, admin_client, scripted_alias, settings
+    ):
+        alias = scripted_alias("Hel", "lo!")
+        settings.CHATPARITY = {**CACHED, "LOG_BODIES": True}
+        run_action(admin_client, "modelalias", "try_it", [alias], prompt="Hi", max_tokens="8")
+        row = RequestLog.objects.get()
+        assert row.request_body == {
+            "model": "scripted",
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_completion_tokens": 8,
+        }
+        assert json.loads(row.response_body)["choices"][0]["message"]["content"] == "Hello!"
+
+    def test_try_it_passes_the_aliases_limits_as_one_more_key_and_no_keys(
+        self, admin_client, scripted_alias
+    ):
+        alias = scripted_alias("Hi")
+        alias.requests_per_minute = 1  # for each key using it
+        alias.save()
+        _, plaintext = ApiKey.objects.create_key("limited", requests_per_minute=1)
+        trials = [
+            run_action(admin_client, "modelalias", "try_it", [alias], prompt="Hi", max_tokens="8")
+            for _ in range(2)
+        ]
+        (first,), (second,) = (trial.context["trials"] for trial in trials)
+        assert first.ok
+        assert not second.ok
+        assert second.error.startswith("Rate limit reached for requests per minute: limit 1")
+        assert v1_chat(admin_client, plaintext, "scripted")[0] == 200  # the key's one request
+
     def test_try_it_goes_on_to_a_fallback_as_requests_do(self, admin_client, scripted_alias):
         scripted_alias("Hello", name="spare")
         alias = scripted_alias("<error>", name="broken")

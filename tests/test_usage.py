@@ -54,7 +54,7 @@ def test_long_strings_are_cut_to_their_columns_so_postgresql_can_store_the_row()
     key, _ = ApiKey.objects.create_key("k")
     record = UsageRecord(request_id="r", api_key=key, user_agent="u" * 1000)
     record.alias, record.backend, record.upstream_model = "m" * 300, "b" * 300, "x" * 300
-    record.fail(APIError("refused", type="t" * 100, code="c\x00" * 50))
+    record.error = APIError("refused", type="t" * 100, code="c\x00" * 50)
     row = record.row()
     columns = {
         field.name: field.max_length
@@ -68,6 +68,20 @@ def test_long_strings_are_cut_to_their_columns_so_postgresql_can_store_the_row()
     row.save()
     row.refresh_from_db()
     assert (len(row.alias), len(row.user_agent)) == (200, 500)
+
+
+@pytest.mark.django_db
+def test_a_row_names_its_key_or_else_who_made_the_request():
+    key, _ = ApiKey.objects.create_key("k")
+    by_key = UsageRecord(request_id="r", api_key=key).row()
+    by_admin = UsageRecord(request_id="r", key_prefix="admin").row()
+    assert (by_key.api_key, by_key.key_prefix) == (key, key.prefix)
+    assert (by_admin.api_key, by_admin.key_prefix) == (None, "admin")
+    usage.insert_rows([by_key, by_admin])
+    assert [(row.api_key_id, row.key_prefix) for row in RequestLog.objects.order_by("id")] == [
+        (key.pk, key.prefix),
+        (None, "admin"),
+    ]
 
 
 class LogWriterTests(TestCase):

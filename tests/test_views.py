@@ -343,7 +343,7 @@ class BusyDatabaseTests(ViewTestCase):
     async def test_a_lost_log_row_still_ends_the_stream_with_done(self):
         self.refuse_writes(times=99)
         response = await self.ask(max_tokens=2, stream=True)
-        with self.assertLogs("chatparity.gateway", "ERROR") as logged:
+        with self.assertLogs("chatparity.usage", "ERROR") as logged:
             body = await self.read_stream(response)
         assert body.endswith(b"data: [DONE]\n\n")
         assert b'"finish_reason":"length"' in body
@@ -351,7 +351,7 @@ class BusyDatabaseTests(ViewTestCase):
 
     async def test_a_lost_log_row_does_not_change_the_clients_error(self):
         self.refuse_writes(times=99)
-        with self.assertLogs("chatparity.gateway", "ERROR"):
+        with self.assertLogs("chatparity.usage", "ERROR"):
             response = await self.ask(model="gpt-9")
         assert response.status_code == 404
         assert response.json()["error"]["code"] == "model_not_found"

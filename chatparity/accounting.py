@@ -1,0 +1,118 @@
+"""One request's accounting, from admission to its log row.
+
+The endpoint that serves a request owns its :class:`Accounting`: created once
+the key is known, it takes the request's admission under the rate limits,
+observes what the backend sends, and when the reply is done it settles the
+limits, writes the log row, then announces it, in that order and once.
+Nothing else changes the request's record: the transports only tell the reply
+when the client left and when they are done with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from . import ratelimit, usage
+from .models import ModelAlias, RequestLog
+from .protocol import errors
+from .protocol.errors import APIError
+from .protocol.events import Event, Finish, TextDelta, ToolCallDelta, Usage
+from .protocol.request import ChatRequest
+from .ratelimit import Admission
+from .usage import UsageRecord
+
+logger = logging.getLogger(__name__)
+
+
+class Accounting:
+    """What one request reserved and did, until its row is written.
+
+    A request with no API key (an admin's trial) is admitted under the limits of
+    the alias alone: see :func:`chatparity.ratelimit.admit`.
+    """
+
+    def __init__(self, record: UsageRecord) -> None:
+        self.record = record
+        self.admission: Admission | None = None
+        self._row: RequestLog | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The rate-limit headers of the reply: the limits the request was admitted under."""
+        return self.admission.headers if self.admission is not None else {}
+
+    def requested(self, chat: ChatRequest, body: Any) -> None:
+        """Note what the client asked for, before anything may refuse it."""
+        record = self.record
+        record.request_body = body
+        record.alias, record.stream, record.n = chat.model, chat.stream, chat.n
+
+    def served_by(self, alias: ModelAlias) -> None:
+        """Log the request under ``alias``, at its prices."""
+        record = self.record
+        record.alias = alias.public_id  # as configured, so reports group one alias once
+        record.model_alias = alias
+        record.backend, record.upstream_model = alias.backend.name, alias.model
+
+    async def admit(self, alias: ModelAlias, estimated_tokens: int) -> None:
+        """Reserve the request on ``alias`` (OpenAI's 429 when a limit refuses it)."""
+        self.admission = await ratelimit.admit(self.record.api_key, alias, estimated_tokens)
+
+    async def switch(self, alias: ModelAlias, estimated_tokens: int) -> None:
+        """Move the admitted request to ``alias``, a fallback, under its own limits."""
+        assert self.admission is not None, "a request is admitted before it falls back"
+        await self.admission.switch(alias, estimated_tokens)
+        self.served_by(alias)
+
+    def answering(self, completion_id: str) -> None:
+        """The backend began: its answer is ``completion_id``."""
+        self.record.completion_id = completion_id
+
+    def observe(self, event: Event) -> None:
+        record = self.record
+        if isinstance(event, TextDelta | ToolCallDelta):
+            if record.first_token_at is None:
+                record.first_token_at = time.perf_counter()
+            record.completion_tokens_sent += event.tokens
+        elif isinstance(event, Finish):
+            record.finish_reasons[event.index] = event.reason
+        elif isinstance(event, Usage):
+            record.usage = event
+
+    def observe_chunk(self, chunk: dict[str, Any]) -> None:
+        if self.record.body is not None:
+            self.record.body.add(chunk)
+
+    def fail(self, exc: Exception, *, streaming: bool = False) -> APIError:
+        """Note the request's failure and return it as the client is told it: an
+        :class:`APIError` as it is, anything else a 500, logged as the bug it is.
+        ``streaming``: the reply began, so its status stays."""
+        if not isinstance(exc, APIError):
+            logger.error("chatparity: unexpected failure", exc_info=exc)
+        error = errors.as_api_error(exc)
+        self.record.error = error
+        if not streaming:
+            self.record.status_code = error.status
+        return error
+
+    def cancel(self) -> None:
+        """The client left before the whole reply was sent."""
+        self.record.cancelled = True
+
+    async def close(self) -> RequestLog:
+        """Settle the limits (the slot in flight given back, the tokens reserved made
+        what was used), write the row, then send
+        :data:`~chatparity.signals.request_logged`: once, whatever happened. The row,
+        written or not (a row the database refuses is logged, never raised)."""
+        if self._row is not None:
+            return self._row
+        row = self._row = self.record.row()
+        if self.admission is not None:
+            try:
+                await self.admission.settle(row.prompt_tokens, row.completion_tokens)
+            except Exception:  # the counters' store: a slot it keeps expires on its own
+                logger.exception("chatparity: the limits of %s were not settled", row.request_id)
+        await usage.log(row)
+        return row

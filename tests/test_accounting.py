@@ -1,0 +1,124 @@
+"""A request's accounting: its limits settled, then its row written, then announced, once."""
+
+import threading
+from unittest import mock
+
+import orjson
+import pytest
+from asgiref.sync import sync_to_async
+from asgiref.testing import ApplicationCommunicator
+from django.core.asgi import get_asgi_application
+from django.test import TestCase, override_settings
+
+from chatparity import ratelimit, usage
+from chatparity.accounting import Accounting
+from chatparity.asgi import FastPath
+from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
+from chatparity.protocol.errors import APIError
+from chatparity.signals import request_logged
+from chatparity.usage import UsageRecord
+from tests.asgi import http_scope
+from tests.scripted import SCRIPTED
+
+
+@override_settings(CHATPARITY=SCRIPTED)
+class CloseTests(TestCase):
+    @classmethod
+    def setUpTestData(cls):
+        cls.key, cls.plaintext = ApiKey.objects.create_key("accounted", max_concurrent=1)
+        backend = Backend.objects.create(
+            name="scripted", kind="scripted", options={"script": ["Hello"]}
+        )
+        cls.alias = ModelAlias.objects.create(public_id="echo", backend=backend)
+
+    def setUp(self):
+        from django.core.cache import cache
+
+        cache.clear()
+
+    async def in_flight(self):
+        key = await ApiKey.objects.aget(pk=self.key.pk)
+        standing = {name: used for name, used, _ in await ratelimit.standing(key)}
+        return standing["requests in flight"]
+
+    async def answered(self, application):
+        """A completion through ``application``, answered in full; its communicator."""
+        headers = [("authorization", f"Bearer {self.plaintext}")]
+        scope = http_scope("POST", "/v1/chat/completions", headers)
+        communicator = ApplicationCommunicator(application, scope)
+        body = {"model": "echo", "messages": [{"role": "user", "content": "Hi"}]}
+        await communicator.send_input({"type": "http.request", "body": orjson.dumps(body)})
+        start = await communicator.receive_output(timeout=10)
+        assert start["status"] == 200, await communicator.receive_output(timeout=10)
+        completion = orjson.loads((await communicator.receive_output(timeout=10))["body"])
+        assert completion["choices"][0]["message"]["content"] == "Hello"
+        return communicator
+
+    async def test_the_slot_in_flight_is_free_before_the_row_is_written(self):
+        # A slow database must not hold a key's slots: with one allowed in flight, the
+        # next request is admitted while the previous one's row still waits.
+        release = threading.Event()
+        original = usage.insert_rows
+
+        def slow_insert(rows):
+            assert release.wait(timeout=10)
+            return original(rows)
+
+        application = FastPath(get_asgi_application())
+        with mock.patch.object(usage, "insert_rows", slow_insert):
+            first = await self.answered(application)
+            second = await self.answered(application)
+            assert await RequestLog.objects.acount() == 0
+            await sync_to_async(release.set, thread_sensitive=False)()
+            await first.wait(timeout=10)
+            await second.wait(timeout=10)
+        assert await RequestLog.objects.acount() == 2
+
+    async def test_the_row_is_announced_once_written_with_the_limits_settled(self):
+        announced = []
+
+        async def receiver(sender, row, **kwargs):
+            logged = await RequestLog.objects.filter(request_id=row.request_id).aexists()
+            announced.append((row.request_id, logged, await self.in_flight()))
+
+        request_logged.connect(receiver)
+        self.addCleanup(request_logged.disconnect, receiver)
+        accounting = Accounting(UsageRecord(request_id="req-once", api_key=self.key))
+        await accounting.admit(self.alias, 10)
+        assert await self.in_flight() == "1"
+        row = await accounting.close()
+        assert await accounting.close() is row  # a second close does nothing
+        assert announced == [("req-once", True, "0")]
+        assert await RequestLog.objects.acount() == 1
+
+    async def test_limits_that_cannot_be_settled_do_not_lose_the_row(self):
+        accounting = Accounting(UsageRecord(request_id="req-kept", api_key=self.key))
+        await accounting.admit(self.alias, 10)
+        refused = ConnectionError("the counters' Redis is down")
+        with (
+            mock.patch.object(accounting.admission, "settle", side_effect=refused),
+            self.assertLogs("chatparity.accounting", "ERROR") as logs,
+        ):
+            await accounting.close()
+        assert "the limits of req-kept were not settled" in logs.output[0]
+        assert await RequestLog.objects.filter(request_id="req-kept").aexists()
+
+    async def test_a_request_with_no_key_counts_against_the_alias_alone(self):
+        # An admin's trial: the alias's limits, as for one more key, and no key's.
+        self.alias.requests_per_minute = 1
+        await self.alias.asave()
+        trial = Accounting(UsageRecord(request_id="req-trial", key_prefix="admin"))
+        await trial.admit(self.alias, 10)
+        assert trial.headers["x-ratelimit-remaining-requests"] == "0"
+        with pytest.raises(APIError) as refused:
+            await Accounting(UsageRecord(request_id="req-again", key_prefix="admin")).admit(
+                self.alias, 10
+            )
+        assert refused.value.status == 429
+        keyed = Accounting(UsageRecord(request_id="req-key", api_key=self.key))
+        await keyed.admit(self.alias, 10)  # the key's own count on the alias is untouched
+        assert await self.in_flight() == "1"  # only the key's request holds its slot
+        await trial.close()
+        await keyed.close()
+        row = await RequestLog.objects.aget(request_id="req-trial")
+        assert (row.api_key_id, row.key_prefix) == (None, "admin")
