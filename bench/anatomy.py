@@ -124,8 +124,7 @@ ASYNC = (
     ("gateway", "_resolve", "stage: gateway._resolve (lookups.aliases)"),
     ("lookups", "aliases", "lookups.aliases (aliases: cache hit, or load below)"),
     ("ratelimit", "admit", "stage: ratelimit.admit"),
-    ("gateway", "_start", "stage: gateway._start (backend to its first event)"),
-    ("gateway", "finish", "stage: gateway.finish (after the reply: log row, settle, tail)"),
+    ("gateway", "_begin", "stage: gateway._begin (admission, backend to its first event)"),
     ("usage", "_insert_with_retries", "usage log batches (one sync_to_async hop each)"),
     ("tail", "publish", "tail.publish (live tail, in-memory layer)"),
 )
@@ -146,8 +145,8 @@ def instrument() -> None:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.sqlite3 import base as sqlite
 
-    from chatparity import asgi, gateway, lookups, ratelimit, usage
-    from chatparity.backends import http1
+    from chatparity import accounting, asgi, gateway, lookups, ratelimit, usage
+    from chatparity.backends import _http1
     from chatparity.dashboard import tail
 
     modules = {
@@ -206,12 +205,17 @@ def instrument() -> None:
     # What FastPath does not serve itself goes on to Django (the static files handler first).
     patch(ASGIStaticFilesHandler, "__call__", lambda f: atimed(DJANGO, f))
     patch(
-        http1.Endpoint, "post", lambda f: atimed("upstream: http1.Endpoint.post (to the head)", f)
+        _http1.Endpoint, "post", lambda f: atimed("upstream: _http1.Endpoint.post (to the head)", f)
     )
     patch(
-        http1.Endpoint,
+        _http1.Endpoint,
         "_connect",
-        lambda f: atimed("upstream: connections opened (http1.Endpoint._connect)", f),
+        lambda f: atimed("upstream: connections opened (_http1.Endpoint._connect)", f),
+    )
+    patch(
+        accounting.Accounting,
+        "close",
+        lambda f: atimed("stage: Accounting.close (after the reply: settle, log row, tail)", f),
     )
     patch(usage.LogWriter, "write", lambda f: atimed("usage.LogWriter.write (rows)", f))
     patch(usage.UsageRecord, "row", lambda f: timed("usage.UsageRecord.row (the log row)", f))

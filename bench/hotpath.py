@@ -106,8 +106,8 @@ OWNER: tuple[tuple[str, str], ...] = (
     ("chatparity: rate limit admit/settle, cost", r"\(chatparity/ratelimit\.py"),
     ("chatparity: settings reads (conf.AppSettings.__getattr__)", r"\(chatparity/conf\.py"),
     (
-        "chatparity: HTTP/1.1 client to the upstream (backends/http1.py)",
-        r"\(chatparity/backends/http1\.py",
+        "chatparity: HTTP/1.1 client to the upstream (backends/_http1.py)",
+        r"\(chatparity/backends/_http1\.py",
     ),
     (
         "chatparity: openai backend, SSE to events (backends/upstream.py, protocol/upstream.py)",
@@ -127,8 +127,8 @@ OWNER: tuple[tuple[str, str], ...] = (
         r"\(chatparity/(lookups|auth)\.py",
     ),
     (
-        "chatparity: endpoint (gateway.py: chat_completions, _start, _chunks, finish)",
-        r"\(chatparity/gateway\.py",
+        "chatparity: endpoint (gateway.py: chat_completions, start, _chunks; accounting.py)",
+        r"\(chatparity/(gateway|accounting)\.py",
     ),
     ("chatparity: ASGI fast path (asgi.py: route, headers, body, send)", r"\(chatparity/asgi\.py"),
     ("chatparity: other", r"\(chatparity/"),
@@ -373,7 +373,7 @@ def before_and_after(workloads: list[Workload]) -> list[str]:
         " uvicorn on asyncio and h11: about 50 req/s and 19 ms of worker CPU per request in"
         " every workload. Now: `chatparity.asgi.FastPath` serves /v1 on the event loop, keys"
         " and aliases are cached in process, log rows are written in batches after the reply,"
-        " the upstream is reached by `chatparity.backends.http1`, uvicorn runs on uvloop and"
+        " the upstream is reached by `chatparity.backends._http1`, uvicorn runs on uvloop and"
         " httptools.",
         "",
         "| workload | req/s before | req/s now | worker CPU per request before | now |",

@@ -4,7 +4,7 @@
     .venv/bin/python bench/transports.py [--rounds 5] [--duration 5] [--requests 1000]
                                          [--streams 1000] [--skip-memory]
 
-Each client is put under the backend in place of ``chatparity.backends.http1``
+Each client is put under the backend in place of ``chatparity.backends._http1``
 (``UpstreamBackend.transport``) through an adapter below that gives it the same
 interface: ``post`` to one URL with fixed headers, a response read by lines or
 whole, ``release`` (pooled once the body ended) or ``close`` (at once), the
@@ -28,7 +28,8 @@ on the same stub upstream (``bench/stub_upstream.py``, 20 chunks):
 4. **Memory per open stream**: ``--streams`` slow streams through a fresh worker
    per client, as ``bench/run.py`` measures them.
 
-Medians over the rounds, and ratios against http1, from one run. Writes the
+Medians over the rounds, and ratios against http1 (the median of the ratios in each
+round, so that drift between rounds cancels out), from one run. Writes the
 "HTTP client" section of ``bench/RESULTS.md`` (``bench/run.py`` keeps it).
 """
 
@@ -59,7 +60,7 @@ import httpx
 import slow_streams
 from harness import BENCH, ROOT, SECTION_END, SECTION_START, log
 
-from chatparity.backends import http1
+from chatparity.backends import _http1
 from chatparity.backends.base import BackendConfig
 from chatparity.backends.upstream import UpstreamBackend
 from chatparity.protocol.request import parse_chat_request
@@ -72,7 +73,7 @@ DIRECT = "direct (stub)"
 
 
 class _LineResponse:
-    """What the backend reads of an :class:`http1.Response`, over ``_more`` (the next
+    """What the backend reads of an :class:`_http1.Response`, over ``_more`` (the next
     bytes of the body, ``b""`` at its end): lines split from whole chunks as http1 does."""
 
     status: int
@@ -159,7 +160,7 @@ class _AiohttpResponse(_LineResponse):
 
     async def _drain(self) -> None:
         try:
-            async with asyncio.timeout(http1.DRAIN_GRACE):
+            async with asyncio.timeout(_http1.DRAIN_GRACE):
                 await self._response.read()
         except (TimeoutError, aiohttp.ClientError):
             self._response.close()
@@ -176,19 +177,19 @@ def _aiohttp_errors() -> Iterator[None]:
     try:
         yield
     except TimeoutError:
-        raise http1.Timeout("the upstream did not answer in time") from None
+        raise _http1.Timeout("the upstream did not answer in time") from None
     except aiohttp.ClientConnectorError as exc:
-        raise http1.ConnectError(str(exc)) from None
+        raise _http1.ConnectError(str(exc)) from None
     except aiohttp.InvalidURL as exc:
-        raise http1.InvalidURL(str(exc)) from None
+        raise _http1.InvalidURL(str(exc)) from None
     except aiohttp.ClientPayloadError as exc:
-        raise http1.RemoteProtocolError(str(exc)) from None
+        raise _http1.RemoteProtocolError(str(exc)) from None
     except aiohttp.ClientError as exc:
-        raise http1.ReadError(str(exc) or type(exc).__name__) from None
+        raise _http1.ReadError(str(exc) or type(exc).__name__) from None
 
 
 class AiohttpEndpoint:
-    """http1.Endpoint's interface on aiohttp: a session per event loop, its connector
+    """_http1.Endpoint's interface on aiohttp: a session per event loop, its connector
     unlimited, idle connections kept 5 s, the environment's proxy read once (as http1
     does: aiohttp's ``trust_env`` looks it up in a thread per request, 0.4 ms of CPU)."""
 
@@ -196,10 +197,10 @@ class AiohttpEndpoint:
         self, url: str, headers: Mapping[str, str], *, connect_timeout: float = 10.0
     ) -> None:
         self.url = url
-        self.headers = {"User-Agent": http1.USER_AGENT, **headers}
+        self.headers = {"User-Agent": _http1.USER_AGENT, **headers}
         self.connect_timeout = connect_timeout
         parts = urlsplit(url)
-        self._proxy = http1._proxy(parts.scheme, parts.hostname or "")
+        self._proxy = _http1._proxy(parts.scheme, parts.hostname or "")
         self._sessions: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, aiohttp.ClientSession
         ] = weakref.WeakKeyDictionary()
@@ -208,7 +209,7 @@ class AiohttpEndpoint:
         session = self._sessions.get(loop)
         if session is None:
             connector = aiohttp.TCPConnector(
-                limit=0, keepalive_timeout=http1.KEEPALIVE_EXPIRY, ssl=http1.default_ssl_context()
+                limit=0, keepalive_timeout=_http1.KEEPALIVE_EXPIRY, ssl=_http1.default_ssl_context()
             )
             session = self._sessions[loop] = aiohttp.ClientSession(
                 connector=connector,
@@ -249,7 +250,7 @@ class _HttpcoreResponse(_LineResponse):
         # httpcore bounds each read, not the exchange: the deadline is checked between reads.
         if asyncio.get_running_loop().time() > self._deadline:
             await self._response.aclose()
-            raise http1.Timeout("the upstream did not answer in time")
+            raise _http1.Timeout("the upstream did not answer in time")
         async with _httpcore_errors():
             return await anext(self._chunks, b"")
 
@@ -268,7 +269,7 @@ class _HttpcoreResponse(_LineResponse):
 
     async def _drain(self) -> None:
         try:
-            async with asyncio.timeout(http1.DRAIN_GRACE):
+            async with asyncio.timeout(_http1.DRAIN_GRACE):
                 async for _ in self._chunks:
                     pass
         except (TimeoutError, httpcore.NetworkError, httpcore.ProtocolError):
@@ -285,21 +286,21 @@ async def _httpcore_errors() -> Any:
     try:
         yield
     except httpcore.TimeoutException:
-        raise http1.Timeout("the upstream did not answer in time") from None
+        raise _http1.Timeout("the upstream did not answer in time") from None
     except httpcore.ConnectError as exc:
-        raise http1.ConnectError(str(exc)) from None
+        raise _http1.ConnectError(str(exc)) from None
     except httpcore.ProxyError as exc:
-        raise http1.ProxyError(str(exc)) from None
+        raise _http1.ProxyError(str(exc)) from None
     except (httpcore.UnsupportedProtocol, httpcore.LocalProtocolError) as exc:
-        raise http1.InvalidURL(str(exc)) from None
+        raise _http1.InvalidURL(str(exc)) from None
     except httpcore.RemoteProtocolError as exc:
-        raise http1.RemoteProtocolError(str(exc)) from None
+        raise _http1.RemoteProtocolError(str(exc)) from None
     except httpcore.NetworkError as exc:
-        raise http1.ReadError(str(exc) or type(exc).__name__) from None
+        raise _http1.ReadError(str(exc) or type(exc).__name__) from None
 
 
 class HttpcoreEndpoint:
-    """http1.Endpoint's interface on httpcore (what httpx runs on): a pool per event
+    """_http1.Endpoint's interface on httpcore (what httpx runs on): a pool per event
     loop, unlimited, 100 idle connections kept 5 s, the environment's proxy."""
 
     def __init__(
@@ -309,10 +310,10 @@ class HttpcoreEndpoint:
         self.connect_timeout = connect_timeout
         parts = httpcore.URL(url)
         fields = {"host": parts.host.decode() + (f":{parts.port}" if parts.port else "")}
-        fields["user-agent"] = http1.USER_AGENT
+        fields["user-agent"] = _http1.USER_AGENT
         fields.update({name.lower(): value for name, value in headers.items()})
         self.headers = [(name.encode(), value.encode()) for name, value in fields.items()]
-        proxy = http1._proxy(parts.scheme.decode(), parts.host.decode())
+        proxy = _http1._proxy(parts.scheme.decode(), parts.host.decode())
         self._proxy = httpcore.Proxy(proxy) if proxy else None
         self._pools: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, httpcore.AsyncConnectionPool
@@ -322,11 +323,11 @@ class HttpcoreEndpoint:
         pool = self._pools.get(loop)
         if pool is None:
             pool = self._pools[loop] = httpcore.AsyncConnectionPool(
-                ssl_context=http1.default_ssl_context(),
+                ssl_context=_http1.default_ssl_context(),
                 proxy=self._proxy,
                 max_connections=None,
-                max_keepalive_connections=http1.MAX_IDLE,
-                keepalive_expiry=http1.KEEPALIVE_EXPIRY,
+                max_keepalive_connections=_http1.MAX_IDLE,
+                keepalive_expiry=_http1.KEEPALIVE_EXPIRY,
             )
         return pool
 
@@ -350,13 +351,13 @@ class HttpcoreEndpoint:
         try:
             async with _httpcore_errors():
                 response = await self._pool(loop).handle_async_request(request)
-        except http1.ConnectError as exc:  # anyio's message does not name the upstream
-            raise http1.ConnectError(f"{self.url}: {exc}") from None
+        except _http1.ConnectError as exc:  # anyio's message does not name the upstream
+            raise _http1.ConnectError(f"{self.url}: {exc}") from None
         return _HttpcoreResponse(response, deadline)
 
 
 CLIENTS: dict[str, Callable[..., Any]] = {
-    "http1": http1.Endpoint,
+    "http1": _http1.Endpoint,
     "aiohttp": AiohttpEndpoint,
     "httpcore": HttpcoreEndpoint,
 }
@@ -653,7 +654,7 @@ def section(
         f" {env['anyio']}), uvicorn {env['uvicorn']} on uvloop + httptools. Each client sits"
         " under `UpstreamBackend` through an adapter with http1's interface. Medians of"
         f" {args.rounds} rounds alternating the clients (each round in another order);"
-        " ratios against http1 from the same run.",
+        " ratios against http1 from the same run, each the median of the ratios in each round.",
     ]
     if behaviours:
         out += [
@@ -676,8 +677,11 @@ def section(
     return "\n".join(out) + "\n"
 
 
-def ratio(value: float, base: float) -> str:
-    return f"{value / base:.2f}x" if base else ""
+def paired(values: list[float], bases: list[float]) -> str:
+    """The median of the ratios to the base round by round (the lists are in round
+    order): drift in the machine's speed between rounds cancels out."""
+    ratios = [value / base for value, base in zip(values, bases, strict=True) if base]
+    return f"{median(ratios):.2f}x" if ratios else ""
 
 
 def gateway_table(samples: list[Sample], clients: list[str], seconds: int) -> list[str]:
@@ -693,7 +697,8 @@ def gateway_table(samples: list[Sample], clients: list[str], seconds: int) -> li
         "Through the gateway: one uvicorn worker per client, the example project, request"
         f" logging on, wrk {seconds} s per cell after a 1 s warm-up, {harness.CHUNKS}"
         " chunks per answer. Added p50 is over the stub answering directly in the same"
-        " round; CPU is the worker's (ASGI server, Django and the client) per request.",
+        " round; CPU is the worker's (ASGI server, Django and the client) per request."
+        " Ratios to http1 are medians of the ratios in each round.",
         "",
         "| client | workload | conc. | req/s | vs http1 | p50 ms | added p50 ms | vs http1"
         " | worker CPU ms/req | vs http1 | upstream conn./req | failures |",
@@ -701,20 +706,20 @@ def gateway_table(samples: list[Sample], clients: list[str], seconds: int) -> li
     ]
     for stream, concurrency in WORKLOADS:
         workload = "stream" if stream else "non-stream"
-        direct = median([s.p50_ms for s in cells(DIRECT, stream, concurrency)])
+        direct = [s.p50_ms for s in cells(DIRECT, stream, concurrency)]
         base = cells("http1", stream, concurrency)
-        base_rps = median([s.rps for s in base])
-        base_added = median([s.p50_ms for s in base]) - direct
-        base_cpu = median([s.cpu_ms for s in base])
+        base_added = [s.p50_ms - d for s, d in zip(base, direct, strict=True)]
         for client in clients:
             mine = cells(client, stream, concurrency)
-            rps = median([s.rps for s in mine])
-            p50 = median([s.p50_ms for s in mine])
-            cpu = median([s.cpu_ms for s in mine])
+            rps = [s.rps for s in mine]
+            added = [s.p50_ms - d for s, d in zip(mine, direct, strict=True)]
+            cpu = [s.cpu_ms for s in mine]
             out.append(
-                f"| {client} | {workload} | {concurrency} | {rps:,.0f} | {ratio(rps, base_rps)}"
-                f" | {p50:.2f} | {p50 - direct:+.2f} | {ratio(p50 - direct, base_added)}"
-                f" | {cpu:.2f} | {ratio(cpu, base_cpu)}"
+                f"| {client} | {workload} | {concurrency} | {median(rps):,.0f}"
+                f" | {paired(rps, [s.rps for s in base])}"
+                f" | {median([s.p50_ms for s in mine]):.2f} | {median(added):+.2f}"
+                f" | {paired(added, base_added)}"
+                f" | {median(cpu):.2f} | {paired(cpu, [s.cpu_ms for s in base])}"
                 f" | {median([s.connections for s in mine]):.2f}"
                 f" | {sum(s.failures for s in mine)} |"
             )
@@ -737,13 +742,13 @@ def alone_table(alone: list[BackendSample], clients: list[str], requests: int) -
         "|---|---|---:|---:|---:|---:|",
     ]
     for stream, concurrency in WORKLOADS:
-        base = median([s.cpu_us for s in cpu("http1", stream, concurrency)])
+        base = [s.cpu_us for s in cpu("http1", stream, concurrency)]
         for client in clients:
             mine = cpu(client, stream, concurrency)
-            value = median([s.cpu_us for s in mine])
+            values = [s.cpu_us for s in mine]
             out.append(
                 f"| {client} | {'stream' if stream else 'non-stream'} | {concurrency}"
-                f" | {value:,.0f} | {ratio(value, base)}"
+                f" | {median(values):,.0f} | {paired(values, base)}"
                 f" | {median([s.connections for s in mine]):.2f} |"
             )
     return out

@@ -1,4 +1,4 @@
-"""The ``openai`` backend: any OpenAI-compatible upstream, over :mod:`.http1`'s pooled
+"""The ``openai`` backend: any OpenAI-compatible upstream, over :mod:`._http1`'s pooled
 keep-alive connections.
 
 It asks the upstream for a stream with usage when the client streams, else for
@@ -47,7 +47,7 @@ from ..protocol.events import Event, Usage
 from ..protocol.request import ChatRequest, parse_chat_request
 from ..protocol.tokens import approximate_prompt_tokens
 from ..protocol.upstream import ChunkReader, SSEReader, UpstreamError, malformed, upstream_error
-from . import http1
+from . import _http1
 from .base import BackendConfig, http_base_url, known_options, number_option
 
 logger = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ def timeout_error() -> APIError:
 class UpstreamBackend:
     """Forwards completions to ``<base_url>/chat/completions``."""
 
-    transport = http1.Endpoint
+    transport = _http1.Endpoint
     """The HTTP client, made with the URL, the headers and ``connect_timeout``
     (``bench/transports.py`` measures others in its place)."""
 
@@ -192,7 +192,7 @@ class UpstreamBackend:
         return self._fingerprint
 
     @cached_property
-    def _endpoint(self) -> http1.Endpoint:
+    def _endpoint(self) -> _http1.Endpoint:
         """Made at the first request, so that a bad URL fails it like an unreachable one."""
         return self.transport(self.url, self.headers, connect_timeout=self.connect_timeout)
 
@@ -264,16 +264,16 @@ class UpstreamBackend:
                                 yield item
                         if line is None:
                             break  # the body ended without [DONE]: what is open gets finished
-                except http1.Timeout:
+                except _http1.Timeout:
                     raise timeout_error() from None
-                except http1.HTTPError as exc:
+                except _http1.HTTPError as exc:
                     self._log("the connection dropped", exc)
                     raise malformed(f"the connection dropped ({type(exc).__name__})") from None
         except UpstreamError as error:
             raise self._reported(error) from None
 
     @asynccontextmanager
-    async def _response(self, content: bytes, deadline: float) -> AsyncIterator[http1.Response]:
+    async def _response(self, content: bytes, deadline: float) -> AsyncIterator[_http1.Response]:
         """The upstream's streaming response once it answered 2xx; retried before that.
 
         Read to its end, its connection is pooled; left early, it is closed at once."""
@@ -281,9 +281,9 @@ class UpstreamBackend:
             failure: APIError
             try:
                 response = await self._endpoint.post(content, deadline)
-            except http1.Timeout:
+            except _http1.Timeout:
                 raise timeout_error() from None
-            except http1.ConnectError as exc:
+            except _http1.ConnectError as exc:
                 self._log("could not connect", exc)
                 failure = APIError(
                     "The upstream is unavailable.",
@@ -291,7 +291,7 @@ class UpstreamBackend:
                     type="server_error",
                     code="upstream_unavailable",
                 )
-            except http1.HTTPError as exc:
+            except _http1.HTTPError as exc:
                 self._log("the connection failed", exc)
                 failure = APIError(
                     f"The upstream connection failed ({type(exc).__name__}).",
@@ -315,13 +315,13 @@ class UpstreamBackend:
                 raise failure
             await asyncio.sleep(self.backoff * 2**attempt)
 
-    async def _error(self, response: http1.Response) -> UpstreamError:
+    async def _error(self, response: _http1.Response) -> UpstreamError:
         """The upstream's error answer in OpenAI's envelope, its status kept."""
         try:
             body = await response.read()
-        except http1.Timeout:
+        except _http1.Timeout:
             raise timeout_error() from None
-        except http1.HTTPError:
+        except _http1.HTTPError:
             body = b""  # cut short: an error all the same
         try:
             payload: Any = orjson.loads(body)

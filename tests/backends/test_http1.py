@@ -1,4 +1,4 @@
-"""chatparity.backends.http1 against real servers on loopback: what it sends, every way
+"""chatparity.backends._http1 against real servers on loopback: what it sends, every way
 a body may be framed, keep-alive and its limits, and every way an upstream fails."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from chatparity.backends import http1
-from chatparity.backends.http1 import Endpoint
+from chatparity.backends import _http1
+from chatparity.backends._http1 import Endpoint
 from tests.backends import faulty_upstream
 
 
@@ -140,7 +140,7 @@ def answer(*parts: bytes, close=False) -> Respond:
     return respond
 
 
-async def lines_of(response: http1.Response) -> list[str]:
+async def lines_of(response: _http1.Response) -> list[str]:
     return [line async for line in response]
 
 
@@ -184,13 +184,13 @@ async def test_an_ipv6_literal_host():
 
 
 def test_what_cannot_be_sent_is_refused_up_front():
-    with pytest.raises(http1.InvalidURL):
+    with pytest.raises(_http1.InvalidURL):
         Endpoint("ftp://example.com/v1", {})
-    with pytest.raises(http1.InvalidURL):
+    with pytest.raises(_http1.InvalidURL):
         Endpoint("/chat/completions", {})
-    with pytest.raises(http1.InvalidURL):
+    with pytest.raises(_http1.InvalidURL):
         Endpoint("http://example.com:port/", {})
-    with pytest.raises(http1.InvalidURL):
+    with pytest.raises(_http1.InvalidURL):
         Endpoint("http://example.com/", {"X-Injected": "a\r\nEvil: 1"})
 
 
@@ -301,7 +301,7 @@ async def test_a_pooled_connection_the_server_closed_while_idle_is_not_used():
 
 @run
 async def test_a_connection_idle_for_too_long_is_closed_not_reused(monkeypatch):
-    monkeypatch.setattr(http1, "KEEPALIVE_EXPIRY", 0.05)
+    monkeypatch.setattr(_http1, "KEEPALIVE_EXPIRY", 0.05)
     async with Server(answer(fixed(b"ok"))) as server:
         endpoint = Endpoint(server.url(), {})
         for pause in (0, 0.01, 0.1):
@@ -331,7 +331,7 @@ async def test_a_stale_pooled_connection_is_retried_once_on_a_new_one(how):
 
 @pytest.mark.parametrize(
     ("how", "error"),
-    [("close", http1.RemoteProtocolError), ("reset", http1.ReadError)],
+    [("close", _http1.RemoteProtocolError), ("reset", _http1.ReadError)],
 )
 @run
 async def test_a_new_connection_failing_before_the_response_is_an_error(how, error):
@@ -386,7 +386,7 @@ async def test_a_released_response_is_pooled_once_its_body_ends():
 
 @run
 async def test_a_released_response_whose_body_does_not_end_is_closed(monkeypatch):
-    monkeypatch.setattr(http1, "DRAIN_GRACE", 0.05)
+    monkeypatch.setattr(_http1, "DRAIN_GRACE", 0.05)
     async with Server(answer(SSE_HEAD + chunked(b"data: [DONE]\n\n", end=b""))) as server:
         endpoint = Endpoint(server.url(), {})
         response = await endpoint.post(b"", deadline())
@@ -417,10 +417,10 @@ async def test_every_concurrent_request_gets_a_connection_and_the_idle_ones_are_
         assert await asyncio.gather(*(one() for _ in range(1000))) == [b"ok"] * 1000
         assert server.connections == 1000
         for _ in range(50):
-            if server.hangups == 1000 - http1.MAX_IDLE:
+            if server.hangups == 1000 - _http1.MAX_IDLE:
                 break
             await asyncio.sleep(0.02)
-        assert server.hangups == 1000 - http1.MAX_IDLE
+        assert server.hangups == 1000 - _http1.MAX_IDLE
 
 
 def test_each_event_loop_has_pools_of_its_own():
@@ -446,7 +446,7 @@ def test_each_event_loop_has_pools_of_its_own():
 
 @run
 async def test_a_refused_connection_is_a_connect_error():
-    with pytest.raises(http1.ConnectError):
+    with pytest.raises(_http1.ConnectError):
         await Endpoint(f"http://127.0.0.1:{closed_port()}/v1", {}).post(b"", deadline())
 
 
@@ -465,17 +465,17 @@ async def test_a_refused_connection_is_a_connect_error():
 @run
 async def test_a_malformed_head_is_a_protocol_error(head):
     async with Server(answer(head)) as server:
-        with pytest.raises(http1.RemoteProtocolError):
+        with pytest.raises(_http1.RemoteProtocolError):
             await Endpoint(server.url(), {}).post(b"", deadline())
 
 
 @pytest.mark.parametrize(
     ("wire", "error"),
     [
-        (SSE_HEAD + chunked(b"data: ok\n", end=b"zz\r\n"), http1.RemoteProtocolError),
-        (SSE_HEAD + b"9\r\ndata: ok\nXX", http1.RemoteProtocolError),
-        (SSE_HEAD + chunked(b"data: ok\n", end=b"5\r\nda"), http1.RemoteProtocolError),
-        (fixed(b"data: ok\nmore")[:-2], http1.RemoteProtocolError),
+        (SSE_HEAD + chunked(b"data: ok\n", end=b"zz\r\n"), _http1.RemoteProtocolError),
+        (SSE_HEAD + b"9\r\ndata: ok\nXX", _http1.RemoteProtocolError),
+        (SSE_HEAD + chunked(b"data: ok\n", end=b"5\r\nda"), _http1.RemoteProtocolError),
+        (fixed(b"data: ok\nmore")[:-2], _http1.RemoteProtocolError),
     ],
     ids=["chunk-size", "chunk-crlf", "cut-in-chunk", "cut-short-of-length"],
 )
@@ -499,7 +499,7 @@ async def test_a_connection_reset_mid_body_is_a_read_error():
     async with Server(respond) as server:
         response = await Endpoint(server.url(), {}).post(b"", deadline())
         assert await response.readline() == "data: ok"
-        with pytest.raises(http1.ReadError):
+        with pytest.raises(_http1.ReadError):
             await response.readline()
 
 
@@ -510,7 +510,7 @@ async def test_the_deadline_bounds_the_wait_for_the_head():
 
     async with Server(respond) as server:
         started = time.monotonic()
-        with pytest.raises(http1.Timeout):
+        with pytest.raises(_http1.Timeout):
             await Endpoint(server.url(), {}).post(b"", deadline(0.2))
         assert time.monotonic() - started < 1
 
@@ -527,7 +527,7 @@ async def test_the_deadline_bounds_the_whole_body():
     async with Server(respond) as server:
         started = time.monotonic()
         response = await Endpoint(server.url(), {}).post(b"", deadline(0.3))
-        with pytest.raises(http1.Timeout):
+        with pytest.raises(_http1.Timeout):
             async for _ in response:
                 pass
         assert 0.3 <= time.monotonic() - started < 1
@@ -590,7 +590,7 @@ async def test_https_with_sni_and_keep_alive(certificate):
         assert server.connections == 1
         assert names == ["localhost"]
         assert server.requests[0].headers["host"] == f"localhost:{server.port}"
-        with pytest.raises(http1.ConnectError):  # the system does not trust it
+        with pytest.raises(_http1.ConnectError):  # the system does not trust it
             await Endpoint(url, {}, proxy="").post(b"", deadline())
 
 
@@ -654,7 +654,7 @@ async def test_a_refused_tunnel_is_a_proxy_error(certificate):
             ssl_context=client_context,
             proxy=f"http://127.0.0.1:{proxy.port}",
         )
-        with pytest.raises(http1.ProxyError):
+        with pytest.raises(_http1.ProxyError):
             await endpoint.post(b"", deadline())
 
 
