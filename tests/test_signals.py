@@ -2,15 +2,19 @@
 
 from django.test import TestCase
 
+from chatparity.accounting import Accounting
 from chatparity.models import ApiKey, RequestLog
 from chatparity.signals import request_logged
-from chatparity.usage import UsageRecord, record_usage
+from chatparity.usage import UsageRecord
 
 
 class RequestLoggedTests(TestCase):
     @classmethod
     def setUpTestData(cls):
         cls.key, _ = ApiKey.objects.create_key("signals")
+
+    def accounting(self, request_id):
+        return Accounting(UsageRecord(request_id=request_id, api_key=self.key))
 
     async def test_receivers_get_the_saved_row_once(self):
         received = []
@@ -20,7 +24,9 @@ class RequestLoggedTests(TestCase):
 
         request_logged.connect(receiver)
         self.addCleanup(request_logged.disconnect, receiver)
-        row = await record_usage(UsageRecord(request_id="req-signal", api_key=self.key))
+        accounting = self.accounting("req-signal")
+        row = await accounting.close()
+        await accounting.close()
         assert received == [(RequestLog, row)]
         assert row.request_id == "req-signal"
 
@@ -31,6 +37,21 @@ class RequestLoggedTests(TestCase):
         request_logged.connect(broken)
         self.addCleanup(request_logged.disconnect, broken)
         with self.assertLogs("chatparity.usage", "ERROR") as logs:
-            row = await record_usage(UsageRecord(request_id="req-broken", api_key=self.key))
-        assert row.request_id == "req-broken"
+            row = await self.accounting("req-broken").close()
+        assert await RequestLog.objects.filter(request_id=row.request_id).aexists()
         assert "request_logged" in logs.output[0]
+
+    async def test_a_row_the_database_lost_is_not_announced(self):
+        received = []
+
+        def receiver(sender, row, **kwargs):
+            received.append(row)
+
+        request_logged.connect(receiver)
+        self.addCleanup(request_logged.disconnect, receiver)
+        accounting = self.accounting("req-lost")
+        accounting.record.status_code = -1  # a row the database refuses
+        with self.assertLogs("chatparity.usage", "ERROR") as logs:
+            await accounting.close()
+        assert "the log row of req-lost was lost" in logs.output[0]
+        assert received == []
