@@ -4,15 +4,23 @@ The fuzzing (tests/test_fuzz.py) checks the answers against the document; these
 tests check that the document says what parse_chat_request enforces.
 """
 
+import re
+
 import jsonschema_rs
+import orjson
 import pytest
 import schemathesis
 from django.test import SimpleTestCase, override_settings
 from django.urls import include, path
 
+from chatparity.protocol.completion import CompletionAccumulator
+from chatparity.protocol.enums import FINISH_REASONS
 from chatparity.protocol.errors import APIError
+from chatparity.protocol.events import Finish, TextDelta, Usage
 from chatparity.protocol.openapi import openapi_document
-from chatparity.protocol.request import _PARAMETERS, _ROLES, Limits, parse_chat_request
+from chatparity.protocol.request import Limits, parse_chat_request
+from chatparity.protocol.stream import ChunkEncoder
+from chatparity.protocol.upstream import ChunkReader, ServerSentEvent
 from tests.protocol.test_request import HI, WEATHER
 
 # A site that mounts the app under /api/ (see test_the_servers_url_follows_the_mount_point).
@@ -57,15 +65,43 @@ def test_the_document_is_valid_openapi_3_1():
     schemathesis.openapi.from_dict(DOCUMENT).validate()
 
 
-def test_every_parameter_the_server_accepts_is_documented_and_no_other():
-    assert set(REQUEST["properties"]) == set(_PARAMETERS)
+def documented_invalid(key):
+    """A value the document says parameter ``key`` does not take."""
+    schema = {**REQUEST["properties"][key], "components": DOCUMENT["components"]}
+    validator = jsonschema_rs.Draft202012Validator(schema)
+    return next(value for value in ([1], {"x": 1}, "x", 1.5, True) if not validator.is_valid(value))
+
+
+@pytest.mark.parametrize("key", sorted(REQUEST["properties"]))
+def test_every_documented_parameter_is_one_the_server_checks(key):
+    refused = refusal(key, documented_invalid(key))
+    assert refused.param.startswith(key)
+    assert not refused.message.startswith("Unrecognized request argument")
+
+
+# Parameters of OpenAI's other APIs, or of none.
+UNDOCUMENTED = ["best_of", "echo", "suffix", "input", "instructions", "max_output_tokens", "foo"]
+
+
+@pytest.mark.parametrize("key", UNDOCUMENTED)
+def test_a_parameter_the_document_does_not_list_is_refused(key):
+    assert key not in REQUEST["properties"]
+    refused = refusal(key, 1)
+    assert refused.message == f"Unrecognized request argument supplied: {key}"
+
+
+def test_the_request_is_closed_with_model_and_messages_required():
     assert REQUEST["required"] == ["model", "messages"]
     assert REQUEST["additionalProperties"] is False
 
 
 def test_the_documented_roles_are_the_servers():
     messages = REQUEST["properties"]["messages"]["items"]
-    assert set(messages["discriminator"]["mapping"]) == set(_ROLES)
+    documented = set(messages["discriminator"]["mapping"])
+    refused = refusal("messages", [{"role": "bogus", "content": "Hi"}])
+    assert refused.param == "messages[0].role"
+    supported = refused.message.split("Supported values are: ")[1]
+    assert set(re.findall(r"'([a-z]+)'", supported)) == documented
 
 
 BOUNDED = [
@@ -156,7 +192,7 @@ ACCEPTED = {
     "nulls mean not given": {
         "model": "m",
         "messages": HI,
-        **{key: None for key in set(_PARAMETERS) - {"model", "messages"}},
+        **{key: None for key in set(REQUEST["properties"]) - {"model", "messages"}},
     },
 }
 
@@ -204,6 +240,39 @@ def test_the_limits_are_stated():
     assert not capped.is_valid(body("123456"))
     assert not capped.is_valid(body([{"type": "text", "text": "123456"}]))
     assert request_validator(openapi_document()).is_valid(body("123456", count=4))
+
+
+def answer_validator(name):
+    return jsonschema_rs.Draft202012Validator(
+        {**SCHEMAS[name], "components": DOCUMENT["components"]}
+    )
+
+
+@pytest.mark.parametrize("reason", FINISH_REASONS)
+def test_every_finish_reason_is_kept_from_upstreams_sent_and_documented(reason):
+    reader = ChunkReader(n=1, prompt_tokens=1)
+    upstream = {"choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": reason}]}
+    events = [
+        *reader.read(ServerSentEvent("message", orjson.dumps(upstream).decode())),
+        Usage(1, 1),
+    ]
+    assert events[1] == Finish(0, reason)
+    encoder = ChunkEncoder(
+        completion_id="c", created=0, model="m", system_fingerprint="fp", include_usage=True
+    )
+    accumulator = CompletionAccumulator()
+    for chunk in (chunk for event in events for chunk in encoder.encode(event)):
+        assert answer_validator("ChatCompletionChunk").is_valid(chunk), chunk
+        accumulator.add(chunk)
+    completion = accumulator.completion()
+    assert completion["choices"][0]["finish_reason"] == reason
+    assert answer_validator("ChatCompletion").is_valid(completion)
+
+
+def test_a_finish_reason_openai_does_not_send_is_not_documented():
+    encoder = ChunkEncoder(completion_id="c", created=0, model="m", system_fingerprint="fp")
+    chunks = [*encoder.encode(TextDelta(0, "Hi")), *encoder.encode(Finish(0, "eos"))]
+    assert not answer_validator("ChatCompletionChunk").is_valid(chunks[-1])
 
 
 def test_every_error_status_answers_the_envelope():

@@ -51,7 +51,7 @@ class ToolCallDelta:
 class Finish:
     index: int
     reason: str
-    """One of ``stop``, ``length``, ``tool_calls``, ``content_filter``."""
+    """One of :data:`~chatparity.protocol.enums.FINISH_REASONS`."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,18 +1,61 @@
-"""The Chat Completions request: OpenAI's schema, validated with OpenAI's errors."""
+"""The Chat Completions request: OpenAI's schema, validated with OpenAI's errors.
+
+:data:`CHAT_COMPLETION_REQUEST` is the schema, one table of
+:mod:`~chatparity.protocol.schema` nodes: :func:`parse_chat_request` validates
+with it and the OpenAPI document is generated from it. The rules that span
+several parameters or messages follow it, as code.
+"""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
-from functools import partial
-from typing import Any, Literal, TypeVar
+from functools import lru_cache
+from typing import Any, Literal
 
 import orjson
 
+from .enums import (
+    CONTENT_PART_TYPES,
+    FUNCTION_CALL_MODES,
+    REASONING_EFFORTS,
+    RESPONSE_FORMAT_TYPES,
+    ROLES,
+    SERVICE_TIERS,
+    TOOL_CHOICE_MODES,
+    TOOL_TYPES,
+    VERBOSITIES,
+    ReasoningEffort,
+    ResponseFormatType,
+    Role,
+    ServiceTier,
+    ToolChoiceMode,
+)
 from .errors import APIError, invalid_json
-
-Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+from .schema import (
+    LATER,
+    NOT_NULL,
+    REQUIRED,
+    Array,
+    Boolean,
+    Components,
+    Enum,
+    Integer,
+    Limit,
+    Map,
+    Member,
+    Node,
+    Number,
+    Object,
+    OneOf,
+    Parameters,
+    Requires,
+    Schema,
+    String,
+    Tagged,
+    listing,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,13 +79,13 @@ class Tool:
 
 @dataclass(frozen=True, slots=True)
 class ToolChoice:
-    mode: Literal["none", "auto", "required", "function"]
+    mode: ToolChoiceMode | Literal["function"]
     name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ResponseFormat:
-    type: Literal["text", "json_object", "json_schema"]
+    type: ResponseFormatType
     schema: dict[str, Any] | None = None
     name: str | None = None
     strict: bool = False
@@ -83,8 +126,8 @@ class ChatRequest:
     tools: list[Tool] = field(default_factory=list)
     tool_choice: ToolChoice = ToolChoice("none")
     parallel_tool_calls: bool = True
-    reasoning_effort: str | None = None
-    service_tier: str | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    service_tier: ServiceTier | None = None
     user: str | None = None
     # Not the client's: what the serving alias lets an upstream receive beyond the
     # sampling and format parameters (ModelAlias.forwarded_params).
@@ -132,26 +175,15 @@ def parse_chat_request(body: Any, limits: Limits = NO_LIMITS) -> ChatRequest:
     """Validate a decoded JSON body; raise :class:`APIError` as OpenAI would.
 
     The checks run in OpenAI's order: the required keys, unknown keys, each
-    parameter in the order the body lists them, then the rules that span
-    several parameters or messages. ``limits`` are enforced with the errors
-    OpenAI gives for its own maximum lengths.
+    parameter in the order the body lists them, the parameters that need
+    another, then the rules that span several parameters or messages.
+    ``limits`` are enforced with the errors OpenAI gives for its own maximum
+    lengths.
     """
     if not isinstance(body, dict):
         raise invalid_json()
-    if body.get("model") is None:
-        raise APIError("you must provide a model parameter")
-    if body.get("messages") is None:
-        raise _missing("messages")
-    unknown = sorted(body.keys() - _PARAMETERS.keys())
-    if unknown:
-        plural = "s" if len(unknown) > 1 else ""
-        raise APIError(f"Unrecognized request argument{plural} supplied: {', '.join(unknown)}")
-    parsers = _PARAMETERS | {"messages": partial(_messages, limits=limits)}
-    given = {key: parsers[key](value, key) for key, value in body.items() if value is not None}
+    given = chat_completion_request(limits).read(body, "", {})
 
-    for key, needed, message in _ONLY_WITH:
-        if key in given and not given.get(needed):
-            raise APIError(message, param=key)
     choice = _resolve_tool_choice(given.get("tool_choice"), given.get("tools", []))
     messages: list[Message] = given["messages"]
     _check_conversation(messages, body["messages"])
@@ -171,466 +203,363 @@ def parse_chat_request(body: Any, limits: Limits = NO_LIMITS) -> ChatRequest:
         max_tokens=given.get("max_completion_tokens", given.get("max_tokens")),
         tool_choice=choice,
     )
+    if isinstance(stop := given.get("stop"), str):
+        settings["stop"] = [stop]
     return ChatRequest(**settings)
 
-
-# Errors, in OpenAI's words.
-
-
-def _missing(param: str) -> APIError:
-    return APIError(
-        f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
-    )
-
-
-def _kind(value: Any) -> str:
-    """How OpenAI names the JSON type of a value it did not expect."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a decimal number"
-    if isinstance(value, str):
-        return "a string"
-    return "an array" if isinstance(value, list) else "an object"
-
-
-def _wrong_type(param: str, expected: str, value: Any) -> APIError:
-    return APIError(
-        f"Invalid type for '{param}': expected {expected}, but got {_kind(value)} instead.",
-        param=param,
-        code="invalid_type",
-    )
-
-
-def _listing(values: Sequence[str], conjunction: str) -> str:
-    """``'a', 'b', and 'c'``, ``'a' or 'b'``, ``'a'``."""
-    quoted = [f"'{value}'" for value in values]
-    if len(quoted) < 3:
-        return f" {conjunction} ".join(quoted)
-    return f"{', '.join(quoted[:-1])}, {conjunction} {quoted[-1]}"
-
-
-def _out_of_range(param: str, kind: str, value: float, bound: int, *, above: bool) -> APIError:
-    beyond, side, sign = ("above", "max", "<=") if above else ("below", "min", ">=")
-    return APIError(
-        f"Invalid '{param}': {kind} {beyond} {side}imum value. Expected a value {sign} {bound},"
-        f" but got {value} instead.",
-        param=param,
-        code=f"{kind}_{beyond}_{side}_value",
-    )
-
-
-def _too_long(param: str, kind: str, limit: int, length: int) -> APIError:
-    article = "an" if kind == "array" else "a"
-    return APIError(
-        f"Invalid '{param}': {kind} too long. Expected {article} {kind} with maximum length"
-        f" {limit}, but got {article} {kind} with length {length} instead.",
-        param=param,
-        code=f"{kind}_above_max_length",
-    )
-
-
-def _dotted(param: str) -> str:
-    """How OpenAI's semantic checks spell a path: ``messages.[0].content``."""
-    return param.replace("[", ".[")
-
-
-# Values. A parser takes a JSON value and its path, and returns the value parsed.
-
-_T = TypeVar("_T")
-_S = TypeVar("_S", bound=str)
-_Parser = Callable[[Any, str], Any]
-
-_NAME = re.compile(r"[a-zA-Z0-9_-]+")
-_TOKEN_ID = re.compile(r"[0-9]+")
-MAX_TOKEN_ID = 2**31 - 1
-"""The largest token id a ``logit_bias`` key may name (llama.cpp's are 32-bit)."""
-
-
-def _string(value: Any, param: str, max_length: int | None = None) -> str:
-    if not isinstance(value, str):
-        raise _wrong_type(param, "a string", value)
-    if max_length is not None and len(value) > max_length:
-        raise _too_long(param, "string", max_length, len(value))
-    return value
-
-
-def _name(value: Any, param: str) -> str:
-    """A function, schema or participant name."""
-    name = _string(value, param, max_length=64)
-    if not _NAME.fullmatch(name):
-        raise APIError(
-            f"Invalid '{param}': string does not match pattern. Expected a string that matches"
-            " the pattern '^[a-zA-Z0-9_-]+$'.",
-            param=param,
-            code="invalid_value",
-        )
-    return name
-
-
-def _boolean(value: Any, param: str) -> bool:
-    if not isinstance(value, bool):
-        raise _wrong_type(param, "a boolean", value)
-    return value
-
-
-def _integer(value: Any, param: str, lo: int | None = None, hi: int | None = None) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _wrong_type(param, "an integer", value)
-    _check_range(value, param, "integer", lo, hi)
-    return value
-
-
-def _decimal(value: Any, param: str, lo: int | None = None, hi: int | None = None) -> float:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise _wrong_type(param, "a decimal", value)
-    _check_range(value, param, "decimal", lo, hi)
-    return float(value)
-
-
-def _check_range(value: float, param: str, kind: str, lo: int | None, hi: int | None) -> None:
-    if lo is not None and value < lo:
-        raise _out_of_range(param, kind, value, lo, above=False)
-    if hi is not None and value > hi:
-        raise _out_of_range(param, kind, value, hi, above=True)
-
-
-def _enum(value: Any, param: str, allowed: Sequence[_S]) -> _S:
-    if not isinstance(value, str):
-        raise _wrong_type(param, f"one of {_listing(allowed, 'or')}", value)
-    for option in allowed:
-        if value == option:
-            return option
-    raise APIError(
-        f"Invalid value: '{value}'. Supported values are: {_listing(allowed, 'and')}.",
-        param=param,
-        code="invalid_value",
-    )
-
-
-def _object(value: Any, param: str, expected: str = "an object") -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _wrong_type(param, expected, value)
-    return value
-
-
-def _array(
-    value: Any, param: str, expected: str = "an array of objects", max_length: int | None = None
-) -> list[Any]:
-    """A JSON array of at least one item."""
-    if not isinstance(value, list):
-        raise _wrong_type(param, expected, value)
-    if not value:
-        raise APIError(
-            f"Invalid '{param}': empty array. Expected an array with minimum length 1, but got"
-            " an empty array instead.",
-            param=param,
-            code="empty_array",
-        )
-    if max_length is not None and len(value) > max_length:
-        raise _too_long(param, "array", max_length, len(value))
-    return value
-
-
-def _each(value: Any, param: str, item: Callable[[Any, str], _T], **array: Any) -> list[_T]:
-    """A JSON array parsed item by item, each at its ``param[i]`` path."""
-    return [item(each, f"{param}[{i}]") for i, each in enumerate(_array(value, param, **array))]
-
-
-def _required(obj: dict[str, Any], key: str, param: str, parse: Callable[[Any, str], _T]) -> _T:
-    """Member ``key`` of the object at ``param``; null is a type error."""
-    if key not in obj:
-        raise _missing(f"{param}.{key}")
-    return parse(obj[key], f"{param}.{key}")
-
-
-def _optional(
-    obj: dict[str, Any], key: str, param: str, parse: Callable[[Any, str], _T]
-) -> _T | None:
-    """Member ``key`` of the object at ``param``; absent and null are None."""
-    value = obj.get(key)
-    return None if value is None else parse(value, f"{param}.{key}")
-
-
-# Parameters.
-
-_ROLES: tuple[Role, ...] = ("system", "assistant", "user", "function", "tool", "developer")
-_PART_TYPES = ("text", "image_url", "input_audio", "refusal", "audio", "file")
-_FORMATS: tuple[Literal["text", "json_object", "json_schema"], ...] = (
-    "text",
-    "json_object",
-    "json_schema",
-)
-_TOOL_MODES: tuple[Literal["none", "auto", "required"], ...] = ("none", "auto", "required")
-_FUNCTION = partial(_enum, allowed=("function",))
-
-
-def _messages(value: Any, param: str, limits: Limits = NO_LIMITS) -> list[Message]:
-    message = partial(_message, max_chars=limits.max_content_chars)
-    return _each(value, param, message, max_length=limits.max_messages)
-
-
-def _message(value: Any, param: str, max_chars: int | None = None) -> Message:
-    message = _object(value, param)
-    role = _required(message, "role", param, partial(_enum, allowed=_ROLES))
-    content_of = partial(_content, max_length=max_chars)
-    # Only the developer schema requires content; a null content in another role
-    # is a semantic error, reported once the whole body is well-formed.
-    if role == "developer":
-        content: str | None = _required(message, "content", param, content_of)
-    else:
-        content = _optional(message, "content", param, content_of)
-    name = _optional(message, "name", param, _name)
-    if role == "function" and name is None:
-        raise _missing(f"{param}.name")
-    tool_calls = None
-    if role == "assistant":
-        _optional(message, "refusal", param, _string)
-        _optional(message, "function_call", param, _function_call_made)
-        tool_calls = _optional(message, "tool_calls", param, _tool_calls)
-    return Message(
-        role,
-        content,
-        name=name,
-        tool_calls=tool_calls,
-        tool_call_id=_required(message, "tool_call_id", param, _string) if role == "tool" else None,
-    )
-
-
-def _content(value: Any, param: str, max_length: int | None = None) -> str:
-    """A string, or an array of parts whose texts are joined."""
-    if isinstance(value, str):
-        return _string(value, param, max_length)
-    part = partial(_text_part, max_length=max_length)
-    return "".join(_each(value, param, part, expected="one of a string or array of objects"))
-
-
-def _text_part(value: Any, param: str, max_length: int | None = None) -> str:
-    part = _object(value, param)
-    kind = _required(part, "type", param, partial(_enum, allowed=_PART_TYPES))
-    if kind != "text":
-        raise APIError(
-            f"Invalid content type. {kind} is only supported by certain models.",
-            param=_dotted(f"{param}.type"),
-        )
-    return _required(part, "text", param, partial(_string, max_length=max_length))
-
-
-def _tool_calls(value: Any, param: str) -> list[dict[str, Any]]:
-    return _each(value, param, _tool_call)
-
-
-def _tool_call(value: Any, param: str) -> dict[str, Any]:
-    call = _object(value, param)
-    _required(call, "id", param, _string)
-    _required(call, "type", param, _FUNCTION)
-    function = _required(call, "function", param, _object)
-    _required(function, "name", f"{param}.function", _string)
-    _required(function, "arguments", f"{param}.function", _string)
-    return call
-
-
-def _function_call_made(value: Any, param: str) -> dict[str, Any]:
-    """The deprecated ``function_call`` of an earlier assistant message."""
-    call = _object(value, param)
-    _required(call, "name", param, _string)
-    _optional(call, "arguments", param, _string)
-    return call
-
-
-def _logit_bias(value: Any, param: str) -> dict[int, float]:
-    """Token ids, as strings, mapped to a bias in [-100, 100]."""
-    return {
-        _token_id(key, param): _decimal(bias, f"{param}.{key}", -100, 100)
-        for key, bias in _object(value, param).items()
-    }
-
-
-def _token_id(key: str, param: str) -> int:
-    if not _TOKEN_ID.fullmatch(key):
-        raise APIError(
-            f"Invalid key in '{param}': {key}. You should only be submitting non-negative"
-            " integers.",
-            param=param,
-        )
-    # Measured before int(), which refuses more than 4,300 digits with a ValueError.
-    digits = key.lstrip("0") or "0"
-    if len(digits) > len(str(MAX_TOKEN_ID)) or int(digits) > MAX_TOKEN_ID:
-        raise APIError(
-            f"Invalid key in '{param}': {key}. Token ids are at most {MAX_TOKEN_ID}.",
-            param=param,
-            code="invalid_value",
-        )
-    return int(digits)
-
-
-def _metadata(value: Any, param: str) -> dict[str, str]:
-    pairs = _object(value, param, "a metadata object")
-    if len(pairs) > 16:
-        raise APIError(
-            f"Invalid '{param}': too many properties. Expected an object with at most 16"
-            f" properties, but got an object with {len(pairs)} properties instead.",
-            param=param,
-            code="object_above_max_properties",
-        )
-    return {key: _string(text, f"{param}.{key}", max_length=512) for key, text in pairs.items()}
-
-
-def _stop(value: Any, param: str) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    return _each(
-        value, param, _string, expected="one of a string or array of strings", max_length=4
-    )
-
-
-def _stream_options(value: Any, param: str) -> bool:
-    """Whether the stream ends with a usage chunk."""
-    return _optional(_object(value, param), "include_usage", param, _boolean) or False
-
-
-def _function_call(value: Any, param: str) -> str | dict[str, Any]:
-    if isinstance(value, str):
-        return value
-    return _object(value, param, "one of one of 'none' or 'auto' or object")
-
-
-def _response_format(value: Any, param: str) -> ResponseFormat:
-    spec = _object(value, param)
-    kind = _required(spec, "type", param, partial(_enum, allowed=_FORMATS))
-    if kind != "json_schema":
-        return ResponseFormat(kind)
-    described = _required(spec, "json_schema", param, _object)
-    param = f"{param}.json_schema"
-    name = _required(described, "name", param, _name)
-    _optional(described, "description", param, _string)
-    schema = _optional(described, "schema", param, _object)
-    if schema is not None:
-        try:
-            check_schema(schema)
-        except SchemaTooComplex as exc:
-            raise response_schema_error(name, str(exc)) from None
-    return ResponseFormat(
-        kind,
-        schema=schema,
-        name=name,
-        strict=_optional(described, "strict", param, _boolean) or False,
-    )
-
-
-def _tools(value: Any, param: str) -> list[Tool]:
-    return _each(value, param, _tool, max_length=128)
-
-
-def _tool(value: Any, param: str) -> Tool:
-    tool = _object(value, param)
-    _required(tool, "type", param, _FUNCTION)
-    function = _required(tool, "function", param, _object)
-    param = f"{param}.function"
-    parsed = Tool(
-        name=_required(function, "name", param, _name),
-        description=_optional(function, "description", param, _string),
-        parameters=_optional(function, "parameters", param, _object),
-        strict=_optional(function, "strict", param, _boolean) or False,
-    )
-    if parsed.strict and parsed.parameters is not None:
-        try:
-            check_schema(parsed.parameters)
-        except SchemaTooComplex as exc:
-            raise tool_schema_error(f"{param}.parameters", parsed.name, str(exc)) from None
-    return parsed
-
-
-def _tool_choice(value: Any, param: str) -> ToolChoice:
-    if isinstance(value, str):
-        return ToolChoice(_enum(value, param, _TOOL_MODES))
-    choice = _object(value, param, f"one of one of {_listing(_TOOL_MODES, 'or')} or object")
-    function = _required(choice, "function", param, _object)
-    name = _required(function, "name", f"{param}.function", _string)
-    _required(choice, "type", param, _FUNCTION)
-    return ToolChoice("function", name)
-
-
-# Every key OpenAI accepts, with its parser; null always means "not given".
-_PARAMETERS: dict[str, _Parser] = {
-    "messages": _messages,
-    "model": _string,
-    "audio": _object,
-    "frequency_penalty": partial(_decimal, lo=-2, hi=2),
-    "function_call": _function_call,
-    "functions": _array,
-    "logit_bias": _logit_bias,
-    "logprobs": _boolean,
-    "max_completion_tokens": partial(_integer, lo=1),
-    "max_tokens": partial(_integer, lo=1),
-    "metadata": _metadata,
-    "modalities": partial(_array, expected="an array of strings"),
-    "n": partial(_integer, lo=1, hi=128),
-    "parallel_tool_calls": _boolean,
-    "prediction": _object,
-    "presence_penalty": partial(_decimal, lo=-2, hi=2),
-    "prompt_cache_key": _string,
-    "reasoning_effort": partial(_enum, allowed=("none", "minimal", "low", "medium", "high")),
-    "response_format": _response_format,
-    "safety_identifier": _string,
-    "seed": _integer,
-    "service_tier": partial(_enum, allowed=("auto", "default", "flex", "scale", "priority")),
-    "stop": _stop,
-    "store": _boolean,
-    "stream": _boolean,
-    "stream_options": _stream_options,
-    "temperature": partial(_decimal, lo=0, hi=2),
-    "tool_choice": _tool_choice,
-    "tools": _tools,
-    "top_logprobs": partial(_integer, lo=0, hi=20),
-    "top_p": partial(_decimal, lo=0, hi=1),
-    "user": _string,
-    "verbosity": partial(_enum, allowed=("low", "medium", "high")),
-    "web_search_options": _object,
-}
-
-# Parameters that only make sense beside another one: (key, needed, error).
-_ONLY_WITH = (
-    (
-        "stream_options",
-        "stream",
-        "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
-    ),
-    (
-        "top_logprobs",
-        "logprobs",
-        "The 'top_logprobs' parameter is only allowed when 'logprobs' is enabled.",
-    ),
-    (
-        "tool_choice",
-        "tools",
-        "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are"
-        " specified.",
-    ),
-    (
-        "parallel_tool_calls",
-        "tools",
-        "Invalid value for 'parallel_tool_calls': 'parallel_tool_calls' is only allowed when"
-        " 'tools' are specified.",
-    ),
-)
 
 # The parameters stored on ChatRequest under their own name.
 _FIELDS = frozenset(each.name for each in fields(ChatRequest))
 
 
+# The schema. Members are read in the order declared; the builds make the
+# dataclasses above from what was read.
+
+_NAME = String(max_length=64, pattern="^[a-zA-Z0-9_-]+$")
+"""A function, schema or participant name."""
+_TOOL_TYPE = Enum(TOOL_TYPES)
+_TEXT = String(max_length=Limit("max_content_chars"))
+
+
+def _unserved_part(kind: str, param: str) -> APIError:
+    return APIError(
+        f"Invalid content type. {kind} is only supported by certain models.",
+        param=param.replace("[", ".["),  # as OpenAI's semantic checks spell a path
+    )
+
+
+_CONTENT = OneOf(
+    (
+        _TEXT,
+        Array(
+            Tagged(
+                "type",
+                CONTENT_PART_TYPES,
+                {
+                    "text": Object(
+                        (Member("text", _TEXT, REQUIRED),),
+                        build=lambda part, path: part["text"],
+                        name="TextContentPart",
+                        description="Only text parts are served; other part types are a 400.",
+                    )
+                },
+                refuse=_unserved_part,
+            )
+        ),
+    ),
+    description="A string, or text parts whose texts are joined.",
+)
+
+
+def _message(members: dict[str, Any], path: str) -> Message:
+    content = members.get("content")
+    return Message(
+        members["role"],
+        content if content is None or isinstance(content, str) else "".join(content),
+        name=members.get("name"),
+        tool_calls=members.get("tool_calls"),
+        tool_call_id=members.get("tool_call_id"),
+    )
+
+
+def _message_of(role: str, description: str, *members: Member) -> Object:
+    return Object(members, build=_message, name=f"{role}Message", description=description)
+
+
+# Only the developer schema requires content; a null content in another role is a
+# semantic error, reported once the whole body is well-formed (LATER).
+_INSTRUCTIONS = (Member("content", _CONTENT, LATER), Member("name", _NAME))
+TOOL_CALL = Object(
+    (
+        Member("id", String(), REQUIRED),
+        Member("type", _TOOL_TYPE, REQUIRED),
+        Member(
+            "function",
+            Object((Member("name", String(), REQUIRED), Member("arguments", String(), REQUIRED))),
+            REQUIRED,
+        ),
+    ),
+    name="ToolCall",
+)
+"""A function call an assistant made: in an earlier message, and in an answer."""
+_MESSAGE = Tagged(
+    "role",
+    ROLES,
+    {
+        "system": _message_of("System", "Instructions.", *_INSTRUCTIONS),
+        "developer": _message_of(
+            "Developer",
+            "Instructions.",
+            Member("content", _CONTENT, REQUIRED),
+            Member("name", _NAME),
+        ),
+        "user": _message_of("User", "The user's turn.", *_INSTRUCTIONS),
+        "assistant": _message_of(
+            "Assistant",
+            "An earlier answer: content, tool calls, or both (not neither).",
+            Member("content", _CONTENT),
+            Member("name", _NAME),
+            Member("refusal", String()),
+            Member(
+                "function_call",
+                Object((Member("name", String(), REQUIRED), Member("arguments", String()))),
+            ),
+            Member("tool_calls", Array(TOOL_CALL)),
+        ),
+        "tool": _message_of(
+            "Tool",
+            "A tool's result; it answers a call of the assistant message just before.",
+            *_INSTRUCTIONS,
+            Member("tool_call_id", String(), REQUIRED),
+        ),
+        "function": _message_of(
+            "Function",
+            "Deprecated: a function's result.",
+            Member("content", _CONTENT, LATER),
+            Member("name", _NAME, NOT_NULL),
+        ),
+    },
+)
+
+
+def _tool(function: dict[str, Any], path: str) -> Tool:
+    tool = Tool(
+        name=function["name"],
+        description=function["description"],
+        parameters=function["parameters"],
+        strict=function["strict"] or False,
+    )
+    if tool.strict and tool.parameters is not None:
+        try:
+            check_schema(tool.parameters)
+        except SchemaTooComplex as exc:
+            raise tool_schema_error(f"{path}.parameters", tool.name, str(exc)) from None
+    return tool
+
+
+_TOOL = Object(
+    (
+        Member("type", _TOOL_TYPE, REQUIRED),
+        Member(
+            "function",
+            Object(
+                (
+                    Member("name", _NAME, REQUIRED),
+                    Member("description", String()),
+                    Member("parameters", Object(description="A JSON Schema.")),
+                    Member("strict", Boolean()),
+                ),
+                build=_tool,
+            ),
+            REQUIRED,
+        ),
+    ),
+    build=lambda tool, path: tool["function"],
+    name="Tool",
+)
+_TOOL_CHOICE = OneOf(
+    (
+        Enum(TOOL_CHOICE_MODES),  # made a ToolChoice by _resolve_tool_choice
+        Object(
+            (
+                Member("function", Object((Member("name", String(), REQUIRED),)), REQUIRED),
+                Member("type", _TOOL_TYPE, REQUIRED),
+            ),
+            build=lambda choice, path: ToolChoice("function", choice["function"]["name"]),
+        ),
+    ),
+)
+
+
+def _check_response_schema(json_schema: dict[str, Any], path: str) -> None:
+    if json_schema["schema"] is not None:
+        try:
+            check_schema(json_schema["schema"])
+        except SchemaTooComplex as exc:
+            raise response_schema_error(json_schema["name"], str(exc)) from None
+
+
+_RESPONSE_FORMAT = Tagged(
+    "type",
+    RESPONSE_FORMAT_TYPES,
+    {
+        "text": Object(build=lambda spec, path: ResponseFormat("text")),
+        "json_object": Object(build=lambda spec, path: ResponseFormat("json_object")),
+        "json_schema": Object(
+            (
+                Member(
+                    "json_schema",
+                    Object(
+                        (
+                            Member("name", _NAME, REQUIRED),
+                            Member("description", String()),
+                            Member("schema", Object(), check=_check_response_schema),
+                            Member("strict", Boolean()),
+                        ),
+                        build=lambda described, path: ResponseFormat(
+                            "json_schema",
+                            schema=described["schema"],
+                            name=described["name"],
+                            strict=described["strict"] or False,
+                        ),
+                    ),
+                    REQUIRED,
+                ),
+            ),
+            build=lambda spec, path: spec["json_schema"],
+        ),
+    },
+    name="ResponseFormat",
+)
+
+
+_TOKEN_ID = re.compile(r"[0-9]+")
+MAX_TOKEN_ID = 2**31 - 1
+"""The largest token id a ``logit_bias`` key may name (llama.cpp's are 32-bit)."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _TokenId(Node):
+    """A ``logit_bias`` key: a token id as a string of digits, read as an int."""
+
+    expected: str = "a token id"
+    description: str | None = None
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, str)
+
+    def parse(self, value: Any, path: str) -> int:
+        if not isinstance(value, str) or not _TOKEN_ID.fullmatch(value):
+            raise APIError(
+                f"Invalid key in '{path}': {value}. You should only be submitting non-negative"
+                " integers.",
+                param=path,
+            )
+        # Measured before int(), which refuses more than 4,300 digits with a ValueError.
+        digits = value.lstrip("0") or "0"
+        if len(digits) > len(str(MAX_TOKEN_ID)) or int(digits) > MAX_TOKEN_ID:
+            raise APIError(
+                f"Invalid key in '{path}': {value}. Token ids are at most {MAX_TOKEN_ID}.",
+                param=path,
+                code="invalid_value",
+            )
+        return int(digits)
+
+    def schema(self, components: Components) -> Schema:
+        return {"pattern": "^[0-9]+$"}
+
+
+def _no_model(param: str) -> APIError:
+    return APIError("you must provide a model parameter")
+
+
+_PENALTY = Number(-2, 2)
+
+CHAT_COMPLETION_REQUEST = Parameters(
+    (
+        Member("model", String(), NOT_NULL, "A model id from GET /models.", missing=_no_model),
+        Member("messages", Array(_MESSAGE, max_length=Limit("max_messages")), NOT_NULL),
+        Member("audio", Object()),
+        Member("frequency_penalty", _PENALTY),
+        Member(
+            "function_call",
+            OneOf((String(expected=f"one of {listing(FUNCTION_CALL_MODES, 'or')}"), Object())),
+            description="Deprecated: see tool_choice.",
+        ),
+        Member("functions", Array(), description="Deprecated: see tools."),
+        Member(
+            "logit_bias",
+            Map(Number(-100, 100), keys=_TokenId()),
+            description="Token ids, as strings, mapped to a bias.",
+        ),
+        Member("logprobs", Boolean()),
+        Member("max_completion_tokens", Integer(1)),
+        Member("max_tokens", Integer(1), description="max_completion_tokens wins."),
+        Member(
+            "metadata", Map(String(max_length=512), max_properties=16, expected="a metadata object")
+        ),
+        Member("modalities", Array(expected="an array of strings")),
+        Member("n", Integer(1, 128)),
+        Member("parallel_tool_calls", Boolean()),
+        Member("prediction", Object()),
+        Member("presence_penalty", _PENALTY),
+        Member("prompt_cache_key", String()),
+        Member("reasoning_effort", Enum(REASONING_EFFORTS)),
+        Member("response_format", _RESPONSE_FORMAT),
+        Member("safety_identifier", String()),
+        Member("seed", Integer()),
+        Member("service_tier", Enum(SERVICE_TIERS)),
+        Member("stop", OneOf((String(), Array(String(), max_length=4)))),
+        Member("store", Boolean()),
+        Member("stream", Boolean()),
+        Member(
+            "stream_options",
+            Object(
+                (Member("include_usage", Boolean()),),
+                build=lambda options, path: options["include_usage"] or False,
+            ),
+        ),
+        Member("temperature", Number(0, 2)),
+        Member("tool_choice", _TOOL_CHOICE, description="A named function must be one of them."),
+        Member("tools", Array(_TOOL, max_length=128)),
+        Member("top_logprobs", Integer(0, 20)),
+        Member("top_p", Number(0, 1)),
+        Member("user", String()),
+        Member("verbosity", Enum(VERBOSITIES)),
+        Member("web_search_options", Object()),
+    ),
+    requires=(
+        Requires(
+            "stream_options",
+            "stream",
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+        ),
+        Requires(
+            "top_logprobs",
+            "logprobs",
+            "The 'top_logprobs' parameter is only allowed when 'logprobs' is enabled.",
+        ),
+        Requires(
+            "tool_choice",
+            "tools",
+            "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are"
+            " specified.",
+        ),
+        Requires(
+            "parallel_tool_calls",
+            "tools",
+            "Invalid value for 'parallel_tool_calls': 'parallel_tool_calls' is only allowed when"
+            " 'tools' are specified.",
+        ),
+    ),
+    name="CreateChatCompletionRequest",
+    description=(
+        "OpenAI's Chat Completions request. Unknown keys are a 400"
+        " (`Unrecognized request argument supplied`); a response_format of"
+        " json_object needs the word 'json' in some message."
+    ),
+)
+"""Every parameter OpenAI accepts, with its schema; null always means "not given"."""
+
+
+@lru_cache(maxsize=16)
+def chat_completion_request(limits: Limits) -> Parameters:
+    """:data:`CHAT_COMPLETION_REQUEST` with the server's ``limits`` in it."""
+    return CHAT_COMPLETION_REQUEST.bind(limits)
+
+
 # Rules across parameters and messages.
 
 
-def _resolve_tool_choice(choice: ToolChoice | None, tools: list[Tool]) -> ToolChoice:
+def _resolve_tool_choice(
+    choice: ToolChoiceMode | ToolChoice | None, tools: list[Tool]
+) -> ToolChoice:
     """The choice as sent, else OpenAI's default: auto with tools, none without."""
     if choice is None:
         return ToolChoice("auto" if tools else "none")
-    if choice.name is not None and all(tool.name != choice.name for tool in tools):
+    if isinstance(choice, str):
+        return ToolChoice(choice)
+    if all(tool.name != choice.name for tool in tools):
         raise APIError(
             f"Invalid value for 'tool_choice': no function named '{choice.name}' was specified"
             " in the 'tools' parameter.",

@@ -6,6 +6,7 @@ from typing import Any
 
 import orjson
 
+from .enums import ServiceTier
 from .errors import APIError
 from .events import Event, Finish, TextDelta, TokenLogprob, ToolCallDelta, Usage
 
@@ -72,7 +73,7 @@ class ChunkEncoder:
         system_fingerprint: str,
         include_usage: bool = False,
         logprobs: bool = False,
-        service_tier: str = "default",
+        service_tier: ServiceTier = "default",
     ) -> None:
         self.include_usage = include_usage
         self.logprobs = logprobs

@@ -23,11 +23,11 @@ from typing import Any
 
 import orjson
 
+from .enums import FINISH_REASONS, FinishReason
 from .errors import APIError
 from .events import Event, Finish, TextDelta, TokenLogprob, ToolCallDelta, TopLogprob, Usage
 from .tokens import approximate_tokens
 
-FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
 _ID_ALPHABET = string.ascii_letters + string.digits
 
 
@@ -159,7 +159,12 @@ class ChunkReader:
     """
 
     def __init__(
-        self, *, n: int, prompt_tokens: int, call_finish: str = "tool_calls", first_index: int = 0
+        self,
+        *,
+        n: int,
+        prompt_tokens: int,
+        call_finish: FinishReason = "tool_calls",
+        first_index: int = 0,
     ) -> None:
         self.indices = range(first_index, first_index + n)
         self.prompt_tokens = prompt_tokens
