@@ -233,11 +233,7 @@ async def serve(route: Route, scope: Scope, receive: Receive, send: Send) -> Non
         nonlocal reply
         # An endpoint cancelled before its reply (the client left) accounts for itself.
         reply = await handler(call, **kwargs)
-        try:
-            await _send(send, reply, added)
-        except BaseException:  # cancelled (the client left) or OSError (it is gone)
-            reply.cancel()
-            raise
+        await _send(send, reply, added)
 
     exchange = asyncio.ensure_future(respond())
     hangup = asyncio.ensure_future(inbox.disconnected())
@@ -337,6 +333,10 @@ async def _send(send: Send, reply: Reply, added: AddedHeaders) -> None:
     if reply.stream is None:
         await send({"type": "http.response.body", "body": reply.body})
         return
-    async for frame in reply.stream:
-        await send({"type": "http.response.body", "body": frame, "more_body": True})
+    try:
+        async for frame in reply.stream:
+            await send({"type": "http.response.body", "body": frame, "more_body": True})
+    except BaseException:  # cancelled (the client left) or OSError (it is gone)
+        reply.cancel()
+        raise
     await send({"type": "http.response.body", "body": b""})

@@ -14,6 +14,7 @@ from django.test import TestCase, modify_settings, override_settings
 from chatparity import usage
 from chatparity.asgi import FastPath
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
+from chatparity.signals import request_logged
 from tests.asgi import http_scope
 from tests.scripted import SCRIPTED
 
@@ -145,6 +146,24 @@ class FastPathTests(FastPathTestCase):
             await sync_to_async(release.set, thread_sensitive=False)()
             await communicator.wait(timeout=10)
         assert await RequestLog.objects.acount() == 1
+
+    async def test_a_client_that_hangs_up_once_answered_leaves_its_whole_accounting(self):
+        # Servers report a finished response as a disconnect (uvicorn at once): that
+        # must not cut short the settling, the row or its announcement.
+        announced = []
+
+        async def receiver(sender, row, **kwargs):
+            announced.append(row.request_id)
+
+        request_logged.connect(receiver)
+        self.addCleanup(request_logged.disconnect, receiver)
+        body = orjson.dumps({"model": "echo", "messages": [{"role": "user", "content": "Hi"}]})
+        start, _, communicator = await self.exchange("POST", "/v1/chat/completions", body)
+        await communicator.send_input({"type": "http.disconnect"})
+        await communicator.wait(timeout=10)
+        row = await RequestLog.objects.aget()
+        assert (row.status_code, row.cancelled, row.completion_tokens) == (200, False, 2)
+        assert announced == [dict(start["headers"])[b"x-request-id"].decode()]
 
     async def test_errors_are_openais_envelopes(self):
         start, content, _ = await self.exchange("POST", "/v1/chat/completions", b"{}", headers=[])
