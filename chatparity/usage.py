@@ -169,13 +169,6 @@ async def log(row: RequestLog) -> None:
             logger.error("chatparity: %r failed on request_logged", receiver, exc_info=outcome)
 
 
-async def record_usage(record: UsageRecord) -> RequestLog:
-    """Log ``record``'s row, for a record no limits reserved anything for; the row."""
-    row = record.row()
-    await log(row)
-    return row
-
-
 # Seconds a batch waits for more rows before it is written: nobody waits for it
 # but the request's own task, after its client has the answer.
 BATCH_WAIT = 0.005

@@ -14,10 +14,11 @@ from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, Permission, User
 from django.test import Client, TransactionTestCase, override_settings
 
+from chatparity.accounting import Accounting
 from chatparity.dashboard import tail
 from chatparity.dashboard.routing import same_origin, websocket_urlpatterns
 from chatparity.models import ApiKey, RequestLog
-from chatparity.usage import UsageRecord, record_usage
+from chatparity.usage import UsageRecord
 
 PATH = "/ws/chatparity/tail/"
 # What a browser sends from the admin's page at http://localhost:8000.
@@ -106,13 +107,13 @@ class LiveTailTests(TransactionTestCase):
         assert self.key.hashed_key not in text
         await communicator.disconnect()
 
-    async def test_record_usage_publishes_the_row_it_saved(self):
+    async def test_a_logged_request_publishes_the_row_it_saved(self):
         communicator, connected = await self.connect(self.admin)
         assert connected
         record = UsageRecord(request_id="req-42", api_key=self.key, alias="smollm2")
         record.status_code = 499
         record.cancelled = True
-        row = await record_usage(record)
+        row = await Accounting(record).close()
         message = (await communicator.receive_json_from(timeout=2))["request"]
         assert (message["request_id"], message["key_prefix"]) == ("req-42", self.key.prefix)
         assert (message["status"], message["cancelled"]) == (499, True)
@@ -329,13 +330,13 @@ class PublishNeverBreaksARequestTests(TransactionTestCase):
         ):
             await asyncio.wait_for(tail.publish(self.row), timeout=5)
 
-    async def test_record_usage_survives_a_failing_layer(self):
+    async def test_a_logged_request_survives_a_failing_layer(self):
         layer = mock.Mock(group_send=mock.AsyncMock(side_effect=RuntimeError("boom")))
         with (
             mock.patch.object(tail, "get_channel_layer", return_value=layer),
             self.assertLogs("chatparity.dashboard.tail", logging.ERROR),
         ):
-            row = await record_usage(UsageRecord(request_id="req-2", api_key=self.key))
+            row = await Accounting(UsageRecord(request_id="req-2", api_key=self.key)).close()
         assert await RequestLog.objects.filter(request_id=row.request_id).aexists()
         await self.key.arefresh_from_db()
         assert self.key.last_used_at is not None
