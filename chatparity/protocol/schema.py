@@ -692,8 +692,9 @@ class Parameters(Object):
     First the ``NOT_NULL`` ones must be there (in the order declared), then
     unknown keys are refused with ``unknown``, then each parameter is checked
     in the order the body lists them (null is always "not given"), then the
-    ``requires`` rules apply in their order. Its value is the parameters
-    given, parsed.
+    ``requires`` rules apply in their order (members' checks are not run:
+    rules across parameters are ``requires``, or the caller's). Its value is
+    the parameters given, parsed.
     """
 
     requires: tuple[Requires, ...] = ()
@@ -718,10 +719,7 @@ class Parameters(Object):
             raise self.unknown(sorted(unknown))
         for key, value in obj.items():
             if value is not None:
-                member = by_name[key]
-                parsed[key] = member.node.parse(value, key)
-                if member.check is not None:
-                    member.check(parsed, path)
+                parsed[key] = by_name[key].node.parse(value, key)
         for rule in self.requires:
             if rule.parameter in parsed and not parsed.get(rule.needed):
                 raise APIError(rule.message, param=rule.parameter)
