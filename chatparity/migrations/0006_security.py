@@ -7,14 +7,15 @@ from django.db import migrations, models
 def scope_explicitly(apps, schema_editor):
     """Keys with no alias selected meant "all aliases": say so with the flag."""
     ApiKey = apps.get_model("chatparity", "ApiKey")
-    ApiKey.objects.filter(allowed_aliases__isnull=False).update(all_aliases=False)
+    ApiKey.objects.using(schema_editor.connection.alias).filter(allowed_aliases__isnull=False).update(all_aliases=False)
 
 
 def encrypt_secrets(apps, schema_editor):
     """Re-save every secret: the field encrypts what it writes."""
     Backend = apps.get_model("chatparity", "Backend")
-    for pk, secret in Backend.objects.exclude(secret="").values_list("pk", "secret"):
-        Backend.objects.filter(pk=pk).update(secret=secret)
+    backends = Backend.objects.using(schema_editor.connection.alias)
+    for pk, secret in backends.exclude(secret="").values_list("pk", "secret"):
+        backends.filter(pk=pk).update(secret=secret)
 
 
 def decrypt_secrets(apps, schema_editor):
@@ -22,7 +23,8 @@ def decrypt_secrets(apps, schema_editor):
     Backend = apps.get_model("chatparity", "Backend")
     table = schema_editor.quote_name(Backend._meta.db_table)
     with schema_editor.connection.cursor() as cursor:
-        for pk, secret in Backend.objects.exclude(secret="").values_list("pk", "secret"):
+        backends = Backend.objects.using(schema_editor.connection.alias)
+        for pk, secret in backends.exclude(secret="").values_list("pk", "secret"):
             cursor.execute(f"UPDATE {table} SET secret = %s WHERE id = %s", [secret, pk])
 
 

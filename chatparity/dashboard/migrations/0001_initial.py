@@ -4,20 +4,21 @@ from django.db import migrations
 CORE_LABEL, DASHBOARD_LABEL, MODEL = "chatparity", "chatparity_dashboard", "usagedashboard"
 
 
-def relabel(apps, old_label, new_label):
+def relabel(apps, schema_editor, old_label, new_label):
     """Move the proxy's content type, and so its permissions and whoever holds them, from
     ``old_label`` to ``new_label``, unless ``new_label`` already has one of its own."""
     ContentType = apps.get_model("contenttypes", "ContentType")
-    if not ContentType.objects.filter(app_label=new_label, model=MODEL).exists():
-        ContentType.objects.filter(app_label=old_label, model=MODEL).update(app_label=new_label)
+    types = ContentType.objects.using(schema_editor.connection.alias)
+    if not types.filter(app_label=new_label, model=MODEL).exists():
+        types.filter(app_label=old_label, model=MODEL).update(app_label=new_label)
 
 
 def adopt_permissions(apps, schema_editor):
-    relabel(apps, CORE_LABEL, DASHBOARD_LABEL)
+    relabel(apps, schema_editor, CORE_LABEL, DASHBOARD_LABEL)
 
 
 def return_permissions(apps, schema_editor):
-    relabel(apps, DASHBOARD_LABEL, CORE_LABEL)
+    relabel(apps, schema_editor, DASHBOARD_LABEL, CORE_LABEL)
 
 
 class Migration(migrations.Migration):
