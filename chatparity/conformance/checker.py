@@ -20,7 +20,8 @@ from typing import Any, TypeGuard
 
 import httpx
 
-FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter"})
+from ..protocol.enums import FINISH_REASONS
+
 CHOICE_KEYS = frozenset({"index", "delta", "logprobs", "finish_reason"})
 ERROR_KEYS = frozenset({"message", "type", "param", "code"})
 TEXT_ROLE_DELTA: dict[str, Any] = {"role": "assistant", "content": "", "refusal": None}
