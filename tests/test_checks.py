@@ -5,7 +5,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 from django.core.checks import run_checks
 from django.test import override_settings
 
@@ -91,5 +90,5 @@ def test_the_example_project_declares_llm_and_codex(monkeypatch):
 def test_the_example_project_declares_only_what_is_installed(monkeypatch):
     monkeypatch.setattr(project_settings, "_program", lambda name: None)
     assert project_settings._commands() == {}
-    llm = settings.CHATPARITY["COMMANDS"]["llm"]["argv"][0]  # this venv has the llm CLI
+    llm = project_settings.CHATPARITY["COMMANDS"]["llm"]["argv"][0]  # this venv has the llm CLI
     assert llm == str(Path(sys.executable).with_name("llm"))

@@ -130,6 +130,7 @@ def _serving(command, log_path: Path, env=None, timeout=60):
 def daphne_server(tmp_path_factory):
     database = tmp_path_factory.mktemp("live") / "db.sqlite3"
     env = {**os.environ, "DATABASE_URL": f"sqlite:///{database}", "DEBUG": "0"}
+    env["DJANGO_SETTINGS_MODULE"] = "project.settings"  # the example project, as served
     _manage(env, "migrate", "--verbosity", "0")
     _manage(env, "chatparity_bootstrap")
     key = _manage(env, "createapikey", "e2e").strip()

@@ -270,6 +270,7 @@ def run(
     report = Report()
     database_url = services.create_database(server_url, f"chatparity_load_{os.getpid()}")
     env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url, "DEBUG": "0"}
+    env["DJANGO_SETTINGS_MODULE"] = "project.settings"
     upstream, stop_upstream = faulty_upstream.start("sk-load")
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"chatparity-load-{os.getpid()}"
     try:
