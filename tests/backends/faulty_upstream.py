@@ -98,6 +98,23 @@ LONG = [
     "data: [DONE]\n\n",
 ]
 
+
+def _with_usage(completion_tokens: int) -> list[str]:
+    """LONG, its usage claiming ``completion_tokens``."""
+    usage = {"prompt_tokens": 5, "completion_tokens": completion_tokens, "total_tokens": 5}
+    return [*LONG[:-2], data({**chunk(), "choices": [], "usage": usage}), LONG[-1]]
+
+
+HUGE_BYTES = 10 * 1024 * 1024
+_PIECE = "x" * 8192
+
+
+def _huge_stream() -> list[str]:
+    """About HUGE_BYTES of content in 8 KiB deltas, one frame object repeated."""
+    piece = data(chunk(_PIECE))
+    return [data(chunk(role="assistant", content="")), *[piece] * (HUGE_BYTES // len(_PIECE))]
+
+
 ERROR_EVENT = [
     data(chunk(role="assistant", content="")),
     data(chunk("partial")),
@@ -233,6 +250,20 @@ def behaviours(upstream: FaultyUpstream) -> dict[str, Handler]:
     async def slow_first_byte(writer):
         await asyncio.sleep(30)
 
+    async def silent(writer):
+        await asyncio.sleep(3600)  # the connection is accepted, the request never answered
+
+    async def html(writer):
+        await _head(writer, 200, "text/html")
+        await _send(writer, "<html><body>Sign in to continue</body></html>")
+        await _end(writer)
+
+    async def huge_line(writer):
+        await _head(writer)
+        await _send(writer, data(chunk(role="assistant", content="")))
+        await _send(writer, data(chunk("x" * HUGE_BYTES)))
+        await _end(writer)
+
     return {
         "canonical": lambda w: _stream(w, CANONICAL),
         "quirky": lambda w: _stream(w, QUIRKY),
@@ -276,6 +307,14 @@ def behaviours(upstream: FaultyUpstream) -> dict[str, Handler]:
         "endless": endless,
         "slow-tokens": slow_tokens,
         "long": lambda w: _stream(w, LONG, pause=0.01),
+        "long-slow": lambda w: _stream(w, LONG, pause=0.1),
+        # Garbage a careless or broken upstream sends.
+        "negative-usage": lambda w: _stream(w, _with_usage(-5), pause=0.01),
+        "huge-usage": lambda w: _stream(w, _with_usage(3_000_000_000), pause=0.01),
+        "html": html,
+        "huge-line": huge_line,
+        "huge-stream": lambda w: _stream(w, _huge_stream()),
+        "silent": silent,
         "keep-alive": lambda w: _stream(w, CANONICAL, close=False),
         # Whole completions, as an upstream answers a request that does not stream.
         "whole": lambda w: _json(w, 200, WHOLE, close=False),
