@@ -5,12 +5,14 @@ loopback, in a temporary folder, stopped afterwards."""
 import glob
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -31,6 +33,31 @@ def _wait_for_port(port: int, process: subprocess.Popen | None = None) -> None:
     raise RuntimeError(f"nothing listens on port {port}")
 
 
+@dataclass
+class Control:
+    """What a chaos test may do to a server this module started: stop it, start it
+    again (same port, same data), freeze and thaw its process (SIGSTOP, SIGCONT)."""
+
+    stop: Callable[[], None]
+    start: Callable[[], None]
+    pid: Callable[[], int]
+
+    def freeze(self) -> None:
+        os.kill(self.pid(), signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        os.kill(self.pid(), signal.SIGCONT)
+
+
+_controls: dict[str, Control] = {}
+
+
+def control(url: str) -> Control | None:
+    """The control of the server at ``url`` (a URL :func:`redis` or :func:`postgres`
+    yielded, or one of its databases); None for servers of the environment."""
+    return _controls.get(url.rsplit("/", 1)[0])
+
+
 @contextmanager
 def redis() -> Iterator[str]:
     """A Redis URL."""
@@ -42,13 +69,27 @@ def redis() -> Iterator[str]:
     port = free_port()
     with tempfile.TemporaryDirectory() as folder:
         command = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-        process = subprocess.Popen([*command, "--dir", folder], stdout=subprocess.DEVNULL)
-        try:
+        processes = []
+
+        def start() -> None:
+            process = subprocess.Popen([*command, "--dir", folder], stdout=subprocess.DEVNULL)
+            processes.append(process)
             _wait_for_port(port, process)
-            yield f"redis://127.0.0.1:{port}/0"
+
+        def stop() -> None:
+            os.kill(processes[-1].pid, signal.SIGCONT)  # a frozen server cannot stop
+            processes[-1].terminate()
+            processes[-1].wait(timeout=10)
+
+        url = f"redis://127.0.0.1:{port}/0"
+        _controls[url.rsplit("/", 1)[0]] = Control(stop, start, lambda: processes[-1].pid)
+        start()
+        try:
+            yield url
         finally:
-            process.terminate()
-            process.wait(timeout=10)
+            _controls.pop(url.rsplit("/", 1)[0])
+            if processes[-1].poll() is None:
+                stop()
 
 
 @contextmanager
@@ -75,13 +116,24 @@ def postgres() -> Iterator[str]:
     )  # fmt: skip
     options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
     options += " -c max_connections=300"
-    subprocess.run(
-        [*run, "-l", str(folder / "log"), "-w", "-o", options, "start"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+
+    def start() -> None:
+        subprocess.run(
+            [*run, "-l", str(folder / "log"), "-w", "-o", options, "start"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+
+    start()
+    url = f"postgres://postgres@127.0.0.1:{port}/postgres"
+    _controls[url.rsplit("/", 1)[0]] = Control(
+        stop=lambda: subprocess.run([*run, "-m", "fast", "-w", "stop"], capture_output=True),
+        start=start,
+        pid=lambda: int((folder / "data" / "postmaster.pid").read_text().split()[0]),
+    )
     try:
-        yield f"postgres://postgres@127.0.0.1:{port}/postgres"
+        yield url
     finally:
+        _controls.pop(url.rsplit("/", 1)[0])
         subprocess.run([*run, "-m", "immediate", "stop"], capture_output=True)
         shutil.rmtree(folder, ignore_errors=True)
 
