@@ -10,6 +10,9 @@ was not injected, no upstream request still open, no worker growing threads
 from one round to the next; and that a per-minute rate limit shared by the
 workers never admits more than 1% over it.
 
+The workers, the client and the log reader are shared with the chaos proof
+(``tests/e2e/chaos.py``), which runs the same stack through worse faults.
+
 The suite runs a short form (``tests/e2e/test_load.py``); the long form is
 
     .venv/bin/python -m tests.e2e.load --requests 3000 [--workers 2] [--concurrency 64]
@@ -23,6 +26,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -45,11 +49,29 @@ RATE_LIMIT = 50  # requests per minute of the rate-limited key
 class Outcome:
     """One request as its client saw it."""
 
-    kind: str  # "plain", "stream", "hang-up" or "failing"
-    status: int
-    request_id: str
+    kind: str  # e.g. "plain", "stream", "hang-up", "failing": what the caller asked
+    status: int  # 0: no response (connection refused or reset, timeout)
+    request_id: str = ""
     chunks: int = 0  # content deltas received
     completion_tokens: int | None = None  # from the usage the client received
+    content: int = 0  # characters of content received
+    done: bool = False  # the whole answer arrived: a JSON body, or a stream to its [DONE]
+    error: str = ""  # the error type of an error body or frame, or the transport's failure
+    keepalives: int = 0  # SSE comments received
+    first_byte: float | None = None  # seconds from sending to the headers
+    seconds: float = 0.0  # from sending to the end (or the hang-up)
+    started: float = 0.0  # time.monotonic() at the headers
+    ended: float = 0.0  # time.monotonic() at the end
+
+    @property
+    def tokens(self) -> int:
+        """Completion tokens received: as the usage said, else one per content delta."""
+        return self.chunks if self.completion_tokens is None else self.completion_tokens
+
+    @property
+    def empty(self) -> bool:
+        """A 200 that carried neither content nor an error: an answer silently lost."""
+        return self.status == 200 and not self.content and not self.error
 
 
 @dataclass
@@ -82,7 +104,7 @@ class Report:
         )
 
 
-def _manage(env: dict[str, str], *args: str) -> str:
+def manage(env: dict[str, str], *args: str) -> str:
     command = [sys.executable, "manage.py", *args]
     return subprocess.run(
         command, cwd=ROOT, env=env, check=True, capture_output=True, text=True
@@ -91,8 +113,8 @@ def _manage(env: dict[str, str], *args: str) -> str:
 
 def _setup(env: dict[str, str], upstream_url: str) -> tuple[str, str]:
     """Migrate; create the aliases; return a key without limits and a rate-limited one."""
-    _manage(env, "migrate", "--verbosity", "0")
-    _manage(
+    manage(env, "migrate", "--verbosity", "0")
+    manage(
         env,
         "shell",
         "-c",
@@ -102,9 +124,9 @@ def _setup(env: dict[str, str], upstream_url: str) -> tuple[str, str]:
         "ModelAlias.objects.create(public_id='load', backend=fast, model='long')\n"
         "ModelAlias.objects.create(public_id='failing', backend=fast, model='server-error')\n",
     )
-    key = _manage(env, "createapikey", "load").strip()
-    limited = _manage(env, "createapikey", "limited").strip()
-    _manage(
+    key = manage(env, "createapikey", "load").strip()
+    limited = manage(env, "createapikey", "limited").strip()
+    manage(
         env,
         "shell",
         "-c",
@@ -114,61 +136,147 @@ def _setup(env: dict[str, str], upstream_url: str) -> tuple[str, str]:
     return key, limited
 
 
-@contextmanager
-def _workers(env: dict[str, str], count: int, log: Path) -> Iterator[list[tuple[str, int]]]:
-    """``count`` uvicorn workers (one process each); their URLs and process ids. Stopped
-    with SIGTERM, uvicorn finishes what is in flight, log rows included."""
-    with ExitStack() as stack:
-        workers = []
-        for _ in range(count):
-            port = services.free_port()
-            output = stack.enter_context(log.with_suffix(f".{port}.log").open("wb"))
-            process = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port),
-                 "--lifespan", "off", "--no-access-log", "project.asgi:application"],
-                cwd=ROOT, env=env, stdout=output, stderr=output,
+@dataclass
+class Worker:
+    """One uvicorn worker of the example project, on a port of its own; SIGTERM lets
+    it finish what is in flight, log rows included."""
+
+    env: dict[str, str]
+    log: Path
+    port: int = field(default_factory=services.free_port)
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> None:
+        """Start it (again, on the same port) and wait until it listens."""
+        with self.log.with_suffix(f".{self.port}.log").open("ab") as output:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port",
+                 str(self.port), "--lifespan", "off", "--no-access-log",
+                 "project.asgi:application"],
+                cwd=ROOT, env=self.env, stdout=output, stderr=output,
             )  # fmt: skip
-            stack.callback(process.wait, 30)
-            stack.callback(process.terminate)
-            services._wait_for_port(port, process)
-            workers.append((f"http://127.0.0.1:{port}", process.pid))
-        yield workers
+        services._wait_for_port(self.port, self.process)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Send ``sig`` (SIGKILL: a crash) and wait for the end."""
+        if self.alive:
+            assert self.process is not None
+            self.process.send_signal(sig)
+            self.process.wait(30)
+
+    def status(self, field: str) -> int:
+        """A number of /proc/PID/status, e.g. ``Threads``, ``VmRSS`` (KiB)."""
+        assert self.process is not None
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1])
+        raise RuntimeError(f"no {field} for {self.process.pid}")
 
 
-def _threads(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("Threads:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no thread count for {pid}")
+@contextmanager
+def running_workers(env: dict[str, str], count: int, log: Path) -> Iterator[list[Worker]]:
+    """``count`` uvicorn workers (one process each), stopped with SIGTERM afterwards."""
+    with ExitStack() as stack:
+        running = []
+        for _ in range(count):
+            worker = Worker(env, log)
+            stack.callback(worker.stop)
+            worker.start()
+            running.append(worker)
+        yield running
 
 
-async def _one(client: httpx.AsyncClient, url: str, key: str, kind: str, rng: random.Random):
-    body = {"model": "failing" if kind == "failing" else "load", "messages": [
-        {"role": "user", "content": "Hi"}]}  # fmt: skip
-    if kind in ("stream", "hang-up"):
+def chat(model: str, *, stream: bool = False, **params: object) -> dict:
+    """A chat completion request body."""
+    body: dict = {"model": model, "messages": [{"role": "user", "content": "Hi"}], **params}
+    if stream:
         body |= {"stream": True, "stream_options": {"include_usage": True}}
+    return body
+
+
+async def call(
+    client: httpx.AsyncClient,
+    url: str,
+    key: str,
+    body: dict,
+    kind: str,
+    *,
+    hang_up_after: int | None = None,
+    read: float | None = None,
+) -> Outcome:
+    """Send ``body`` and read the answer as a client does; what it saw. ``hang_up_after``:
+    close the connection after that many content deltas; ``read``: after that many
+    seconds without the end."""
+    outcome = Outcome(kind, 0)
+    sent = time.monotonic()
     headers = {"Authorization": f"Bearer {key}"}
-    hang_up_after = rng.randint(1, faulty_upstream.LONG_CHUNKS - 1)
-    async with client.stream(
-        "POST", f"{url}/v1/chat/completions", json=body, headers=headers
-    ) as response:
-        outcome = Outcome(kind, response.status_code, response.headers["x-request-id"])
-        if not body.get("stream") or response.status_code != 200:
-            payload = json.loads(await response.aread())
-            if response.status_code == 200:
-                outcome.completion_tokens = payload["usage"]["completion_tokens"]
-            return outcome
-        async for line in response.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
+    try:
+        async with client.stream(
+            "POST", f"{url}/v1/chat/completions", json=body, headers=headers
+        ) as response:
+            outcome.started = time.monotonic()
+            outcome.first_byte = outcome.started - sent
+            outcome.status = response.status_code
+            outcome.request_id = response.headers.get("x-request-id", "")
+            if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                _read_whole(outcome, await response.aread())
+            else:
+                async with asyncio.timeout(read):
+                    await _read_stream(outcome, response, hang_up_after)
+    except (httpx.HTTPError, TimeoutError) as exc:
+        outcome.error = outcome.error or type(exc).__name__
+    outcome.ended = time.monotonic()
+    outcome.seconds = outcome.ended - sent
+    return outcome
+
+
+def _read_whole(outcome: Outcome, body: bytes) -> None:
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        outcome.error = "not JSON"
+        return
+    outcome.done = True
+    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+        outcome.error = str(payload["error"].get("type"))
+    elif isinstance(payload, dict) and payload.get("choices"):
+        outcome.content = len(payload["choices"][0]["message"].get("content") or "")
+        outcome.completion_tokens = (payload.get("usage") or {}).get("completion_tokens")
+
+
+async def _read_stream(outcome: Outcome, response: httpx.Response, hang_up_after: int | None):
+    async for line in response.aiter_lines():
+        if line.startswith(":"):
+            outcome.keepalives += 1
+        elif line == "data: [DONE]":
+            outcome.done = True
+        elif line.startswith("data: {"):
             chunk = json.loads(line[6:])
-            if chunk.get("usage"):
+            if isinstance(chunk.get("error"), dict):
+                outcome.error = str(chunk["error"].get("type"))
+            elif chunk.get("usage"):
                 outcome.completion_tokens = chunk["usage"]["completion_tokens"]
             elif chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
                 outcome.chunks += 1
-                if kind == "hang-up" and outcome.chunks == hang_up_after:
-                    return outcome  # leaving the block closes the connection mid-stream
-        return outcome
+                outcome.content += len(chunk["choices"][0]["delta"]["content"])
+                if outcome.chunks == hang_up_after:
+                    return  # leaving the block closes the connection mid-stream
+
+
+async def _one(client: httpx.AsyncClient, url: str, key: str, kind: str, rng: random.Random):
+    body = chat("failing" if kind == "failing" else "load", stream=kind in ("stream", "hang-up"))
+    hang_up_after = rng.randint(1, faulty_upstream.LONG_CHUNKS - 1)
+    return await call(
+        client, url, key, body, kind, hang_up_after=hang_up_after if kind == "hang-up" else None
+    )
 
 
 async def _drive(urls: list[str], key: str, requests: int, concurrency: int, seed: int):
@@ -214,7 +322,8 @@ async def _burst(urls: list[str], key: str, requests: int) -> int:
     return statuses[200]
 
 
-def _rows(database_url: str) -> dict[str, dict]:
+def log_rows(database_url: str) -> dict[str, dict]:
+    """The request log by request id (``duplicates`` set on a request logged twice)."""
     import psycopg
     from psycopg.rows import dict_row
 
@@ -263,27 +372,36 @@ def check(outcomes: list[Outcome], rows: dict[str, dict]) -> list[str]:
     return problems
 
 
+def project_env(database_url: str, redis_url: str) -> dict[str, str]:
+    """The environment of the example project on these servers."""
+    env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url, "DEBUG": "0"}
+    return env | {"DJANGO_SETTINGS_MODULE": "project.settings"}
+
+
+def scratch(name: str) -> Path:
+    """A path prefix for this run's files (the workers' logs)."""
+    return Path(os.environ.get("TMPDIR", "/tmp")) / f"chatparity-{name}-{os.getpid()}"
+
+
 def run(
     server_url: str, redis_url: str, *, requests: int, workers: int = 2, concurrency: int = 64
 ) -> Report:
     """The whole proof, in two rounds of ``requests // 2``; a report of it."""
     report = Report()
     database_url = services.create_database(server_url, f"chatparity_load_{os.getpid()}")
-    env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url, "DEBUG": "0"}
-    env["DJANGO_SETTINGS_MODULE"] = "project.settings"
+    env = project_env(database_url, redis_url)
     upstream, stop_upstream = faulty_upstream.start("sk-load")
-    work = Path(os.environ.get("TMPDIR", "/tmp")) / f"chatparity-load-{os.getpid()}"
     try:
         key, limited = _setup(env, upstream.base_url)
-        with _workers(env, workers, work) as running:
-            urls = [url for url, _ in running]
+        with running_workers(env, workers, scratch("load")) as running:
+            urls = [worker.url for worker in running]
             outcomes: list[Outcome] = []
             for round_ in range(2):
                 outcomes += asyncio.run(_drive(urls, key, requests // 2, concurrency, round_))
-                report.threads.append(tuple(_threads(pid) for _, pid in running))
+                report.threads.append(tuple(worker.status("Threads") for worker in running))
             report.limited_requests = RATE_LIMIT * 4
             report.admitted = asyncio.run(_burst(urls, limited, report.limited_requests))
-        rows = _rows(database_url)
+        rows = log_rows(database_url)
     finally:
         stop_upstream()
     report.requests = len(outcomes)
