@@ -63,6 +63,12 @@ DEFAULTS: dict[str, Any] = {
     "MAX_N": {"local": 4, "command": 2, "openai": 8},
     # Seconds a client has to send the whole request body (else 408).
     "BODY_TIMEOUT": 30.0,
+    # Seconds a stream request waits for its backend's first event before it gets
+    # its headers and an SSE comment (": keepalive"), then one every as many seconds.
+    "KEEPALIVE_SECONDS": 15.0,
+    # Seconds a request waits for its backend's first event (fallbacks included)
+    # before it ends with 504 request_timeout (an error frame once headers went out).
+    "FIRST_BYTE_TIMEOUT": 60.0,
 }
 
 
@@ -107,6 +113,8 @@ class AppSettings:
     COMMANDS: Setting[dict[str, dict[str, Any]]] = Setting()
     MAX_N: Setting[dict[str, int]] = Setting()
     BODY_TIMEOUT: Setting[float] = Setting()
+    KEEPALIVE_SECONDS: Setting[float] = Setting()
+    FIRST_BYTE_TIMEOUT: Setting[float] = Setting()
 
 
 app_settings = AppSettings()

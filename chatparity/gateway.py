@@ -43,7 +43,6 @@ from .protocol.events import Event
 from .protocol.openapi import openapi_document
 from .protocol.request import ChatRequest, Limits, decode_body, parse_chat_request
 from .protocol.stream import DONE, ChunkEncoder, error_frame, sse
-from .protocol.tokens import approximate_prompt_tokens
 from .usage import UsageRecord
 
 logger = logging.getLogger(__name__)
@@ -51,6 +50,8 @@ logger = logging.getLogger(__name__)
 JSON = "application/json"
 EVENT_STREAM = "text/event-stream; charset=utf-8"
 _STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+# Sent while a stream waits for its backend's first event; OpenAI's clients skip comments.
+KEEPALIVE = b": keepalive\n\n"
 
 
 # Ids only need to be unique, not secret: drawn from a generator seeded once per
@@ -234,12 +235,14 @@ async def chat_completions(call: Call) -> Reply:
         )
     )
     try:
-        answer = await start(await _decode(call), accounting, grant=grant)
-        if answer.request.stream:
-            headers = {"content-type": EVENT_STREAM, **_STREAM_HEADERS}
-            reply = Reply(200, headers, stream=answer.frames())
+        body = await _decode(call)
+        requested = _requested(body, accounting)
+        answering = _answer(requested, body, accounting, grant)
+        if requested.stream:
+            reply = Reply(200, {"content-type": EVENT_STREAM, **_STREAM_HEADERS})
+            reply.stream = await _stream(answering, accounting)
         else:
-            reply = json_reply(await answer.whole())
+            reply = json_reply(await (await answering).whole())
     except asyncio.CancelledError:  # the client left before its reply
         accounting.cancel()
         await accounting.close()
@@ -250,6 +253,57 @@ async def chat_completions(call: Call) -> Reply:
         reply.headers.setdefault(name, value)
     reply.accounting = accounting
     return reply
+
+
+async def _stream(
+    answering: Coroutine[Any, Any, Answer], accounting: Accounting
+) -> AsyncGenerator[bytes, None]:
+    """A stream request's frames, once its backend sent its first event (its failure
+    before that raised, for a reply with its own status). A backend slower than
+    ``KEEPALIVE_SECONDS`` is not waited for: the frames begin with keepalive comments."""
+    starting = asyncio.ensure_future(answering)
+    try:
+        await asyncio.wait((starting,), timeout=app_settings.KEEPALIVE_SECONDS)
+    except asyncio.CancelledError:
+        await _abandon(starting)
+        raise
+    if starting.done():
+        return starting.result().frames()
+    return _keeping_alive(starting, accounting)
+
+
+async def _keeping_alive(
+    starting: asyncio.Task[Answer], accounting: Accounting
+) -> AsyncGenerator[bytes, None]:
+    """A keepalive comment every ``KEEPALIVE_SECONDS`` until ``starting`` has the answer,
+    then the answer's frames. The headers went out: a failure to start (fallbacks
+    tried, or the first-byte timeout) is an error frame, then ``[DONE]``."""
+    frames: AsyncGenerator[bytes, None] | None = None
+    try:
+        yield KEEPALIVE
+        interval = app_settings.KEEPALIVE_SECONDS
+        while not (await asyncio.wait((starting,), timeout=interval))[0]:
+            yield KEEPALIVE
+        try:
+            frames = starting.result().frames()
+        except Exception as exc:
+            yield error_frame(accounting.fail(exc, streaming=True))
+            yield DONE
+            return
+        async for frame in frames:
+            yield frame
+    finally:
+        if frames is not None:
+            await frames.aclose()
+        await _abandon(starting)
+
+
+async def _abandon(starting: asyncio.Task[Answer]) -> None:
+    """Stop an answer still starting, or the backend of the one it started."""
+    starting.cancel()
+    await asyncio.wait((starting,))
+    if not starting.cancelled() and starting.exception() is None:
+        await starting.result().chunks.aclose()
 
 
 @dataclass
@@ -298,13 +352,45 @@ async def start(
     trial) else on the alias the body names, with that alias's defaults, admitted
     under its limits, on its backend or else on its fallbacks, which ``grant`` must
     allow (None: every alias). Its answer's chunks are noted by ``accounting``,
-    which its caller closes.
+    which its caller closes. A backend that sends no first event within
+    ``FIRST_BYTE_TIMEOUT`` seconds ends it with 504 ``request_timeout``.
     """
+    return await _answer(_requested(body, accounting), body, accounting, grant, alias)
+
+
+def _requested(body: Any, accounting: Accounting) -> ChatRequest:
+    """The request ``body`` validates as (OpenAI's 400 if it does not), noted by ``accounting``."""
     requested = parse_chat_request(body, _limits())
     accounting.requested(requested, body)
-    if alias is None:
-        alias = await _resolve(requested.model, grant)
-    chat, backend, events, first = await _begin(requested, body, alias, grant, accounting)
+    return requested
+
+
+def first_byte_timeout() -> APIError:
+    return APIError(
+        "The model did not start answering in time.",
+        status=504,
+        type="timeout_error",
+        code="request_timeout",
+    )
+
+
+async def _answer(
+    requested: ChatRequest,
+    body: Any,
+    accounting: Accounting,
+    grant: Grant | None,
+    alias: ModelAlias | None = None,
+) -> Answer:
+    """:func:`start` once ``body`` is validated as ``requested``."""
+    try:
+        async with asyncio.timeout(app_settings.FIRST_BYTE_TIMEOUT) as deadline:
+            if alias is None:
+                alias = await _resolve(requested.model, grant)
+            chat, backend, events, first = await _begin(requested, body, alias, grant, accounting)
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        raise first_byte_timeout() from None
     answer_id = completion_id()
     accounting.answering(answer_id)
     encoder = ChunkEncoder(
@@ -339,7 +425,7 @@ async def _begin(
     fallbacks = list(alias.fallbacks)
     accounting.served_by(alias)
     chat = _as_served_by(alias, requested, body)
-    await accounting.admit(alias, _estimate(chat))
+    await accounting.admit(alias, chat)
     while True:
         backend = get_backend(alias.backend)
         events = aiter(backend.stream(chat, alias.model))
@@ -375,7 +461,7 @@ async def _fall_back(
         except APIError:
             continue
         try:
-            await accounting.switch(alias, _estimate(chat))
+            await accounting.switch(alias, chat)
         except APIError as refusal:
             failure = refusal
             continue
@@ -409,11 +495,6 @@ def _max_n(alias: ModelAlias) -> int:
     if alias.max_n is not None:
         return alias.max_n
     return int(app_settings.MAX_N.get(alias.backend.kind, 1))
-
-
-def _estimate(chat: ChatRequest) -> int:
-    """The tokens reserved at admission: the prompt and, for each choice, ``max_tokens``."""
-    return approximate_prompt_tokens(chat.messages) + (chat.max_tokens or 0) * chat.n
 
 
 async def _first_usable(public_ids: list[str], grant: Grant | None) -> ModelAlias | None:

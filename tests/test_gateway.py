@@ -1,0 +1,222 @@
+"""A slow backend keeps its client informed: keepalive comments while it starts, a
+first-byte timeout when it never does, and a row that says what the client got."""
+
+import asyncio
+import time
+
+import orjson
+from asgiref.testing import ApplicationCommunicator
+from django.core.asgi import get_asgi_application
+from django.test import TestCase, override_settings
+
+from chatparity.asgi import FastPath
+from chatparity.backends.base import BackendConfig
+from chatparity.gateway import KEEPALIVE
+from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
+from chatparity.protocol.errors import APIError
+from chatparity.protocol.events import Finish, TextDelta, Usage
+from tests.asgi import http_scope
+
+
+class SlowStartBackend:
+    """Waits ``options["delay"]`` seconds (forever when None) before its first event, then
+    answers ``options["text"]``, or fails with the HTTP status ``options["fail"]``."""
+
+    system_fingerprint = "fp_slow"
+    stopped: list[str] = []  # names of the backends whose wait was cut short
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.config = config
+
+    async def stream(self, request, model):
+        options = self.config.options
+        delay = options["delay"]
+        try:
+            await (asyncio.Event().wait() if delay is None else asyncio.sleep(delay))
+        except asyncio.CancelledError:
+            SlowStartBackend.stopped.append(self.config.name)
+            raise
+        if "fail" in options:
+            raise APIError("upstream is overloaded", status=options["fail"], type="server_error")
+        yield TextDelta(0, options["text"])
+        yield Finish(0, "stop")
+        yield Usage(prompt_tokens=1, completion_tokens=1)
+
+
+SETTINGS = {
+    "BACKEND_CLASSES": {"slow": "tests.test_gateway.SlowStartBackend"},
+    "KEEPALIVE_SECONDS": 0.05,
+    "FIRST_BYTE_TIMEOUT": 1.0,
+}
+
+
+def keepalives_then_data(content):
+    """The keepalive comments before the first data frame, and the data frames."""
+    frames = [frame + b"\n\n" for frame in content.split(b"\n\n")[:-1]]
+    comments = [frame for frame in frames if frame.startswith(b":")]
+    data = [frame for frame in frames if frame.startswith(b"data: ")]
+    assert frames == comments + data, "keepalives come before the first data frame only"
+    return comments, [frame[6:-2] for frame in data]
+
+
+@override_settings(CHATPARITY=SETTINGS)
+class SlowBackendTests(TestCase):
+    @classmethod
+    def setUpTestData(cls):
+        cls.key, cls.plaintext = ApiKey.objects.create_key("tests")
+
+        def alias(name, fallbacks=(), **options):
+            backend = Backend.objects.create(name=name, kind="slow", options=options)
+            ModelAlias.objects.create(public_id=name, backend=backend, fallbacks=list(fallbacks))
+
+        alias("fast", delay=0, text="quick")
+        alias("slow", delay=0.5, text="late")
+        alias("silent", delay=None)
+        alias("refusing", delay=0.2, fail=400)
+        alias("overloaded-then-slow", delay=0.2, fail=503, fallbacks=["slow"])
+
+    def setUp(self):
+        SlowStartBackend.stopped.clear()
+        self.application = FastPath(get_asgi_application())
+
+    async def send(self, model, **body):
+        request = {"model": model, "messages": [{"role": "user", "content": "Hi"}], **body}
+        headers = [("authorization", f"Bearer {self.plaintext}")]
+        scope = http_scope("POST", "/v1/chat/completions", headers)
+        communicator = ApplicationCommunicator(self.application, scope)
+        await communicator.send_input({"type": "http.request", "body": orjson.dumps(request)})
+        return communicator
+
+    async def ask(self, model, **body):
+        """The response's start, when it came (seconds after the request), and its body."""
+        sent = time.perf_counter()
+        communicator = await self.send(model, **body)
+        start = await communicator.receive_output(timeout=10)
+        started = time.perf_counter() - sent
+        parts = []
+        while True:
+            message = await communicator.receive_output(timeout=10)
+            parts.append(message["body"])
+            if not message.get("more_body"):
+                break
+        await communicator.wait(timeout=10)
+        return start, started, b"".join(parts)
+
+    async def row(self):
+        return await RequestLog.objects.aget()
+
+    async def test_a_fast_backend_sends_no_keepalive(self):
+        start, _, content = await self.ask("fast", stream=True)
+        assert start["status"] == 200
+        comments, data = keepalives_then_data(content)
+        assert comments == []
+        assert data[-1] == b"[DONE]"
+
+    async def test_a_slow_stream_gets_its_headers_and_keepalives_until_its_first_event(self):
+        start, started, content = await self.ask("slow", stream=True)
+        assert start["status"] == 200
+        assert dict(start["headers"])[b"content-type"] == b"text/event-stream; charset=utf-8"
+        assert started < 0.4  # the backend's first event comes after 0.5 s
+        comments, data = keepalives_then_data(content)
+        assert len(comments) >= 3
+        assert set(comments) == {KEEPALIVE}
+        deltas = [orjson.loads(frame)["choices"][0]["delta"] for frame in data[:-1]]
+        assert "".join(delta.get("content") or "" for delta in deltas) == "late"
+        assert data[-1] == b"[DONE]"
+        row = await self.row()
+        assert (row.status_code, row.error_code, row.completion_tokens) == (200, "", 1)
+
+    async def test_a_slow_request_that_is_invalid_still_gets_its_status(self):
+        start, _, content = await self.ask("slow", stream=True, temperature=7)
+        assert start["status"] == 400
+        assert orjson.loads(content)["error"]["param"] == "temperature"
+
+    async def test_a_fallback_serves_while_only_keepalives_were_sent(self):
+        start, _, content = await self.ask("overloaded-then-slow", stream=True)
+        assert start["status"] == 200
+        comments, data = keepalives_then_data(content)
+        assert comments
+        assert orjson.loads(data[1])["choices"][0]["delta"]["content"] == "late"
+        row = await self.row()
+        assert (row.alias, row.status_code, row.error_code) == ("slow", 200, "")
+
+    async def test_a_failure_after_keepalives_is_an_error_frame_and_the_row_says_200(self):
+        start, _, content = await self.ask("refusing", stream=True)
+        assert start["status"] == 200
+        comments, data = keepalives_then_data(content)
+        assert comments
+        assert [orjson.loads(data[0])["error"]["message"], data[1]] == [
+            "upstream is overloaded",
+            b"[DONE]",
+        ]
+        row = await self.row()
+        assert (row.status_code, row.error_type) == (200, "server_error")
+
+    async def test_a_stream_whose_backend_never_answers_ends_with_a_504_frame(self):
+        start, _, content = await self.ask("silent", stream=True)
+        assert start["status"] == 200
+        comments, data = keepalives_then_data(content)
+        assert len(comments) >= 10
+        error = orjson.loads(data[0])["error"]
+        assert (error["type"], error["code"], data[1:]) == (
+            "timeout_error", "request_timeout", [b"[DONE]"],
+        )  # fmt: skip
+        assert SlowStartBackend.stopped == ["silent"]
+        row = await self.row()
+        assert (row.status_code, row.error_code, row.cancelled) == (200, "request_timeout", False)
+
+    @override_settings(CHATPARITY={**SETTINGS, "KEEPALIVE_SECONDS": 5.0, "FIRST_BYTE_TIMEOUT": 0.2})
+    async def test_a_timeout_before_the_first_keepalive_is_a_504(self):
+        start, started, content = await self.ask("silent", stream=True)
+        assert start["status"] == 504
+        assert 0.2 <= started < 2
+        assert orjson.loads(content)["error"]["code"] == "request_timeout"
+        row = await self.row()
+        assert (row.status_code, row.error_code) == (504, "request_timeout")
+
+    @override_settings(CHATPARITY={**SETTINGS, "FIRST_BYTE_TIMEOUT": 0.2})
+    async def test_a_non_stream_request_whose_backend_never_answers_is_a_504(self):
+        start, started, content = await self.ask("silent")
+        assert start["status"] == 504
+        assert 0.2 <= started < 2
+        error = orjson.loads(content)["error"]
+        assert (error["type"], error["code"]) == ("timeout_error", "request_timeout")
+        assert SlowStartBackend.stopped == ["silent"]
+        row = await self.row()
+        assert (row.status_code, row.error_code) == (504, "request_timeout")
+
+    async def test_a_client_that_leaves_during_keepalives_stops_the_backend(self):
+        communicator = await self.send("silent", stream=True)
+        start = await communicator.receive_output(timeout=10)
+        assert start["status"] == 200
+        assert (await communicator.receive_output(timeout=10))["body"] == KEEPALIVE
+        await communicator.send_input({"type": "http.disconnect"})
+        await communicator.wait(timeout=10)
+        assert SlowStartBackend.stopped == ["silent"]
+        row = await self.row()
+        assert (row.status_code, row.cancelled) == (200, True)
+
+
+@override_settings(CHATPARITY=SETTINGS)
+class SlowBackendThroughViewsTests(TestCase):
+    """The Django views (no fast path) keep a slow stream alive the same way."""
+
+    @classmethod
+    def setUpTestData(cls):
+        _, cls.plaintext = ApiKey.objects.create_key("tests")
+        backend = Backend.objects.create(
+            name="slow", kind="slow", options={"delay": 0.2, "text": "late"}
+        )
+        ModelAlias.objects.create(public_id="slow", backend=backend)
+
+    async def test_a_slow_stream_gets_keepalives_through_the_views(self):
+        response = await self.async_client.post(
+            "/v1/chat/completions",
+            data={"model": "slow", "stream": True, "messages": [{"role": "user", "content": "Hi"}]},
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {self.plaintext}"},
+        )
+        content = b"".join([part async for part in response.streaming_content])
+        comments, data = keepalives_then_data(content)
+        assert comments
+        assert data[-1] == b"[DONE]"
