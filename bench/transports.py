@@ -652,7 +652,8 @@ def section(
         f" {env['date']}; load average at the start {env['load']}. Versions: aiohttp"
         f" {env['aiohttp']}, httpcore {env['httpcore']} (h11 {env['h11']}, anyio"
         f" {env['anyio']}), uvicorn {env['uvicorn']} on uvloop + httptools. Each client sits"
-        " under `UpstreamBackend` through an adapter with http1's interface. Medians of"
+        " under `UpstreamBackend` (http1 is `chatparity.backends._http1`, the others through"
+        " adapters with its interface). Medians of"
         f" {args.rounds} rounds alternating the clients (each round in another order);"
         " ratios against http1 from the same run, each the median of the ratios in each round.",
     ]

@@ -7,6 +7,19 @@ arrive, in the protocol's callbacks; a body may be framed by ``Content-Length``,
 by chunked transfer-coding (extensions and trailers ignored) or by the end of
 the connection.
 
+Why a client of its own, private to the backend: ``bench/transports.py`` put it,
+aiohttp 3.14 (C parser) and httpcore 1.0 (what httpx runs on) under the backend
+in turn, side by side in one run of 7 alternating rounds on 2026-11-24
+(``bench/RESULTS.md``). Against this client, aiohttp took 2.1x the CPU per
+request in the backend alone (1.5x streamed); through the gateway its worker
+took 1.13-1.22x the CPU per request and did 0.86-0.93x the requests/s (1.14x
+the added p50 at c=1), and it held 43 KiB per open stream against 34. httpcore
+took 5-6x the CPU alone (22-38x at 32 requests at once), did 0.14-0.56x the
+requests/s, held 51 KiB per stream, and gives a connection back to its pool
+only in a task of its own, so a request right after a stream opens another.
+aiohttp passed every backend test; it is still slower on every measure, and
+it would be a dependency the core does not otherwise need.
+
 Connections are pooled per event loop and per origin: reused while the server
 keeps them alive (HTTP/1.1, no ``Connection: close``, the body read to its end),
 as many as the requests in flight, and at most :data:`MAX_IDLE` kept idle for at
