@@ -295,70 +295,166 @@ def test_csrf_trusted_origins_are_accepted_exactly(site):
         assert not same_origin(handshake({**host, "origin": origin})), origin
 
 
+def failing_layer(exc):
+    return mock.Mock(group_send=mock.AsyncMock(side_effect=exc))
+
+
 class PublishNeverBreaksARequestTests(TransactionTestCase):
     def setUp(self):
         self.key, _ = ApiKey.objects.create_key("tests")
         self.row = RequestLog.objects.create(
             request_id="req-1", key_prefix=self.key.prefix, status_code=200, duration_ms=1.0
         )
+        self.publisher = tail.Publisher()
+        patcher = mock.patch.object(tail, "publisher", self.publisher)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+
+    def published_to(self, layer):
+        return mock.patch.object(tail, "get_channel_layer", return_value=layer)
 
     @override_settings(CHANNEL_LAYERS={})
     async def test_without_a_channel_layer_publish_does_nothing(self):
         assert get_channel_layer() is None
         with self.assertNoLogs("chatparity.dashboard.tail"):
             await tail.publish(self.row)
+            await self.publisher.drained()
+        assert (self.publisher.sent, self.publisher.dropped) == (0, 0)
 
-    async def test_a_failing_layer_is_logged_and_swallowed(self):
-        layer = mock.Mock(group_send=mock.AsyncMock(side_effect=ConnectionError("redis down")))
+    async def test_publishing_waits_for_nothing(self):
+        sending = asyncio.Event()
+
+        async def slow(group, message):
+            sending.set()
+            await asyncio.sleep(60)
+
+        with self.published_to(mock.Mock(group_send=slow)):
+            coroutine = tail.publish(self.row)
+            with pytest.raises(StopIteration):  # done without giving the event loop a turn
+                coroutine.send(None)
+            await asyncio.wait_for(sending.wait(), timeout=5)  # sent in the background
+
+    async def test_failures_are_dropped_counted_and_logged_once_per_interval(self):
         with (
-            mock.patch.object(tail, "get_channel_layer", return_value=layer),
-            self.assertLogs("chatparity.dashboard.tail", logging.ERROR) as logs,
+            self.published_to(failing_layer(ConnectionError("redis down"))),
+            self.assertLogs("chatparity.dashboard.tail", logging.WARNING) as logs,
+        ):
+            for _ in range(5):
+                await tail.publish(self.row)
+            await self.publisher.drained()
+        assert (self.publisher.sent, self.publisher.dropped) == (0, 5)
+        assert len(logs.output) == 1
+        assert "redis down" in logs.output[0]
+
+    async def test_the_next_interval_logs_what_was_dropped_since(self):
+        with (
+            self.published_to(failing_layer(ConnectionError("redis down"))),
+            mock.patch.object(tail, "LOG_INTERVAL", 0),
+            self.assertLogs("chatparity.dashboard.tail", logging.WARNING) as logs,
         ):
             await tail.publish(self.row)
-        assert "req-1" in logs.output[0]
-        layer.group_send.assert_awaited_once()
+            await self.publisher.drained()
+            await tail.publish(self.row)
+            await self.publisher.drained()
+        assert len(logs.output) == 2
 
     async def test_a_hanging_layer_is_given_up_on(self):
         async def hang(group, message):
             await asyncio.sleep(60)
 
-        layer = mock.Mock(group_send=hang)
         with (
-            mock.patch.object(tail, "get_channel_layer", return_value=layer),
+            self.published_to(mock.Mock(group_send=hang)),
             mock.patch.object(tail, "PUBLISH_TIMEOUT", 0.05),
-            self.assertLogs("chatparity.dashboard.tail", logging.ERROR),
+            self.assertLogs("chatparity.dashboard.tail", logging.WARNING),
         ):
-            await asyncio.wait_for(tail.publish(self.row), timeout=5)
+            await tail.publish(self.row)
+            await asyncio.wait_for(self.publisher.drained(), timeout=5)
+        assert self.publisher.dropped == 1
+
+    async def test_the_queue_is_bounded(self):
+        async def hang(group, message):
+            await asyncio.sleep(60)
+
+        with (
+            self.published_to(mock.Mock(group_send=hang)),
+            mock.patch.object(tail, "MAX_QUEUED", 3),
+            mock.patch.object(tail, "PUBLISH_TIMEOUT", 0.05),
+            self.assertLogs("chatparity.dashboard.tail", logging.WARNING) as logs,
+        ):
+            for _ in range(10):
+                await tail.publish(self.row)
+            assert self.publisher.dropped == 7  # three queued, the rest at once
+            await self.publisher.drained()
+        assert "the queue is full" in logs.output[0]
+        assert (self.publisher.sent, self.publisher.dropped) == (0, 10)
 
     async def test_a_logged_request_survives_a_failing_layer(self):
-        layer = mock.Mock(group_send=mock.AsyncMock(side_effect=RuntimeError("boom")))
-        with (
-            mock.patch.object(tail, "get_channel_layer", return_value=layer),
-            self.assertLogs("chatparity.dashboard.tail", logging.ERROR),
-        ):
+        with self.published_to(failing_layer(RuntimeError("boom"))):
             row = await Accounting(UsageRecord(request_id="req-2", api_key=self.key)).close()
+            await self.publisher.drained()
         assert await RequestLog.objects.filter(request_id=row.request_id).aexists()
         await self.key.arefresh_from_db()
         assert self.key.last_used_at is not None
+        assert self.publisher.dropped == 1
+
+
+# The layer's connections are named so that CLIENT LIST tells them from any other client.
+CLIENT_NAME = "chatparity-tail-test"
 
 
 class RedisLayerTests(TransactionTestCase):
-    async def test_a_published_row_reaches_the_group_through_redis(self):
+    def setUp(self):
         from channels_redis.core import RedisChannelLayer
 
-        layer = RedisChannelLayer(hosts=[self.redis_url])
-        channel = await layer.new_channel()
-        await layer.group_add(tail.GROUP, channel)
+        self.layer = RedisChannelLayer(
+            hosts=[{"address": self.redis_url, "client_name": CLIENT_NAME}], capacity=1000
+        )
+        self.publisher = tail.Publisher()
+        for patcher in (
+            mock.patch.object(tail, "publisher", self.publisher),
+            mock.patch.object(tail, "get_channel_layer", return_value=self.layer),
+        ):
+            patcher.start()
+            self.addCleanup(patcher.stop)
+
+    async def row(self, request_id):
         key = await ApiKey.objects.acreate(name="k", prefix="sk-cp-abcd", hashed_key="x" * 64)
-        row = await RequestLog.objects.acreate(
-            request_id="req-redis", api_key=key, key_prefix=key.prefix, status_code=200,
+        return await RequestLog.objects.acreate(
+            request_id=request_id, api_key=key, key_prefix=key.prefix, status_code=200,
             duration_ms=1.0,
         )  # fmt: skip
-        with mock.patch.object(tail, "get_channel_layer", return_value=layer):
-            await tail.publish(row)
-        message = await asyncio.wait_for(layer.receive(channel), timeout=5)
+
+    async def test_a_published_row_reaches_the_group_through_redis(self):
+        channel = await self.layer.new_channel()
+        await self.layer.group_add(tail.GROUP, channel)
+        await tail.publish(await self.row("req-redis"))
+        message = await asyncio.wait_for(self.layer.receive(channel), timeout=5)
         assert message["request"]["request_id"] == "req-redis"
-        await layer.flush()
+        await self.layer.flush()
+
+    async def test_500_requests_ending_at_once_wait_for_nothing_and_take_one_connection(self):
+        import redis.asyncio
+
+        channel = await self.layer.new_channel()
+        await self.layer.group_add(tail.GROUP, channel)
+        row = await self.row("req-burst")
+        for _ in range(500):  # what 500 requests ending at once do, each in its own task
+            with pytest.raises(StopIteration):  # none of them waits for Redis
+                tail.publish(row).send(None)
+
+        observer = redis.asyncio.Redis.from_url(self.redis_url)
+        most = 0
+        async with asyncio.timeout(30):
+            while self.publisher.sent + self.publisher.dropped < 500:
+                clients = await observer.client_list()
+                most = max(most, sum(client["name"] == CLIENT_NAME for client in clients))
+                await asyncio.sleep(0.001)
+        await observer.aclose()
+        assert (self.publisher.sent, self.publisher.dropped) == (500, 0)
+        assert most == 1
+        received = [await asyncio.wait_for(self.layer.receive(channel), 5) for _ in range(500)]
+        assert {message["request"]["request_id"] for message in received} == {"req-burst"}
+        await self.layer.flush()
 
 
 @pytest.fixture(autouse=True)

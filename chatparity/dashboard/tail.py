@@ -1,9 +1,20 @@
-"""The live tail: a compact summary of every finished request, sent to a channel layer group."""
+"""The live tail: a compact summary of every finished request, sent to a channel layer group.
+
+A finished request only queues its summary: one task per event loop sends the
+queue to the layer, one summary at a time, so a worker holds one of the layer's
+connections for the tail however many requests end at once (a burst of 500
+concurrent sends took 200 connections per worker and failed most of them). What
+the queue or the layer cannot take is dropped and counted (:data:`publisher`),
+and logged at most once per ``LOG_INTERVAL``.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
+from collections import deque
 from typing import Any
 
 from channels.layers import InMemoryChannelLayer, get_channel_layer
@@ -16,8 +27,13 @@ TAIL_PATH = "ws/chatparity/tail/"
 GROUP = "chatparity.tail"
 # The consumer method that receives it: LiveTailConsumer.tail_request.
 MESSAGE_TYPE = "tail.request"
-# A slow or unreachable layer (e.g. Redis down) must not hold up the request that finished.
+# Seconds one summary may take to send: a slow or unreachable layer (e.g. Redis
+# down) drops it rather than holding up the ones behind it.
 PUBLISH_TIMEOUT = 1.0
+# Summaries waiting to be sent, per event loop: past this many, new ones are dropped.
+MAX_QUEUED = 1000
+# Seconds between two log lines about dropped summaries.
+LOG_INTERVAL = 60.0
 
 
 def summary(row: RequestLog) -> dict[str, Any]:
@@ -48,15 +64,77 @@ def _nobody_watching(layer: Any) -> bool:
     return isinstance(layer, InMemoryChannelLayer) and not layer.groups.get(GROUP)
 
 
+class Publisher:
+    """Sends the tail's messages to the channel layer in the background: a bounded
+    queue per event loop, drained one message at a time by one task while it has any."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        """Messages the layer took."""
+        self.dropped = 0
+        """Messages lost: the queue was full, or the layer failed or was too slow."""
+        self._queues: dict[asyncio.AbstractEventLoop, deque[dict[str, Any]]] = {}
+        self._drains: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
+        self._unlogged = 0  # dropped since the last log line
+        self._logged_at = -math.inf
+
+    def put(self, message: dict[str, Any]) -> None:
+        """Queue ``message`` for the group; at once, without waiting for anything."""
+        loop = asyncio.get_running_loop()
+        queue = self._queues.get(loop)
+        if queue is None:
+            queue = self._queues[loop] = deque()
+            self._drains[loop] = loop.create_task(self._drain(loop, queue))
+        if len(queue) >= MAX_QUEUED:
+            self._drop("the queue is full")
+        else:
+            queue.append(message)
+
+    async def drained(self) -> None:
+        """Wait until what this event loop queued is sent or dropped."""
+        drain = self._drains.get(asyncio.get_running_loop())
+        if drain is not None:
+            await asyncio.shield(drain)
+
+    async def _drain(self, loop: asyncio.AbstractEventLoop, queue: deque[dict[str, Any]]) -> None:
+        try:
+            while queue:
+                message = queue.popleft()
+                try:
+                    async with asyncio.timeout(PUBLISH_TIMEOUT):
+                        await get_channel_layer().group_send(GROUP, message)
+                except Exception as exc:
+                    self._drop(repr(exc))
+                else:
+                    self.sent += 1
+        finally:  # the loop is empty (no await since the last check), or it is closing
+            self.dropped += len(queue)
+            del self._queues[loop], self._drains[loop]
+
+    def _drop(self, reason: str) -> None:
+        self.dropped += 1
+        self._unlogged += 1
+        now = time.monotonic()
+        if now - self._logged_at >= LOG_INTERVAL:
+            logger.warning(
+                "chatparity: %d live tail message(s) dropped (%s; %d in all)",
+                self._unlogged,
+                reason,
+                self.dropped,
+            )
+            self._unlogged, self._logged_at = 0, now
+
+
+publisher = Publisher()
+"""This process's publisher of the live tail."""
+
+
 async def publish(row: RequestLog, **kwargs: Any) -> None:
-    """Send ``row``'s summary to the tail's group; never raises, a no-op without a layer.
+    """Queue ``row``'s summary for the tail's group, without waiting for the layer; a
+    no-op without a layer or, on an in-memory layer, without a tail open.
 
     A receiver of :data:`chatparity.signals.request_logged`, hence ``kwargs``."""
-    try:
-        layer = get_channel_layer()
-        if layer is None or _nobody_watching(layer):
-            return
-        async with asyncio.timeout(PUBLISH_TIMEOUT):
-            await layer.group_send(GROUP, {"type": MESSAGE_TYPE, "request": summary(row)})
-    except Exception:
-        logger.exception("Could not publish request %s to the live tail", row.request_id)
+    layer = get_channel_layer()
+    if layer is None or _nobody_watching(layer):
+        return
+    publisher.put({"type": MESSAGE_TYPE, "request": summary(row)})
