@@ -16,6 +16,7 @@ from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, Usage
 from tests.asgi import http_scope
+from tests.backends import faulty_upstream
 
 
 class SlowStartBackend:
@@ -59,24 +60,10 @@ def keepalives_then_data(content):
     return comments, [frame[6:-2] for frame in data]
 
 
-@override_settings(CHATPARITY=SETTINGS)
-class SlowBackendTests(TestCase):
-    @classmethod
-    def setUpTestData(cls):
-        cls.key, cls.plaintext = ApiKey.objects.create_key("tests")
-
-        def alias(name, fallbacks=(), **options):
-            backend = Backend.objects.create(name=name, kind="slow", options=options)
-            ModelAlias.objects.create(public_id=name, backend=backend, fallbacks=list(fallbacks))
-
-        alias("fast", delay=0, text="quick")
-        alias("slow", delay=0.5, text="late")
-        alias("silent", delay=None)
-        alias("refusing", delay=0.2, fail=400)
-        alias("overloaded-then-slow", delay=0.2, fail=503, fallbacks=["slow"])
+class GatewayTestCase(TestCase):
+    """Requests through the ASGI fast path, timed."""
 
     def setUp(self):
-        SlowStartBackend.stopped.clear()
         self.application = FastPath(get_asgi_application())
 
     async def send(self, model, **body):
@@ -104,6 +91,27 @@ class SlowBackendTests(TestCase):
 
     async def row(self):
         return await RequestLog.objects.aget()
+
+
+@override_settings(CHATPARITY=SETTINGS)
+class SlowBackendTests(GatewayTestCase):
+    @classmethod
+    def setUpTestData(cls):
+        cls.key, cls.plaintext = ApiKey.objects.create_key("tests")
+
+        def alias(name, fallbacks=(), **options):
+            backend = Backend.objects.create(name=name, kind="slow", options=options)
+            ModelAlias.objects.create(public_id=name, backend=backend, fallbacks=list(fallbacks))
+
+        alias("fast", delay=0, text="quick")
+        alias("slow", delay=0.5, text="late")
+        alias("silent", delay=None)
+        alias("refusing", delay=0.2, fail=400)
+        alias("overloaded-then-slow", delay=0.2, fail=503, fallbacks=["slow"])
+
+    def setUp(self):
+        super().setUp()
+        SlowStartBackend.stopped.clear()
 
     async def test_a_fast_backend_sends_no_keepalive(self):
         start, _, content = await self.ask("fast", stream=True)
@@ -195,6 +203,43 @@ class SlowBackendTests(TestCase):
         assert SlowStartBackend.stopped == ["silent"]
         row = await self.row()
         assert (row.status_code, row.cancelled) == (200, True)
+
+
+@override_settings(CHATPARITY={**SETTINGS, "FIRST_BYTE_TIMEOUT": 0.5})
+class SilentUpstreamTests(GatewayTestCase):
+    """An upstream that accepts the connection and never answers (its backend's own
+    timeout ten minutes away): the client hears keepalives, then a 504, in
+    ``FIRST_BYTE_TIMEOUT``."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.upstream, stop = faulty_upstream.start("")
+        cls.addClassCleanup(stop)
+        super().setUpClass()
+
+    @classmethod
+    def setUpTestData(cls):
+        cls.key, cls.plaintext = ApiKey.objects.create_key("tests")
+        backend = Backend.objects.create(
+            name="faulty", kind="openai", base_url=cls.upstream.base_url, timeout=600
+        )
+        ModelAlias.objects.create(public_id="silent-upstream", backend=backend, model="silent")
+
+    async def test_a_stream_hears_keepalives_then_a_504_frame(self):
+        start, started, content = await self.ask("silent-upstream", stream=True)
+        assert start["status"] == 200
+        assert started < 0.4
+        comments, data = keepalives_then_data(content)
+        assert len(comments) >= 5
+        assert orjson.loads(data[0])["error"]["code"] == "request_timeout"
+        row = await self.row()
+        assert (row.status_code, row.error_code) == (200, "request_timeout")
+
+    async def test_a_request_that_does_not_stream_gets_a_504_in_time(self):
+        start, started, content = await self.ask("silent-upstream")
+        assert start["status"] == 504
+        assert 0.5 <= started < 3
+        assert orjson.loads(content)["error"]["code"] == "request_timeout"
 
 
 @override_settings(CHATPARITY=SETTINGS)
