@@ -145,12 +145,13 @@ def serve(
     headers: dict[str, str] | None = None,
     env: dict[str, str] | None = None,
     log_file: Path | None = None,
+    cwd: Path = ROOT,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run ``command`` (its own process group) until ``url`` answers 200; stop it after."""
     output = log_file.open("ab") if log_file else subprocess.DEVNULL
     process = subprocess.Popen(
         command,
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         stdout=output,
         stderr=subprocess.STDOUT,
