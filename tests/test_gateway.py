@@ -4,6 +4,8 @@ first-byte timeout when it never does, and a row that says what the client got."
 import asyncio
 import time
 
+import httpx
+import openai
 import orjson
 from asgiref.testing import ApplicationCommunicator
 from django.core.asgi import get_asgi_application
@@ -133,6 +135,29 @@ class SlowBackendTests(GatewayTestCase):
         assert data[-1] == b"[DONE]"
         row = await self.row()
         assert (row.status_code, row.error_code, row.completion_tokens) == (200, "", 1)
+
+    async def test_openais_client_reads_a_kept_alive_stream_as_any_other(self):
+        sent = []
+
+        async def recording(scope, receive, send):
+            async def record(message):
+                sent.append(message.get("body", b""))
+                await send(message)
+
+            await self.application(scope, receive, record)
+
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=recording))
+        client = openai.AsyncOpenAI(
+            api_key=self.plaintext, base_url="http://testserver/v1", http_client=http
+        )
+        async with client:
+            stream = await client.chat.completions.create(
+                model="slow", messages=[{"role": "user", "content": "Hi"}], stream=True
+            )
+            chunks = [chunk async for chunk in stream]
+        assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == "late"
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        assert b"".join(sent).startswith(KEEPALIVE)
 
     async def test_a_slow_request_that_is_invalid_still_gets_its_status(self):
         start, _, content = await self.ask("slow", stream=True, temperature=7)
