@@ -56,14 +56,17 @@ class Accounting:
         record.model_alias = alias
         record.backend, record.upstream_model = alias.backend.name, alias.model
 
-    async def admit(self, alias: ModelAlias, estimated_tokens: int) -> None:
-        """Reserve the request on ``alias`` (OpenAI's 429 when a limit refuses it)."""
-        self.admission = await ratelimit.admit(self.record.api_key, alias, estimated_tokens)
+    async def admit(self, alias: ModelAlias, chat: ChatRequest) -> None:
+        """Reserve ``chat`` as ``alias`` serves it: its prompt and its completion cap in
+        every limit (OpenAI's 429 when one refuses it)."""
+        estimate = ratelimit.Estimate.of(chat, alias)
+        self.admission = await ratelimit.admit(self.record.api_key, alias, estimate)
 
-    async def switch(self, alias: ModelAlias, estimated_tokens: int) -> None:
-        """Move the admitted request to ``alias``, a fallback, under its own limits."""
+    async def switch(self, alias: ModelAlias, chat: ChatRequest) -> None:
+        """Move the admitted request to ``alias``, a fallback, under its own limits, as
+        ``chat`` (the request as ``alias`` serves it)."""
         assert self.admission is not None, "a request is admitted before it falls back"
-        await self.admission.switch(alias, estimated_tokens)
+        await self.admission.switch(alias, ratelimit.Estimate.of(chat, alias))
         self.served_by(alias)
 
     def answering(self, completion_id: str) -> None:
@@ -103,7 +106,7 @@ class Accounting:
 
     async def close(self) -> RequestLog:
         """Settle the limits (the slot in flight given back, the tokens reserved made
-        what was used), write the row, then send
+        what was used) before anything else, write the row, then send
         :data:`~chatparity.signals.request_logged`: once, whatever happened. The row,
         written or not (a row the database refuses is logged, never raised)."""
         if self._row is not None:

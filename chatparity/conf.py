@@ -33,6 +33,11 @@ DEFAULTS: dict[str, Any] = {
     # Rate limit and budget counters live here when set (redis://...); else in
     # Django's default cache, which must then be shared by all workers.
     "REDIS_URL": None,
+    # When the rate-limit counters cannot be reached (Redis stopped or frozen):
+    # "open" serves limited keys unchecked (their use is counted once it can be),
+    # "closed" refuses them with a 503 service_unavailable. Keys without limits are
+    # served either way.
+    "LIMITS_WHEN_UNAVAILABLE": "open",
     # Seconds a worker keeps what it read of keys and aliases. A change saved in
     # the same process applies at once; others (another worker's, a queryset
     # update()) within this time: a revoked key may serve that much longer.
@@ -103,6 +108,7 @@ class AppSettings:
     LOCAL_MODEL: Setting[dict[str, Any]] = Setting()
     KEY_PREFIX: Setting[str] = Setting()
     REDIS_URL: Setting[str | None] = Setting()
+    LIMITS_WHEN_UNAVAILABLE: Setting[str] = Setting()
     CACHE_SECONDS: Setting[float] = Setting()
     LOG_BODIES: Setting[bool] = Setting()
     SYSTEM_FINGERPRINT: Setting[str | None] = Setting()

@@ -115,6 +115,9 @@ def _huge_stream() -> list[str]:
     return [data(chunk(role="assistant", content="")), *[piece] * (HUGE_BYTES // len(_PIECE))]
 
 
+LONG_LINE = 4096  # bytes: the cap the tests set (CHATPARITY["MAX_UPSTREAM_LINE_BYTES"])
+OVERLONG = data(chunk("x" * LONG_LINE))
+
 ERROR_EVENT = [
     data(chunk(role="assistant", content="")),
     data(chunk("partial")),
@@ -251,7 +254,7 @@ def behaviours(upstream: FaultyUpstream) -> dict[str, Handler]:
         await asyncio.sleep(30)
 
     async def silent(writer):
-        await asyncio.sleep(3600)  # the connection is accepted, the request never answered
+        await asyncio.sleep(120)  # accepted, never answered (beyond any first-byte timeout)
 
     async def html(writer):
         await _head(writer, 200, "text/html")
@@ -320,6 +323,10 @@ def behaviours(upstream: FaultyUpstream) -> dict[str, Handler]:
         "whole": lambda w: _json(w, 200, WHOLE, close=False),
         "whole-tool-calls": lambda w: _json(w, 200, WHOLE_TOOL_CALLS),
         "whole-without-usage": lambda w: _json(w, 200, {**WHOLE, "usage": None}),
+        # A line over the tests' cap, before the first event or after; no choice at all.
+        "long-line-first": lambda w: _stream(w, [OVERLONG, "data: [DONE]\n\n"], close=False),
+        "long-line": lambda w: _stream(w, [*CANONICAL[:2], OVERLONG, *CANONICAL[2:]], pause=0.02),
+        "empty-stream": lambda w: _stream(w, ["data: [DONE]\n\n"]),
         "keep-alive-busy": lambda w: _json(
             w, 503, {"error": {"message": "busy", "type": "server_error"}}, close=False
         ),
