@@ -1,9 +1,10 @@
 """Two revisions of chatparity side by side: the same stub, the same wrk load, alternating rounds.
 
-    .venv/bin/python bench/versions.py BASE [--rounds 5] [--duration 4]
+    .venv/bin/python bench/versions.py BASE [HEAD] [--rounds 5] [--duration 4]
 
 ``BASE`` is a git revision (e.g. the commit a change started from); it is checked
-out into a temporary worktree and served beside the working tree, each by one
+out into a temporary worktree and served beside ``HEAD`` (another revision, or
+by default the working tree), each by one
 uvicorn worker of the example project on a fresh SQLite file, request logging on,
 through its ``openai`` backend to one stub upstream. Each round measures both
 (in alternating order) and the stub directly; the table gives medians and the
@@ -73,6 +74,18 @@ def _site(tree: Path, work: Path, upstream: str) -> Iterator[tuple[str, str]]:
         yield url, key
 
 
+def _checkout(stack: ExitStack, revision: str, tree: Path) -> Path:
+    """``revision`` in a temporary git worktree at ``tree``, removed when ``stack`` closes."""
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(tree), revision],
+        cwd=ROOT, check=True, capture_output=True,
+    )  # fmt: skip
+    stack.callback(
+        subprocess.run, ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False
+    )
+    return tree
+
+
 def _median_ratio(pairs: list[tuple[float, float]]) -> float:
     return statistics.median(new / old for old, new in pairs)
 
@@ -84,31 +97,23 @@ def _added_p50(cells: list[Cell], direct: list[Cell]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("base", help="the git revision to compare the working tree with")
+    parser.add_argument("base", help="the git revision to compare with")
+    parser.add_argument("head", nargs="?", help="a second revision; default: the working tree")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--duration", type=int, default=4, help="measured seconds per cell")
     args = parser.parse_args()
     raise_file_limit()
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cp-versions-")))
-        base_tree = work / "tree"
-        subprocess.run(
-            ["git", "worktree", "add", "--detach", str(base_tree), args.base],
-            cwd=ROOT, check=True, capture_output=True,
-        )  # fmt: skip
-        stack.callback(
-            subprocess.run,
-            ["git", "worktree", "remove", "--force", str(base_tree)],
-            cwd=ROOT,
-            check=False,
-        )
+        base_tree = _checkout(stack, args.base, work / "base-tree")
+        head_tree = _checkout(stack, args.head, work / "head-tree") if args.head else ROOT
         stub_port = free_port()
         stub = f"http://127.0.0.1:{stub_port}/v1"
         stack.enter_context(
             serve(stub_command(stub_port), f"http://127.0.0.1:{stub_port}/bench/stats")
         )
         sites = {}
-        for label, tree in (("base", base_tree), ("head", ROOT)):
+        for label, tree in (("base", base_tree), ("head", head_tree)):
             (work / label).mkdir()
             sites[label] = stack.enter_context(_site(tree, work / label, stub))
         cells: dict[tuple[str, bool, int], list[Cell]] = {}
@@ -124,7 +129,8 @@ def main() -> None:
                         seconds=args.duration, work=work,
                     )  # fmt: skip
                     cells.setdefault((label, stream, concurrency), []).append(cell)
-        print(f"\n{args.base} (base) vs the working tree (head), {args.rounds} rounds\n")
+        head = args.head or "the working tree"
+        print(f"\n{args.base} (base) vs {head} (head), {args.rounds} rounds\n")
         print("| workload | conc. | base req/s | head req/s | head/base | base added p50 ms"
               " | head added p50 ms | failures |")  # fmt: skip
         print("|---|--:|--:|--:|--:|--:|--:|--:|")

@@ -1,4 +1,4 @@
-"""Rate limits and budgets, enforced atomically across processes and machines.
+"""Rate limits and budgets, reserved atomically across processes and machines.
 
 Per key: requests and tokens per minute, requests in flight, and a token or
 cost budget per day or month; per key and alias: requests and tokens per
@@ -7,13 +7,29 @@ minute, set on the alias. Counters live in Redis when
 must be shared by every worker: Redis or memcached, not local memory, once
 there is more than one process).
 
-A request is admitted by :func:`admit`, which reserves what it may use (one
-request, its prompt plus ``max_tokens``, one slot in flight) and raises
-OpenAI's 429 when a limit would be passed (a request with no key, an admin's
-trial, passes only the alias's limits, as one more client of its own);
-:meth:`Admission.switch` moves it to a fallback alias, under that alias's own
-limits; :meth:`Admission.settle` puts the real token count and cost in place
-of the reservation when the request ends.
+A request is admitted by :func:`admit`, which reserves everything it may use
+before it runs: one request, its prompt plus its completion cap (``max_tokens``
+per choice, else :func:`completion_cap`) in every tokens-per-minute window and
+the token budget, that many tokens at the alias's prices in the cost budget,
+and a slot in flight. Either all of it is reserved or none, with OpenAI's 429
+(in Redis one Lua script does it, so concurrent workers can never pass a limit
+together); a request with no key, an admin's trial, passes only the alias's
+limits, as one more client of its own. :meth:`Admission.switch` moves it to a
+fallback alias, under that alias's own limits; :meth:`Admission.settle` puts
+what was really used in place of the reservation and frees the slot.
+
+A slot in flight is a lease: a member of the key's set with a deadline
+:data:`LEASE_SECONDS` ahead, renewed by each worker for its live requests
+every :data:`RENEW_SECONDS`, dropped by the next admission once past its
+deadline. A worker that dies leaves its slots for at most ``LEASE_SECONDS``.
+
+When the counters cannot be reached (Redis stopped or frozen: every call has a
+one-second time-out, and after a failure the store is left alone for a second),
+``CHATPARITY["LIMITS_WHEN_UNAVAILABLE"]`` decides: ``"open"`` serves limited
+keys unreserved, ``"closed"`` refuses them with a 503 ``service_unavailable``.
+Either way it is logged once a minute, not per request, and settling never
+raises.
+
 Minute windows are fixed windows of the UTC clock, as OpenAI's reset headers
 suggest.
 """
@@ -21,11 +37,14 @@ suggest.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
+import logging
 import math
 import time
+import uuid
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Protocol
@@ -33,48 +52,174 @@ from typing import Any, Protocol
 from asgiref.sync import sync_to_async
 from django.core.cache import DEFAULT_CACHE_ALIAS, cache, caches
 from django.core.cache.backends.locmem import LocMemCache
+from django.db import DatabaseError
 from django.db.models import Sum
 
 from .conf import app_settings
 from .models import ApiKey, ModelAlias, RequestLog
 from .protocol.errors import APIError
+from .protocol.request import ChatRequest
+from .protocol.tokens import approximate_prompt_tokens
+
+logger = logging.getLogger(__name__)
 
 MICRO = Decimal(1_000_000)  # cost counters count micro-dollars, as integers
-_CONCURRENCY_TTL = 3600  # a slot a crashed worker never gave back frees itself
+LEASE_SECONDS = 30.0  # a slot not renewed for this long is free again
+RENEW_SECONDS = 10.0  # how often a worker renews the slots of its live requests
+# The completion tokens reserved per choice when neither the request nor its alias
+# sets max_tokens and the backend's context window is unknown.
+DEFAULT_COMPLETION_CAP = 4096
+REDIS_TIMEOUT = 1.0  # seconds any call to the counters' Redis may take
+_RESTING_SECONDS = 1.0  # after a failure the store is not tried again for this long
+_LOG_INTERVAL = 60.0  # an outage is logged once per cause per interval
+_WINDOW_TTL = 120
+
+
+class Unavailable(Exception):
+    """The counters' store cannot be reached."""
+
+
+@dataclass
+class Change:
+    """One counter moved by ``amount``: refused if the result would pass ``limit``
+    (None: never refused). ``seeded``: a budget, whose counter must exist (seeded
+    from the log) before it is checked."""
+
+    counter: str
+    amount: int
+    limit: int | None
+    ttl: int
+    seeded: bool = False
+
+
+@dataclass
+class Lease:
+    """One slot in flight of a key that allows ``limit``: ``member`` of the set ``slots``."""
+
+    slots: str
+    limit: int
+    member: str = field(default_factory=lambda: uuid.uuid4().hex)
+    held: str | None = None  # the cache key of the slot, in the cache's store
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a reservation was refused: the change at ``index`` would pass its limit
+    (``value`` is the counter), or the lease's set is full, or a budget counter
+    is missing (``unseeded``)."""
+
+    index: int  # -1: the lease
+    value: int
+    unseeded: bool = False
 
 
 class Counters(Protocol):
-    """Integer counters with a time to live, changed atomically."""
+    """Integer counters with a time to live, and sets of leases."""
 
-    async def reserve(self, key: str, amount: int, limit: int, ttl: int) -> tuple[bool, int]:
-        """Add ``amount`` unless the sum would pass ``limit``; (admitted, value now)."""
+    async def reserve(
+        self, changes: Sequence[Change], lease: Lease | None
+    ) -> tuple[Refusal | None, list[int]]:
+        """Apply every change and take the lease, or none of it: (refusal, values now)."""
 
-    async def add(self, key: str, amount: int, ttl: int) -> int:
-        """Add ``amount`` (which may be negative); the value now."""
+    async def settle(self, amounts: Sequence[tuple[str, int]], lease: Lease | None) -> None:
+        """Add each amount to its counter where it still exists; give the lease back."""
 
-    async def get_or_seed(self, key: str, seed: int, ttl: int) -> int:
-        """The value, set to ``seed`` first if the counter does not exist."""
+    async def renew(self, leases: Sequence[Lease]) -> None:
+        """Move the deadlines of ``leases`` (those not yet expired) ``LEASE_SECONDS`` ahead."""
+
+    async def seed(self, counter: str, value: int, ttl: int) -> None:
+        """Create ``counter`` with ``value`` unless it exists."""
+
+    async def values(self, counters: Sequence[str]) -> list[int]:
+        """The counters (0 when missing)."""
+
+    async def in_flight(self, slots: str, limit: int) -> int:
+        """The live leases in ``slots``."""
 
 
 _RESERVE = """
-local value = tonumber(redis.call('GET', KEYS[1]) or '0')
-if value + tonumber(ARGV[1]) > tonumber(ARGV[2]) then return {0, value} end
-value = redis.call('INCRBY', KEYS[1], ARGV[1])
-redis.call('EXPIRE', KEYS[1], ARGV[3], 'NX')
-return {1, value}
+local n = tonumber(ARGV[1])
+local values = {}
+for i = 1, n do
+  local at = 2 + (i - 1) * 4
+  local raw = redis.call('GET', KEYS[i])
+  if not raw and ARGV[at + 3] == '1' then return {2, i - 1, 0} end
+  local value = tonumber(raw or '0')
+  local amount, limit = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
+  if limit >= 0 and amount > 0 and value + amount > limit then return {1, i - 1, value} end
+  values[i] = value
+end
+if #KEYS > n then
+  local slots, at = KEYS[n + 1], 2 + n * 4
+  local clock = redis.call('TIME')
+  local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+  redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
+  local live = redis.call('ZCARD', slots)
+  if live >= tonumber(ARGV[at + 1]) then return {1, -1, live} end
+  redis.call('ZADD', slots, now + tonumber(ARGV[at + 2]), ARGV[at])
+  redis.call('PEXPIRE', slots, 2 * tonumber(ARGV[at + 2]))
+end
+local result = {0, 0, 0}
+for i = 1, n do
+  local at = 2 + (i - 1) * 4
+  if tonumber(ARGV[at]) ~= 0 then
+    values[i] = redis.call('INCRBY', KEYS[i], ARGV[at])
+    redis.call('EXPIRE', KEYS[i], ARGV[at + 2], 'NX')
+  end
+  result[3 + i] = values[i]
+end
+return result
 """
-_ADD = """
-local value = redis.call('INCRBY', KEYS[1], ARGV[1])
-redis.call('EXPIRE', KEYS[1], ARGV[2], 'NX')
-return value
+_SETTLE = """
+local n = #KEYS
+if ARGV[1] ~= '' then
+  redis.call('ZREM', KEYS[n], ARGV[1])
+  n = n - 1
+end
+for i = 1, n do
+  if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('INCRBY', KEYS[i], ARGV[i + 1]) end
+end
 """
+_RENEW = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local lease = tonumber(ARGV[1])
+for i = 1, #KEYS do
+  redis.call('ZADD', KEYS[i], 'XX', 'GT', now + lease, ARGV[i + 1])
+  redis.call('PEXPIRE', KEYS[i], 2 * lease)
+end
+"""
+_IN_FLIGHT = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZCARD', KEYS[1])
+"""
+
+
+class _Resting:
+    """A store that failed is left alone for a moment: while Redis is frozen, one
+    request in a second waits for its time-out instead of every request."""
+
+    def __init__(self) -> None:
+        self._until = 0.0
+
+    def check(self) -> None:
+        if time.monotonic() < self._until:
+            raise Unavailable("resting after a failure")
+
+    def failed(self) -> None:
+        self._until = time.monotonic() + _RESTING_SECONDS
 
 
 class RedisCounters:
-    """Counters in Redis, each change one Lua script: atomic across machines."""
+    """Counters in Redis, each reservation or settlement one Lua script: atomic
+    across machines. Calls time out after :data:`REDIS_TIMEOUT`; a pooled connection
+    that died is replaced and the call tried once more."""
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self._resting = _Resting()
         # A client per event loop: redis.asyncio connections cannot move between loops.
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary()
@@ -82,45 +227,139 @@ class RedisCounters:
 
     def _client(self) -> Any:
         from redis.asyncio import Redis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+        from redis.exceptions import ConnectionError
 
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
-            client = self._clients[loop] = Redis.from_url(self.url)
+            client = self._clients[loop] = Redis.from_url(
+                self.url,
+                socket_timeout=REDIS_TIMEOUT,
+                socket_connect_timeout=REDIS_TIMEOUT,
+                health_check_interval=30,
+                # Only a refused or broken connection is retried: a script that timed
+                # out may have run, and must not run twice.
+                retry=Retry(NoBackoff(), 1, supported_errors=(ConnectionError,)),
+            )
         return client
 
-    async def reserve(self, key: str, amount: int, limit: int, ttl: int) -> tuple[bool, int]:
-        admitted, value = await self._client().eval(_RESERVE, 1, key, amount, limit, ttl)
-        return bool(admitted), int(value)
+    async def _eval(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        from redis.exceptions import ConnectionError, TimeoutError
 
-    async def add(self, key: str, amount: int, ttl: int) -> int:
-        return int(await self._client().eval(_ADD, 1, key, amount, ttl))
+        self._resting.check()
+        try:
+            return await self._client().eval(script, len(keys), *keys, *args)
+        except (ConnectionError, TimeoutError, OSError) as exc:
+            self._resting.failed()
+            raise Unavailable(str(exc)) from exc
 
-    async def get_or_seed(self, key: str, seed: int, ttl: int) -> int:
-        client = self._client()
-        await client.set(key, seed, ex=ttl, nx=True)
-        return int(await client.get(key) or 0)
+    async def reserve(
+        self, changes: Sequence[Change], lease: Lease | None
+    ) -> tuple[Refusal | None, list[int]]:
+        keys = [change.counter for change in changes]
+        args: list[Any] = [len(changes)]
+        for change in changes:
+            limit = -1 if change.limit is None else change.limit
+            args += [change.amount, limit, change.ttl, int(change.seeded)]
+        if lease is not None:
+            keys.append(lease.slots)
+            args += [lease.member, lease.limit, int(LEASE_SECONDS * 1000)]
+        status, index, value, *values = await self._eval(_RESERVE, keys, args)
+        if status:
+            return Refusal(int(index), int(value), unseeded=status == 2), []
+        return None, [int(v) for v in values]
+
+    async def settle(self, amounts: Sequence[tuple[str, int]], lease: Lease | None) -> None:
+        keys = [counter for counter, _ in amounts]
+        args: list[Any] = ["" if lease is None else lease.member]
+        args += [amount for _, amount in amounts]
+        if lease is not None:
+            keys.append(lease.slots)
+        await self._eval(_SETTLE, keys, args)
+
+    async def renew(self, leases: Sequence[Lease]) -> None:
+        args: list[Any] = [int(LEASE_SECONDS * 1000), *(lease.member for lease in leases)]
+        await self._eval(_RENEW, [lease.slots for lease in leases], args)
+
+    async def seed(self, counter: str, value: int, ttl: int) -> None:
+        await self._eval("return redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2], 'NX')",
+                         [counter], [value, ttl])  # fmt: skip
+
+    async def values(self, counters: Sequence[str]) -> list[int]:
+        script = "return redis.call('MGET', unpack(KEYS))"
+        return [int(value or 0) for value in await self._eval(script, counters, [])]
+
+    async def in_flight(self, slots: str, limit: int) -> int:
+        return int(await self._eval(_IN_FLIGHT, [slots], []))
 
 
 class CacheCounters:
-    """Counters in Django's default cache. Its synchronous ``incr`` is atomic where
-    the cache is shared (Redis, memcached) or in-process (local memory); its async
-    ``aincr`` is a get and a set, so it is not used. A reservation that would pass
-    its limit is taken back: a race can refuse a request that would have fitted,
-    never admit one that does not."""
+    """Counters in Django's default cache, as atomic as the cache allows: each counter
+    changes by the cache's ``incr`` (atomic in Redis, memcached and local memory), and a
+    reservation that would pass a limit is taken back, so a race can refuse a request
+    that would have fitted, never admit one that does not; but a reservation across
+    several counters is not one step. A slot in flight is one of ``limit`` cache keys,
+    claimed with ``add`` (atomic) for ``LEASE_SECONDS`` and renewed with ``touch``; a
+    slot that expires between a renewal's read and its touch may be renewed for
+    another request."""
 
-    async def reserve(self, key: str, amount: int, limit: int, ttl: int) -> tuple[bool, int]:
-        value = await self.add(key, amount, ttl)
-        if value > limit:
-            return False, await _sync(cache.incr, key, -amount)
-        return True, value
+    def __init__(self) -> None:
+        self._resting = _Resting()
 
-    async def add(self, key: str, amount: int, ttl: int) -> int:
-        return int(await _sync(_add, key, amount, ttl))
+    async def _call(self, function: Callable[..., Any], *args: Any) -> Any:
+        self._resting.check()
+        try:
+            return await _sync(function, *args)
+        except Exception as exc:  # each cache backend raises its own errors
+            self._resting.failed()
+            raise Unavailable(repr(exc)) from exc
 
-    async def get_or_seed(self, key: str, seed: int, ttl: int) -> int:
-        await _sync(cache.add, key, seed, ttl)
-        return int(await _sync(cache.get, key, seed))
+    async def reserve(
+        self, changes: Sequence[Change], lease: Lease | None
+    ) -> tuple[Refusal | None, list[int]]:
+        for index, change in enumerate(changes):
+            if change.seeded and await self._call(cache.get, change.counter) is None:
+                return Refusal(index, 0, unseeded=True), []
+        values: list[int] = []
+        for index, change in enumerate(changes):
+            value = await self._call(_add, change.counter, change.amount, change.ttl)
+            values.append(value)
+            if change.limit is not None and change.amount > 0 and value > change.limit:
+                await self._undo(changes[: index + 1])
+                return Refusal(index, value - change.amount), []
+        if lease is not None:
+            lease.held = await self._call(_claim, lease)
+            if lease.held is None:
+                await self._undo(changes)
+                return Refusal(-1, lease.limit), []
+        return None, values
+
+    async def _undo(self, changes: Sequence[Change]) -> None:
+        for change in changes:
+            await self._call(_add, change.counter, -change.amount, change.ttl)
+
+    async def settle(self, amounts: Sequence[tuple[str, int]], lease: Lease | None) -> None:
+        if lease is not None and lease.held is not None:
+            await self._call(_release, lease.held, lease.member)
+        for counter, amount in amounts:
+            await self._call(_add_if_present, counter, amount)
+
+    async def renew(self, leases: Sequence[Lease]) -> None:
+        for lease in leases:
+            if lease.held is not None:
+                await self._call(_touch, lease.held, lease.member)
+
+    async def seed(self, counter: str, value: int, ttl: int) -> None:
+        await self._call(cache.add, counter, value, ttl)
+
+    async def values(self, counters: Sequence[str]) -> list[int]:
+        found = await self._call(cache.get_many, counters)
+        return [int(found.get(counter, 0)) for counter in counters]
+
+    async def in_flight(self, slots: str, limit: int) -> int:
+        return len(await self._call(cache.get_many, _slot_keys(slots, limit)))
 
 
 def _add(key: str, amount: int, ttl: int) -> int:
@@ -130,6 +369,32 @@ def _add(key: str, amount: int, ttl: int) -> int:
             return int(cache.incr(key, amount))
         except ValueError:  # expired between the two calls
             continue
+
+
+def _add_if_present(key: str, amount: int) -> None:
+    with contextlib.suppress(ValueError):  # expired, or a budget seeded later from the log
+        cache.incr(key, amount)
+
+
+def _slot_keys(slots: str, limit: int) -> list[str]:
+    return [f"{slots}:{index}" for index in range(limit)]
+
+
+def _claim(lease: Lease) -> str | None:
+    for slot in _slot_keys(lease.slots, lease.limit):
+        if cache.add(slot, lease.member, LEASE_SECONDS):
+            return slot
+    return None
+
+
+def _touch(slot: str, member: str) -> None:
+    if cache.get(slot) == member:
+        cache.touch(slot, LEASE_SECONDS)
+
+
+def _release(slot: str, member: str) -> None:
+    if cache.get(slot) == member:
+        cache.delete(slot)
 
 
 async def _sync(function: Callable[..., Any], *args: Any) -> Any:
@@ -151,6 +416,65 @@ def counters() -> Counters:
     return _counters[url]
 
 
+# -- leases renewed while their requests live -----------------------------------
+
+
+class _Renewer:
+    """The live leases of this event loop, renewed every ``RENEW_SECONDS`` by one task
+    that runs while there are any."""
+
+    def __init__(self) -> None:
+        self.leases: dict[str, tuple[Counters, Lease]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, store: Counters, lease: Lease) -> None:
+        self.leases[lease.member] = (store, lease)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def remove(self, lease: Lease) -> None:
+        self.leases.pop(lease.member, None)
+        if not self.leases and self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _run(self) -> None:
+        while self.leases:
+            await asyncio.sleep(RENEW_SECONDS)
+            by_store: dict[int, tuple[Counters, list[Lease]]] = {}
+            for store, lease in list(self.leases.values()):
+                by_store.setdefault(id(store), (store, []))[1].append(lease)
+            for store, leases in by_store.values():
+                try:
+                    await store.renew(leases)
+                except Unavailable as exc:
+                    log_once("renew", "chatparity: slots in flight not renewed: %s", exc)
+
+
+_renewers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Renewer] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _renewer() -> _Renewer:
+    loop = asyncio.get_running_loop()
+    renewer = _renewers.get(loop)
+    if renewer is None:
+        renewer = _renewers[loop] = _Renewer()
+    return renewer
+
+
+_logged: dict[str, float] = {}
+
+
+def log_once(cause: str, message: str, *args: Any) -> None:
+    """Log a warning for ``cause`` at most once per ``_LOG_INTERVAL``."""
+    now = time.monotonic()
+    if now - _logged.get(cause, -_LOG_INTERVAL) >= _LOG_INTERVAL:
+        _logged[cause] = now
+        logger.warning(message, *args)
+
+
 # -- the rules ----------------------------------------------------------------
 
 
@@ -160,24 +484,6 @@ def _reset(seconds: float) -> str:
         return f"{max(1, round(seconds * 1000))}ms"
     minutes, rest = divmod(math.ceil(seconds), 60)
     return f"{minutes}m{rest}s" if minutes else f"{rest}s"
-
-
-@dataclass
-class Window:
-    """One per-minute limit as it stands for this request."""
-
-    name: str  # "requests" or "tokens": the suffix of its headers
-    key: str
-    limit: int
-    reserved: int  # what this request put in it
-    used: int = 0
-
-    def headers(self, reset_in: float) -> dict[str, str]:
-        return {
-            f"x-ratelimit-limit-{self.name}": str(self.limit),
-            f"x-ratelimit-remaining-{self.name}": str(max(0, self.limit - self.used)),
-            f"x-ratelimit-reset-{self.name}": _reset(reset_in),
-        }
 
 
 def rate_limited(message: str, kind: str, retry_after: float, headers: dict[str, str]) -> APIError:
@@ -198,6 +504,18 @@ def insufficient_quota(retry_after: float) -> APIError:
     return error
 
 
+def limits_unavailable() -> APIError:
+    """The 503 a limited key gets while its limits cannot be checked (fail-closed)."""
+    error = APIError(
+        "The rate limiter is unavailable at the moment; please retry shortly.",
+        status=503,
+        type="server_error",
+        code="service_unavailable",
+    )
+    error.headers = {"retry-after": "1"}
+    return error
+
+
 def _period(
     key: ApiKey, now: datetime.datetime
 ) -> tuple[str, datetime.datetime, datetime.datetime]:
@@ -215,124 +533,238 @@ def cost_of(alias: ModelAlias, prompt_tokens: int, completion_tokens: int) -> De
     return (prompt_tokens * alias.input_price + completion_tokens * alias.output_price) / MICRO
 
 
+def completion_cap(alias: ModelAlias) -> int:
+    """The completion tokens one choice may use on ``alias`` when the request sets no
+    ``max_tokens`` (nor does the alias's defaults): the alias's context window, else the
+    local model's ``n_ctx``, else :data:`DEFAULT_COMPLETION_CAP`."""
+    if alias.context_window:
+        return int(alias.context_window)
+    if alias.backend.kind == "local":
+        options = {**app_settings.LOCAL_MODEL, **(alias.backend.options or {})}
+        return int(options["n_ctx"])
+    return DEFAULT_COMPLETION_CAP
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What a request may use, as reserved at admission."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @classmethod
+    def of(cls, chat: ChatRequest, alias: ModelAlias) -> Estimate:
+        """The prompt (approximated) and, for each choice, ``max_tokens`` or the cap."""
+        completion = chat.max_tokens if chat.max_tokens is not None else completion_cap(alias)
+        return cls(approximate_prompt_tokens(chat.messages), completion * chat.n)
+
+
+@dataclass
+class Charge:
+    """One counter this request reserved in: a minute window (``requests`` or
+    ``tokens``), or a budget (``tokens`` or ``cost`` in micro-dollars)."""
+
+    kind: str
+    counter: str
+    limit: int
+    reserved: int
+    ttl: int
+    budget: bool = False
+    resets_in: float = 0.0
+
+    def headers(self, used: int) -> dict[str, str]:
+        return {
+            f"x-ratelimit-limit-{self.kind}": str(self.limit),
+            f"x-ratelimit-remaining-{self.kind}": str(max(0, self.limit - used)),
+            f"x-ratelimit-reset-{self.kind}": _reset(self.resets_in),
+        }
+
+
 @dataclass
 class Admission:
-    """What an admitted request reserved, given back or made exact by :meth:`settle`.
-
-    ``key_windows`` are the key's per-minute limits, ``alias_windows`` those the
-    alias it is served by sets for each key.
-    """
+    """What an admitted request reserved, made exact by :meth:`settle`."""
 
     key: ApiKey | None
     alias: ModelAlias
-    key_windows: list[Window] = field(default_factory=list)
-    alias_windows: list[Window] = field(default_factory=list)
-    concurrency_key: str | None = None
-    budget_keys: dict[str, tuple[str, int]] = field(default_factory=dict)
+    store: Counters
+    charges: list[Charge] = field(default_factory=list)
+    lease: Lease | None = None
     headers: dict[str, str] = field(default_factory=dict)
     settled: bool = False
 
-    async def switch(self, alias: ModelAlias, estimated_tokens: int) -> None:
+    async def switch(self, alias: ModelAlias, estimate: Estimate) -> None:
         """Move the request, before it used anything, to ``alias`` (a fallback): reserve it
-        under ``alias``'s own limits (OpenAI's 429 if they would be passed, leaving this
-        admission as it was), then give back the tokens the previous alias reserved.
+        under ``alias``'s own limits and budgets at its prices (OpenAI's 429 if they would
+        be passed, leaving this admission as it was), and give back the tokens the
+        previous alias reserved, in one step.
 
         The request stays counted once against the key, and once against each alias
         it was sent to. Its cost will be counted at ``alias``'s prices.
         """
-        windows = await _reserve(self, _alias_scope(self.key, alias), alias, estimated_tokens)
-        await _give_back(window for window in self.alias_windows if window.name == "tokens")
-        self.alias, self.alias_windows = alias, windows
+        planned = _plan(self.key, alias, estimate)
+        before = {charge.counter: charge for charge in self.charges}
+        changes = [
+            Change(
+                charge.counter,
+                charge.reserved - (before[charge.counter].reserved if charge.counter in before
+                                   else 0),
+                charge.limit,
+                charge.ttl,
+                seeded=charge.budget,
+            )
+            for charge in planned
+        ]  # fmt: skip
+        kept = {charge.counter for charge in planned}
+        changes += [
+            Change(charge.counter, -charge.reserved, None, charge.ttl)
+            for charge in self.charges
+            if charge.counter not in kept and charge.kind == "tokens" and charge.reserved
+        ]
+        if await _reserve(self, planned, changes, lease=None):
+            self.charges = planned
+        self.alias = alias
 
     async def settle(self, prompt_tokens: int, completion_tokens: int) -> None:
-        """Count what the request really used; free its slot. Once only."""
+        """Count what the request really used in place of its reservation and give its
+        slot back: once only. A store that cannot be reached is logged (once a minute),
+        never raised: the slot expires on its own, the reservation with its window."""
         if self.settled:
             return
         self.settled = True
-        store = counters()
-        total = prompt_tokens + completion_tokens
-        for window in (*self.key_windows, *self.alias_windows):
-            if window.name == "tokens":
-                await store.add(window.key, total - window.reserved, 120)
-        if self.concurrency_key:
-            await store.add(self.concurrency_key, -1, _CONCURRENCY_TTL)
+        if self.lease is not None:
+            _renewer().remove(self.lease)
         used = {
-            "tokens": total,
+            "requests": 1,
+            "tokens": prompt_tokens + completion_tokens,
             "cost": int(cost_of(self.alias, prompt_tokens, completion_tokens) * MICRO),
         }
-        for kind, (counter, ttl) in self.budget_keys.items():
-            if used[kind]:
-                await store.add(counter, used[kind], ttl)
+        amounts = [
+            (charge.counter, used[charge.kind] - charge.reserved)
+            for charge in self.charges
+            if used[charge.kind] != charge.reserved
+        ]
+        if not amounts and self.lease is None:
+            return
+        try:
+            await self.store.settle(amounts, self.lease)
+        except Unavailable as exc:
+            log_once("settle", "chatparity: limits not settled (counters unavailable): %s", exc)
 
 
-async def admit(key: ApiKey | None, alias: ModelAlias, estimated_tokens: int) -> Admission:
-    """Reserve one request of ``estimated_tokens`` for ``key`` on ``alias``, or raise 429.
+async def admit(key: ApiKey | None, alias: ModelAlias, estimate: Estimate) -> Admission:
+    """Reserve one request of ``estimate`` for ``key`` on ``alias``, or raise 429.
 
     With no key (an admin's trial) only ``alias``'s limits apply, counted as for one
     more key of its own: no key's limits, budgets or slots are touched.
     """
-    admission = Admission(key, alias)
-    if key is not None:
-        await _check_budgets(admission, key)
-        admission.key_windows = await _reserve(admission, _key_scope(key), key, estimated_tokens)
-    try:
-        admission.alias_windows = await _reserve(
-            admission, _alias_scope(key, alias), alias, estimated_tokens
-        )
-        if key is not None and key.max_concurrent is not None:
-            slot = _in_flight(key)
-            admitted, _ = await counters().reserve(slot, 1, key.max_concurrent, _CONCURRENCY_TTL)
-            if not admitted:
-                raise rate_limited(
-                    f"Too many requests in flight for this key: limit {key.max_concurrent}.",
-                    "requests",
-                    1,
-                    admission.headers,
-                )
-            admission.concurrency_key = slot
-    except APIError:  # a refused request uses nothing
-        await _give_back((*admission.key_windows, *admission.alias_windows))
-        raise
+    admission = Admission(key, alias, counters())
+    charges = _plan(key, alias, estimate)
+    lease = None
+    if key is not None and key.max_concurrent is not None:
+        lease = Lease(_in_flight(key), key.max_concurrent)
+    changes = [Change(c.counter, c.reserved, c.limit, c.ttl, seeded=c.budget) for c in charges]
+    if not changes and lease is None:
+        return admission
+    if await _reserve(admission, charges, changes, lease):
+        admission.charges, admission.lease = charges, lease
+        if lease is not None:
+            _renewer().add(admission.store, lease)
+    else:  # served unreserved: what it uses is counted when it ends
+        for charge in charges:
+            charge.reserved = 0
+        admission.charges = charges
     return admission
 
 
 async def _reserve(
-    admission: Admission, scope: str, source: ApiKey | ModelAlias, estimated_tokens: int
-) -> list[Window]:
-    """Reserve one request and ``estimated_tokens`` in the per-minute windows ``source``
-    limits under ``scope``: all of them, or none and OpenAI's 429. Their headers go to
-    ``admission``."""
+    admission: Admission, charges: list[Charge], changes: list[Change], lease: Lease | None
+) -> bool:
+    """Apply ``changes`` (the first ``len(charges)`` of which are ``charges``) and take
+    ``lease``, or raise the 429 of the limit that refuses them. False: the store is
+    unavailable and the policy serves the request unreserved (else its 503)."""
+    store = admission.store
+    try:
+        while True:
+            refusal, values = await store.reserve(changes, lease)
+            if refusal is None or not refusal.unseeded:
+                break
+            await _seed(store, admission.key, charges[refusal.index])
+    except (Unavailable, DatabaseError) as exc:
+        closed = app_settings.LIMITS_WHEN_UNAVAILABLE == "closed"
+        policy = "refused" if closed else "served unchecked"
+        log_once("admit", "chatparity: limited keys %s (counters unavailable): %s", policy, exc)
+        if closed:
+            raise limits_unavailable() from exc
+        return False
+    if refusal is not None:
+        raise _refused(admission, charges, refusal)
+    _note_headers(admission, charges, values)
+    return True
+
+
+def _note_headers(admission: Admission, charges: list[Charge], values: list[int]) -> None:
+    """The rate-limit headers: for requests and for tokens, the window with the least left."""
+    remaining: dict[str, int] = {}
+    for charge, used in zip(charges, values, strict=False):
+        if charge.budget:
+            continue
+        if charge.kind not in remaining or charge.limit - used < remaining[charge.kind]:
+            remaining[charge.kind] = charge.limit - used
+            admission.headers.update(charge.headers(used))
+
+
+def _refused(admission: Admission, charges: list[Charge], refusal: Refusal) -> APIError:
+    if refusal.index < 0:
+        limit = admission.key.max_concurrent if admission.key is not None else None
+        return rate_limited(
+            f"Too many requests in flight for this key: limit {limit}.",
+            "requests",
+            1,
+            admission.headers,
+        )
+    charge = charges[refusal.index]
+    if charge.budget:
+        return insufficient_quota(charge.resets_in)
+    admission.headers.update(charge.headers(refusal.value))
+    return rate_limited(
+        f"Rate limit reached for {charge.kind} per minute: limit {charge.limit},"
+        f" used {refusal.value}, requested {charge.reserved}.",
+        charge.kind,
+        charge.resets_in,
+        admission.headers,
+    )
+
+
+def _plan(key: ApiKey | None, alias: ModelAlias, estimate: Estimate) -> list[Charge]:
+    """Every counter a request of ``estimate`` on ``alias`` reserves in: the key's
+    windows, its windows on the alias, then the key's budgets."""
     now = time.time()
     minute = int(now // 60)
     reset_in = (minute + 1) * 60 - now
-    taken: list[Window] = []
-    for name, limit, amount in (
-        ("requests", source.requests_per_minute, 1),
-        ("tokens", source.tokens_per_minute, estimated_tokens),
-    ):
-        if limit is None:
-            continue
-        window = Window(name, _window(scope, name, minute), limit, reserved=amount)
-        admitted, window.used = await counters().reserve(window.key, amount, limit, 120)
-        admission.headers.update(window.headers(reset_in))
-        if not admitted:
-            await _give_back(taken)
-            raise rate_limited(
-                f"Rate limit reached for {name} per minute: limit {limit},"
-                f" used {window.used}, requested {amount}.",
-                name,
-                reset_in,
-                admission.headers,
-            )
-        taken.append(window)
-    return taken
-
-
-async def _give_back(windows: Iterable[Window]) -> None:
-    """Take back what this request reserved in ``windows``."""
-    store = counters()
-    for window in windows:
-        await store.add(window.key, -window.reserved, 120)
+    charges = []
+    scopes: list[tuple[str, ApiKey | ModelAlias]] = [(_alias_scope(key, alias), alias)]
+    if key is not None:
+        scopes.insert(0, (_key_scope(key), key))
+    for scope, source in scopes:
+        for kind, limit, amount in (
+            ("requests", source.requests_per_minute, 1),
+            ("tokens", source.tokens_per_minute, estimate.total),
+        ):
+            if limit is not None:
+                counter = _window(scope, kind, minute)
+                charges.append(Charge(kind, counter, limit, amount, _WINDOW_TTL,
+                                      resets_in=reset_in))  # fmt: skip
+    if key is not None:
+        cost = cost_of(alias, estimate.prompt_tokens, estimate.completion_tokens) * MICRO
+        for budget in _budgets(key):
+            amount = estimate.total if budget.kind == "tokens" else math.ceil(cost)
+            charges.append(Charge(budget.kind, budget.counter, budget.limit, amount, budget.ttl,
+                                  budget=True, resets_in=budget.resets_in))  # fmt: skip
+    return charges
 
 
 @dataclass(frozen=True)
@@ -342,40 +774,43 @@ class Budget:
     kind: str  # "tokens" or "cost"
     counter: str
     limit: int
-    used: int
     ttl: int
     resets_in: float
+    start: datetime.datetime
+    end: datetime.datetime
 
 
-async def _budgets(key: ApiKey) -> list[Budget]:
+def _budgets(key: ApiKey) -> list[Budget]:
     if key.token_budget is None and key.cost_budget is None:
         return []
     now = datetime.datetime.now(datetime.UTC)
     label, start, end = _period(key, now)
     ttl = int((end - now).total_seconds()) + 3600
-    spent = RequestLog.objects.filter(api_key=key, created_at__gte=start, created_at__lt=end)
-    store = counters()
     budgets = []
-    for kind, limit, column, scale in (
-        ("tokens", key.token_budget, "total_tokens", 1),
-        ("cost", None if key.cost_budget is None else int(key.cost_budget * MICRO), "cost", MICRO),
+    for kind, limit in (
+        ("tokens", key.token_budget),
+        ("cost", None if key.cost_budget is None else int(key.cost_budget * MICRO)),
     ):
         if limit is not None:
             counter = f"cp:budget:{key.pk}:{kind}:{label}"
-            used = await store.get_or_seed(counter, await _spent(spent, column, scale), ttl)
-            budgets.append(Budget(kind, counter, limit, used, ttl, (end - now).total_seconds()))
+            resets_in = (end - now).total_seconds()
+            budgets.append(Budget(kind, counter, limit, ttl, resets_in, start, end))
     return budgets
 
 
-async def _check_budgets(admission: Admission, key: ApiKey) -> None:
-    for budget in await _budgets(key):
-        if budget.used >= budget.limit:
-            raise insufficient_quota(budget.resets_in)
-        admission.budget_keys[budget.kind] = (budget.counter, budget.ttl)
+async def _seed(store: Counters, key: ApiKey | None, charge: Charge) -> None:
+    """Create a budget's counter from what the request log says was spent (as after a
+    cache flush, or at the start of a period)."""
+    assert key is not None
+    budget = next(b for b in _budgets(key) if b.counter == charge.counter)
+    await store.seed(budget.counter, await _spent(key, budget), budget.ttl)
 
 
-async def _spent(rows: Any, column: str, scale: Any) -> int:
-    """What the request log says was spent: the seed of a budget counter the cache lost."""
+async def _spent(key: ApiKey, budget: Budget) -> int:
+    rows = RequestLog.objects.filter(
+        api_key=key, created_at__gte=budget.start, created_at__lt=budget.end
+    )
+    column, scale = ("total_tokens", 1) if budget.kind == "tokens" else ("cost", MICRO)
     total = (await rows.aaggregate(total=Sum(column)))["total"]
     return int((total or 0) * scale)
 
@@ -387,17 +822,19 @@ async def standing(key: ApiKey) -> list[tuple[str, str, str]]:
     rows = []
     for name, limit in (("requests", key.requests_per_minute), ("tokens", key.tokens_per_minute)):
         if limit is not None:
-            used = await store.get_or_seed(_window(_key_scope(key), name, minute), 0, 120)
+            (used,) = await store.values([_window(_key_scope(key), name, minute)])
             rows.append((f"{name} this minute", str(used), str(limit)))
     if key.max_concurrent is not None:
-        in_flight = await store.get_or_seed(_in_flight(key), 0, _CONCURRENCY_TTL)
+        in_flight = await store.in_flight(_in_flight(key), key.max_concurrent)
         rows.append(("requests in flight", str(in_flight), str(key.max_concurrent)))
-    for budget in await _budgets(key):
+    for budget in _budgets(key):
+        await store.seed(budget.counter, await _spent(key, budget), budget.ttl)
+        (used,) = await store.values([budget.counter])
         period = f"{budget.kind} this {key.budget_period}"
         if budget.kind == "cost":
-            rows.append((period, f"${budget.used / MICRO:.4f}", f"${budget.limit / MICRO:.4f}"))
+            rows.append((period, f"${used / MICRO:.4f}", f"${budget.limit / MICRO:.4f}"))
         else:
-            rows.append((period, str(budget.used), str(budget.limit)))
+            rows.append((period, str(used), str(budget.limit)))
     return rows
 
 

@@ -59,9 +59,10 @@ def control(url: str) -> Control | None:
 
 
 @contextmanager
-def redis() -> Iterator[str]:
-    """A Redis URL."""
-    if os.environ.get("REDIS_URL"):
+def redis(*, own: bool = False) -> Iterator[str]:
+    """A Redis URL; ``own``: a server of our own (with a :func:`control`) even when
+    ``REDIS_URL`` is set."""
+    if os.environ.get("REDIS_URL") and not own:
         yield os.environ["REDIS_URL"]
         return
     server = shutil.which("redis-server")

@@ -15,10 +15,16 @@ from chatparity.accounting import Accounting
 from chatparity.asgi import FastPath
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.errors import APIError
+from chatparity.protocol.request import parse_chat_request
 from chatparity.signals import request_logged
 from chatparity.usage import UsageRecord
 from tests.asgi import http_scope
 from tests.scripted import SCRIPTED
+from tests.test_ratelimit import OnRedis
+
+CHAT = parse_chat_request(
+    {"model": "echo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5}
+)
 
 
 @override_settings(CHATPARITY=SCRIPTED)
@@ -84,7 +90,7 @@ class CloseTests(TestCase):
         request_logged.connect(receiver)
         self.addCleanup(request_logged.disconnect, receiver)
         accounting = Accounting(UsageRecord(request_id="req-once", api_key=self.key))
-        await accounting.admit(self.alias, 10)
+        await accounting.admit(self.alias, CHAT)
         assert await self.in_flight() == "1"
         row = await accounting.close()
         assert await accounting.close() is row  # a second close does nothing
@@ -93,7 +99,7 @@ class CloseTests(TestCase):
 
     async def test_limits_that_cannot_be_settled_do_not_lose_the_row(self):
         accounting = Accounting(UsageRecord(request_id="req-kept", api_key=self.key))
-        await accounting.admit(self.alias, 10)
+        await accounting.admit(self.alias, CHAT)
         refused = ConnectionError("the counters' Redis is down")
         with (
             mock.patch.object(accounting.admission, "settle", side_effect=refused),
@@ -108,17 +114,21 @@ class CloseTests(TestCase):
         self.alias.requests_per_minute = 1
         await self.alias.asave()
         trial = Accounting(UsageRecord(request_id="req-trial", key_prefix="admin"))
-        await trial.admit(self.alias, 10)
+        await trial.admit(self.alias, CHAT)
         assert trial.headers["x-ratelimit-remaining-requests"] == "0"
         with pytest.raises(APIError) as refused:
             await Accounting(UsageRecord(request_id="req-again", key_prefix="admin")).admit(
-                self.alias, 10
+                self.alias, CHAT
             )
         assert refused.value.status == 429
         keyed = Accounting(UsageRecord(request_id="req-key", api_key=self.key))
-        await keyed.admit(self.alias, 10)  # the key's own count on the alias is untouched
+        await keyed.admit(self.alias, CHAT)  # the key's own count on the alias is untouched
         assert await self.in_flight() == "1"  # only the key's request holds its slot
         await trial.close()
         await keyed.close()
         row = await RequestLog.objects.aget(request_id="req-trial")
         assert (row.api_key_id, row.key_prefix) == (None, "admin")
+
+
+class RedisCloseTests(OnRedis, CloseTests):
+    pass

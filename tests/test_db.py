@@ -70,9 +70,10 @@ def ask(plaintext):
 
 
 def test_a_request_reads_and_writes_chatparitys_tables_where_the_routers_send_them():
-    key, plaintext = ApiKey.objects.create_key("elsewhere", token_budget=1001)
+    key, plaintext = ApiKey.objects.create_key("elsewhere", token_budget=1005)
     backend = Backend.objects.create(name="scripted", kind="scripted", options={"script": ["Hi"]})
-    ModelAlias.objects.create(public_id="echo", backend=backend)
+    # Each request reserves its prompt (4) and a completion cap of 1: the budget takes one.
+    ModelAlias.objects.create(public_id="echo", backend=backend, context_window=1)
     # This month's spending so far, which the budget counter is seeded from.
     RequestLog.objects.create(
         request_id="earlier", api_key=key, key_prefix=key.prefix, status_code=200,

@@ -2,7 +2,15 @@
 
 import asyncio
 import datetime
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
 from decimal import Decimal
+from unittest import mock
 
 import orjson
 import pytest
@@ -10,7 +18,10 @@ from django.test import TestCase, override_settings
 
 from chatparity import ratelimit
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
-from chatparity.ratelimit import CacheCounters, RedisCounters
+from chatparity.protocol.errors import APIError
+from chatparity.protocol.request import parse_chat_request
+from chatparity.ratelimit import Change, Lease, RedisCounters
+from tests import services
 from tests.scripted import SCRIPTED
 
 
@@ -115,11 +126,11 @@ class ConcurrencyTests(LimitTestCase):
 
 
 class BudgetTests(LimitTestCase):
-    async def test_a_spent_token_budget_is_insufficient_quota(self):
-        await self.limit(token_budget=6, budget_period="day")
-        assert (await self.ask()).status_code == 200
-        assert (await self.ask()).status_code == 200  # 3 + 3 tokens: the budget is spent
-        refused = await self.ask()
+    async def test_a_budget_the_next_reservation_would_pass_is_insufficient_quota(self):
+        await self.limit(token_budget=11, budget_period="day")
+        assert (await self.ask(max_tokens=2)).status_code == 200  # 4 + 2 reserved, 3 used
+        assert (await self.ask(max_tokens=2)).status_code == 200  # 3 + 6 reserved, 3 used
+        refused = await self.ask(max_tokens=2)  # 6 + 6 would pass 11
         assert refused.status_code == 429
         assert refused.json()["error"] == {
             "message": "You exceeded your current quota, please check your plan and billing"
@@ -142,27 +153,27 @@ class BudgetTests(LimitTestCase):
         )  # fmt: skip
         long_ago = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)
         await RequestLog.objects.filter(pk=last_month.pk).aupdate(created_at=long_ago)
-        await self.limit(token_budget=1000)
-        assert (await self.ask()).status_code == 429
-        await self.limit(token_budget=1001)
-        assert (await self.ask()).status_code == 200
+        await self.limit(token_budget=1005)  # 1000 spent, 4 + 2 to reserve
+        assert (await self.ask(max_tokens=2)).status_code == 429
+        await self.limit(token_budget=1006)
+        assert (await self.ask(max_tokens=2)).status_code == 200
 
     async def test_cost_budget_uses_the_aliases_prices(self):
         await save(self.alias, input_price=Decimal("1000"), output_price=Decimal("2000"))
-        await self.limit(cost_budget=Decimal("0.01"))
-        first = await self.ask()
+        await self.limit(cost_budget=Decimal("0.013"))
+        first = await self.ask(max_tokens=2)  # 4 * $0.001 + 2 * $0.002 reserved
         row = await RequestLog.objects.aget()
         usage = first.json()["usage"]
         expected = (usage["prompt_tokens"] * 1000 + usage["completion_tokens"] * 2000) / 1e6
         assert row.cost == pytest.approx(Decimal(str(expected)))
-        assert (await self.ask()).status_code == 200  # $0.005 spent: still under
-        assert (await self.ask()).status_code == 429  # $0.010 spent
+        assert (await self.ask(max_tokens=2)).status_code == 200  # $0.005 spent, $0.008 fits
+        assert (await self.ask(max_tokens=2)).status_code == 429  # $0.010 spent, $0.008 not
 
 
 class StandingTests(LimitTestCase):
     async def test_the_key_admin_shows_usage_against_each_limit(self):
         await self.limit(requests_per_minute=5, max_concurrent=3, token_budget=100)
-        await self.ask()
+        await self.ask(max_tokens=2)
         key = await ApiKey.objects.aget(pk=self.key.pk)
         standing = await ratelimit.standing(key)
         assert standing == [
@@ -170,25 +181,6 @@ class StandingTests(LimitTestCase):
             ("requests in flight", "0", "3"),
             ("tokens this month", "3", "100"),
         ]
-
-
-@pytest.fixture(params=["cache", "redis"])
-def store(request):
-    if request.param == "cache":
-        return CacheCounters()
-    return RedisCounters(request.getfixturevalue("redis_url"))
-
-
-def test_concurrent_reservations_never_pass_the_limit(store, settings):
-    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
-
-    async def race():
-        key = f"test:race:{id(store)}"
-        results = await asyncio.gather(*(store.reserve(key, 1, 10, 60) for _ in range(50)))
-        return sum(admitted for admitted, _ in results), await store.get_or_seed(key, 0, 60)
-
-    admitted, value = asyncio.run(race())
-    assert (admitted, value) == (10, 10)
 
 
 class FallbackTests(LimitTestCase):
@@ -234,6 +226,371 @@ class FallbackTests(LimitTestCase):
 
     async def test_its_cost_counts_against_the_budget_at_the_fallbacks_prices(self):
         await save(self.alias, input_price=Decimal("1000"), output_price=Decimal("2000"))
-        await self.limit(cost_budget=Decimal("0.005"))
-        assert (await self.ask(model="primary")).status_code == 200  # $0.005: spent
-        assert (await self.ask(model="primary")).status_code == 429
+        await self.limit(cost_budget=Decimal("0.010"))  # $0.008 reserved at the fallback's
+        assert (await self.ask(model="primary", max_tokens=2)).status_code == 200  # $0.005
+        assert (await self.ask(model="primary", max_tokens=2)).status_code == 429
+
+
+class CompletionCapTests(LimitTestCase):
+    """With max_tokens omitted a request is reserved at its completion cap: nothing is
+    admitted unpriced."""
+
+    async def test_the_aliases_context_window_is_reserved_per_choice(self):
+        await save(self.alias, context_window=40, max_n=2)
+        await self.limit(tokens_per_minute=1000)
+        response = await self.ask(n=2)
+        assert response["x-ratelimit-remaining-tokens"] == str(1000 - (4 + 2 * 40))
+
+    async def test_the_aliases_default_max_tokens_comes_first(self):
+        await save(self.alias, context_window=40, default_params={"max_tokens": 10})
+        await self.limit(tokens_per_minute=1000)
+        response = await self.ask()
+        assert response["x-ratelimit-remaining-tokens"] == str(1000 - (4 + 10))
+
+    async def test_an_unknown_context_reserves_the_default_cap(self):
+        await self.limit(tokens_per_minute=ratelimit.DEFAULT_COMPLETION_CAP)
+        refused = await self.ask()  # 4 + the default cap would pass the limit
+        assert refused.status_code == 429
+        assert (await self.ask(max_tokens=100)).status_code == 200
+
+    def test_a_local_backend_is_capped_at_its_n_ctx(self):
+        local = Backend(name="local", kind="local", options={"n_ctx": 1024})
+        assert ratelimit.completion_cap(ModelAlias(public_id="l", backend=local)) == 1024
+        default = Backend(name="local", kind="local", options={})
+        assert ratelimit.completion_cap(ModelAlias(public_id="l", backend=default)) == 2048
+
+    async def test_a_budget_refuses_what_the_cap_would_pass(self):
+        await save(self.alias, context_window=100)
+        await self.limit(token_budget=100)
+        assert (await self.ask()).status_code == 429  # 4 + 100 reserved > 100
+        assert (await self.ask(max_tokens=96)).status_code == 200
+
+
+class OnRedis:
+    """The same tests with the counters in Redis, emptied first."""
+
+    @pytest.fixture(autouse=True)
+    def _on_redis(self, redis_url):
+        from redis import Redis
+
+        with Redis.from_url(redis_url) as client:
+            client.flushdb()
+        with override_settings(CHATPARITY={**SCRIPTED, "REDIS_URL": redis_url}):
+            yield
+
+
+class RedisRequestsPerMinuteTests(OnRedis, RequestsPerMinuteTests):
+    pass
+
+
+class RedisTokensPerMinuteTests(OnRedis, TokensPerMinuteTests):
+    pass
+
+
+class RedisConcurrencyTests(OnRedis, ConcurrencyTests):
+    pass
+
+
+class RedisBudgetTests(OnRedis, BudgetTests):
+    pass
+
+
+class RedisFallbackTests(OnRedis, FallbackTests):
+    pass
+
+
+class RedisStandingTests(OnRedis, StandingTests):
+    pass
+
+
+async def clear_of_a_new_minute():
+    """Wait, if need be, so that a short race does not straddle two minute windows."""
+    into = time.time() % 60
+    if into > 56:
+        await asyncio.sleep(60.2 - into)
+
+
+class AdmissionRaceTests(LimitTestCase):
+    """64 clients at once, each asking again as soon as it is answered, 4 times: what
+    the admitted requests really used never passes a limit, and the counters end at
+    exactly what was used."""
+
+    CLIENTS, ROUNDS = 64, 4
+
+    async def race(self, max_tokens=20):
+        await clear_of_a_new_minute()
+        key = await ApiKey.objects.aget(pk=self.key.pk)
+        alias = await ModelAlias.objects.select_related("backend").aget(pk=self.alias.pk)
+        chat = parse_chat_request(
+            {"model": "echo", "messages": [{"role": "user", "content": "Hi"}],
+             "max_tokens": max_tokens}
+        )  # fmt: skip
+        estimate = ratelimit.Estimate.of(chat, alias)
+        used, refusals, held, peak = [], set(), 0, 0
+
+        async def client(rng):
+            nonlocal held, peak
+            for _ in range(self.ROUNDS):
+                try:
+                    admission = await ratelimit.admit(key, alias, estimate)
+                except APIError as refusal:
+                    refusals.add(refusal.status)
+                    continue
+                held += 1
+                peak = max(peak, held)
+                await asyncio.sleep(rng.random() / 100)
+                completion = rng.randint(0, estimate.completion_tokens)
+                used.append((estimate.prompt_tokens, completion))
+                held -= 1
+                await admission.settle(estimate.prompt_tokens, completion)
+
+        await asyncio.gather(*(client(random.Random(i)) for i in range(self.CLIENTS)))
+        assert refusals == {429}
+        return used, peak
+
+    async def standing(self):
+        key = await ApiKey.objects.aget(pk=self.key.pk)
+        return {name: used for name, used, _ in await ratelimit.standing(key)}
+
+    async def test_requests_per_minute_is_exact(self):
+        await self.limit(requests_per_minute=50)
+        used, _ = await self.race()
+        assert len(used) == 50
+
+    async def test_tokens_per_minute_is_never_passed(self):
+        await self.limit(tokens_per_minute=1000)
+        used, _ = await self.race()
+        total = sum(p + c for p, c in used)
+        assert 0 < total <= 1000
+        assert (await self.standing())["tokens this minute"] == str(total)
+
+    async def test_tokens_per_minute_on_the_alias_is_never_passed(self):
+        await save(self.alias, tokens_per_minute=500)
+        used, _ = await self.race()
+        assert 0 < sum(p + c for p, c in used) <= 500
+
+    async def test_a_token_budget_is_never_passed(self):
+        await self.limit(token_budget=1000)
+        used, _ = await self.race()
+        total = sum(p + c for p, c in used)
+        assert 0 < total <= 1000
+        assert (await self.standing())["tokens this month"] == str(total)
+
+    async def test_a_cost_budget_is_never_passed(self):
+        await save(self.alias, input_price=Decimal("1000"), output_price=Decimal("2000"))
+        await self.limit(cost_budget=Decimal("0.5"))
+        used, _ = await self.race()
+        cost = sum(ratelimit.cost_of(self.alias, p, c) for p, c in used)
+        assert 0 < cost <= Decimal("0.5")
+
+    async def test_requests_in_flight_never_pass_the_limit(self):
+        await self.limit(max_concurrent=8)
+        _, peak = await self.race()
+        assert peak == 8
+        assert (await self.standing())["requests in flight"] == "0"
+
+
+class RedisAdmissionRaceTests(OnRedis, AdmissionRaceTests):
+    pass
+
+
+ROUNDS = 8
+
+
+def hammer(url: str, counter: str, limit: int, seed: int) -> list[int]:
+    """32 clients of one process racing for ``limit`` tokens in ``counter``, each
+    reserving 30 and using some: what the admitted ones used."""
+    store = RedisCounters(url)
+
+    async def client(rng):
+        used = []
+        for _ in range(ROUNDS):
+            refusal, _ = await store.reserve([Change(counter, 30, limit, 60)], None)
+            if refusal is None:
+                used.append(rng.randint(0, 30))
+                await asyncio.sleep(rng.random() / 100)
+                await store.settle([(counter, used[-1] - 30)], None)
+        return used
+
+    async def clients():
+        return await asyncio.gather(*(client(random.Random(seed * 100 + i)) for i in range(32)))
+
+    return [amount for used in asyncio.run(clients()) for amount in used]
+
+
+def hold_a_slot(url: str, slots: str) -> None:
+    """Take one of ``slots`` as a worker with a stream does: a lease of 2 s, renewed
+    every half second until the process is killed."""
+
+    async def hold():
+        store = RedisCounters(url)
+        lease = Lease(slots, 1)
+        refusal, _ = await store.reserve([], lease)
+        assert refusal is None
+        ratelimit._renewer().add(store, lease)
+        print("held", flush=True)
+        await asyncio.Event().wait()
+
+    with (
+        mock.patch.object(ratelimit, "LEASE_SECONDS", 2.0),
+        mock.patch.object(ratelimit, "RENEW_SECONDS", 0.5),
+    ):
+        asyncio.run(hold())
+
+
+def in_a_process(call: str) -> subprocess.Popen:
+    """``call`` (of this module) in a Python process of its own, its result on stdout."""
+    script = (
+        "import django, json; django.setup(); import tests.test_ratelimit as t;"
+        f" print(json.dumps(t.{call}))"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env)
+
+
+def test_two_processes_never_pass_a_limit_together(redis_url):
+    counter = f"test:race:{time.time()}"
+    workers = [in_a_process(f"hammer({redis_url!r}, {counter!r}, 600, {seed})") for seed in (1, 2)]
+    used = [amount for worker in workers for amount in json.loads(worker.communicate()[0])]
+    assert 0 < sum(used) <= 600
+    (left,) = asyncio.run(RedisCounters(redis_url).values([counter]))
+    assert left == sum(used)  # every reservation settled to what was used
+
+
+@pytest.mark.parametrize("store", ["cache", "redis"])
+def test_a_slot_nobody_renews_expires(store, redis_url, settings):
+    # A worker that dies (kill -9) stops renewing its slots: the key is whole again
+    # once they expire.
+    settings.CHATPARITY = {"REDIS_URL": redis_url if store == "redis" else None}
+    slots = f"test:slots:{time.time()}"
+
+    async def take():
+        refusal, _ = await ratelimit.counters().reserve([], Lease(slots, 1))
+        return refusal is None
+
+    with mock.patch.object(ratelimit, "LEASE_SECONDS", 1.0):
+        assert asyncio.run(take())
+        assert not asyncio.run(take())
+        time.sleep(1.2)
+        assert asyncio.run(take())
+
+
+def test_a_killed_workers_slot_is_free_within_its_lease(redis_url):
+    slots = f"test:slots:{time.time()}"
+    worker = in_a_process(f"hold_a_slot({redis_url!r}, {slots!r})")
+    assert worker.stdout.readline() == b"held\n"
+    store = RedisCounters(redis_url)
+    time.sleep(3)
+    assert asyncio.run(store.in_flight(slots, 1)) == 1  # renewed past its first lease
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    deadline = time.monotonic() + 4
+    while asyncio.run(store.in_flight(slots, 1)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert asyncio.run(store.in_flight(slots, 1)) == 0
+
+
+class LeaseTests(LimitTestCase):
+    """A request's slot is renewed while it lives, and given back when it ends."""
+
+    async def admit(self):
+        key = await ApiKey.objects.aget(pk=self.key.pk)
+        messages = [{"role": "user", "content": "Hi"}]
+        chat = parse_chat_request({"model": "echo", "messages": messages, "max_tokens": 1})
+        return await ratelimit.admit(key, self.alias, ratelimit.Estimate.of(chat, self.alias))
+
+    async def test_a_live_request_keeps_its_slot_past_its_first_lease(self):
+        await self.limit(max_concurrent=1)
+        with (
+            mock.patch.object(ratelimit, "LEASE_SECONDS", 1.0),
+            mock.patch.object(ratelimit, "RENEW_SECONDS", 0.2),
+        ):
+            admission = await self.admit()
+            await asyncio.sleep(2)
+            with pytest.raises(APIError):
+                await self.admit()
+            await admission.settle(1, 1)
+            await (await self.admit()).settle(1, 1)
+
+
+class RedisLeaseTests(OnRedis, LeaseTests):
+    pass
+
+
+class RedisAwayTests(LimitTestCase):
+    """Redis frozen or stopped: limited keys are served unchecked (open) or refused
+    with a 503 (closed), within about a second, never a 500; keys without limits are
+    served; nothing raises after the response; the connections come back by themselves."""
+
+    @pytest.fixture(autouse=True)
+    def _server(self):
+        ratelimit._logged.clear()  # each test sees its outage logged afresh
+        with services.redis(own=True) as url:
+            self.url, self.server = url, services.control(url)
+            yield
+
+    def when_unavailable(self, policy):
+        return override_settings(
+            CHATPARITY={**SCRIPTED, "REDIS_URL": self.url,
+                        "LIMITS_WHEN_UNAVAILABLE": policy}
+        )  # fmt: skip
+
+    async def timed(self, **body):
+        started = time.monotonic()
+        response = await self.ask(**body)
+        return response, time.monotonic() - started
+
+    async def test_a_frozen_redis_fails_open_quickly_and_says_so_once(self):
+        await self.limit(requests_per_minute=100)
+        with self.when_unavailable("open"), self.assertLogs("chatparity.ratelimit") as logs:
+            assert (await self.ask()).status_code == 200
+            self.server.freeze()
+            try:
+                for _ in range(5):
+                    response, took = await self.timed()
+                    assert response.status_code == 200
+                    assert took < 2.5
+            finally:
+                self.server.thaw()
+        unchecked = [line for line in logs.output if "served unchecked" in line]
+        assert len(unchecked) == 1
+
+    async def test_a_frozen_redis_fails_closed_with_a_503(self):
+        await self.limit(requests_per_minute=100)
+        with self.when_unavailable("closed"):
+            assert (await self.ask()).status_code == 200
+            self.server.freeze()
+            try:
+                response, took = await self.timed()
+            finally:
+                self.server.thaw()
+        assert took < 2.5
+        assert response.status_code == 503
+        error = response.json()["error"]
+        assert (error["type"], error["code"]) == ("server_error", "service_unavailable")
+
+    async def test_keys_without_limits_do_not_need_redis(self):
+        with self.when_unavailable("closed"):
+            self.server.stop()
+            assert (await self.ask()).status_code == 200
+
+    async def test_a_stopped_redis_fails_closed_then_reconnects(self):
+        await self.limit(requests_per_minute=2)
+        with self.when_unavailable("closed"):
+            assert (await self.ask()).status_code == 200  # a pooled connection, soon dead
+            self.server.stop()
+            assert (await self.ask()).status_code == 503
+            self.server.start()  # empty: the minute's count starts again
+            await asyncio.sleep(1.1)  # the store rests a second after a failure
+            statuses = [(await self.ask()).status_code for _ in range(3)]
+            assert statuses == [200, 200, 429]
+
+    async def test_settling_without_redis_never_raises_and_is_logged_once(self):
+        await self.limit(max_concurrent=10)
+        with self.when_unavailable("open"):
+            admissions = [await LeaseTests.admit(self) for _ in range(3)]
+            self.server.stop()
+            with self.assertLogs("chatparity.ratelimit") as logs:
+                for admission in admissions:
+                    await admission.settle(1, 1)
+        assert len([line for line in logs.output if "not settled" in line]) == 1
