@@ -284,6 +284,11 @@ class RequestLog(models.Model):
     total_tokens = models.PositiveIntegerField(default=0)
     cached_tokens = models.PositiveIntegerField(default=0)
     reasoning_tokens = models.PositiveIntegerField(default=0)
+    usage_counted = models.BooleanField(
+        default=False,
+        help_text="The tokens were counted by the gateway: the backend reported none, or"
+        " numbers it could not believe.",
+    )
     time_to_first_token_ms = models.FloatField(null=True, blank=True)
     duration_ms = models.FloatField()
     output_tokens_per_second = models.FloatField(null=True, blank=True)

@@ -5,7 +5,10 @@ headers and read the answer line by line (an SSE stream) or whole (an error body
 for a fraction of httpx's CPU per request. Responses are parsed as their bytes
 arrive, in the protocol's callbacks; a body may be framed by ``Content-Length``,
 by chunked transfer-coding (extensions and trailers ignored) or by the end of
-the connection.
+the connection. Bytes are taken 16 KiB at a time, and reading pauses while 16
+KiB of a body wait to be read (back-pressure: a stream whose reader stops
+holds a few tens of KiB); a reader may also cap a line's or a body's length
+(:class:`TooLarge`, the connection closed).
 
 Why a client of its own, private to the backend: ``bench/transports.py`` put it,
 aiohttp 3.14 (C parser) and httpcore 1.0 (what httpx runs on) under the backend
@@ -48,7 +51,7 @@ import re
 import ssl
 import weakref
 from collections.abc import Mapping
-from typing import cast
+from typing import NoReturn, cast
 from urllib.parse import SplitResult, quote, unquote, urlsplit
 from urllib.request import getproxies, proxy_bypass
 
@@ -65,7 +68,13 @@ MAX_DRAIN = 64 * 1024
 """Bytes of a released body discarded at most before its connection is closed."""
 USER_AGENT = "chatparity"
 
-_HIGH_WATER = 256 * 1024  # buffered body bytes at which reading pauses
+# A response's unread bytes stay below about two reads plus two high waters (the body
+# buffered, and the lines of one batch decoded), so a reader that stops reading holds
+# at most ~64 KiB beyond the kernel's socket buffer.
+_READ_SIZE = 16 * 1024  # bytes taken from the socket at once
+_HIGH_WATER = 16 * 1024  # buffered body bytes at which reading pauses
+_STATUS = re.compile(r"[0-9]{3}")
+_LENGTH_VALUE = re.compile(r"[0-9]{1,18}")  # ASCII digits only, few enough for int()
 _SAFE = "!$&'()*+,/:;=?@~%"  # kept as they are in a path or query
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\r?\n")  # extensions ignored
 
@@ -105,13 +114,20 @@ class RemoteProtocolError(HTTPError):
     """The server broke HTTP/1.1: a bad or oversized head, bad framing, a body cut short."""
 
 
-class _Connection(asyncio.Protocol):
-    """One connection; it parses the current response as its bytes arrive."""
+class TooLarge(RemoteProtocolError):
+    """A line or a body is above the limit its reader set."""
+
+
+class _Connection(asyncio.BufferedProtocol):
+    """One connection; it parses the current response as its bytes arrive, read
+    :data:`_READ_SIZE` bytes at a time, and stops reading while
+    :data:`_HIGH_WATER` bytes of its body wait to be read."""
 
     transport: asyncio.Transport
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
+        self.read_buffer = memoryview(bytearray(_READ_SIZE))
         self.raw = bytearray()  # received, not parsed yet
         self.body = bytearray()  # the body's bytes not read yet
         self.state = _IDLE
@@ -222,7 +238,13 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast("asyncio.Transport", transport)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self.read_buffer[:nbytes])
+
+    def data_received(self, data: bytes | memoryview) -> None:
         if self.state in (_IDLE, _DONE):
             self.keep_alive = False  # bytes nobody asked for: the connection is not reusable
             if self.state == _IDLE:
@@ -298,7 +320,7 @@ class _Connection(asyncio.Protocol):
             status_line, *lines = head.split("\r\n")
             version, _, rest = status_line.partition(" ")
             code, _, self.reason = rest.partition(" ")
-            if version not in ("HTTP/1.1", "HTTP/1.0") or len(code) != 3 or not code.isdigit():
+            if version not in ("HTTP/1.1", "HTTP/1.0") or not _STATUS.fullmatch(code):
                 raise RemoteProtocolError(f"malformed status line {status_line[:80]!r}")
             self.status = int(code)
             if self.status < 200 and self.status != 101:
@@ -322,7 +344,7 @@ class _Connection(asyncio.Protocol):
         elif length is not None:
             values = {value.strip() for value in length.split(",")}
             value = values.pop()
-            if values or not value.isdigit():
+            if values or not _LENGTH_VALUE.fullmatch(value):
                 raise RemoteProtocolError(f"bad Content-Length {length[:40]!r}")
             self.framing, self.remaining = _LENGTH, int(value)
         else:
@@ -460,10 +482,10 @@ class Response:
         self.reason = connection.reason
         self.headers = connection.headers  # lower-case names
 
-    async def readline(self) -> str | None:
+    async def readline(self, limit: int | None = None) -> str | None:
         """The body's next line without its ``\\n`` or ``\\r\\n`` (UTF-8, errors replaced),
         the last one also when unterminated; ``None`` at the end of the body (the
-        response is then closed)."""
+        response is then closed). :class:`TooLarge` if a line is over ``limit`` bytes."""
         if self._lines:
             return self._lines.pop()
         if self._pool is None:
@@ -472,6 +494,9 @@ class Response:
         body = connection.body
         while True:
             last = body.rfind(b"\n")
+            longest = max(last, len(body) - last - 1)  # at least the longest line's length
+            if limit is not None and longest > limit and _longest_line(body) > limit:
+                self._refuse(f"a line is over {limit} bytes")
             if last >= 0:  # every complete line here, decoded at once
                 text = body[:last].decode("utf-8", "replace")
                 del body[: last + 1]
@@ -500,18 +525,30 @@ class Response:
             raise StopAsyncIteration
         return line
 
-    async def read(self) -> bytes:
-        """The whole body (not for a body partly read by lines); the response is closed after."""
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole body (not for a body partly read by lines); the response is closed
+        after. :class:`TooLarge` if it is over ``limit`` bytes."""
         if self._pool is None:
             return b""  # closed or released
         connection = self._connection
         try:
-            while connection.state != _DONE:
+            while True:
+                if limit is not None and len(connection.body) > limit:
+                    self._refuse(f"the body is over {limit} bytes")
+                if connection.state == _DONE:
+                    return bytes(connection.body)
                 await connection.wait()
-            return bytes(connection.body)
         finally:
             connection.body.clear()
             self.close()
+
+    def _refuse(self, problem: str) -> NoReturn:
+        """Raise :class:`TooLarge`, the connection closed: an upstream that sends too much
+        once is not asked again on it."""
+        self._pool = None
+        self._lines.clear()
+        self._connection.abort()
+        raise TooLarge(problem)
 
     def release(self) -> None:
         """Done with the body, although it may not have ended: the connection goes back
@@ -539,6 +576,11 @@ class Response:
             pool.checkin(connection)
         else:
             connection.abort()
+
+
+def _longest_line(body: bytearray) -> int:
+    """The length of the longest line in ``body``, the last one perhaps unfinished."""
+    return max(map(len, body.split(b"\n")))
 
 
 _ssl_context: ssl.SSLContext | None = None

@@ -4,10 +4,20 @@ keep-alive connections.
 It asks the upstream for a stream with usage when the client streams, else for
 a whole completion, and re-reads either through
 :class:`~chatparity.protocol.upstream.ChunkReader`, so clients see OpenAI's
-canonical stream (or its accumulation) whatever the upstream sent (also a
-stream it was not asked for). Before the
-first event, refused or reset connections and 5xx answers are retried with
-backoff; the view then falls over to the alias's fallbacks.
+canonical stream (or its accumulation) whatever the upstream sent.
+
+Upstreams are not trusted. An answer is read as its content type says: an event
+stream (also one not asked for) or a whole JSON completion (also for a stream
+request); any other type, an answer without any choice, or a line above
+``CHATPARITY["MAX_UPSTREAM_LINE_BYTES"]`` is a 502 (an error frame once the
+client has its first byte), never an empty 200; a line too long also closes
+its connection. Usage
+numbers that cannot be believed (see
+:func:`~chatparity.protocol.upstream.believable_usage`) give way to the tokens
+counted from what arrived, and the log row says so (``usage_counted``).
+
+Before the first event, refused or reset connections and 5xx answers are
+retried with backoff; the view then falls over to the alias's fallbacks.
 
 Only the conversation and the parameters that shape sampling and format
 (:data:`FORWARDED`) reach the upstream; others, those that cost money or
@@ -42,17 +52,30 @@ from typing import Any
 
 import orjson
 
+from ..conf import app_settings
 from ..protocol.errors import APIError
 from ..protocol.events import Event, Usage
 from ..protocol.request import ChatRequest, parse_chat_request
 from ..protocol.tokens import approximate_prompt_tokens
-from ..protocol.upstream import ChunkReader, SSEReader, UpstreamError, malformed, upstream_error
+from ..protocol.upstream import (
+    ChunkReader,
+    SSEReader,
+    UpstreamError,
+    excerpt,
+    malformed,
+    upstream_error,
+)
 from . import _http1
 from .base import BackendConfig, http_base_url, known_options, number_option
 
 logger = logging.getLogger(__name__)
 
 _RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+"""The largest whole completion read from an upstream (many choices' logprobs are large)."""
+MAX_ERROR_BYTES = 64 * 1024
+"""The most of an upstream's error answer read: only its start is logged."""
 
 # The request parameters an upstream gets whatever the alias: the conversation and
 # what shapes sampling and format, billed by nothing but the tokens they shape.
@@ -127,6 +150,20 @@ def _is_request_parameter(name: str) -> bool:
     except APIError:
         return False
     return True
+
+
+def _is_stream(content_type: str, asked: bool) -> bool:
+    """Whether an answer of ``content_type`` is an event stream (else a whole JSON
+    completion), ``asked``: whether a stream was asked for, the answer's when it names
+    no type; an :class:`UpstreamError` for any other type (an HTML page, plain text)."""
+    media_type = content_type.partition(";")[0].strip().lower()
+    if media_type == "text/event-stream":
+        return True
+    if media_type == "application/json" or media_type.endswith("+json"):
+        return False
+    if not media_type:
+        return asked
+    raise malformed("the answer is neither JSON nor an event stream", media_type)
 
 
 def timeout_error() -> APIError:
@@ -215,6 +252,7 @@ class UpstreamBackend:
             ChunkReader,
             prompt_tokens=approximate_prompt_tokens(request.messages),
             call_finish="stop" if choice.mode == "function" else "tool_calls",
+            max_tokens=request.max_tokens,
         )
         deadline = asyncio.get_running_loop().time() + self.config.timeout
         primary = reader(n=request.n)
@@ -235,29 +273,39 @@ class UpstreamBackend:
             for event in extra.close(extra.indices):
                 yield event
             readers.append(extra)
+        for refused in (r.refused_usage for r in readers if r.refused_usage is not None):
+            logger.warning(
+                "chatparity: backend %s: usage not believed, tokens counted instead: %s",
+                self.config.name,
+                self._masked(excerpt(refused)),
+            )
         yield Usage(
             prompt_tokens=sum(r.usage.prompt_tokens for r in readers),
             completion_tokens=sum(r.usage.completion_tokens for r in readers),
             cached_tokens=sum(r.usage.cached_tokens for r in readers),
             reasoning_tokens=sum(r.usage.reasoning_tokens for r in readers),
+            counted=any(r.usage.counted for r in readers),
         )
 
     async def _read(
         self, body: dict[str, Any], reader: ChunkReader, deadline: float
     ) -> AsyncGenerator[Event, None]:
-        """The events of one upstream request, up to its ``[DONE]`` or the end of its body."""
+        """The events of one upstream request, up to its ``[DONE]`` or the end of its body.
+
+        What its content type says is read: a stream (also one it was not asked for) or
+        a whole completion (also for a stream request); anything else is malformed."""
+        line_limit = app_settings.MAX_UPSTREAM_LINE_BYTES
         try:
             async with self._response(orjson.dumps(body), deadline) as response:
                 sse = SSEReader()
-                content_type = response.headers.get("content-type", "")
-                # Also an upstream that streams what it was not asked to.
-                streamed = body["stream"] or content_type.startswith("text/event-stream")
+                streamed = _is_stream(response.headers.get("content-type", ""), body["stream"])
                 try:
                     if not streamed:  # a whole completion; it leaves the reader done
-                        for item in reader.read_completion(await response.read()):
+                        answer = await response.read(MAX_ANSWER_BYTES)
+                        for item in reader.read_completion(answer):
                             yield item
                     while not reader.done:
-                        line = await response.readline()
+                        line = await response.readline(line_limit)
                         event = sse.flush() if line is None else sse.feed(line)
                         if event is not None:
                             for item in reader.read(event):
@@ -266,9 +314,13 @@ class UpstreamBackend:
                             break  # the body ended without [DONE]: what is open gets finished
                 except _http1.Timeout:
                     raise timeout_error() from None
+                except _http1.TooLarge as exc:
+                    raise malformed(str(exc)) from None
                 except _http1.HTTPError as exc:
                     self._log("the connection dropped", exc)
                     raise malformed(f"the connection dropped ({type(exc).__name__})") from None
+                if len(reader.unseen()) == len(reader.indices):  # never an empty answer
+                    raise malformed("the answer has no choices")
         except UpstreamError as error:
             raise self._reported(error) from None
 
@@ -318,7 +370,7 @@ class UpstreamBackend:
     async def _error(self, response: _http1.Response) -> UpstreamError:
         """The upstream's error answer in OpenAI's envelope, its status kept."""
         try:
-            body = await response.read()
+            body = await response.read(MAX_ERROR_BYTES)
         except _http1.Timeout:
             raise timeout_error() from None
         except _http1.HTTPError:

@@ -62,6 +62,9 @@ class Usage:
     completion_tokens: int
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    counted: bool = False
+    """The gateway counted these tokens from what it received: the backend reported
+    none, or numbers it could not believe."""
 
     @property
     def total_tokens(self) -> int:

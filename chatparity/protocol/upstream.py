@@ -7,9 +7,12 @@ error`` kept apart). :class:`ChunkReader` turns the upstream's
 what real servers get wrong: changing ids (ignored: the encoder sets its
 own), a missing or repeated role, a finish_reason riding on a content chunk,
 tool-call ids and names repeated on later deltas, a missing finisher or
-``[DONE]``, usage missing or on the wrong chunk. What an upstream sends
-instead (an error, something malformed) becomes an :class:`UpstreamError`,
-whose message tells clients nothing the upstream wrote.
+``[DONE]``, usage missing or on the wrong chunk. Its usage is believed only
+when every count is a whole number from 0 to :data:`MAX_REPORTED_TOKENS` and
+the completion within what the request allowed; else the tokens are counted
+from what was received, and the usage says so (``Usage.counted``). What an
+upstream sends instead (an error, something malformed) becomes an
+:class:`UpstreamError`, whose message tells clients nothing the upstream wrote.
 """
 
 from __future__ import annotations
@@ -29,6 +32,11 @@ from .events import Event, Finish, TextDelta, TokenLogprob, ToolCallDelta, TopLo
 from .tokens import approximate_tokens
 
 _ID_ALPHABET = string.ascii_letters + string.digits
+
+MAX_REPORTED_TOKENS = 10**9
+"""The most tokens an upstream's usage is believed in any one count (two of them still
+fit the log's 32-bit columns)."""
+_DIGITS = re.compile(r"[0-9]{1,10}")  # a count written as a string, as some servers do
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +123,7 @@ def upstream_error(payload: Any, status: int | None = None) -> UpstreamError:
     client_status = status if status is not None and 400 <= status < 500 else 502
     return UpstreamError(
         f"The upstream model returned an error{circumstances}.",
-        detail=_excerpt(message or payload),
+        detail=excerpt(message or payload),
         upstream_message=message,
         status=client_status,
         type=kind or ("server_error" if client_status >= 500 else "invalid_request_error"),
@@ -129,14 +137,14 @@ def malformed(problem: str, sent: str | bytes = "") -> UpstreamError:
     in our words; an excerpt of what it ``sent`` is kept for the log."""
     return UpstreamError(
         f"The upstream sent a malformed stream: {problem}.",
-        detail=_excerpt(sent),
+        detail=excerpt(sent),
         status=502,
         type="server_error",
         code="upstream_error",
     )
 
 
-def _excerpt(sent: Any) -> str:
+def excerpt(sent: Any) -> str:
     """The start of what an upstream sent (text, bytes or decoded JSON), for the log."""
     if isinstance(sent, bytes):
         text = sent[:DETAIL_CHARS].decode("utf-8", "replace")
@@ -155,7 +163,9 @@ class ChunkReader:
     client named the tool, as OpenAI does). Token counts come from the
     upstream's usage when it sends one; otherwise each content or argument
     delta counts as one completion token (servers stream a token a delta) and
-    the prompt counts ``prompt_tokens``.
+    the prompt counts ``prompt_tokens``; so they do when the upstream's usage is
+    not believable (:func:`believable_usage`; ``max_tokens``: the request's cap
+    per choice), which ``refused_usage`` then keeps for the log.
     """
 
     def __init__(
@@ -165,12 +175,15 @@ class ChunkReader:
         prompt_tokens: int,
         call_finish: FinishReason = "tool_calls",
         first_index: int = 0,
+        max_tokens: int | None = None,
     ) -> None:
         self.indices = range(first_index, first_index + n)
         self.prompt_tokens = prompt_tokens
         self.call_finish = call_finish
+        self.most_completion_tokens = MAX_REPORTED_TOKENS if max_tokens is None else max_tokens * n
         self.completion_tokens = 0
         self.upstream_usage: Usage | None = None
+        self.refused_usage: Any = None
         self.done = False
         self._seen: set[int] = set()
         self._finished: set[int] = set()
@@ -218,8 +231,9 @@ class ChunkReader:
             raise upstream_error(payload)
         if not isinstance(payload, dict):
             raise malformed(f"{what} is not a JSON object", data)
-        if isinstance(payload.get("usage"), dict):
-            self.upstream_usage = _usage(payload["usage"])
+        if isinstance(payload.get("usage"), dict):  # the last one sent stands
+            self.upstream_usage = believable_usage(payload["usage"], self.most_completion_tokens)
+            self.refused_usage = None if self.upstream_usage else payload["usage"]
         return payload
 
     def _choice(self, choice: dict[str, Any], *, whole: bool = False) -> list[Event]:
@@ -279,7 +293,9 @@ class ChunkReader:
     @property
     def usage(self) -> Usage:
         """The upstream's usage, or else the counted one."""
-        return self.upstream_usage or Usage(self.prompt_tokens, self.completion_tokens)
+        return self.upstream_usage or Usage(
+            self.prompt_tokens, self.completion_tokens, counted=True
+        )
 
 
 def _tokens(text: str, whole: bool) -> int:
@@ -288,15 +304,37 @@ def _tokens(text: str, whole: bool) -> int:
     return approximate_tokens(len(text)) if whole else 1
 
 
-def _usage(usage: dict[str, Any]) -> Usage:
+def believable_usage(usage: dict[str, Any], most_completion_tokens: int) -> Usage | None:
+    """An upstream's ``usage`` object as :class:`Usage`, if every count in it is a whole
+    number from 0 to :data:`MAX_REPORTED_TOKENS` (the details may be left out), with no
+    more completion tokens than ``most_completion_tokens``; else None."""
     prompt_details = usage.get("prompt_tokens_details") or {}
     completion_details = usage.get("completion_tokens_details") or {}
-    return Usage(
-        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-        completion_tokens=int(usage.get("completion_tokens") or 0),
-        cached_tokens=int(prompt_details.get("cached_tokens") or 0),
-        reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
+    if not isinstance(prompt_details, dict) or not isinstance(completion_details, dict):
+        return None
+    prompt, completion, cached, reasoning = (
+        _count(usage.get("prompt_tokens")),
+        _count(usage.get("completion_tokens")),
+        _count(prompt_details.get("cached_tokens") or 0),
+        _count(completion_details.get("reasoning_tokens") or 0),
     )
+    if prompt is None or completion is None or cached is None or reasoning is None:
+        return None
+    if completion > most_completion_tokens:
+        return None
+    return Usage(prompt, completion, cached_tokens=cached, reasoning_tokens=reasoning)
+
+
+def _count(value: Any) -> int | None:
+    """A token count as upstreams write it (a JSON integer, an integral number, a string
+    of digits), if it is one from 0 to :data:`MAX_REPORTED_TOKENS`."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    elif isinstance(value, str) and _DIGITS.fullmatch(value):
+        value = int(value)  # at most 10 digits: int() is cheap and cannot refuse them
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_REPORTED_TOKENS:
+        return value
+    return None
 
 
 def _logprobs(logprobs: Any) -> list[TokenLogprob] | None:

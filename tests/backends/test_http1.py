@@ -271,6 +271,69 @@ async def test_a_large_body_is_read_with_reading_paused_and_resumed():
     assert server.connections == 1
 
 
+@pytest.mark.parametrize(
+    "body",
+    [b"data: " + b"x" * 5000 + b"\n\n", b"data: ok\n\ndata: " + b"x" * 5000],
+    ids=["ended", "unfinished"],
+)
+@run
+async def test_a_line_over_the_readers_limit_is_refused_and_its_connection_closed(body):
+    async def respond(request, reader, writer):
+        writer.write(SSE_HEAD + chunked(body) if request.connection == 1 else fixed(b"ok"))
+
+    async with Server(respond) as server:
+        endpoint = Endpoint(server.url(), {})
+        response = await endpoint.post(b"", deadline())
+        await asyncio.sleep(0.05)  # the whole body arrived: its connection could be reused
+
+        async def read_to_the_end():
+            while await response.readline(limit=4096) is not None:
+                pass
+
+        with pytest.raises(_http1.TooLarge):
+            await read_to_the_end()
+        response.close()
+        assert await (await endpoint.post(b"", deadline())).read() == b"ok"
+    assert server.connections == 2
+
+
+@run
+async def test_a_body_over_the_readers_limit_is_refused_and_its_connection_closed():
+    async with Server(answer(fixed(b"x" * 5000))) as server:
+        endpoint = Endpoint(server.url(), {})
+        with pytest.raises(_http1.TooLarge):
+            await (await endpoint.post(b"", deadline())).read(limit=4096)
+        assert await (await endpoint.post(b"", deadline())).read(limit=5000) == b"x" * 5000
+    assert server.connections == 2
+
+
+@run
+async def test_a_reader_that_stops_reading_stops_the_connection_reading():
+    """Back-pressure: what is read from the socket but not yet by the reader stays small,
+    however much the server has to send."""
+    line = b"data: " + b"x" * 200 + b"\n\n"
+    received = 0
+    original = _http1._Connection.data_received
+
+    def counting(connection, data):
+        nonlocal received
+        received += len(data)
+        original(connection, data)
+
+    async with Server(answer(SSE_HEAD + chunked(line * 50_000))) as server:  # ~10 MB
+        endpoint = Endpoint(server.url(), {})
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_http1._Connection, "data_received", counting)
+            response = await endpoint.post(b"", deadline(30))
+            for _ in range(10):
+                assert (await response.readline()).startswith("data: x")
+                await response.readline()
+            await asyncio.sleep(0.5)  # the reader stops; the server keeps writing
+            held = received - 10 * len(line)
+            assert held <= 64 * 1024
+            response.close()
+
+
 # -- keep-alive -----------------------------------------------------------------------
 
 
@@ -459,9 +522,16 @@ async def test_a_refused_connection_is_a_connect_error():
         b"garbage\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: 1, 2\r\n\r\n",
+        # Digits int() refuses: a superscript (isdigit() says yes), and thousands of them.
+        b"HTTP/1.1 \xb200 OK\r\n\r\n",  # b"\xb2": "\N{SUPERSCRIPT TWO}" in a Latin-1 head
+        b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n",
     ],
-    ids=["oversize", "oversize-unfinished", "version", "status-line", "field", "length"],
-)
+    ids=[
+        "oversize", "oversize-unfinished", "version", "status-line", "field", "length",
+        "status-superscript", "length-superscript", "length-digits",
+    ],
+)  # fmt: skip
 @run
 async def test_a_malformed_head_is_a_protocol_error(head):
     async with Server(answer(head)) as server:

@@ -6,13 +6,16 @@ import json
 import socket
 import time
 from contextlib import closing
+from unittest import mock
 
 import orjson
 from asgiref.sync import sync_to_async
 from asgiref.testing import ApplicationCommunicator
 from django.core.asgi import get_asgi_application
-from django.test import TestCase, TransactionTestCase
+from django.test import TestCase, TransactionTestCase, override_settings
 
+from chatparity.asgi import FastPath
+from chatparity.backends import _http1
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from tests.backends import faulty_upstream
 from tests.test_disconnect import keep_test_connection, scope
@@ -257,6 +260,69 @@ class WholeCompletionTests(UpstreamTestCase):
         completion = (await self.ask("canonical")).json()
         assert self.upstream.bodies["canonical"]["stream"] is False
         assert completion["choices"][0]["message"]["content"] == "Hello world"
+
+
+class DistrustTests(UpstreamTestCase):
+    """What an upstream says is checked: its usage, its content type, its line lengths;
+    a stream request never gets an empty 200."""
+
+    async def test_usage_that_cannot_be_believed_is_counted_and_the_row_says_so(self):
+        for behaviour in ("negative-usage", "huge-usage"):
+            with self.assertLogs("chatparity.backends.upstream", "WARNING") as logged:
+                completion = (await self.ask(behaviour)).json()
+            assert completion["usage"]["completion_tokens"] == faulty_upstream.LONG_CHUNKS
+            assert "usage not believed" in logged.output[0]
+        rows = [row async for row in RequestLog.objects.order_by("alias")]
+        assert [(r.alias, r.completion_tokens, r.usage_counted) for r in rows] == [
+            ("up-huge-usage", faulty_upstream.LONG_CHUNKS, True),
+            ("up-negative-usage", faulty_upstream.LONG_CHUNKS, True),
+        ]
+
+    async def test_usage_the_upstream_reports_within_bounds_is_believed(self):
+        await self.ask("canonical", max_tokens=2)
+        row = await RequestLog.objects.aget()
+        assert (row.completion_tokens, row.usage_counted) == (2, False)
+
+    async def test_a_whole_completion_answering_a_stream_request_is_streamed(self):
+        chunks = await self.stream_of(await self.ask("whole", stream=True))
+        assert self.upstream.bodies["whole"]["stream"] is True
+        assert self.text(chunks) == "Hello world"
+        assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+        assert chunks[-1] == "[DONE]"
+        row = await RequestLog.objects.aget()
+        assert (row.completion_tokens, row.usage_counted) == (2, False)
+
+    async def test_an_answer_neither_json_nor_a_stream_is_a_502_not_an_empty_200(self):
+        for stream in (True, False):
+            response = await self.ask("html", stream=stream)
+            assert response.status_code == 502
+            assert response.json()["error"]["code"] == "upstream_error"
+            await ModelAlias.objects.filter(public_id="up-html").adelete()
+
+    async def test_a_stream_without_any_choice_is_a_502_not_an_empty_200(self):
+        response = await self.ask("empty-stream", stream=True)
+        assert response.status_code == 502
+        assert response.json()["error"]["code"] == "upstream_error"
+
+    @override_settings(CHATPARITY={"MAX_UPSTREAM_LINE_BYTES": faulty_upstream.LONG_LINE})
+    async def test_a_line_over_the_cap_is_a_502_and_its_connection_is_dropped(self):
+        connections = self.upstream.connections
+        response = await self.ask("long-line-first", stream=True)
+        assert response.status_code == 502
+        assert response.json()["error"]["code"] == "upstream_error"
+        assert (await self.post("up-long-line-first", stream=True)).status_code == 502
+        assert self.upstream.connections - connections == 2  # neither went back to the pool
+
+    @override_settings(CHATPARITY={"MAX_UPSTREAM_LINE_BYTES": faulty_upstream.LONG_LINE})
+    async def test_a_line_over_the_cap_mid_stream_is_an_error_frame(self):
+        chunks = await self.stream_of(await self.ask("long-line", stream=True))
+        assert self.text(chunks[:-2]) == "Hello"
+        assert chunks[-2]["error"]["code"] == "upstream_error"
+        assert chunks[-1] == "[DONE]"
+
+    async def test_a_line_under_the_cap_is_read(self):
+        chunks = await self.stream_of(await self.ask("long-line", stream=True))
+        assert self.text(chunks) == "Hello" + "x" * faulty_upstream.LONG_LINE + " world"
 
 
 class EmulationTests(UpstreamTestCase):
@@ -542,3 +608,59 @@ class HangUpTests(TransactionTestCase):
         assert row.cancelled
         assert row.status_code == 200
         assert row.completion_tokens >= 2
+
+
+class BackPressureTests(TransactionTestCase):
+    """A client that stops reading makes the gateway stop reading its upstream."""
+
+    def setUp(self):
+        keep_test_connection(self)
+        self.upstream, stop = faulty_upstream.start(SECRET)
+        self.addCleanup(stop)
+
+    async def test_a_stream_holds_a_small_buffer_whatever_the_upstream_sends(self):
+        _, plaintext = await sync_to_async(ApiKey.objects.create_key)("slow reader")
+        backend = await Backend.objects.acreate(
+            name="up", kind="openai", base_url=self.upstream.base_url
+        )
+        await ModelAlias.objects.acreate(public_id="smollm2", backend=backend, model="huge-stream")
+        received = 0  # bytes the gateway read from the upstream
+        data_received = _http1._Connection.data_received
+
+        def counting(connection, data):
+            nonlocal received
+            received += len(data)
+            data_received(connection, data)
+
+        frames = 0
+        stopped_reading, hung_up = asyncio.Event(), asyncio.Event()
+
+        async def send(message):  # a client that reads ten frames, then nothing
+            nonlocal frames
+            if message["type"] == "http.response.body":
+                frames += 1
+                if frames > 10:
+                    stopped_reading.set()
+                    await hung_up.wait()  # as a server's send waits for the socket to drain
+
+        body = {"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+        inbox = [{"type": "http.request", "body": orjson.dumps(body)}]
+
+        async def receive():
+            if inbox:
+                return inbox.pop()
+            await hung_up.wait()
+            return {"type": "http.disconnect"}
+
+        with mock.patch.object(_http1._Connection, "data_received", counting):
+            served = asyncio.ensure_future(
+                FastPath(get_asgi_application())(scope(plaintext), receive, send)
+            )
+            await asyncio.wait_for(stopped_reading.wait(), 10)
+            await asyncio.sleep(0.5)  # the upstream goes on sending
+            held = received - frames * len(faulty_upstream.data(faulty_upstream.chunk("x" * 8192)))
+            hung_up.set()
+            await asyncio.wait_for(served, 10)
+        assert held <= 64 * 1024
+        row = await RequestLog.objects.aget()
+        assert row.cancelled

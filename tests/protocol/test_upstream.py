@@ -7,10 +7,12 @@ import pytest
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
 from chatparity.protocol.upstream import (
+    MAX_REPORTED_TOKENS,
     ChunkReader,
     ServerSentEvent,
     SSEReader,
     UpstreamError,
+    believable_usage,
     upstream_error,
 )
 
@@ -54,7 +56,7 @@ class TestChunkReader:
         assert reader.unseen() == [1]
         assert reader.close(reader.indices) == [Finish(0, "stop"), Finish(1, "stop")]
         assert reader.close([0]) == []  # a choice finishes once
-        assert reader.usage == Usage(3, 2)
+        assert reader.usage == Usage(3, 2, counted=True)
 
     def test_a_choice_asked_for_on_its_own_is_renumbered(self):
         reader = ChunkReader(n=1, prompt_tokens=0, first_index=2)
@@ -73,6 +75,46 @@ class TestChunkReader:
         chunk = {"choices": [{"index": 0, "delta": {"content": "hi"}}], "usage": usage}
         assert reader.read(message(chunk)) == [TextDelta(0, "hi")]
         assert reader.usage == Usage(9, 4, cached_tokens=2, reasoning_tokens=1)
+
+    @pytest.mark.parametrize(
+        "usage",
+        [
+            {"prompt_tokens": 9, "completion_tokens": -5},
+            {"prompt_tokens": 9, "completion_tokens": 3_000_000_000},
+            {"prompt_tokens": 9, "completion_tokens": 1.5},
+            {"prompt_tokens": 9, "completion_tokens": 1e300},
+            {"prompt_tokens": 9, "completion_tokens": True},
+            {"prompt_tokens": "\N{SUPERSCRIPT TWO}", "completion_tokens": 2},  # isdigit() says yes
+            {"prompt_tokens": "9" * 5000, "completion_tokens": 2},  # int() refuses
+            {"prompt_tokens": 9},
+            {"prompt_tokens": 9, "completion_tokens": 2, "prompt_tokens_details": [1]},
+            {"prompt_tokens": 9, "completion_tokens": 2,
+             "completion_tokens_details": {"reasoning_tokens": -1}},
+        ],
+        ids=[
+            "negative", "above-bound", "fraction", "huge-number", "boolean", "superscript",
+            "thousands-of-digits", "missing", "details-not-an-object", "negative-detail",
+        ],
+    )  # fmt: skip
+    def test_usage_that_cannot_be_believed_is_counted_and_kept_for_the_log(self, usage):
+        reader = ChunkReader(n=1, prompt_tokens=3)
+        chunk = {"choices": [{"index": 0, "delta": {"content": "hi"}}], "usage": usage}
+        reader.read(message(chunk))
+        assert reader.usage == Usage(3, 1, counted=True)
+        assert reader.refused_usage == usage
+
+    def test_usage_written_as_integral_numbers_or_digit_strings_is_believed(self):
+        usage = {"prompt_tokens": "9", "completion_tokens": 4.0}
+        assert believable_usage(usage, MAX_REPORTED_TOKENS) == Usage(9, 4)
+        assert believable_usage({**usage, "prompt_tokens": MAX_REPORTED_TOKENS}, 4) is not None
+
+    def test_more_completion_tokens_than_the_request_allowed_are_not_believed(self):
+        reader = ChunkReader(n=2, prompt_tokens=3, max_tokens=10)
+        allowed = {"prompt_tokens": 9, "completion_tokens": 20}
+        reader.read(message({"choices": [], "usage": allowed}))
+        assert reader.usage == Usage(9, 20)
+        reader.read(message({"choices": [], "usage": {**allowed, "completion_tokens": 21}}))
+        assert reader.usage == Usage(3, 0, counted=True)
 
     def test_unknown_finish_reasons_become_stop(self):
         reader = ChunkReader(n=1, prompt_tokens=0)
