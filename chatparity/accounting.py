@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Any
 
-from . import ratelimit, usage
+from . import journal, ratelimit, usage
 from .models import ModelAlias, RequestLog
 from .protocol import errors
 from .protocol.errors import APIError
@@ -61,6 +61,7 @@ class Accounting:
         every limit (OpenAI's 429 when one refuses it)."""
         estimate = ratelimit.Estimate.of(chat, alias)
         self.admission = await ratelimit.admit(self.record.api_key, alias, estimate)
+        journal.begin(self.record)
 
     async def switch(self, alias: ModelAlias, chat: ChatRequest) -> None:
         """Move the admitted request to ``alias``, a fallback, under its own limits, as
@@ -117,5 +118,8 @@ class Accounting:
                 await self.admission.settle(row.prompt_tokens, row.completion_tokens)
             except Exception:  # the counters' store: a slot it keeps expires on its own
                 logger.exception("chatparity: the limits of %s were not settled", row.request_id)
-        await usage.log(row)
+        try:
+            await usage.log(row)
+        finally:  # cancelled, the row is written all the same
+            journal.end(row.request_id)
         return row

@@ -1,3 +1,5 @@
+import logging
+
 from django.apps import AppConfig
 from django.core.signals import setting_changed
 from django.db.models.signals import m2m_changed, post_delete, post_save
@@ -20,3 +22,14 @@ class ChatparityConfig(AppConfig):
             post_delete.connect(forget, sender=model, dispatch_uid=uid)
         m2m_changed.connect(forget, sender=ApiKey.allowed_aliases.through)
         setting_changed.connect(forget)
+        self._recover_journals()
+
+    def _recover_journals(self) -> None:
+        """Spool, as interrupted, the requests that workers killed on this machine left
+        in flight (written to the log by the first batch this process writes)."""
+        from .journal import recover
+
+        try:
+            recover()
+        except OSError:
+            logging.getLogger(__name__).exception("chatparity: journals not recovered")

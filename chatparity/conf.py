@@ -42,6 +42,14 @@ DEFAULTS: dict[str, Any] = {
     # the same process applies at once; others (another worker's, a queryset
     # update()) within this time: a revoked key may serve that much longer.
     "CACHE_SECONDS": 1.0,
+    # Seconds a worker keeps serving keys and aliases as it last read them while
+    # the database is unreachable (a key never read by the worker gets a 503).
+    "STALE_SECONDS": 300.0,
+    # Folder where log rows the database cannot take now are kept (one file per
+    # process, fsynced) until it can, and where each worker journals its requests in
+    # flight. Shared by the workers of one machine; None: a folder in the system's
+    # temporary directory, per database the log is written to.
+    "SPOOL_DIR": None,
     # Store request and response bodies in RequestLog.
     "LOG_BODIES": False,
     # Sent as system_fingerprint; None derives one from the backend.
@@ -68,9 +76,6 @@ DEFAULTS: dict[str, Any] = {
     "MAX_N": {"local": 4, "command": 2, "openai": 8},
     # Seconds a client has to send the whole request body (else 408).
     "BODY_TIMEOUT": 30.0,
-    # The longest line an upstream may send in a stream, in bytes: a longer one ends
-    # the request with a 502 (an error frame once streaming) and drops the connection.
-    "MAX_UPSTREAM_LINE_BYTES": 1024 * 1024,
     # Seconds a stream request waits for its backend's first event before it gets
     # its headers and an SSE comment (": keepalive"), then one every as many seconds.
     "KEEPALIVE_SECONDS": 15.0,
@@ -113,6 +118,8 @@ class AppSettings:
     REDIS_URL: Setting[str | None] = Setting()
     LIMITS_WHEN_UNAVAILABLE: Setting[str] = Setting()
     CACHE_SECONDS: Setting[float] = Setting()
+    STALE_SECONDS: Setting[float] = Setting()
+    SPOOL_DIR: Setting[str | None] = Setting()
     LOG_BODIES: Setting[bool] = Setting()
     SYSTEM_FINGERPRINT: Setting[str | None] = Setting()
     MAX_BODY_BYTES: Setting[int] = Setting()
@@ -122,7 +129,6 @@ class AppSettings:
     COMMANDS: Setting[dict[str, dict[str, Any]]] = Setting()
     MAX_N: Setting[dict[str, int]] = Setting()
     BODY_TIMEOUT: Setting[float] = Setting()
-    MAX_UPSTREAM_LINE_BYTES: Setting[int] = Setting()
     KEEPALIVE_SECONDS: Setting[float] = Setting()
     FIRST_BYTE_TIMEOUT: Setting[float] = Setting()
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
+import time
 from collections.abc import Callable, Coroutine
 from functools import wraps
 from typing import Any, ParamSpec, TypeVar
@@ -55,3 +57,36 @@ def detached(coroutine: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
     context the calls go to asgiref's one shared thread, as on the fast path.
     """
     return asyncio.get_running_loop().create_task(coroutine, context=contextvars.Context())
+
+
+class OncePerInterval:
+    """A logger's errors, at most one per cause per ``interval`` seconds, each saying
+    how often the cause recurred since the last: an outage that fails every request
+    is one line per interval in the log, not one per request.
+
+    A cause is the message (its template) and the exception's class.
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger = logger
+        self.interval = interval
+        self.clock = clock
+        self._last: dict[tuple[str, type[BaseException] | None], tuple[float, int]] = {}
+
+    def error(self, message: str, *args: object, exc_info: BaseException | None = None) -> None:
+        cause = (message, type(exc_info) if exc_info is not None else None)
+        now = self.clock()
+        last = self._last.get(cause)
+        if last is not None and now - last[0] < self.interval:
+            self._last[cause] = (last[0], last[1] + 1)
+            return
+        self._last[cause] = (now, 0)
+        if last is not None and last[1]:
+            message += " (%d more like it since the last report)"
+            args = (*args, last[1])
+        self.logger.error(message, *args, exc_info=exc_info)

@@ -6,11 +6,16 @@ cache at once (see :func:`forget`, connected to the model signals). Changes
 made by another process, and queryset ``update()`` calls, which send no
 signal, take effect within ``CACHE_SECONDS``: that is how long a revoked key
 may still be accepted by a worker that saw it just before.
+
+While the database is unreachable, what a worker last read is served for up to
+``CHATPARITY["STALE_SECONDS"]`` (the database asked again about once a second),
+so known keys keep working; anything it never read gets a 503.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import weakref
 from collections.abc import Callable
@@ -18,10 +23,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.db import DatabaseError
 
 from .conf import app_settings
-from .db import detached, reconnecting
+from .db import OncePerInterval, detached, reconnecting
 from .models import ApiKey, ModelAlias
+from .protocol import errors
+
+logger = logging.getLogger(__name__)
 
 # Time as the cache sees it; tests move it forward.
 clock = time.monotonic
@@ -29,6 +38,11 @@ clock = time.monotonic
 # Distinct keys remembered at most (presented keys, found or not): a client
 # trying random keys must not grow the cache without bound.
 MAX_KEYS = 10_000
+
+# Seconds between two tries of an unreachable database by the requests of one entry.
+RETRY_SECONDS = 1.0
+
+_outage_log = OncePerInterval(logger)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +80,9 @@ class Aliases:
         return sorted(shown, key=lambda alias: alias.public_id)
 
 
-# name -> (expires at, value): a key's grant under its hash, the aliases under "".
-_entries: dict[str, tuple[float, Any]] = {}
+# name -> (fresh until, loaded at, value): a key's grant under its hash, the aliases
+# under "".
+_entries: dict[str, tuple[float, float, Any]] = {}
 # Loads in progress, per event loop: the requests that find an entry expired at
 # the same moment wait for one database query, not one each.
 _loading: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Task[Any]]] = (
@@ -99,7 +114,7 @@ async def aliases() -> Aliases:
 async def _cached(name: str, load: Callable[..., Any], *args: Any) -> Any:
     entry = _entries.get(name)
     if entry is not None and entry[0] > clock():
-        return entry[1]
+        return entry[2]
     loop = asyncio.get_running_loop()
     loading = _loading.setdefault(loop, {})
     task = loading.get(name)
@@ -111,12 +126,37 @@ async def _cached(name: str, load: Callable[..., Any], *args: Any) -> Any:
 
 async def _load(name: str, load: Callable[..., Any], *args: Any) -> Any:
     loaded_at, generation = clock(), _generation[0]
-    value = await sync_to_async(load)(*args)
+    try:
+        value = await sync_to_async(load)(*args)
+    except DatabaseError as exc:
+        return _stale(name, exc)
     if generation == _generation[0]:
         if len(_entries) > MAX_KEYS:
             _entries.clear()
-        _entries[name] = (loaded_at + app_settings.CACHE_SECONDS, value)
+        _entries[name] = (loaded_at + app_settings.CACHE_SECONDS, loaded_at, value)
     return value
+
+
+def _stale(name: str, cause: DatabaseError) -> Any:
+    """What was last read under ``name``, while it is at most ``STALE_SECONDS`` old;
+    else a 503."""
+    entry, now = _entries.get(name), clock()
+    if entry is None or entry[1] + app_settings.STALE_SECONDS < now:
+        _outage_log.error(
+            "chatparity: the database is unreachable (%s), nothing to serve in its place",
+            cause,
+            exc_info=cause,
+        )
+        raise errors.service_unavailable(
+            "The server cannot check your request right now. Please retry shortly."
+        ) from cause
+    _outage_log.error(
+        "chatparity: the database is unreachable (%s); keys and aliases served as last read",
+        cause,
+        exc_info=cause,
+    )
+    _entries[name] = (now + RETRY_SECONDS, entry[1], entry[2])
+    return entry[2]
 
 
 @reconnecting

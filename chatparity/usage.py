@@ -22,8 +22,9 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import CharField, Field
 from django.utils import timezone
 
+from . import spool
 from .conf import app_settings
-from .db import detached, reconnecting
+from .db import OncePerInterval, detached, reconnecting
 from .models import ApiKey, ModelAlias, RequestLog
 from .protocol.completion import CompletionAccumulator
 from .protocol.errors import APIError
@@ -74,9 +75,7 @@ class UsageRecord:
     @property
     def tokens(self) -> Usage:
         """The usage the backend reported, else the completion tokens counted as sent."""
-        return self.usage or Usage(
-            prompt_tokens=0, completion_tokens=self.completion_tokens_sent, counted=True
-        )
+        return self.usage or Usage(prompt_tokens=0, completion_tokens=self.completion_tokens_sent)
 
     def row(self) -> RequestLog:
         usage = self.tokens
@@ -103,7 +102,6 @@ class UsageRecord:
             total_tokens=usage.total_tokens,
             cached_tokens=usage.cached_tokens,
             reasoning_tokens=usage.reasoning_tokens,
-            usage_counted=usage.counted,
             time_to_first_token_ms=None if first is None else (first - self.started) * 1000,
             duration_ms=(now - self.started) * 1000,
             cost=cost_of(self.model_alias, usage.prompt_tokens, usage.completion_tokens)
@@ -112,14 +110,20 @@ class UsageRecord:
             output_tokens_per_second=usage.completion_tokens / generating
             if generating > 0
             else None,
-            client_ip=_ip_address(self.client_ip),
+            client_ip=ip_address(self.client_ip),
             user_agent=self.user_agent,
             request_body=_storable(self.request_body) if app_settings.LOG_BODIES else None,
             response_body=orjson.dumps(self.body.completion()).decode() if self.body else "",
         )
-        for name, max_length in _text_columns():
-            setattr(row, name, _storable(getattr(row, name))[:max_length])
-        return row
+        return fit_columns(row)
+
+
+def fit_columns(row: RequestLog) -> RequestLog:
+    """``row`` with its bounded text columns cut to their length and without NUL
+    characters, so PostgreSQL takes it."""
+    for name, max_length in _text_columns():
+        setattr(row, name, _storable(getattr(row, name))[:max_length])
+    return row
 
 
 def _storable(value: Any) -> Any:
@@ -146,7 +150,7 @@ def _text_columns() -> list[tuple[str, int]]:
     ]
 
 
-def _ip_address(address: str | None) -> str | None:
+def ip_address(address: str | None) -> str | None:
     """``address`` if it is an IP address: servers put other things in REMOTE_ADDR (a
     Unix socket's path, a test client's name), which PostgreSQL would refuse."""
     try:
@@ -159,13 +163,20 @@ async def log(row: RequestLog) -> None:
     """Write ``row`` through this event loop's batched writer, then send
     :data:`~chatparity.signals.request_logged`.
 
-    A row the database refuses even after retries is logged loudly, never raised:
-    the request it records has had its answer (and is not announced).
+    A row the database cannot take now (it is away) is spooled on local disk and
+    written when the database is back (not announced then). A row the database
+    refuses is logged loudly, never raised: the request it records has had its
+    answer (and is not announced).
     """
     try:
-        await _writer().write(row)
+        written = await _writer().write(row)
     except DatabaseError:
         logger.exception("chatparity: the log row of %s was lost", row.request_id)
+        return
+    except OSError as exc:  # the database is away and the spool cannot be written
+        _outage_log.error("chatparity: log rows were lost (%s)", exc, exc_info=exc)
+        return
+    if not written:
         return
     for receiver, outcome in await request_logged.asend_robust(sender=RequestLog, row=row):
         if isinstance(outcome, Exception):
@@ -177,30 +188,44 @@ async def log(row: RequestLog) -> None:
 BATCH_WAIT = 0.005
 
 # A busy database (SQLite's "database is locked" under many writers, a PostgreSQL
-# fail-over) gets a few more tries, over about 1.5 s, before a row is given up.
+# fail-over) gets a few more tries, over about 1.5 s, before a row is spooled.
 SAVE_ATTEMPTS = 5
+
+# Seconds between two tries to drain the spool while it holds rows; and between two
+# looks, after a batch was written, for rows other processes of the machine spooled
+# (or the journals of dead ones).
+DRAIN_SECONDS = 2.0
+SPOOL_LOOK_SECONDS = 10.0
+
+# During an outage every request fails the same way: one line per cause per interval.
+_outage_log = OncePerInterval(logger)
 
 
 class LogWriter:
     """Writes the log rows of concurrent requests together, in one transaction.
 
     Each caller waits for its own row, so a row is never dropped: under load the
-    batches grow instead. A row the database refuses (bad data, not a busy
-    database) fails only its own request's write, not the rest of its batch.
+    batches grow instead. A batch the database cannot take (it is down) is
+    spooled, and drained once it answers again. A row the database refuses (bad
+    data, not a busy database) fails only its own request's write, not the rest of
+    its batch.
     """
 
     def __init__(self) -> None:
-        self._pending: list[tuple[RequestLog, asyncio.Future[None]]] = []
+        self._pending: list[tuple[RequestLog, asyncio.Future[bool]]] = []
         self._flushing: asyncio.Task[None] | None = None
+        self._draining: asyncio.Task[None] | None = None
+        self._next_look = 0.0  # first look at once: a worker starts with the spool
 
-    async def write(self, row: RequestLog) -> None:
-        written = asyncio.get_running_loop().create_future()
+    async def write(self, row: RequestLog) -> bool:
+        """Write ``row``: True once written, False once spooled."""
+        written: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._pending.append((row, written))
         if self._flushing is None:
             self._flushing = detached(self._flush())
         # A caller cancelled while it waits leaves its row in the batch, written all
         # the same.
-        await written
+        return await written
 
     async def _flush(self) -> None:
         try:
@@ -212,8 +237,7 @@ class LogWriter:
                 try:
                     await _insert_with_retries([row for row, _ in batch])
                 except OperationalError as exc:  # the database is down or locked
-                    for _, written in batch:
-                        _settle(written, exc)
+                    await self._spool(batch, exc)
                 except DatabaseError:  # a row it refuses: find which
                     await self._one_by_one(batch)
                 except Exception as exc:  # a bug: its callers must not wait forever
@@ -222,27 +246,83 @@ class LogWriter:
                     raise
                 else:
                     for _, written in batch:
-                        _settle(written, None)
+                        _settle(written, True)
+                    if time.monotonic() >= self._next_look:
+                        self._next_look = time.monotonic() + SPOOL_LOOK_SECONDS
+                        self._drain_soon()
         finally:
             self._flushing = None
 
-    async def _one_by_one(self, batch: list[tuple[RequestLog, asyncio.Future[None]]]) -> None:
+    async def _spool(
+        self, batch: list[tuple[RequestLog, asyncio.Future[bool]]], cause: OperationalError
+    ) -> None:
+        _outage_log.error(
+            "chatparity: the database does not take log rows (%s); they are spooled",
+            cause,
+            exc_info=cause,
+        )
+        try:
+            await sync_to_async(spool.keep)([row for row, _ in batch])
+        except OSError as exc:
+            for _, written in batch:
+                _settle(written, exc)
+            return
+        for _, written in batch:
+            _settle(written, False)
+        self._drain_soon()
+
+    async def _one_by_one(self, batch: list[tuple[RequestLog, asyncio.Future[bool]]]) -> None:
         for row, written in batch:
             try:
                 await _insert_with_retries([row])
+            except OperationalError as exc:
+                await self._spool([(row, written)], exc)
             except DatabaseError as exc:
                 _settle(written, exc)
             else:
-                _settle(written, None)
+                _settle(written, True)
+
+    def _drain_soon(self) -> None:
+        if self._draining is None:
+            self._draining = detached(self._drain())
+
+    async def _drain(self) -> None:
+        """Recover the journals of dead processes, then write the machine's spooled
+        rows, trying again every DRAIN_SECONDS while any remain."""
+        try:
+            while True:
+                try:
+                    await sync_to_async(_recover_and_drain)()
+                except (DatabaseError, OSError) as exc:
+                    _outage_log.error(
+                        "chatparity: spooled log rows are not written yet (%s)", exc, exc_info=exc
+                    )
+                if not await sync_to_async(spool.pending)():
+                    return
+                await asyncio.sleep(DRAIN_SECONDS)
+        finally:
+            self._draining = None
 
 
-def _settle(written: asyncio.Future[None], error: BaseException | None) -> None:
+def _recover_and_drain() -> None:
+    from . import journal  # which imports this module
+
+    journal.recover()
+    written = drain_spool()
+    if written:
+        logger.warning("chatparity: %d spooled log rows written", written)
+
+
+drain_spool = reconnecting(spool.drain)
+
+
+def _settle(written: asyncio.Future[bool], outcome: bool | BaseException) -> None:
     if written.done():
         return
-    if error is None:
-        written.set_result(None)
+    if isinstance(outcome, BaseException):
+        written.set_exception(outcome)
     else:
-        written.set_exception(error)
+        written.set_result(outcome)
 
 
 _writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LogWriter] = (
@@ -287,11 +367,16 @@ def insert_rows(rows: list[RequestLog]) -> None:
     connection = connections[database]
     fields = _insert_fields()
     values = [
-        [field.get_db_prep_save(field.pre_save(row, True), connection) for field in fields]
-        for row in rows
+        [field.get_db_prep_save(_value(field, row), connection) for field in fields] for row in rows
     ]
     with transaction.atomic(using=database), connection.cursor() as cursor:
         cursor.executemany(_insert_sql(connection), values)
+
+
+def _value(field: Field[Any, Any], row: RequestLog) -> Any:
+    if field.attname == "created_at" and row.created_at is not None:
+        return row.created_at  # a spooled row's: when it was first written
+    return field.pre_save(row, True)
 
 
 @functools.cache

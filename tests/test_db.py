@@ -3,6 +3,7 @@ tables in a database of their own reads and writes only there (nothing is writte
 to the default database)."""
 
 import asyncio
+import logging
 import os
 import sqlite3
 import tempfile
@@ -13,10 +14,10 @@ import pytest
 from asgiref.testing import ApplicationCommunicator
 from django.conf import settings
 from django.core.asgi import get_asgi_application
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, OperationalError, connections
 
 from chatparity.asgi import FastPath
-from chatparity.db import reconnecting
+from chatparity.db import OncePerInterval, reconnecting
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from tests.asgi import http_scope
 from tests.scripted import SCRIPTED
@@ -113,3 +114,22 @@ def test_a_broken_connection_to_a_routed_database_is_replaced():
         return ApiKey.objects.count()
 
     assert count_keys() == 0
+
+
+def test_an_outage_is_logged_once_per_cause_per_interval(caplog):
+    now = [100.0]
+    logger = logging.getLogger("chatparity.tests")
+    log = OncePerInterval(logger, interval=10.0, clock=lambda: now[0])
+    refused, timed_out = OperationalError("refused"), TimeoutError("timed out")
+    with caplog.at_level(logging.ERROR, "chatparity.tests"):
+        for _ in range(100):  # every request of an outage fails the same way
+            log.error("the database is unreachable (%s)", refused, exc_info=refused)
+        log.error("the database is unreachable (%s)", timed_out, exc_info=timed_out)
+        log.error("rows are spooled", exc_info=refused)
+        assert len(caplog.records) == 3  # one per cause: the message and the exception's class
+        now[0] += 10.0
+        log.error("the database is unreachable (%s)", refused, exc_info=refused)
+    assert len(caplog.records) == 4
+    assert caplog.records[-1].getMessage() == (
+        "the database is unreachable (refused) (99 more like it since the last report)"
+    )

@@ -4,12 +4,15 @@ import asyncio
 import threading
 from unittest import mock
 
+import pytest
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
+from django.db import OperationalError
 from django.test import TestCase
 
 from chatparity import lookups
 from chatparity.conf import app_settings
 from chatparity.models import ApiKey, Backend, ModelAlias, hash_key
+from chatparity.protocol.errors import APIError
 
 
 class LookupTests(TestCase):
@@ -76,6 +79,44 @@ class LookupTests(TestCase):
         lookups.forget()  # as a save during the load does
         assert (await loading).key.pk == self.key.pk  # the waiting request is served
         assert hashed not in lookups._entries  # but the next one reads again
+
+    async def test_while_the_database_is_unreachable_keys_are_served_as_last_read(self):
+        hashed = hash_key(self.plaintext)
+        tries = []
+
+        def unreachable(*args):
+            tries.append(args)
+            raise OperationalError("connection refused")
+
+        with mock.patch.object(lookups, "clock", return_value=500.0) as clock:
+            assert await lookups.grant(hashed) is not None
+            with mock.patch.object(lookups, "_load_grant", unreachable):
+                clock.return_value += app_settings.CACHE_SECONDS + 0.01
+                assert (await lookups.grant(hashed)).key.pk == self.key.pk
+                # The database is asked again about once a second, not by each request.
+                assert (await lookups.grant(hashed)).key.pk == self.key.pk
+                assert len(tries) == 1
+                clock.return_value += lookups.RETRY_SECONDS
+                assert (await lookups.grant(hashed)).key.pk == self.key.pk
+                assert len(tries) == 2
+                # Stale for longer than STALE_SECONDS: no longer trusted.
+                clock.return_value += app_settings.STALE_SECONDS
+                with pytest.raises(APIError) as refused:
+                    await lookups.grant(hashed)
+                assert (refused.value.status, refused.value.code) == (
+                    503,
+                    "service_unavailable",
+                )
+
+    async def test_a_key_never_read_gets_a_503_while_the_database_is_unreachable(self):
+        refusal = OperationalError("connection refused")
+        with (
+            mock.patch.object(lookups, "_load_grant", side_effect=refusal),
+            pytest.raises(APIError) as refused,
+        ):
+            await lookups.grant(hash_key(self.plaintext))
+        assert refused.value.status == 503
+        assert refused.value.envelope()["error"]["type"] == "server_error"
 
 
 def test_a_shared_load_runs_in_the_workers_database_thread():

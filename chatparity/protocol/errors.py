@@ -99,6 +99,11 @@ def server_error(
     return APIError(message, status=500, type="server_error", code=code)
 
 
+def service_unavailable(message: str) -> APIError:
+    """A 503: something the gateway needs (its database, its counters) is away for now."""
+    return APIError(message, status=503, type="server_error", code="service_unavailable")
+
+
 def as_api_error(exc: BaseException) -> APIError:
     """``exc`` itself when it is an :class:`APIError`; else a generic 500, which
     tells the client nothing of the internals."""

@@ -1,0 +1,257 @@
+"""Each process's requests in flight, on local disk: the requests of a worker that is
+killed are logged by the next process to start on the machine.
+
+A process writes a line to its journal (in the spool folder) when a request is
+admitted, with what its row needs; every second, the tokens each open request has
+sent; and a line when its row is written or spooled. Plain ``write(2)`` calls, no
+fsync: a killed process loses nothing the kernel already has. The process holds a
+lock on its journal while it lives, so a journal whose lock can be taken is a dead
+process's: :func:`recover` spools its open requests as rows marked interrupted.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import fcntl
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from . import spool
+from .models import RequestLog
+from .usage import UsageRecord, fit_columns, ip_address
+
+logger = logging.getLogger(__name__)
+
+_PREFIX = "journal-"
+_SUFFIX = ".jsonl"
+# Seconds between two notes of the tokens that open requests have sent.
+PROGRESS_SECONDS = 1.0
+# A journal longer than this is rewritten with its open requests alone.
+COMPACT_BYTES = 1024 * 1024
+# What a row of an interrupted request says.
+INTERRUPTED_STATUS = 500
+INTERRUPTED_CODE = "interrupted"
+
+
+class Journal:
+    """One process's journal, locked for as long as the process lives."""
+
+    def __init__(self, folder: Path) -> None:
+        self.pid = os.getpid()
+        self.path = folder / f"{_PREFIX}{self.pid}{_SUFFIX}"
+        self._descriptor = _locked(self.path)
+        self._size = 0
+        # id -> (record, the tokens last noted, -1 before the first note)
+        self._open: dict[str, tuple[UsageRecord, int]] = {}
+        self._lock = threading.Lock()
+        self._progress: threading.Thread | None = None
+        atexit.register(self._close)
+
+    def begin(self, record: UsageRecord) -> None:
+        """Note ``record``'s request as admitted."""
+        self._open[record.request_id] = (record, -1)
+        self._write(_begin_line(record))
+        if self._progress is None:
+            self._progress = threading.Thread(
+                target=self._note_progress, name="chatparity-journal", daemon=True
+            )
+            self._progress.start()
+
+    def end(self, request_id: str) -> None:
+        """Note that the request's row is written (or spooled)."""
+        if self._open.pop(request_id, None) is not None:
+            self._write(orjson.dumps({"end": request_id}) + b"\n")
+
+    def _close(self) -> None:
+        """At a normal exit: its requests are over (the server waited for them)."""
+        with self._lock:
+            self.path.unlink(missing_ok=True)
+            os.close(self._descriptor)
+        with contextlib.suppress(OSError):  # not empty: other processes' files
+            self.path.parent.rmdir()
+
+    def _note_progress(self) -> None:
+        while True:
+            time.sleep(PROGRESS_SECONDS)
+            lines = []
+            for request_id, (record, noted) in list(self._open.items()):
+                sent = record.completion_tokens_sent
+                if sent != noted:
+                    lines.append(_progress_line(record))
+                    self._open[request_id] = (record, sent)
+            if lines:
+                self._write(b"".join(lines))
+
+    def _write(self, data: bytes) -> None:
+        with self._lock:
+            os.write(self._descriptor, data)
+            self._size += len(data)
+            if self._size > COMPACT_BYTES:
+                self._compact()
+
+    def _compact(self) -> None:
+        """Rewrite the journal with its open requests alone (lock held)."""
+        fresh = self.path.with_suffix(".new")
+        descriptor = _locked(fresh)
+        data = b"".join(
+            _begin_line(record) + _progress_line(record) for record, _ in self._open.values()
+        )
+        os.write(descriptor, data)
+        os.rename(fresh, self.path)
+        os.close(self._descriptor)
+        self._descriptor, self._size = descriptor, len(data)
+
+
+def _locked(path: Path) -> int:
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o600)
+    fcntl.flock(descriptor, fcntl.LOCK_EX)
+    return descriptor
+
+
+def _begin_line(record: UsageRecord) -> bytes:
+    begun = time.time() - (time.perf_counter() - record.started)
+    facts = {
+        "begin": record.request_id,
+        "at": begun,
+        "api_key_id": record.api_key.pk if record.api_key is not None else None,
+        "key_prefix": record.key_prefix,
+        "alias": record.alias,
+        "backend": record.backend,
+        "upstream_model": record.upstream_model,
+        "stream": record.stream,
+        "n": record.n,
+        "client_ip": record.client_ip,
+        "user_agent": record.user_agent,
+    }
+    return orjson.dumps(facts) + b"\n"
+
+
+def _progress_line(record: UsageRecord) -> bytes:
+    progress = {
+        "progress": record.request_id,
+        "seen": time.time(),
+        "completion_id": record.completion_id,
+        "completion_tokens": record.completion_tokens_sent,
+    }
+    return orjson.dumps(progress) + b"\n"
+
+
+_current: Journal | None = None
+_opening = threading.Lock()
+
+
+def current() -> Journal:
+    """This process's journal, opened on first use (in the process that uses it, not
+    one it was forked from), after the journals of dead processes were recovered."""
+    global _current
+    journal = _current
+    if journal is None or journal.pid != os.getpid():
+        with _opening:
+            journal = _current
+            if journal is None or journal.pid != os.getpid():
+                folder = spool.folder()
+                recover(folder)
+                journal = _current = Journal(folder)
+    return journal
+
+
+def begin(record: UsageRecord) -> None:
+    """Note ``record``'s request as in flight; a journal that cannot be written is
+    logged, never raised."""
+    try:
+        current().begin(record)
+    except OSError:
+        logger.exception("chatparity: request %s was not journalled", record.request_id)
+
+
+def end(request_id: str) -> None:
+    """Note that the request's row is written or spooled."""
+    journal = _current
+    if journal is not None and journal.pid == os.getpid():
+        try:
+            journal.end(request_id)
+        except OSError:
+            logger.exception("chatparity: the end of request %s was not journalled", request_id)
+
+
+def recover(folder: Path | None = None) -> int:
+    """Spool a row marked interrupted for each open request in the journals of dead
+    processes, then delete those journals; how many rows were spooled."""
+    folder = folder or spool.folder(create=False)
+    if not folder.exists():
+        return 0
+    recovered = 0
+    for path in folder.glob(f"{_PREFIX}*"):
+        try:
+            descriptor = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # recovered by another process meanwhile
+            continue
+        try:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # its process is alive
+                continue
+            with open(descriptor, "rb", closefd=False) as file:
+                rows = interrupted_rows(file.read())
+            if rows:
+                spool.keep(rows)
+            path.unlink(missing_ok=True)
+            recovered += len(rows)
+        finally:
+            os.close(descriptor)
+    if recovered:
+        logger.warning(
+            "chatparity: %d requests of stopped workers logged as interrupted", recovered
+        )
+    return recovered
+
+
+def interrupted_rows(journal: bytes) -> list[RequestLog]:
+    """The rows of the requests ``journal`` holds open."""
+    open_requests: dict[str, dict[str, Any]] = {}
+    for line in journal.splitlines():
+        try:
+            entry = orjson.loads(line)
+        except orjson.JSONDecodeError:  # the last line of a process killed mid-write
+            continue
+        if "begin" in entry:
+            open_requests[entry["begin"]] = entry
+        elif "progress" in entry and entry["progress"] in open_requests:
+            open_requests[entry["progress"]].update(entry)
+        elif "end" in entry:
+            open_requests.pop(entry["end"], None)
+    return [_interrupted_row(request_id, facts) for request_id, facts in open_requests.items()]
+
+
+def _interrupted_row(request_id: str, facts: dict[str, Any]) -> RequestLog:
+    begun, last = facts["at"], facts.get("seen", facts["at"])
+    tokens = facts.get("completion_tokens", 0)
+    row = RequestLog(
+        request_id=request_id,
+        completion_id=facts.get("completion_id", ""),
+        api_key_id=facts["api_key_id"],
+        key_prefix=facts["key_prefix"],
+        alias=facts["alias"],
+        backend=facts["backend"],
+        upstream_model=facts["upstream_model"],
+        stream=facts["stream"],
+        n=facts["n"],
+        status_code=INTERRUPTED_STATUS,
+        error_type="server_error",
+        error_code=INTERRUPTED_CODE,
+        completion_tokens=tokens,
+        total_tokens=tokens,
+        duration_ms=max(last - begun, 0.0) * 1000,
+        client_ip=ip_address(facts["client_ip"]),  # checked here: it costs microseconds
+        user_agent=facts["user_agent"],
+        created_at=datetime.datetime.fromtimestamp(last, tz=datetime.UTC),
+    )
+    return fit_columns(row)

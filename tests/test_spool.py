@@ -1,0 +1,274 @@
+"""Log rows the database cannot take are kept on local disk and written once it can;
+the requests a killed worker had in flight are logged as interrupted."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from decimal import Decimal
+from pathlib import Path
+from unittest import mock
+
+import dj_database_url
+import orjson
+import pytest
+from asgiref.testing import ApplicationCommunicator
+from django.conf import settings as django_settings
+from django.core.asgi import get_asgi_application
+from django.core.management import call_command
+from django.db import OperationalError, connections
+
+from chatparity import journal, spool, usage
+from chatparity.asgi import FastPath
+from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
+from chatparity.protocol.events import Usage
+from chatparity.usage import UsageRecord
+from tests import services
+from tests.asgi import http_scope
+from tests.scripted import SCRIPTED
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def spool_dir(settings, tmp_path):
+    settings.CHATPARITY = {**SCRIPTED, "SPOOL_DIR": str(tmp_path / "spool")}
+    return tmp_path / "spool"
+
+
+def a_row(request_id, **fields):
+    record = UsageRecord(request_id=request_id, client_ip="203.0.113.7", user_agent="sdk/1.0")
+    record.alias, record.backend, record.stream = "echo", "scripted", True
+    record.usage = Usage(prompt_tokens=7, completion_tokens=5)
+    row = record.row()
+    for name, value in fields.items():
+        setattr(row, name, value)
+    return row
+
+
+def stored(row):
+    return {
+        field.attname: getattr(row, field.attname)
+        for field in RequestLog._meta.concrete_fields
+        if not field.primary_key
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_spooled_row_is_written_as_it_was_once_the_spool_is_drained(spool_dir):
+    row = a_row("req-1", cost=Decimal("0.00001234"), finish_reasons=["stop", "length"])
+    spool.keep([row])
+    assert row.created_at is not None  # when it was first meant to be written
+    assert len(list(spool_dir.glob("rows-*"))) == 1
+    assert spool.pending()
+
+    assert spool.drain() == 1
+    assert stored(RequestLog.objects.get()) == stored(row)
+    assert not spool.pending()
+    assert list(spool_dir.iterdir()) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drain_cut_short_after_its_commit_writes_nothing_twice(spool_dir):
+    spool.keep([a_row("req-1"), a_row("req-2")])
+    usage.insert_rows([a_row("req-1")])  # a drain that committed, then died
+    assert spool.drain() == 1
+    assert sorted(RequestLog.objects.values_list("request_id", flat=True)) == ["req-1", "req-2"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rows_the_database_cannot_take_are_spooled_then_written_when_it_answers():
+    refusals = []
+
+    def unreachable(rows):
+        refusals.append(len(rows))
+        raise OperationalError("connection refused")
+
+    async def requests_during_an_outage():
+        writer = usage.LogWriter()
+        with mock.patch.object(usage, "insert_rows", unreachable):
+            outcomes = await asyncio.gather(*(writer.write(a_row(f"r{i}")) for i in range(3)))
+            assert outcomes == [False] * 3  # spooled, not written
+            await asyncio.sleep(0.2)  # the drain tries, in vain
+            assert await RequestLog.objects.acount() == 0
+        await writer._draining  # the database answers again: the next try writes them
+
+    with (
+        mock.patch.object(usage, "SAVE_ATTEMPTS", 2),
+        mock.patch.object(usage, "DRAIN_SECONDS", 0.05),
+    ):
+        asyncio.run(requests_during_an_outage())
+    assert refusals[:2] == [3, 3]  # one batch, tried twice, then spooled
+    assert len(refusals) > 2  # and drained in vain while the database was away
+    ids = sorted(RequestLog.objects.values_list("request_id", flat=True))
+    assert ids == ["r0", "r1", "r2"]
+
+
+def test_a_spool_folder_others_may_write_to_is_refused(spool_dir):
+    spool_dir.mkdir(mode=0o777)
+    spool_dir.chmod(0o777)
+    with pytest.raises(PermissionError):
+        spool.folder()
+
+
+KILLED_WORKER = """
+import sys, time
+import django
+django.setup()
+from django.conf import settings
+settings.CHATPARITY = {"SPOOL_DIR": sys.argv[1]}
+from chatparity import journal
+from chatparity.usage import UsageRecord
+
+streaming = UsageRecord(request_id="req-killed", key_prefix="sk-cp-abcd", client_ip="::1")
+streaming.alias, streaming.backend, streaming.stream = "echo", "scripted", True
+journal.begin(streaming)
+streaming.completion_id, streaming.completion_tokens_sent = "chatcmpl-k", 7
+done = UsageRecord(request_id="req-done", key_prefix="sk-cp-abcd")
+journal.begin(done)
+journal.end("req-done")
+print("serving", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_requests_a_killed_worker_had_in_flight_become_interrupted_rows(spool_dir):
+    environment = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": ROOT}
+    worker = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WORKER, str(spool_dir)],
+        stdout=subprocess.PIPE,
+        env=environment,
+        cwd=ROOT,
+    )
+    try:
+        assert worker.stdout.readline() == b"serving\n"
+        time.sleep(journal.PROGRESS_SECONDS + 0.5)  # its tokens so far are noted
+        assert journal.recover() == 0  # alive: its requests are its own
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=10)
+
+    assert journal.recover() == 1
+    assert list(spool_dir.glob("journal-*")) == []
+    assert spool.drain() == 1
+    row = RequestLog.objects.get()
+    assert (row.request_id, row.completion_id, row.key_prefix) == (
+        "req-killed",
+        "chatcmpl-k",
+        "sk-cp-abcd",
+    )
+    assert (row.status_code, row.error_code, row.completion_tokens) == (500, "interrupted", 7)
+    assert (row.alias, row.stream, row.client_ip) == ("echo", True, "::1")
+
+
+def test_a_journal_is_compacted_to_its_open_requests(spool_dir):
+    spool_dir.mkdir()
+    own = journal.Journal(spool_dir)
+    with mock.patch.object(journal, "COMPACT_BYTES", 2000):
+        for index in range(50):
+            record = UsageRecord(request_id=f"r{index}", key_prefix="sk-cp-abcd")
+            own.begin(record)
+            if index != 7:
+                own.end(record.request_id)
+    contents = own.path.read_bytes()
+    assert len(contents) < 2000
+    assert [row.request_id for row in journal.interrupted_rows(contents)] == ["r7"]
+
+
+def test_journalling_a_request_costs_microseconds(spool_dir):
+    spool_dir.mkdir()
+    own = journal.Journal(spool_dir)
+    records = [
+        UsageRecord(request_id=f"r{index}", key_prefix="sk-cp-abcd") for index in range(2000)
+    ]
+    started = time.perf_counter()
+    for record in records:
+        own.begin(record)
+        own.end(record.request_id)
+    per_request = (time.perf_counter() - started) / len(records)
+    assert per_request < 100e-6  # a request through the gateway takes milliseconds
+
+
+# The database of the outage test: chatparity's tables on a PostgreSQL server of our
+# own, stopped and started again by the test.
+OUTAGE = "outage"
+
+
+class ChatparityOnOutage:
+    def db_for_read(self, model, **hints):
+        return OUTAGE if model._meta.app_label == "chatparity" else None
+
+    db_for_write = db_for_read
+
+
+@pytest.fixture(scope="module")
+def postgres_we_may_stop(django_db_blocker):
+    with services.postgres() as server_url:
+        control = services.control(server_url)
+        if control is None:
+            pytest.skip("the environment's PostgreSQL is not ours to stop")
+        url = services.create_database(server_url, "chatparity_outage")
+        django_settings.DATABASES[OUTAGE] = dj_database_url.parse(url)
+        connections.configure_settings(django_settings.DATABASES)
+        with django_db_blocker.unblock():
+            call_command("migrate", database=OUTAGE, verbosity=0)
+        try:
+            yield control
+        finally:
+            connections[OUTAGE].close()
+            del django_settings.DATABASES[OUTAGE]
+
+
+async def ask(plaintext):
+    """POST a completion through the ASGI fast path; its status and body."""
+    headers = [("authorization", f"Bearer {plaintext}"), ("content-type", "application/json")]
+    communicator = ApplicationCommunicator(
+        FastPath(get_asgi_application()), http_scope("POST", "/v1/chat/completions", headers)
+    )
+    body = {"model": "echo", "messages": [{"role": "user", "content": "Hi"}]}
+    await communicator.send_input({"type": "http.request", "body": orjson.dumps(body)})
+    start = await communicator.receive_output(timeout=10)
+    answer = await communicator.receive_output(timeout=10)
+    await communicator.wait(timeout=10)  # the row is written (or spooled) once it is sent
+    return start["status"], orjson.loads(answer["body"])
+
+
+def test_no_row_is_lost_over_a_postgresql_outage(
+    postgres_we_may_stop, django_db_blocker, settings, spool_dir
+):
+    settings.DATABASE_ROUTERS = [ChatparityOnOutage()]
+    settings.CHATPARITY = {**settings.CHATPARITY, "CACHE_SECONDS": 0.2}
+    with django_db_blocker.unblock():
+        _, plaintext = ApiKey.objects.create_key("outage")
+        backend = Backend.objects.create(
+            name="scripted", kind="scripted", options={"script": ["Hi"]}
+        )
+        ModelAlias.objects.create(public_id="echo", backend=backend)
+
+    async def scenario():
+        before = await asyncio.gather(*(ask(plaintext) for _ in range(3)))
+        postgres_we_may_stop.stop()
+        await asyncio.sleep(0.3)  # the key and alias as read are no longer fresh
+        during = await asyncio.gather(*(ask(plaintext) for _ in range(10)))
+        unknown = await ask("sk-cp-never-seen")
+        spooled = spool.pending()
+        postgres_we_may_stop.start()
+        for _ in range(100):  # the spool is drained within a few seconds
+            logged = await RequestLog.objects.acount()
+            if logged >= 13 and not spool.pending():
+                break
+            await asyncio.sleep(0.2)
+        return before, during, unknown, spooled
+
+    with django_db_blocker.unblock():
+        before, during, unknown, spooled = asyncio.run(scenario())
+        connections[OUTAGE].close()  # this thread's, from before the outage
+        request_ids = list(RequestLog.objects.values_list("request_id", flat=True))
+    assert [status for status, _ in before + during] == [200] * 13  # served from the cache
+    status, body = unknown
+    assert (status, body["error"]["code"]) == (503, "service_unavailable")
+    assert spooled
+    assert len(request_ids) == len(set(request_ids)) == 13  # none lost, none twice
