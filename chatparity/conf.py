@@ -76,6 +76,9 @@ DEFAULTS: dict[str, Any] = {
     "MAX_N": {"local": 4, "command": 2, "openai": 8},
     # Seconds a client has to send the whole request body (else 408).
     "BODY_TIMEOUT": 30.0,
+    # The longest line an upstream may send in a stream, in bytes: a longer one ends
+    # the request with a 502 (an error frame once streaming) and drops the connection.
+    "MAX_UPSTREAM_LINE_BYTES": 1024 * 1024,
     # Seconds a stream request waits for its backend's first event before it gets
     # its headers and an SSE comment (": keepalive"), then one every as many seconds.
     "KEEPALIVE_SECONDS": 15.0,
@@ -129,6 +132,7 @@ class AppSettings:
     COMMANDS: Setting[dict[str, dict[str, Any]]] = Setting()
     MAX_N: Setting[dict[str, int]] = Setting()
     BODY_TIMEOUT: Setting[float] = Setting()
+    MAX_UPSTREAM_LINE_BYTES: Setting[int] = Setting()
     KEEPALIVE_SECONDS: Setting[float] = Setting()
     FIRST_BYTE_TIMEOUT: Setting[float] = Setting()
 

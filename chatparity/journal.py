@@ -249,6 +249,7 @@ def _interrupted_row(request_id: str, facts: dict[str, Any]) -> RequestLog:
         error_code=INTERRUPTED_CODE,
         completion_tokens=tokens,
         total_tokens=tokens,
+        usage_counted=True,  # what the gateway counted as sent, not what the backend said
         duration_ms=max(last - begun, 0.0) * 1000,
         client_ip=ip_address(facts["client_ip"]),  # checked here: it costs microseconds
         user_agent=facts["user_agent"],

@@ -75,7 +75,9 @@ class UsageRecord:
     @property
     def tokens(self) -> Usage:
         """The usage the backend reported, else the completion tokens counted as sent."""
-        return self.usage or Usage(prompt_tokens=0, completion_tokens=self.completion_tokens_sent)
+        return self.usage or Usage(
+            prompt_tokens=0, completion_tokens=self.completion_tokens_sent, counted=True
+        )
 
     def row(self) -> RequestLog:
         usage = self.tokens
@@ -102,6 +104,7 @@ class UsageRecord:
             total_tokens=usage.total_tokens,
             cached_tokens=usage.cached_tokens,
             reasoning_tokens=usage.reasoning_tokens,
+            usage_counted=usage.counted,
             time_to_first_token_ms=None if first is None else (first - self.started) * 1000,
             duration_ms=(now - self.started) * 1000,
             cost=cost_of(self.model_alias, usage.prompt_tokens, usage.completion_tokens)

@@ -161,6 +161,7 @@ def test_the_requests_a_killed_worker_had_in_flight_become_interrupted_rows(spoo
         "sk-cp-abcd",
     )
     assert (row.status_code, row.error_code, row.completion_tokens) == (500, "interrupted", 7)
+    assert row.usage_counted
     assert (row.alias, row.stream, row.client_ip) == ("echo", True, "::1")
 
 
