@@ -5,9 +5,9 @@ headers and read the answer line by line (an SSE stream) or whole (an error body
 for a fraction of httpx's CPU per request. Responses are parsed as their bytes
 arrive, in the protocol's callbacks; a body may be framed by ``Content-Length``,
 by chunked transfer-coding (extensions and trailers ignored) or by the end of
-the connection. Bytes are taken 16 KiB at a time, and reading pauses while 16
+the connection. Bytes are taken 32 KiB at a time, and reading pauses while 16
 KiB of a body wait to be read (back-pressure: a stream whose reader stops
-holds a few tens of KiB); a reader may also cap a line's or a body's length
+holds at most 64 KiB); a reader may also cap a line's or a body's length
 (:class:`TooLarge`, the connection closed).
 
 Why a client of its own, private to the backend: ``bench/transports.py`` put it,
@@ -68,10 +68,10 @@ MAX_DRAIN = 64 * 1024
 """Bytes of a released body discarded at most before its connection is closed."""
 USER_AGENT = "chatparity"
 
-# A response's unread bytes stay below about two reads plus two high waters (the body
-# buffered, and the lines of one batch decoded), so a reader that stops reading holds
-# at most ~64 KiB beyond the kernel's socket buffer.
-_READ_SIZE = 16 * 1024  # bytes taken from the socket at once
+# A response's unread bytes stay within two high waters and a read (lines of one batch
+# decoded while the body refills), so a reader that stops reading holds at most 64 KiB
+# beyond the kernel's socket buffer. Smaller reads cost more wake-ups than they save.
+_READ_SIZE = 32 * 1024  # bytes taken from the socket at once
 _HIGH_WATER = 16 * 1024  # buffered body bytes at which reading pauses
 _STATUS = re.compile(r"[0-9]{3}")
 _LENGTH_VALUE = re.compile(r"[0-9]{1,18}")  # ASCII digits only, few enough for int()
@@ -120,8 +120,8 @@ class TooLarge(RemoteProtocolError):
 
 class _Connection(asyncio.BufferedProtocol):
     """One connection; it parses the current response as its bytes arrive, read
-    :data:`_READ_SIZE` bytes at a time, and stops reading while
-    :data:`_HIGH_WATER` bytes of its body wait to be read."""
+    ``_READ_SIZE`` bytes at a time, and stops reading while ``_HIGH_WATER``
+    bytes of its body wait to be read."""
 
     transport: asyncio.Transport
 
