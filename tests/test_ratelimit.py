@@ -317,7 +317,9 @@ class AdmissionRaceTests(LimitTestCase):
 
     CLIENTS, ROUNDS = 64, 4
 
-    async def race(self, max_tokens=20):
+    async def race(self, max_tokens=20, hold=0.01):
+        """What the admitted requests used, each held up to ``hold`` seconds; the most
+        held at once."""
         await clear_of_a_new_minute()
         key = await ApiKey.objects.aget(pk=self.key.pk)
         alias = await ModelAlias.objects.select_related("backend").aget(pk=self.alias.pk)
@@ -338,7 +340,7 @@ class AdmissionRaceTests(LimitTestCase):
                     continue
                 held += 1
                 peak = max(peak, held)
-                await asyncio.sleep(rng.random() / 100)
+                await asyncio.sleep(hold * rng.random())
                 completion = rng.randint(0, estimate.completion_tokens)
                 used.append((estimate.prompt_tokens, completion))
                 held -= 1
@@ -385,7 +387,7 @@ class AdmissionRaceTests(LimitTestCase):
 
     async def test_requests_in_flight_never_pass_the_limit(self):
         await self.limit(max_concurrent=8)
-        _, peak = await self.race()
+        _, peak = await self.race(hold=0.2)  # long enough for 8 to be held at once
         assert peak == 8
         assert (await self.standing())["requests in flight"] == "0"
 
