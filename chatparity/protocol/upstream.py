@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 import secrets
 import string
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,6 +145,16 @@ def malformed(problem: str, sent: str | bytes = "") -> UpstreamError:
     )
 
 
+@contextmanager
+def _well_shaped(sent: str | bytes) -> Iterator[None]:
+    """Where what an upstream ``sent`` is taken apart: a part of the wrong type (a delta
+    that is not an object, a logprob that is not a number, ...) makes it malformed."""
+    try:
+        yield
+    except (AttributeError, TypeError, ValueError):
+        raise malformed("a part of it is of the wrong type", sent) from None
+
+
 def excerpt(sent: Any) -> str:
     """The start of what an upstream sent (text, bytes or decoded JSON), for the log."""
     if isinstance(sent, bytes):
@@ -196,9 +207,10 @@ class ChunkReader:
             return []
         chunk = self._payload(sse.data, "a chunk", error_event=sse.event == "error")
         events: list[Event] = []
-        for choice in chunk.get("choices") or ():
-            if isinstance(choice, dict):
-                events += self._choice(choice)
+        with _well_shaped(sse.data):
+            for choice in chunk.get("choices") or ():
+                if isinstance(choice, dict):
+                    events += self._choice(choice)
         return events
 
     def read_completion(self, body: bytes) -> list[Event]:
@@ -207,17 +219,18 @@ class ChunkReader:
         self.done = True
         completion = self._payload(body, "the completion")
         events: list[Event] = []
-        for choice in completion.get("choices") or ():
-            if isinstance(choice, dict):
-                message = choice.get("message")
-                delta = dict(message) if isinstance(message, dict) else {}
-                calls = delta.get("tool_calls")
-                if isinstance(calls, list):  # a message's calls carry no index: their order
-                    delta["tool_calls"] = [
-                        {**call, "index": slot} for slot, call in enumerate(calls)
-                        if isinstance(call, dict)
-                    ]  # fmt: skip
-                events += self._choice({**choice, "delta": delta}, whole=True)
+        with _well_shaped(body):
+            for choice in completion.get("choices") or ():
+                if isinstance(choice, dict):
+                    message = choice.get("message")
+                    delta = dict(message) if isinstance(message, dict) else {}
+                    calls = delta.get("tool_calls")
+                    if isinstance(calls, list):  # a message's calls carry no index: their order
+                        delta["tool_calls"] = [
+                            {**call, "index": slot} for slot, call in enumerate(calls)
+                            if isinstance(call, dict)
+                        ]  # fmt: skip
+                    events += self._choice({**choice, "delta": delta}, whole=True)
         return events
 
     def _payload(self, data: str | bytes, what: str, *, error_event: bool = False) -> Any:

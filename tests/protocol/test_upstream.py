@@ -164,6 +164,23 @@ class TestChunkReader:
         assert error.message == "The upstream model returned an error."
         assert error.upstream_message == "overloaded"
 
+    @pytest.mark.parametrize(
+        "choice",
+        [
+            {"index": 0, "delta": ["a list"]},
+            {"index": 0, "delta": {"tool_calls": ["a string"]}},
+            {"index": 0, "delta": {"tool_calls": [{"index": [0], "function": {}}]}},
+            {"index": 0, "delta": {"tool_calls": [{"function": "f"}]}},
+            {"index": 0, "delta": {"content": "a"}, "logprobs": {"content": [{"logprob": "x"}]}},
+        ],
+        ids=["delta", "call", "call-index", "function", "logprob"],
+    )
+    def test_a_chunk_with_parts_of_the_wrong_type_is_a_502(self, choice):
+        with pytest.raises(UpstreamError) as raised:
+            ChunkReader(n=1, prompt_tokens=0).read(message({"choices": [choice]}))
+        assert raised.value.status == 502
+        assert raised.value.code == "upstream_error"
+
     def test_malformed_json_is_a_502_that_keeps_what_was_sent_for_the_log(self):
         with pytest.raises(UpstreamError) as raised:
             ChunkReader(n=1, prompt_tokens=0).read(ServerSentEvent("message", "{at 10.0.0.7"))
