@@ -209,7 +209,7 @@ def recover(folder: Path | None = None) -> int:
             os.close(descriptor)
     if recovered:
         logger.warning(
-            "chatparity: %d requests of stopped workers logged as interrupted", recovered
+            "chatparity: %d requests of stopped workers spooled as interrupted", recovered
         )
     return recovered
 

@@ -15,6 +15,7 @@ import dj_database_url
 import orjson
 import pytest
 from asgiref.testing import ApplicationCommunicator
+from django.apps import apps
 from django.conf import settings as django_settings
 from django.core.asgi import get_asgi_application
 from django.core.management import call_command
@@ -273,3 +274,12 @@ def test_no_row_is_lost_over_a_postgresql_outage(
     assert (status, body["error"]["code"]) == (503, "service_unavailable")
     assert spooled
     assert len(request_ids) == len(set(request_ids)) == 13  # none lost, none twice
+
+
+def test_a_worker_starting_spools_the_requests_a_dead_one_left(spool_dir):
+    spool_dir.mkdir()
+    left = UsageRecord(request_id="req-left", key_prefix="sk-cp-abcd")
+    (spool_dir / "journal-999999.jsonl").write_bytes(journal._begin_line(left))  # no one holds it
+    apps.get_app_config("chatparity").ready()
+    [spooled] = spool_dir.glob("rows-*")
+    assert spool.decode(spooled.read_bytes()).error_code == journal.INTERRUPTED_CODE
