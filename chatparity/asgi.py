@@ -329,11 +329,11 @@ async def _start(send: Send, reply: Reply, added: AddedHeaders) -> None:
 
 
 async def _send(send: Send, reply: Reply, added: AddedHeaders) -> None:
-    await _start(send, reply, added)
-    if reply.stream is None:
-        await send({"type": "http.response.body", "body": reply.body})
-        return
     try:
+        await _start(send, reply, added)
+        if reply.stream is None:
+            await send({"type": "http.response.body", "body": reply.body})
+            return
         async for frame in reply.stream:
             await send({"type": "http.response.body", "body": frame, "more_body": True})
     except BaseException:  # cancelled (the client left) or OSError (it is gone)

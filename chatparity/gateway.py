@@ -269,7 +269,10 @@ async def _stream(
         raise
     if starting.done():
         return starting.result().frames()
-    return _keeping_alive(starting, accounting)
+    frames = _keeping_alive(starting, accounting)
+    # Run into its try: closed before it was ever read, it still stops the backend.
+    await anext(frames)
+    return frames
 
 
 async def _keeping_alive(
@@ -280,6 +283,7 @@ async def _keeping_alive(
     tried, or the first-byte timeout) is an error frame, then ``[DONE]``."""
     frames: AsyncGenerator[bytes, None] | None = None
     try:
+        yield b""  # primed by _stream, not sent
         yield KEEPALIVE
         interval = app_settings.KEEPALIVE_SECONDS
         while not (await asyncio.wait((starting,), timeout=interval))[0]:

@@ -229,6 +229,27 @@ class SlowBackendTests(GatewayTestCase):
         row = await self.row()
         assert (row.status_code, row.cancelled) == (200, True)
 
+    @override_settings(CHATPARITY={**SETTINGS, "FIRST_BYTE_TIMEOUT": 5.0})
+    async def test_a_client_gone_before_the_early_headers_stops_the_backend(self):
+        body = {"model": "silent", "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+        messages = [{"type": "http.request", "body": orjson.dumps(body)}]
+
+        async def receive():
+            return messages.pop() if messages else await asyncio.Event().wait()
+
+        async def send(message):
+            raise OSError("the connection is gone")
+
+        scope = http_scope(
+            "POST", "/v1/chat/completions", [("authorization", f"Bearer {self.plaintext}")]
+        )
+        began = time.perf_counter()
+        await self.application(scope, receive, send)
+        assert time.perf_counter() - began < 2.5  # not the first-byte timeout's 5 s
+        assert SlowStartBackend.stopped == ["silent"]
+        row = await self.row()
+        assert (row.status_code, row.cancelled) == (200, True)
+
 
 @override_settings(CHATPARITY={**SETTINGS, "FIRST_BYTE_TIMEOUT": 0.5})
 class SilentUpstreamTests(GatewayTestCase):
