@@ -16,6 +16,7 @@ from django.test import TestCase, TransactionTestCase, override_settings
 
 from chatparity.asgi import FastPath
 from chatparity.backends import _http1
+from chatparity.backends import upstream as upstream_backend
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from tests.backends import faulty_upstream
 from tests.test_disconnect import keep_test_connection, scope
@@ -319,6 +320,25 @@ class DistrustTests(UpstreamTestCase):
         assert self.text(chunks[:-2]) == "Hello"
         assert chunks[-2]["error"]["code"] == "upstream_error"
         assert chunks[-1] == "[DONE]"
+
+    async def test_a_whole_answer_over_its_cap_is_a_502(self):
+        with mock.patch.object(upstream_backend, "MAX_ANSWER_BYTES", 100):
+            response = await self.ask("whole")
+        assert response.status_code == 502
+        assert response.json()["error"]["code"] == "upstream_error"
+
+    async def test_an_error_answer_is_read_up_to_its_cap_and_keeps_its_status(self):
+        with (
+            mock.patch.object(upstream_backend, "MAX_ERROR_BYTES", 10),
+            self.assertLogs("chatparity.backends.upstream", "WARNING") as logged,
+        ):
+            response = await self.ask("bad-request")
+        assert response.status_code == 400
+        assert (
+            response.json()["error"]["message"]
+            == "The upstream model returned an error (status 400)."
+        )
+        assert "Bad key" not in logged.output[0]  # the body was left unread
 
     async def test_a_line_under_the_cap_is_read(self):
         chunks = await self.stream_of(await self.ask("long-line", stream=True))
