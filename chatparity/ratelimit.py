@@ -816,7 +816,15 @@ async def _spent(key: ApiKey, budget: Budget) -> int:
 
 
 async def standing(key: ApiKey) -> list[tuple[str, str, str]]:
-    """What ``key`` has used of each of its limits right now: (limit, used, allowed)."""
+    """What ``key`` has used of each of its limits right now: (limit, used, allowed);
+    while the counters cannot be reached, one row that says so."""
+    try:
+        return await _standing(key)
+    except Unavailable:
+        return [("usage", "unknown", "its limits (the counters are unavailable)")]
+
+
+async def _standing(key: ApiKey) -> list[tuple[str, str, str]]:
     store = counters()
     minute = int(time.time() // 60)
     rows = []

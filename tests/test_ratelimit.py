@@ -596,3 +596,12 @@ class RedisAwayTests(LimitTestCase):
                 for admission in admissions:
                     await admission.settle(1, 1)
         assert len([line for line in logs.output if "not settled" in line]) == 1
+
+    async def test_the_admin_says_when_usage_is_unknown(self):
+        await self.limit(requests_per_minute=2)
+        with self.when_unavailable("open"):
+            self.server.stop()
+            key = await ApiKey.objects.aget(pk=self.key.pk)
+            assert await ratelimit.standing(key) == [
+                ("usage", "unknown", "its limits (the counters are unavailable)")
+            ]
