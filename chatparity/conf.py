@@ -34,9 +34,9 @@ DEFAULTS: dict[str, Any] = {
     # Django's default cache, which must then be shared by all workers.
     "REDIS_URL": None,
     # When the rate-limit counters cannot be reached (Redis stopped or frozen):
-    # "open" serves limited keys unchecked (their use is counted once it can be),
-    # "closed" refuses them with a 503 service_unavailable. Keys without limits are
-    # served either way.
+    # "open" serves limited keys unchecked (what they use is counted if the counters
+    # are back when they end), "closed" refuses them with a 503 service_unavailable.
+    # Keys without limits are served either way.
     "LIMITS_WHEN_UNAVAILABLE": "open",
     # Seconds a worker keeps what it read of keys and aliases. A change saved in
     # the same process applies at once; others (another worker's, a queryset

@@ -606,18 +606,11 @@ class Admission:
         it was sent to. Its cost will be counted at ``alias``'s prices.
         """
         planned = _plan(self.key, alias, estimate)
-        before = {charge.counter: charge for charge in self.charges}
+        held = {charge.counter: charge.reserved for charge in self.charges}
         changes = [
-            Change(
-                charge.counter,
-                charge.reserved - (before[charge.counter].reserved if charge.counter in before
-                                   else 0),
-                charge.limit,
-                charge.ttl,
-                seeded=charge.budget,
-            )
-            for charge in planned
-        ]  # fmt: skip
+            Change(c.counter, c.reserved - held.get(c.counter, 0), c.limit, c.ttl, c.budget)
+            for c in planned
+        ]
         kept = {charge.counter for charge in planned}
         changes += [
             Change(charge.counter, -charge.reserved, None, charge.ttl)
