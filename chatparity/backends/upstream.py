@@ -297,7 +297,7 @@ class UpstreamBackend:
         line_limit = app_settings.MAX_UPSTREAM_LINE_BYTES
         try:
             async with self._response(orjson.dumps(body), deadline) as response:
-                sse = SSEReader()
+                sse = SSEReader(limit=line_limit)
                 streamed = _is_stream(response.headers.get("content-type", ""), body["stream"])
                 try:
                     if not streamed:  # a whole completion; it leaves the reader done

@@ -48,9 +48,12 @@ class ServerSentEvent:
 
 @dataclass
 class SSEReader:
-    """Folds body lines into server-sent events (the WHATWG rules, leniently)."""
+    """Folds body lines into server-sent events (the WHATWG rules, leniently); an event
+    whose data is over ``limit`` characters is malformed (many lines add up)."""
 
+    limit: int | None = None
     _data: list[str] = field(default_factory=list)
+    _size: int = 0
     _event: str = ""
 
     def feed(self, line: str) -> ServerSentEvent | None:
@@ -63,6 +66,9 @@ class SSEReader:
         value = value.removeprefix(" ")
         if name == "data":
             self._data.append(value)
+            self._size += len(value) + 1
+            if self.limit is not None and self._size > self.limit:
+                raise malformed(f"an event is over {self.limit} characters")
         elif name == "event":
             self._event = value
         return None
@@ -73,7 +79,7 @@ class SSEReader:
             self._event = ""
             return None
         event = ServerSentEvent(self._event or "message", "\n".join(self._data))
-        self._data, self._event = [], ""
+        self._data, self._size, self._event = [], 0, ""
         return event
 
 

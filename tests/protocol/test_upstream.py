@@ -42,6 +42,13 @@ class TestSSEReader:
     def test_an_event_without_its_blank_line_is_flushed_at_the_end(self):
         assert sse_events("data: [DONE]") == [ServerSentEvent("message", "[DONE]")]
 
+    def test_an_event_over_the_limit_is_malformed_however_many_lines_make_it(self):
+        reader = SSEReader(limit=10)
+        assert reader.feed("data: 12345") is None
+        with pytest.raises(UpstreamError) as raised:
+            reader.feed("data: 67890")
+        assert raised.value.status == 502
+
 
 class TestChunkReader:
     def test_done_ends_the_stream(self):
