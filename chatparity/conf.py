@@ -76,8 +76,9 @@ DEFAULTS: dict[str, Any] = {
     "MAX_N": {"local": 4, "command": 2, "openai": 8},
     # Seconds a client has to send the whole request body (else 408).
     "BODY_TIMEOUT": 30.0,
-    # The longest line an upstream may send in a stream, in bytes: a longer one ends
-    # the request with a 502 (an error frame once streaming) and drops the connection.
+    # The longest line an upstream may send in a stream, in bytes (and the most
+    # characters the lines of one event may add up to): more ends the request with a
+    # 502 (an error frame once streaming), a line too long also drops the connection.
     "MAX_UPSTREAM_LINE_BYTES": 1024 * 1024,
     # Seconds a stream request waits for its backend's first event before it gets
     # its headers and an SSE comment (": keepalive"), then one every as many seconds.
