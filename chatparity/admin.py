@@ -251,8 +251,8 @@ CSV_COLUMNS = [
     "created_at", "request_id", "completion_id", "key_prefix", "alias", "backend",
     "upstream_model", "stream", "n", "status_code", "error_type", "error_code", "cancelled",
     "finish_reasons", "prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens",
-    "reasoning_tokens", "time_to_first_token_ms", "duration_ms", "output_tokens_per_second",
-    "client_ip", "user_agent",
+    "reasoning_tokens", "usage_counted", "time_to_first_token_ms", "duration_ms",
+    "output_tokens_per_second", "client_ip", "user_agent",
 ]  # fmt: skip
 
 
@@ -262,7 +262,9 @@ class RequestLogAdmin(admin.ModelAdmin):
         "created_at", "key_prefix", "alias", "backend", "status_code", "stream", "cancelled",
         "finish", "total_tokens", "time_to_first_token_ms", "duration_ms",
     ]  # fmt: skip
-    list_filter = ["key_prefix", "alias", "status_code", "stream", "cancelled", "created_at"]
+    list_filter = [
+        "key_prefix", "alias", "status_code", "stream", "cancelled", "usage_counted", "created_at",
+    ]  # fmt: skip
     search_fields = ["request_id", "completion_id", "key_prefix", "alias"]
     date_hierarchy = "created_at"
     actions = ["export_csv"]

@@ -652,6 +652,7 @@ class CommandBackend:
             yield Usage(
                 prompt_tokens=approximate_tokens(len(prompt) + len(system or "")),
                 completion_tokens=sum(run.output.tokens for run in runs),
+                counted=True,  # estimated from characters: the program reports none
             )
         finally:
             await _stop(pumps, runs)

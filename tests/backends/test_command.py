@@ -139,7 +139,10 @@ def test_deltas_arrive_while_the_program_still_runs(tmp_path):
     first, rest = asyncio.run(scenario())
     assert first == TextDelta(0, "first", tokens=2)
     assert text_of(rest) == "second"
-    assert rest[-2:] == [Finish(0, "stop"), Usage(prompt_tokens=3, completion_tokens=3)]
+    assert rest[-2:] == [
+        Finish(0, "stop"),
+        Usage(prompt_tokens=3, completion_tokens=3, counted=True),
+    ]
 
 
 def test_a_character_split_across_writes_is_not_broken():
@@ -153,7 +156,7 @@ def test_tokens_are_estimated_as_characters_over_four():
     events = answer(command("printf", "%s", "a" * 4 * 3 + "b"), request)
     deltas = [e for e in events if isinstance(e, TextDelta)]
     usage = events[-1]
-    assert usage == Usage(prompt_tokens=math.ceil(10 / 4), completion_tokens=4)
+    assert usage == Usage(prompt_tokens=math.ceil(10 / 4), completion_tokens=4, counted=True)
     assert sum(delta.tokens for delta in deltas) == usage.completion_tokens
 
 
@@ -440,7 +443,10 @@ def test_max_tokens_cuts_the_text_kills_the_program_and_finishes_with_length():
     events = answer(backend, ask(max_tokens=5))
     text = text_of(events)
     assert len(text) == 5 * 4
-    assert events[-2:] == [Finish(0, "length"), Usage(prompt_tokens=3, completion_tokens=5)]
+    assert events[-2:] == [
+        Finish(0, "length"),
+        Usage(prompt_tokens=3, completion_tokens=5, counted=True),
+    ]
     assert not Path(f"/proc/{text.split()[0]}").exists()
 
 
