@@ -34,8 +34,10 @@ _PREFIX = "journal-"
 _SUFFIX = ".jsonl"
 # Seconds between two notes of the tokens that open requests have sent.
 PROGRESS_SECONDS = 1.0
-# A journal longer than this is rewritten with its open requests alone.
-COMPACT_BYTES = 1024 * 1024
+# A journal longer than this is rewritten with its open requests alone: what a
+# process that exits without cleaning up (a multiprocessing worker ends with
+# os._exit) leaves behind stays small.
+COMPACT_BYTES = 64 * 1024
 # What a row of an interrupted request says.
 INTERRUPTED_STATUS = 500
 INTERRUPTED_CODE = "interrupted"
