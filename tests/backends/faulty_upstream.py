@@ -254,7 +254,10 @@ def behaviours(upstream: FaultyUpstream) -> dict[str, Handler]:
         await asyncio.sleep(30)
 
     async def silent(writer):
-        await asyncio.sleep(120)  # accepted, never answered (beyond any first-byte timeout)
+        # Accepted, never answered (beyond any first-byte timeout); quiet when the
+        # server stops with it still waiting.
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(120)
 
     async def html(writer):
         await _head(writer, 200, "text/html")
