@@ -82,7 +82,7 @@ class Scale:
 
     @classmethod
     def of(cls, requests: int, short: bool) -> Scale:
-        return cls(requests, 3.0 if short else 10.0, min(500, max(10, requests // 4)), short)
+        return cls(requests, 2.0 if short else 10.0, min(500, max(10, requests // 4)), short)
 
 
 @dataclass
@@ -334,7 +334,7 @@ def redis_outage(how: str, lab: Lab) -> Row:
         window.append(time.monotonic())
 
     async def traffic() -> list[Outcome]:
-        seconds = lab.scale.outage + 6
+        seconds = lab.scale.outage + 6  # 2 s before, 4 s after
         limited, open_ = await asyncio.gather(
             clients(lab, lab.keys[name], seconds=seconds, concurrency=8, label="limited"),
             clients(lab, lab.keys["open"], seconds=seconds, concurrency=8, label="open"),
@@ -413,21 +413,25 @@ def over_admission(kind: str, lab: Lab) -> Row:
         return chat(model, stream=n % 2 == 0, **({"max_tokens": 20} if n % 4 < 2 else {}))
 
     model = "priced" if kind == "cost-budget" else "load"
-    started = time.monotonic()
+    started = time.time()
     outcomes = asyncio.run(
         clients(lab, lab.keys[kind], requests=4 * LIMIT, concurrency=64, model=model, body=body)
     )
-    spent = time.monotonic() - started
+    spent = time.time() - started
+    # A burst across a minute's end meets a per-minute limit twice, the second time
+    # maybe not in full.
+    minutes = int(time.time() // 60) - int(started // 60) + 1 if "minute" in kind else 1
     rows = lab.rows(outcomes)
     account(row, outcomes, rows)
     wrong = set(row.statuses) - {"200", "429"}
     row.require(not wrong, f"statuses other than 200 and 429: {wrong}")
     served = [rows[o.request_id] for o in outcomes if o.status == 200 and o.request_id in rows]
     limit, used, one, unit = _limit_and_use(kind, served, outcomes)
+    limit *= minutes
     over = used / limit - 1
     row.over_admission = f"{used}{unit} of {limit}{unit}: {over:+.1%} ({spent:.1f} s)"
     row.require(used <= limit * Decimal("1.01") + one, f"over-admitted {over:+.1%}")
-    if kind == "requests-per-minute":
+    if kind == "requests-per-minute" and minutes == 1:
         row.require(used == limit, f"admitted {used} of {limit}")
     row.memory = lab.memory()
     return row
@@ -746,7 +750,9 @@ def main() -> None:
     parser.add_argument(
         "--scenario", action="append", choices=list(SCENARIOS), help="repeat; default: all"
     )
-    parser.add_argument("--short", action="store_true", help="outages of 3 s, not 10 s")
+    parser.add_argument(
+        "--short", action="store_true", help="outages of 2 s, not 10 s; no wait for a 504"
+    )
     args = parser.parse_args()
     # Servers of our own: those of the environment cannot be stopped.
     for name in ("DATABASE_URL", "REDIS_URL"):
