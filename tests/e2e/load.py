@@ -56,7 +56,8 @@ class Outcome:
     completion_tokens: int | None = None  # from the usage the client received
     content: int = 0  # characters of content received
     done: bool = False  # the whole answer arrived: a JSON body, or a stream to its [DONE]
-    error: str = ""  # the error type of an error body or frame, or the transport's failure
+    error: str = ""  # the error type of an error body or frame
+    failure: str = ""  # the transport's: connection refused or broken, a timeout
     keepalives: int = 0  # SSE comments received
     first_byte: float | None = None  # seconds from sending to the headers
     seconds: float = 0.0  # from sending to the end (or the hang-up)
@@ -70,8 +71,8 @@ class Outcome:
 
     @property
     def empty(self) -> bool:
-        """A 200 that carried neither content nor an error: an answer silently lost."""
-        return self.status == 200 and not self.content and not self.error
+        """A 200 that ended with neither content nor an error: an answer silently lost."""
+        return self.status == 200 and self.done and not self.content and not self.error
 
 
 @dataclass
@@ -219,9 +220,12 @@ async def call(
     sent = time.monotonic()
     headers = {"Authorization": f"Bearer {key}"}
     try:
-        async with client.stream(
-            "POST", f"{url}/v1/chat/completions", json=body, headers=headers
-        ) as response:
+        async with (
+            asyncio.timeout(read),
+            client.stream(
+                "POST", f"{url}/v1/chat/completions", json=body, headers=headers
+            ) as response,
+        ):
             outcome.started = time.monotonic()
             outcome.first_byte = outcome.started - sent
             outcome.status = response.status_code
@@ -229,10 +233,9 @@ async def call(
             if not response.headers.get("content-type", "").startswith("text/event-stream"):
                 _read_whole(outcome, await response.aread())
             else:
-                async with asyncio.timeout(read):
-                    await _read_stream(outcome, response, hang_up_after)
+                await _read_stream(outcome, response, hang_up_after)
     except (httpx.HTTPError, TimeoutError) as exc:
-        outcome.error = outcome.error or type(exc).__name__
+        outcome.failure = type(exc).__name__
     outcome.ended = time.monotonic()
     outcome.seconds = outcome.ended - sent
     return outcome
