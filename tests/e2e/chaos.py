@@ -183,8 +183,7 @@ def account(row: Row, outcomes: list[Outcome], rows: dict[str, dict]) -> None:
     the log holds; every answered request needs one row, with the tokens received."""
     row.requests = len(outcomes)
     row.statuses = Counter(status_of(outcome) for outcome in outcomes)
-    with_id = [outcome for outcome in outcomes if outcome.request_id]
-    logged = [outcome for outcome in with_id if outcome.request_id in rows]
+    logged = [outcome for outcome in outcomes if outcome.request_id in rows]
     row.rows = f"{len(logged)} / {len(outcomes)}"
     lost = [outcome.request_id for outcome in outcomes if answered(outcome)]
     lost = [request_id for request_id in lost if request_id not in rows]
@@ -205,7 +204,7 @@ async def clients(
     seconds: float | None = None,
     requests: int | None = None,
     concurrency: int = 16,
-    model: str | Callable[[int], str] = "load",
+    model: str = "load",
     body: Callable[[str, int], dict] | None = None,
     only: Callable[[], list[str]] | None = None,
     label: str = "",
@@ -223,7 +222,7 @@ async def clients(
         while time.monotonic() < deadline and left[0] > 0:
             left[0] -= 1
             urls = (only or lab.urls)()
-            body = make(model(n) if callable(model) else model, n)
+            body = make(model, n)
             kind = f"{label} {'stream' if body.get('stream') else 'plain'}".strip()
             outcomes.append(await call(http, urls[n % len(urls)], key, body, kind))
             n += 1
