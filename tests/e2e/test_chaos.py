@@ -22,10 +22,11 @@ SHORT = [
 ]
 LONG_ONLY = {
     "token-budget": "the same reservation as cost-budget, in tokens",
-    "sequential-clients": "fails: a slot is given back after the response's last byte, so a"
-    " client's next request on the other worker can still find it taken (2 of 400 refused)",
-    "slow-readers": "fails: a stream a client stopped reading holds 128 KiB in the worker"
-    " beyond a waiting request's, not 64 KiB (RSS, 500 streams)",
+    "sequential-clients": "fails at times (3 of 800 plain requests refused in one run, 0 of"
+    " 400 in the next): a slot is given back after the response's last byte, so a client's"
+    " next request on the other worker can find it still taken",
+    "slow-readers": "at the target's edge (64 and 128 KiB per stream beyond a waiting"
+    " request in two runs of 500 streams); RSS with few streams is too noisy for CI",
     "redis-frozen": "waits for the slots' leases to expire (30 s)",
     "kill-worker": "waits for the killed worker's slot leases to expire (30 s)",
 }
