@@ -37,6 +37,7 @@ class Accounting:
         self.record = record
         self.admission: Admission | None = None
         self._row: RequestLog | None = None
+        self._settled = False
 
     @property
     def headers(self) -> dict[str, str]:
@@ -105,6 +106,24 @@ class Accounting:
         """The client left before the whole reply was sent."""
         self.record.cancelled = True
 
+    async def settle(self) -> None:
+        """Give back the slot in flight and make the tokens reserved what was used: once,
+        as soon as the answer is complete and before its last byte goes out, so a
+        client's next request (on any worker) never finds its own slot still taken.
+        :meth:`close` settles whatever was not settled before."""
+        if self._settled:
+            return
+        self._settled = True
+        if self.admission is None:
+            return
+        usage = self.record.tokens
+        try:
+            await self.admission.settle(usage.prompt_tokens, usage.completion_tokens)
+        except Exception:  # the counters' store: a slot it keeps expires on its own
+            logger.exception(
+                "chatparity: the limits of %s were not settled", self.record.request_id
+            )
+
     async def close(self) -> RequestLog:
         """Settle the limits (the slot in flight given back, the tokens reserved made
         what was used) before anything else, write the row, then send
@@ -113,11 +132,7 @@ class Accounting:
         if self._row is not None:
             return self._row
         row = self._row = self.record.row()
-        if self.admission is not None:
-            try:
-                await self.admission.settle(row.prompt_tokens, row.completion_tokens)
-            except Exception:  # the counters' store: a slot it keeps expires on its own
-                logger.exception("chatparity: the limits of %s were not settled", row.request_id)
+        await self.settle()
         try:
             await usage.log(row)
         finally:  # cancelled, the row is written all the same

@@ -292,6 +292,7 @@ async def _keeping_alive(
             frames = starting.result().frames()
         except Exception as exc:
             yield error_frame(accounting.fail(exc, streaming=True))
+            await accounting.settle()
             yield DONE
             return
         async for frame in frames:
@@ -328,6 +329,7 @@ class Answer:
         accumulator = CompletionAccumulator()
         async for chunk in self.chunks:
             accumulator.add(chunk)
+        await self.accounting.settle()
         return accumulator.completion()
 
     async def frames(self) -> AsyncGenerator[bytes, None]:
@@ -341,6 +343,7 @@ class Answer:
             yield error_frame(error)
         finally:
             await self.chunks.aclose()
+        await self.accounting.settle()
         yield DONE
 
 

@@ -83,6 +83,25 @@ class CloseTests(TestCase):
             await second.wait(timeout=10)
         assert await RequestLog.objects.acount() == 2
 
+    async def test_the_slot_is_given_back_before_the_last_byte(self):
+        # The client's next request may reach another worker the moment it has [DONE]:
+        # its slot must be free by then, whatever the rest of the request's closing does.
+        closing = mock.patch.object(Accounting, "close", mock.AsyncMock())
+        for stream in (True, False):
+            with self.subTest(stream=stream), closing:
+                headers = [("authorization", f"Bearer {self.plaintext}")]
+                scope = http_scope("POST", "/v1/chat/completions", headers)
+                communicator = ApplicationCommunicator(FastPath(get_asgi_application()), scope)
+                body = {"model": "echo", "messages": [{"role": "user", "content": "Hi"}]}
+                body["stream"] = stream
+                await communicator.send_input({"type": "http.request", "body": orjson.dumps(body)})
+                assert (await communicator.receive_output(timeout=10))["status"] == 200
+                last = b""
+                while not last.endswith(b"data: [DONE]\n\n" if stream else b"}"):
+                    last = (await communicator.receive_output(timeout=10))["body"]
+                assert await self.in_flight() == "0"
+                await communicator.wait(timeout=10)
+
     async def test_the_row_is_announced_once_written_with_the_limits_settled(self):
         announced = []
 
