@@ -53,14 +53,15 @@ class Journal:
         self._size = 0
         # id -> (record, the tokens last noted, -1 before the first note)
         self._open: dict[str, tuple[UsageRecord, int]] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._progress: threading.Thread | None = None
         atexit.register(self._close)
 
     def begin(self, record: UsageRecord) -> None:
         """Note ``record``'s request as admitted."""
-        self._open[record.request_id] = (record, -1)
-        self._write(_begin_line(record))
+        with self._lock:
+            self._open[record.request_id] = (record, -1)
+            self._write(_begin_line(record))
         if self._progress is None:
             self._progress = threading.Thread(
                 target=self._note_progress, name="chatparity-journal", daemon=True
@@ -69,8 +70,9 @@ class Journal:
 
     def end(self, request_id: str) -> None:
         """Note that the request's row is written (or spooled)."""
-        if self._open.pop(request_id, None) is not None:
-            self._write(orjson.dumps({"end": request_id}) + b"\n")
+        with self._lock:
+            if self._open.pop(request_id, None) is not None:
+                self._write(orjson.dumps({"end": request_id}) + b"\n")
 
     def _close(self) -> None:
         """At a normal exit: its requests are over (the server waited for them)."""
@@ -83,10 +85,17 @@ class Journal:
     def _note_progress(self) -> None:
         while True:
             time.sleep(PROGRESS_SECONDS)
+            self.note_progress()
+
+    def note_progress(self) -> None:
+        """Journal the tokens sent by the requests still open. Under the lock, so a
+        request that ends meanwhile is never put back (the journal would grow, and
+        each compaction rewrite it, for the rest of the process's life)."""
+        with self._lock:
             lines = []
             for request_id, (record, noted) in list(self._open.items()):
                 sent = record.completion_tokens_sent
-                if sent != noted:
+                if sent != noted and request_id in self._open:
                     lines.append(_progress_line(record))
                     self._open[request_id] = (record, sent)
             if lines:

@@ -166,6 +166,27 @@ def test_the_requests_a_killed_worker_had_in_flight_become_interrupted_rows(spoo
     assert (row.alias, row.stream, row.client_ip) == ("echo", True, "::1")
 
 
+def test_a_request_that_ends_while_its_progress_is_noted_stays_ended(spool_dir):
+    # The progress pass runs on its own thread: a request ending in the middle of it
+    # was put back as open, and a journal that never shrinks made every write compact.
+    spool_dir.mkdir()
+    own = journal.Journal(spool_dir)
+
+    class Ending(UsageRecord):
+        @property
+        def completion_tokens_sent(self):  # read by the pass: the request ends right then
+            own.end(self.request_id)
+            return 3
+
+        @completion_tokens_sent.setter
+        def completion_tokens_sent(self, value):
+            pass
+
+    own.begin(Ending(request_id="req-ending", key_prefix="sk-cp-abcd"))
+    own.note_progress()
+    assert own._open == {}
+
+
 def test_a_journal_is_compacted_to_its_open_requests(spool_dir):
     spool_dir.mkdir()
     own = journal.Journal(spool_dir)
