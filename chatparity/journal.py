@@ -51,6 +51,7 @@ class Journal:
         self.path = folder / f"{_PREFIX}{self.pid}{_SUFFIX}"
         self._descriptor = _locked(self.path)
         self._size = 0
+        self._compact_at = COMPACT_BYTES
         # id -> (record, the tokens last noted, -1 before the first note)
         self._open: dict[str, tuple[UsageRecord, int]] = {}
         self._lock = threading.RLock()
@@ -105,7 +106,7 @@ class Journal:
         with self._lock:
             os.write(self._descriptor, data)
             self._size += len(data)
-            if self._size > COMPACT_BYTES:
+            if self._size > self._compact_at:
                 self._compact()
 
     def _compact(self) -> None:
@@ -119,6 +120,9 @@ class Journal:
         os.rename(fresh, self.path)
         os.close(self._descriptor)
         self._descriptor, self._size = descriptor, len(data)
+        # Many requests open at once (rows waiting on a busy database): compact again
+        # only once the file doubled, or every write would rewrite them all.
+        self._compact_at = max(COMPACT_BYTES, 2 * len(data))
 
 
 def _locked(path: Path) -> int:
