@@ -21,7 +21,6 @@ move with whatever else the machine is doing.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime
 import importlib.util
 import json
@@ -36,7 +35,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import harness
-import httpx
 import local_model
 import slow_streams
 from harness import BENCH, CHUNKS, Cell, Chatparity, log
@@ -229,18 +227,7 @@ def memory(results: Results, site: Chatparity, count: int, slow_url: str, work: 
         command = harness.chatparity_command(server, port)
         log_file = work / f"memory-{server}.log"
         with harness.serve(command, f"{url}/models", auth, site.env, log_file) as process:
-            httpx.post(f"{control}/hold")
-            asyncio.run(slow_streams.warm_up(url, site.key, "stub"))
-            report = asyncio.run(
-                slow_streams.run(
-                    url,
-                    site.key,
-                    "slow",
-                    count=count,
-                    release_url=f"{control}/release",
-                    pid=process.pid,
-                )
-            )
+            report = slow_streams.measure_held(url, site.key, control, count=count, pid=process.pid)
         results.memory[name] = report
         log(
             f"  {name}: {report.kib_per_stream:.0f} KiB per stream, {report.opened} opened,"

@@ -178,3 +178,13 @@ async def run(
         threads_open=max(threads),
         failures=failures,
     )
+
+
+def measure_held(url: str, key: str, control: str, *, count: int, pid: int) -> Report:
+    """Hold the stub's streams (``control``: its ``/bench`` URL), warm the gateway at
+    ``url`` up, then :func:`run` ``count`` held streams through it."""
+    httpx.post(f"{control}/hold")
+    asyncio.run(warm_up(url, key, "stub"))
+    return asyncio.run(
+        run(url, key, "slow", count=count, release_url=f"{control}/release", pid=pid)
+    )

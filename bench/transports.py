@@ -100,12 +100,7 @@ class _LineResponse:
         while True:
             last = body.rfind(b"\n")
             if last >= 0:
-                text = body[:last].decode("utf-8", "replace")
-                del body[: last + 1]
-                lines = text.split("\n")
-                if "\r" in text:
-                    lines = [line[:-1] if line[-1:] == "\r" else line for line in lines]
-                lines.reverse()
+                lines = _http1.take_lines(body, last)
                 line = lines.pop()
                 self._lines = lines
                 return line
@@ -606,18 +601,7 @@ def memory(
     for client in clients:
         with ExitStack() as stack:
             url, process = start_gateway(stack, site, client, work, "memory")
-            httpx.post(f"{control}/hold")
-            asyncio.run(slow_streams.warm_up(url, site.key, "stub"))
-            report = asyncio.run(
-                slow_streams.run(
-                    url,
-                    site.key,
-                    "slow",
-                    count=count,
-                    release_url=f"{control}/release",
-                    pid=process.pid,
-                )
-            )
+            report = slow_streams.measure_held(url, site.key, control, count=count, pid=process.pid)
         reports[client] = report
         log(
             f"  {client}: {report.kib_per_stream:.0f} KiB per stream,"

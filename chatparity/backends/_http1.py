@@ -498,12 +498,7 @@ class Response:
             if limit is not None and longest > limit and _longest_line(body) > limit:
                 self._refuse(f"a line is over {limit} bytes")
             if last >= 0:  # every complete line here, decoded at once
-                text = body[:last].decode("utf-8", "replace")
-                del body[: last + 1]
-                lines = text.split("\n")
-                if "\r" in text:
-                    lines = [line[:-1] if line[-1:] == "\r" else line for line in lines]
-                lines.reverse()
+                lines = take_lines(body, last)
                 line = lines.pop()
                 self._lines = lines
                 return line
@@ -576,6 +571,18 @@ class Response:
             pool.checkin(connection)
         else:
             connection.abort()
+
+
+def take_lines(body: bytearray, last: int) -> list[str]:
+    """The complete lines of ``body`` up to its newline at ``last``, removed from it,
+    decoded at once, without their line ends, in reverse order (pop the first)."""
+    text = body[:last].decode("utf-8", "replace")
+    del body[: last + 1]
+    lines = text.split("\n")
+    if "\r" in text:
+        lines = [line[:-1] if line[-1:] == "\r" else line for line in lines]
+    lines.reverse()
+    return lines
 
 
 def _longest_line(body: bytearray) -> int:
