@@ -86,6 +86,13 @@ DEFAULTS: dict[str, Any] = {
     # Seconds a request waits for its backend's first event (fallbacks included)
     # before it ends with 504 request_timeout (an error frame once headers went out).
     "FIRST_BYTE_TIMEOUT": 60.0,
+    # Seconds a response of /v1/responses made with ``store`` on is kept (OpenAI: 30
+    # days); older ones are neither readable nor continued, and
+    # ``chatparity_expire_responses`` deletes them.
+    "RESPONSES_RETENTION": 30 * 24 * 3600.0,
+    # Origins (scheme://host[:port]) whose browser pages may call /v1, or ["*"];
+    # answered on the fast path and the views alike, preflight included. Empty: none.
+    "CORS_ALLOWED_ORIGINS": [],
 }
 
 
@@ -136,6 +143,8 @@ class AppSettings:
     MAX_UPSTREAM_LINE_BYTES: Setting[int] = Setting()
     KEEPALIVE_SECONDS: Setting[float] = Setting()
     FIRST_BYTE_TIMEOUT: Setting[float] = Setting()
+    RESPONSES_RETENTION: Setting[float] = Setting()
+    CORS_ALLOWED_ORIGINS: Setting[list[str]] = Setting()
 
 
 app_settings = AppSettings()

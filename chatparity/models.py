@@ -262,9 +262,19 @@ class ModelAlias(models.Model):
             raise ValueError(f"No alias is named {', '.join(map(repr, missing))}.")
 
 
+class Endpoint(models.TextChoices):
+    """The ``/v1`` endpoint a logged request was made to."""
+
+    CHAT_COMPLETIONS = "chat.completions", "/v1/chat/completions"
+    RESPONSES = "responses", "/v1/responses"
+
+
 class RequestLog(models.Model):
     """One row for every request that got past authentication."""
 
+    endpoint = models.CharField(
+        max_length=32, choices=Endpoint.choices, default=Endpoint.CHAT_COMPLETIONS
+    )
     completion_id = models.CharField(max_length=64, blank=True)
     request_id = models.CharField(max_length=64)
     api_key = models.ForeignKey(ApiKey, null=True, on_delete=models.SET_NULL)
@@ -306,3 +316,29 @@ class RequestLog(models.Model):
 
     def __str__(self) -> str:
         return f"{self.request_id} {self.alias} {self.status_code}"
+
+
+class StoredResponse(models.Model):
+    """A response of ``/v1/responses`` made with ``store`` on, and the input it answered:
+    readable, deletable and continued (``previous_response_id``) by the key that made it,
+    or another key of the same owner, until ``RESPONSES_RETENTION`` runs out."""
+
+    id = models.CharField(max_length=64, primary_key=True)
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    previous_response_id = models.CharField(max_length=64, blank=True)
+    model = models.CharField(max_length=200)
+    status = models.CharField(max_length=16)
+    input_items = models.JSONField(
+        default=list, help_text="The items this response's request sent as its input."
+    )
+    response = models.JSONField(help_text="The response object, as the client received it.")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.id
