@@ -25,7 +25,7 @@ from django.utils import timezone
 from . import spool
 from .conf import app_settings
 from .db import OncePerInterval, detached, reconnecting
-from .models import ApiKey, ModelAlias, RequestLog
+from .models import ApiKey, Endpoint, ModelAlias, RequestLog
 from .protocol.completion import CompletionAccumulator
 from .protocol.errors import APIError
 from .protocol.events import Usage
@@ -45,6 +45,7 @@ class UsageRecord:
 
     request_id: str
     api_key: ApiKey | None = None
+    endpoint: str = Endpoint.CHAT_COMPLETIONS
     key_prefix: str = ""
     client_ip: str | None = None
     user_agent: str = ""
@@ -85,6 +86,7 @@ class UsageRecord:
         first = self.first_token_at
         generating = now - first if first is not None else 0.0
         row = RequestLog(
+            endpoint=self.endpoint,
             completion_id=self.completion_id,
             request_id=self.request_id,
             api_key=self.api_key,
