@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -13,9 +14,10 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
 from . import probe, ratelimit
-from .models import ApiKey, Backend, ModelAlias, RequestLog
+from .models import ApiKey, Backend, ModelAlias, RequestLog, StoredResponse
 
 
 class ApiKeyForm(forms.ModelForm):
@@ -248,7 +250,7 @@ def csv_cell(value: Any) -> Any:
 
 
 CSV_COLUMNS = [
-    "created_at", "request_id", "completion_id", "key_prefix", "alias", "backend",
+    "created_at", "endpoint", "request_id", "completion_id", "key_prefix", "alias", "backend",
     "upstream_model", "stream", "n", "status_code", "error_type", "error_code", "cancelled",
     "finish_reasons", "prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens",
     "reasoning_tokens", "usage_counted", "time_to_first_token_ms", "duration_ms",
@@ -259,11 +261,12 @@ CSV_COLUMNS = [
 @admin.register(RequestLog)
 class RequestLogAdmin(admin.ModelAdmin):
     list_display = [
-        "created_at", "key_prefix", "alias", "backend", "status_code", "stream", "cancelled",
-        "finish", "total_tokens", "time_to_first_token_ms", "duration_ms",
+        "created_at", "endpoint", "key_prefix", "alias", "backend", "status_code", "stream",
+        "cancelled", "finish", "total_tokens", "time_to_first_token_ms", "duration_ms",
     ]  # fmt: skip
     list_filter = [
-        "key_prefix", "alias", "status_code", "stream", "cancelled", "usage_counted", "created_at",
+        "endpoint", "key_prefix", "alias", "status_code", "stream", "cancelled", "usage_counted",
+        "created_at",
     ]  # fmt: skip
     search_fields = ["request_id", "completion_id", "key_prefix", "alias"]
     date_hierarchy = "created_at"
@@ -295,3 +298,45 @@ class RequestLogAdmin(admin.ModelAdmin):
             values = [" ".join(value) if i == reasons else value for i, value in enumerate(row)]
             writer.writerow([csv_cell(value) for value in values])
         return response
+
+
+def pretty_json(value: Any) -> SafeString:
+    """``value`` as indented JSON in a ``<pre>``, escaped: stored responses hold what
+    clients and models wrote."""
+    return format_html("<pre class='chatparity-json'>{}</pre>", json.dumps(value, indent=2))
+
+
+@admin.register(StoredResponse)
+class StoredResponseAdmin(admin.ModelAdmin):
+    """Responses kept for ``/v1/responses`` (``store``): read-only; deleted with the
+    delete permission, or when ``RESPONSES_RETENTION`` runs out."""
+
+    list_display = ["id", "key", "owner", "model", "status", "created_at"]
+    list_filter = ["status", "created_at"]
+    list_select_related = ["api_key", "owner"]
+    search_fields = ["=id", "=previous_response_id"]
+    date_hierarchy = "created_at"
+    fields = readonly_fields = (
+        "id", "key", "owner", "previous_response_id", "model", "status", "created_at",
+        "input_items_json", "response_json",
+    )  # fmt: skip
+
+    @admin.display(description="key", ordering="api_key__prefix")
+    def key(self, stored: StoredResponse) -> str:
+        if stored.api_key is None:
+            return "(deleted key)"
+        return f"{stored.api_key.name} ({stored.api_key.prefix}…)"
+
+    @admin.display(description="input items")
+    def input_items_json(self, stored: StoredResponse) -> SafeString:
+        return pretty_json(stored.input_items)
+
+    @admin.display(description="response")
+    def response_json(self, stored: StoredResponse) -> SafeString:
+        return pretty_json(stored.response)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False

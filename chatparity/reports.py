@@ -15,14 +15,15 @@ from django.db.models.functions import Coalesce, TruncDate
 
 from .models import RequestLog
 
-Dimension = Literal["day", "key", "alias"]
-DIMENSIONS: tuple[Dimension, ...] = ("day", "key", "alias")
+Dimension = Literal["day", "key", "alias", "endpoint"]
+DIMENSIONS: tuple[Dimension, ...] = ("day", "key", "alias", "endpoint")
 
 # The columns each dimension groups by; ``key`` keeps the prefix of a deleted key.
 _COLUMNS: dict[Dimension, tuple[str, ...]] = {
     "day": ("day",),
     "key": ("key_prefix", "key_name"),
     "alias": ("alias",),
+    "endpoint": ("endpoint",),
 }
 
 FAILED = Q(status_code__gte=400) | ~Q(error_type="")
@@ -30,12 +31,14 @@ FAILED = Q(status_code__gte=400) | ~Q(error_type="")
 
 @dataclass(frozen=True)
 class LogFilter:
-    """Which log rows a report covers: a date range (inclusive, UTC days), a key, an alias."""
+    """Which log rows a report covers: a date range (inclusive, UTC days), a key, an
+    alias, an endpoint (an :class:`~chatparity.models.Endpoint` value)."""
 
     since: datetime.date | None = None
     until: datetime.date | None = None
     key_prefix: str = ""
     alias: str = ""
+    endpoint: str = ""
 
     def apply(self, rows: QuerySet[RequestLog]) -> QuerySet[RequestLog]:
         if self.since is not None:
@@ -46,6 +49,8 @@ class LogFilter:
             rows = rows.filter(key_prefix=self.key_prefix)
         if self.alias:
             rows = rows.filter(alias__iexact=self.alias)
+        if self.endpoint:
+            rows = rows.filter(endpoint=self.endpoint)
         return rows
 
 

@@ -12,7 +12,7 @@ from django.db import connection
 from django.test import override_settings
 from django.urls import reverse
 
-from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog, hash_key
+from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog, StoredResponse, hash_key
 from tests.configs import BAD_ALIASES, BAD_BACKENDS, GOOD_ALIAS, GOOD_BACKENDS
 from tests.scripted import SCRIPTED
 
@@ -495,8 +495,11 @@ class TestRequestLogAdmin:
 
         return [
             row(alias="a", stream=True, finish_reasons=["stop"], total_tokens=7),
-            row(alias="b", status_code=404, error_type="invalid_request_error"),
-        ]
+            row(
+                alias="b", status_code=404, error_type="invalid_request_error",
+                endpoint="responses",
+            ),
+        ]  # fmt: skip
 
     def test_is_read_only(self, admin_client, rows):
         assert admin_client.get(reverse("admin:chatparity_requestlog_add")).status_code == 403
@@ -509,7 +512,13 @@ class TestRequestLogAdmin:
 
     @pytest.mark.parametrize(
         ("query", "aliases"),
-        [({"alias": "b"}, ["b"]), ({"stream__exact": "1"}, ["a"]), ({"status_code": "404"}, ["b"])],
+        [
+            ({"alias": "b"}, ["b"]),
+            ({"stream__exact": "1"}, ["a"]),
+            ({"status_code": "404"}, ["b"]),
+            ({"endpoint__exact": "responses"}, ["b"]),
+            ({"endpoint__exact": "chat.completions"}, ["a"]),
+        ],
     )
     def test_filters(self, admin_client, rows, query, aliases):
         response = admin_client.get(reverse("admin:chatparity_requestlog_changelist"), query)
@@ -519,9 +528,11 @@ class TestRequestLogAdmin:
         response = run_action(admin_client, "requestlog", "export_csv", rows)
         assert response["Content-Type"] == "text/csv; charset=utf-8"
         table = list(csv.DictReader(io.StringIO(response.content.decode())))
-        assert [(r["alias"], r["status_code"], r["finish_reasons"]) for r in table] == [
-            ("a", "200", "stop"),
-            ("b", "404", ""),
+        assert [
+            (r["endpoint"], r["alias"], r["status_code"], r["finish_reasons"]) for r in table
+        ] == [
+            ("chat.completions", "a", "200", "stop"),
+            ("responses", "b", "404", ""),
         ]
         assert table[0]["total_tokens"] == "7"
 
@@ -540,6 +551,102 @@ class TestRequestLogAdmin:
         (exported,) = csv.DictReader(io.StringIO(response.content.decode(), newline=""))
         assert (exported["user_agent"], exported["alias"]) == ("'" + user_agent, "'=1+1")
         assert exported["request_id"] == "req"
+
+    def test_the_list_says_which_endpoint_each_row_served(self, admin_client, rows):
+        response = admin_client.get(reverse("admin:chatparity_requestlog_changelist"))
+        assert "endpoint" in response.context["cl"].list_display
+        assert "/v1/responses" in page(response)
+
+
+class TestStoredResponseAdmin:
+    """Stored responses of /v1/responses: read-only for staff, deleted only with the
+    delete permission."""
+
+    @pytest.fixture
+    def stored(self, db, django_user_model):
+        key, _ = ApiKey.objects.create_key("codex")
+        owner = django_user_model.objects.create_user("ada")
+        answer = {
+            "id": "resp_abc123", "object": "response", "status": "completed",
+            "output": [{"type": "message", "content": [
+                {"type": "output_text", "text": "<script>alert(1)</script>", "annotations": []},
+            ]}],
+        }  # fmt: skip
+        return [
+            StoredResponse.objects.create(
+                id="resp_abc123", api_key=key, owner=owner, model="smollm2", status="completed",
+                input_items=[{"type": "message", "role": "user", "content": "<b>hi</b>"}],
+                response=answer,
+            ),
+            StoredResponse.objects.create(
+                id="resp_def456", model="gpt-x", status="incomplete", response={},
+                previous_response_id="resp_abc123",
+            ),
+        ]  # fmt: skip
+
+    def test_the_list_shows_id_key_owner_model_status_and_time(self, admin_client, stored):
+        response = admin_client.get(reverse("admin:chatparity_storedresponse_changelist"))
+        assert response.context["cl"].list_display == [
+            "action_checkbox", "id", "key", "owner", "model", "status", "created_at",
+        ]  # fmt: skip
+        shown = page(response)
+        assert f"codex ({stored[0].api_key.prefix}…)" in shown
+        assert "(deleted key)" in shown
+        for text in ("resp_abc123", "resp_def456", "ada", "smollm2", "incomplete"):
+            assert text in shown
+
+    @pytest.mark.parametrize(
+        ("query", "found"),
+        [("resp_def456", ["resp_def456"]), ("resp_abc123", ["resp_abc123", "resp_def456"]),
+         ("resp_abc", [])],
+    )  # fmt: skip
+    def test_search_by_id_or_the_previous_response_id(self, admin_client, stored, query, found):
+        url = reverse("admin:chatparity_storedresponse_changelist")
+        listed = admin_client.get(url, {"q": query}).context["cl"].queryset
+        assert sorted(row.id for row in listed) == found
+
+    def test_the_response_and_its_input_are_shown_escaped_and_indented(self, admin_client, stored):
+        url = reverse("admin:chatparity_storedresponse_change", args=[stored[0].pk])
+        shown = page(admin_client.get(url))
+        assert "<script>alert(1)</script>" not in shown
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in shown
+        assert "&lt;b&gt;hi&lt;/b&gt;" in shown
+        assert "\n  &quot;object&quot;: &quot;response&quot;" in shown
+        assert "<textarea" not in shown
+        assert 'name="_save"' not in shown
+
+    def test_nobody_adds_or_changes_one(self, admin_client, stored):
+        assert admin_client.get(reverse("admin:chatparity_storedresponse_add")).status_code == 403
+        change = reverse("admin:chatparity_storedresponse_change", args=[stored[0].pk])
+        admin_client.post(change, {"model": "other", "status": "failed", "response": "{}"})
+        stored[0].refresh_from_db()
+        assert (stored[0].model, stored[0].status) == ("smollm2", "completed")
+
+    @pytest.mark.parametrize(
+        ("permissions", "kept"),
+        [
+            (["view_storedresponse"], True),
+            (["view_storedresponse", "delete_storedresponse"], False),
+        ],
+    )
+    def test_deleting_needs_the_delete_permission(self, staff_client, stored, permissions, kept):
+        staff = staff_client(*permissions)
+        url = reverse("admin:chatparity_storedresponse_changelist")
+        assert staff.get(url).status_code == 200
+        delete = reverse("admin:chatparity_storedresponse_delete", args=[stored[0].pk])
+        staff.post(delete, {"post": "yes"})
+        run_action(staff, "storedresponse", "delete_selected", [stored[1]], post="yes")
+        assert StoredResponse.objects.filter(pk__in=[s.pk for s in stored]).count() == (
+            2 if kept else 0
+        )
+
+    def test_without_the_view_permission_staff_see_none(self, staff_client, stored):
+        staff = staff_client("view_requestlog")
+        for url in (
+            reverse("admin:chatparity_storedresponse_changelist"),
+            reverse("admin:chatparity_storedresponse_change", args=[stored[0].pk]),
+        ):
+            assert staff.get(url).status_code == 403
 
 
 @override_settings(CHATPARITY=SCRIPTED)
