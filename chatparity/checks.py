@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import shutil
 from pathlib import Path
@@ -105,6 +106,28 @@ def check_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
             )
         )
     return messages
+
+
+def retention_problem(seconds: object) -> str:
+    """What is wrong with ``seconds`` as ``RESPONSES_RETENTION``; "" if nothing."""
+    name = "CHATPARITY['RESPONSES_RETENTION']"
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+        return f"{name} must be a positive number of seconds, not {seconds!r}."
+    try:
+        datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=seconds)
+    except OverflowError:
+        return f"{name} reaches back past the year 1: {seconds!r} seconds is too many."
+    return ""
+
+
+@register()
+def check_responses_retention(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Stored responses expire after a positive, finite number of seconds: zero would hide
+    every stored response at once, and nothing else can be turned into a date."""
+    if not isinstance(getattr(settings, "CHATPARITY", {}), dict):
+        return []  # chatparity.E001 says so
+    problem = retention_problem(app_settings.RESPONSES_RETENTION)
+    return [Error(problem, id="chatparity.E050")] if problem else []
 
 
 @register()

@@ -9,7 +9,7 @@ from django.core.checks import run_checks
 from django.test import override_settings
 
 from chatparity.backends.command import parse_declaration
-from chatparity.checks import check_commands
+from chatparity.checks import check_commands, check_responses_retention
 from project import settings as project_settings
 
 
@@ -92,3 +92,31 @@ def test_the_example_project_declares_only_what_is_installed(monkeypatch):
     assert project_settings._commands() == {}
     llm = project_settings.CHATPARITY["COMMANDS"]["llm"]["argv"][0]  # this venv has the llm CLI
     assert llm == str(Path(sys.executable).with_name("llm"))
+
+
+@pytest.mark.parametrize("seconds", [1, 3600.0, 30 * 24 * 3600, 100 * 365 * 24 * 3600.0])
+def test_a_positive_responses_retention_passes(seconds):
+    with override_settings(CHATPARITY={"RESPONSES_RETENTION": seconds}):
+        assert check_responses_retention() == []
+
+
+@pytest.mark.parametrize(
+    ("seconds", "problem"),
+    [
+        (0, "must be a positive number of seconds, not 0."),
+        (-60, "must be a positive number of seconds, not -60."),
+        ("30d", "must be a positive number of seconds, not '30d'."),
+        (None, "must be a positive number of seconds, not None."),
+        (True, "must be a positive number of seconds, not True."),
+        (float("nan"), "must be a positive number of seconds, not nan."),
+        (float("inf"), "reaches back past the year 1"),
+        (10**12, "reaches back past the year 1"),
+    ],
+)
+def test_a_responses_retention_that_is_not_a_positive_number_is_an_error(seconds, problem):
+    with override_settings(CHATPARITY={"RESPONSES_RETENTION": seconds}):
+        (message,) = check_responses_retention()
+        assert "chatparity.E050" in {message.id for message in run_checks()}
+    assert message.id == "chatparity.E050"
+    assert message.msg.startswith("CHATPARITY['RESPONSES_RETENTION'] ")
+    assert problem in message.msg
