@@ -9,7 +9,7 @@ from django.db.models import QuerySet
 from rest_framework import serializers
 from rest_framework.validators import UniqueValidator
 
-from ..models import ApiKey, Backend, ModelAlias, RequestLog
+from ..models import ApiKey, Backend, Endpoint, ModelAlias, RequestLog, StoredResponse
 from ..reports import DIMENSIONS, Dimension, LogFilter
 
 
@@ -171,6 +171,57 @@ class RequestLogSerializer(serializers.ModelSerializer[RequestLog]):
         fields = "__all__"
 
 
+def exact_matches(params: dict[str, Any], columns: dict[str, str]) -> dict[str, Any]:
+    """Lookups for the query parameters given: ``columns`` maps each parameter to its lookup."""
+    return {column: params[param] for param, column in columns.items() if param in params}
+
+
+class StoredResponseSerializer(serializers.ModelSerializer[StoredResponse]):
+    """A response of ``/v1/responses`` kept with ``store``; ``api_key`` is the key's id
+    and ``key_prefix`` its prefix (both null once the key is deleted)."""
+
+    key_prefix = serializers.CharField(source="api_key.prefix", default=None, read_only=True)
+
+    class Meta:
+        model = StoredResponse
+        fields = [
+            "id", "api_key", "key_prefix", "owner", "previous_response_id", "model", "status",
+            "created_at",
+        ]  # fmt: skip
+        read_only_fields = fields
+
+
+class StoredResponseDetailSerializer(StoredResponseSerializer):
+    """A stored response with its input items and the response object the client received."""
+
+    class Meta(StoredResponseSerializer.Meta):
+        fields = [*StoredResponseSerializer.Meta.fields, "input_items", "response"]
+        read_only_fields = fields
+
+
+class StoredResponseFilterSerializer(serializers.Serializer[Any]):
+    """Query parameters of `responses/`: exact matches, all optional."""
+
+    key = serializers.CharField(required=False, help_text="Key prefix, as shown in `keys/`.")
+    model = serializers.CharField(required=False, help_text="The model id the client asked for.")
+    status = serializers.CharField(required=False, help_text="completed, incomplete, failed, ...")
+    previous_response_id = serializers.CharField(
+        required=False, help_text="The responses that continued this one."
+    )
+
+    # query parameter -> StoredResponse lookup
+    COLUMNS = {
+        "key": "api_key__prefix",
+        "model": "model",
+        "status": "status",
+        "previous_response_id": "previous_response_id",
+    }
+
+    def filter_rows(self, rows: QuerySet[StoredResponse]) -> QuerySet[StoredResponse]:
+        """``rows`` narrowed by the validated parameters."""
+        return rows.filter(**exact_matches(self.validated_data, self.COLUMNS))
+
+
 class LogFilterSerializer(serializers.Serializer[LogFilter]):
     """Query parameters choosing log rows, as :class:`~chatparity.reports.LogFilter` does."""
 
@@ -178,6 +229,9 @@ class LogFilterSerializer(serializers.Serializer[LogFilter]):
     until = serializers.DateField(required=False, help_text="Last day (UTC), inclusive.")
     key = serializers.CharField(required=False, help_text="Key prefix, as shown in `keys/`.")
     alias = serializers.CharField(required=False, help_text="Alias, case-insensitively.")
+    endpoint = serializers.ChoiceField(
+        choices=Endpoint.choices, required=False, help_text="The /v1 endpoint served."
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         since, until = attrs.get("since"), attrs.get("until")
@@ -193,6 +247,7 @@ class LogFilterSerializer(serializers.Serializer[LogFilter]):
             until=data.get("until"),
             key_prefix=data.get("key", ""),
             alias=data.get("alias", ""),
+            endpoint=data.get("endpoint", ""),
         ).apply(rows)
 
 
@@ -209,12 +264,7 @@ class RequestLogFilterSerializer(LogFilterSerializer):
     COLUMNS = {"status": "status_code", "stream": "stream", "cancelled": "cancelled"}
 
     def filter_rows(self, rows: QuerySet[RequestLog]) -> QuerySet[RequestLog]:
-        matches = {
-            column: self.validated_data[param]
-            for param, column in self.COLUMNS.items()
-            if param in self.validated_data
-        }
-        return super().filter_rows(rows).filter(**matches)
+        return super().filter_rows(rows).filter(**exact_matches(self.validated_data, self.COLUMNS))
 
 
 class UsageFilterSerializer(LogFilterSerializer):
@@ -245,6 +295,7 @@ class UsageRowSerializer(serializers.Serializer[Any]):
         required=False, help_text="With group_by=key; the prefix if the key was deleted."
     )
     alias = serializers.CharField(required=False, help_text="With group_by=alias.")
+    endpoint = serializers.CharField(required=False, help_text="With group_by=endpoint.")
     requests = serializers.IntegerField()
     # The metaclass turns this into a field; Serializer.errors, which it shadows, stays intact.
     errors = serializers.IntegerField()  # type: ignore[assignment]

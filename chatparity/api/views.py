@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db.models import Model, ProtectedError, QuerySet
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from drf_spectacular.views import SpectacularAPIView
-from rest_framework import status, viewsets
+from rest_framework import mixins, status, viewsets
 from rest_framework.authentication import (
     BaseAuthentication,
     SessionAuthentication,
@@ -25,14 +25,14 @@ from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
 from .. import reports
-from ..models import ApiKey, Backend, ModelAlias, RequestLog
+from ..models import ApiKey, Backend, ModelAlias, RequestLog, StoredResponse
 from . import serializers
 
 if TYPE_CHECKING:
     from rest_framework.permissions import _PermissionClass  # only in the stubs
 
 _M = TypeVar("_M", bound=Model)
-_Query = TypeVar("_Query", bound=serializers.LogFilterSerializer)
+_Query = TypeVar("_Query", bound=BaseSerializer[Any])
 
 _READ = ["%(app_label)s.view_%(model_name)s"]
 _CHANGE = ["%(app_label)s.change_%(model_name)s"]
@@ -181,6 +181,34 @@ class RequestLogViewSet(PermittedAPIView, viewsets.ReadOnlyModelViewSet[RequestL
         return parse_query(self.request, serializers.RequestLogFilterSerializer).filter_rows(rows)
 
 
+@extend_schema_view(list=extend_schema(parameters=[serializers.StoredResponseFilterSerializer]))
+class StoredResponseViewSet(
+    PermittedAPIView,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet[StoredResponse],
+):
+    """Responses of ``/v1/responses`` kept with ``store``, newest first: read with the
+    view permission, deleted with the delete permission, never written here. The list
+    leaves out their input items and response objects; one response shows them."""
+
+    queryset = StoredResponse.objects.select_related("api_key").order_by("-created_at", "-pk")
+    pagination_class = LogPagination
+
+    def get_serializer_class(self) -> type[BaseSerializer[StoredResponse]]:
+        if self.action == "list":
+            return serializers.StoredResponseSerializer
+        return serializers.StoredResponseDetailSerializer
+
+    def get_queryset(self) -> QuerySet[StoredResponse]:
+        rows = super().get_queryset()
+        if self.action != "list":
+            return rows
+        query = parse_query(self.request, serializers.StoredResponseFilterSerializer)
+        return query.filter_rows(rows)
+
+
 class ReportView(PermittedAPIView):
     """A report over the request log: needs its view permission."""
 
@@ -195,7 +223,7 @@ class UsageView(ReportView):
         responses=serializers.UsageRowSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
-        """Requests, errors, cancellations and tokens per day, key and/or alias."""
+        """Requests, errors, cancellations and tokens per day, key, alias and/or endpoint."""
         query = parse_query(request, serializers.UsageFilterSerializer)
         rows = query.filter_rows(self.queryset.all())
         totals = reports.usage(rows, query.validated_data["group_by"])

@@ -26,7 +26,8 @@ def rows():
         make_log(DAY2, request_id="b", key_prefix="sk-cp-BBBB", alias="gpt", stream=True),
         make_log(DAY3, request_id="c", key_prefix="sk-cp-AAAA", alias="smollm2",
                  status_code=499, cancelled=True, stream=True),
-        make_log(DAY3, request_id="d", key_prefix="sk-cp-BBBB", alias="gpt", status_code=500),
+        make_log(DAY3, request_id="d", key_prefix="sk-cp-BBBB", alias="gpt", status_code=500,
+                 endpoint="responses"),
     ]  # fmt: skip
 
 
@@ -65,6 +66,9 @@ def test_default_page_is_50_rows(admin_client):
         ({"since": "2025-03-02", "until": "2025-03-02"}, ["b"]),
         ({"key": "sk-cp-AAAA", "stream": "true", "since": "2025-03-03"}, ["c"]),
         ({"alias": "", "key": ""}, ["d", "c", "b", "a"]),
+        ({"endpoint": "responses"}, ["d"]),
+        ({"endpoint": "chat.completions"}, ["c", "b", "a"]),
+        ({"endpoint": "responses", "status": "200"}, []),
     ],
 )
 def test_filters(admin_client, rows, params, expected):
@@ -82,6 +86,7 @@ def test_filters(admin_client, rows, params, expected):
         ({"stream": "maybe"}, "stream"),
         ({"cancelled": "2"}, "cancelled"),
         ({"since": "2025-03-03", "until": "2025-03-01"}, "until"),
+        ({"endpoint": "completions"}, "endpoint"),
     ],
 )
 def test_bad_filter_values_are_a_400_naming_the_parameter(admin_client, rows, params, field):
@@ -93,6 +98,8 @@ def test_bad_filter_values_are_a_400_naming_the_parameter(admin_client, rows, pa
 def test_retrieve_shows_the_row(admin_client, rows):
     row = admin_client.get(url("log-detail", rows[2].pk)).json()
     assert (row["request_id"], row["status_code"], row["cancelled"]) == ("c", 499, True)
+    assert row["endpoint"] == "chat.completions"
+    assert admin_client.get(url("log-detail", rows[3].pk)).json()["endpoint"] == "responses"
     assert row["created_at"].startswith("2025-03-03T12:00:00")
 
 

@@ -4,7 +4,7 @@ import pytest
 from django.contrib.auth.models import Permission
 from rest_framework.authtoken.models import Token
 
-from chatparity.models import ApiKey, Backend, ModelAlias
+from chatparity.models import ApiKey, Backend, ModelAlias, StoredResponse
 
 from .helpers import make_log, url
 
@@ -34,6 +34,9 @@ NEEDS = [
     ("get", "log-detail", True, "view_requestlog"),
     ("get", "usage", False, "view_requestlog"),
     ("get", "usage-latency", False, "view_requestlog"),
+    ("get", "response-list", False, "view_storedresponse"),
+    ("get", "response-detail", True, "view_storedresponse"),
+    ("delete", "response-detail", True, "delete_storedresponse"),
 ]
 BODIES = {
     "key-list": {"name": "new"},
@@ -53,7 +56,12 @@ def rows():
     backend = Backend.objects.create(name="unused", kind="local")
     alias = ModelAlias.objects.create(public_id="unused", backend=spare)
     key, _ = ApiKey.objects.create_key("k")
-    return {"key": key, "alias": alias, "backend": backend, "log": make_log()}
+    response = StoredResponse.objects.create(
+        id="resp_1", api_key=key, model="m", status="completed", response={}
+    )
+    return {
+        "key": key, "alias": alias, "backend": backend, "log": make_log(), "response": response,
+    }  # fmt: skip
 
 
 @pytest.fixture

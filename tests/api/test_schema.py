@@ -9,7 +9,8 @@ from .helpers import url
 PATHS = {
     "/api/keys/", "/api/keys/{id}/", "/api/keys/{id}/revoke/", "/api/keys/{id}/reactivate/",
     "/api/aliases/", "/api/aliases/{id}/", "/api/backends/", "/api/backends/{id}/",
-    "/api/logs/", "/api/logs/{id}/", "/api/usage/", "/api/usage/latency/",
+    "/api/logs/", "/api/logs/{id}/", "/api/usage/", "/api/usage/latency/", "/api/responses/",
+    "/api/responses/{id}/",
 }  # fmt: skip
 
 
@@ -27,7 +28,13 @@ def test_schema_documents_the_write_only_secret_and_the_log_filters(admin_client
     assert backend["secret"]["writeOnly"] is True
     assert backend["has_secret"]["readOnly"] is True
     params = {param["name"] for param in document["paths"]["/api/logs/"]["get"]["parameters"]}
-    assert params >= {"key", "alias", "status", "stream", "cancelled", "since", "until", "limit"}
+    assert params >= {
+        "key", "alias", "endpoint", "status", "stream", "cancelled", "since", "until", "limit",
+    }  # fmt: skip
+    listed = document["paths"]["/api/responses/"]["get"]["parameters"]
+    assert {param["name"] for param in listed} >= {"key", "model", "status", "limit", "offset"}
+    assert "delete" in document["paths"]["/api/responses/{id}/"]
+    assert "post" not in document["paths"]["/api/responses/"]
 
 
 @pytest.mark.django_db

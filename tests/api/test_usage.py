@@ -29,7 +29,8 @@ def rows():
     make_log(DAY1, api_key=key, key_prefix=key.prefix, alias="gpt", status_code=500)
     make_log(DAY1, key_prefix="sk-cp-gone", alias="smollm2", cancelled=True, **tokens(3, 1))
     make_log(DAY2, api_key=key, key_prefix=key.prefix, alias="smollm2", **tokens(7, 2))
-    make_log(DAY2, key_prefix="sk-cp-gone", alias="gpt", error_type="server_error")
+    make_log(DAY2, key_prefix="sk-cp-gone", alias="gpt", error_type="server_error",
+             endpoint="responses")  # fmt: skip
     return key
 
 
@@ -73,6 +74,22 @@ def test_by_alias_and_day(admin_client, rows):
     ]
 
 
+def test_by_endpoint_and_day(admin_client, rows):
+    groups = usage(admin_client, group_by="endpoint,day")
+    assert [(row["day"], row["endpoint"], counts(row)) for row in groups] == [
+        ("2025-03-01", "chat.completions", (3, 1, 1, 13, 6, 19)),
+        ("2025-03-02", "chat.completions", (1, 0, 0, 7, 2, 9)),
+        ("2025-03-02", "responses", (1, 1, 0, 0, 0, 0)),
+    ]
+
+
+def test_an_endpoint_filter_narrows_the_usage_and_the_latency(admin_client, rows):
+    [only] = usage(admin_client, group_by="alias", endpoint="responses")
+    assert (only["alias"], counts(only)) == ("gpt", (1, 1, 0, 0, 0, 0))
+    latency = admin_client.get(url("usage-latency"), {"endpoint": "chat.completions"}).json()
+    assert [(row["alias"], row["requests"]) for row in latency] == [("gpt", 1), ("smollm2", 3)]
+
+
 def test_filters_narrow_the_rows(admin_client, rows):
     [only] = usage(admin_client, group_by="key", since="2025-03-02", alias="SMOLLM2")
     assert (only["key_prefix"], counts(only)) == (rows.prefix, (1, 0, 0, 7, 2, 9))
@@ -88,7 +105,7 @@ def test_no_rows_no_groups(admin_client, rows):
 def test_unknown_dimensions_are_a_400(admin_client, group_by):
     response = admin_client.get(url("usage"), {"group_by": group_by})
     assert response.status_code == 400
-    assert "day, key, alias" in response.json()["group_by"][0]
+    assert "day, key, alias, endpoint" in response.json()["group_by"][0]
 
 
 def test_bad_dates_are_a_400(admin_client):
