@@ -1,0 +1,261 @@
+"""Backend events -> the Responses API's typed stream events and its response object.
+
+:class:`ResponseEncoder` is the Responses encoding of the same event stream
+:class:`~chatparity.protocol.stream.ChunkEncoder` encodes as chat chunks. It
+numbers its events (``sequence_number``) and keeps the response they add up to:
+the non-stream object is :meth:`ResponseEncoder.response` once every event was
+encoded, the very object the final event carries, so the two cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from .errors import APIError
+from .events import Event, Finish, TextDelta, ToolCallDelta, Usage
+from .responses import NewId
+
+# Why a choice ended -> why its response is incomplete (other reasons complete it).
+_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
+def sse_event(event: dict[str, Any]) -> bytes:
+    """One server-sent event with its ``event:`` line, as OpenAI sends Responses events."""
+    kind: str = event["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def usage_object(usage: Usage) -> dict[str, Any]:
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def response_error(error: APIError) -> dict[str, str]:
+    """A failure as a failed response's ``error``: OpenAI's codes there are few."""
+    code = "rate_limit_exceeded" if error.status == 429 else "server_error"
+    return {"code": code, "message": error.message}
+
+
+@dataclass
+class _Item:
+    """An output item being streamed: a message's text or a function call's arguments."""
+
+    index: int
+    fields: dict[str, Any]
+    fragments: list[str] = field(default_factory=list)
+    done: bool = False
+
+    @property
+    def id(self) -> str:
+        item_id: str = self.fields["id"]
+        return item_id
+
+    @property
+    def is_message(self) -> bool:
+        return bool(self.fields["type"] == "message")
+
+    def value(self, status: str) -> dict[str, Any]:
+        """The item as it stands, with ``status`` unless it is done."""
+        text = "".join(self.fragments)
+        item = {**self.fields, "status": self.fields["status"] if self.done else status}
+        if self.is_message:
+            item["content"] = [_text_part(text)]
+        else:
+            item["arguments"] = text
+        return item
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
+
+
+class ResponseEncoder:
+    """Turns one request's backend events into OpenAI's Responses stream events.
+
+    :meth:`opening` gives ``response.created`` and ``response.in_progress``,
+    :meth:`encode` the events of each backend event (choice 0: a response has
+    one), :meth:`closing` the end (``response.completed`` or
+    ``response.incomplete``) and :meth:`failing` a failure (``response.failed``).
+    An output item is done when the next one begins, or the choice finishes.
+    """
+
+    def __init__(
+        self,
+        *,
+        response_id: str,
+        created_at: int,
+        model: str,
+        settings: dict[str, Any],
+        new_id: NewId,
+    ) -> None:
+        self._new_id = new_id
+        self._base = {"id": response_id, "object": "response", "created_at": created_at}
+        self._model = model
+        self._settings = settings
+        self._sequence = 0
+        self._items: list[_Item] = []
+        self._current: _Item | None = None
+        self._calls: dict[int, _Item] = {}
+        self._status = "in_progress"
+        self._incomplete: dict[str, str] | None = None
+        self._error: dict[str, str] | None = None
+        self._usage: dict[str, Any] | None = None
+
+    def response(self) -> dict[str, Any]:
+        """The response object as it stands (once closed: the whole response)."""
+        item_status = "in_progress" if self._status == "in_progress" else "incomplete"
+        return {
+            **self._base,
+            "status": self._status,
+            "background": False,
+            "error": self._error,
+            "incomplete_details": self._incomplete,
+            "model": self._model,
+            "output": [item.value(item_status) for item in self._items],
+            **self._settings,
+            "usage": self._usage,
+        }
+
+    def opening(self) -> list[dict[str, Any]]:
+        response = self.response()
+        return [
+            self._event("response.created", response=response),
+            self._event("response.in_progress", response=response),
+        ]
+
+    def encode(self, event: Event) -> list[dict[str, Any]]:
+        if isinstance(event, Usage):
+            self._usage = usage_object(event)
+            return []
+        if event.index != 0:
+            return []  # an alias's default n above 1: a response has one choice
+        if isinstance(event, TextDelta):
+            return self._text(event.text)
+        if isinstance(event, ToolCallDelta):
+            return self._call(event)
+        return self._finish(event)
+
+    def closing(self) -> list[dict[str, Any]]:
+        """The events that end a response whose backend sent everything."""
+        events = self._close_current("completed")
+        if self._status == "in_progress":
+            self._status = "completed"
+        kind = "response.completed" if self._status == "completed" else "response.incomplete"
+        return [*events, self._event(kind, response=self.response())]
+
+    def failing(self, error: APIError) -> list[dict[str, Any]]:
+        """The events that end a response whose backend failed."""
+        self._status = "failed"
+        self._error = response_error(error)
+        return [self._event("response.failed", response=self.response())]
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        event = {"type": kind, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        return event
+
+    def _open(self, fields: dict[str, Any]) -> tuple[_Item, list[dict[str, Any]]]:
+        events = self._close_current("completed")
+        item = _Item(len(self._items), {**fields, "status": "in_progress"})
+        self._items.append(item)
+        self._current = item
+        added = self._event(
+            "response.output_item.added", output_index=item.index, item=item.value("in_progress")
+        )
+        return item, [*events, added]
+
+    def _text(self, text: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        item = self._current
+        if item is None or not item.is_message:
+            message = {
+                "id": self._new_id("msg"),
+                "type": "message",
+                "role": "assistant",
+                "content": [],
+            }
+            item, events = self._open(message)
+            events.append(
+                self._event(
+                    "response.content_part.added",
+                    **self._where(item),
+                    part=_text_part(""),
+                )
+            )
+        item.fragments.append(text)
+        events.append(
+            self._event("response.output_text.delta", **self._where(item), delta=text, logprobs=[])
+        )
+        return events
+
+    def _call(self, delta: ToolCallDelta) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        item = self._calls.get(delta.call_index)
+        if item is None:
+            call = {
+                "id": self._new_id("fc"),
+                "type": "function_call",
+                "call_id": delta.id or self._new_id("call"),
+                "name": delta.name or "",
+                "arguments": "",
+            }
+            item, events = self._open(call)
+            self._calls[delta.call_index] = item
+        if delta.arguments:
+            item.fragments.append(delta.arguments)
+            events.append(
+                self._event(
+                    "response.function_call_arguments.delta",
+                    item_id=item.id,
+                    output_index=item.index,
+                    delta=delta.arguments,
+                )
+            )
+        return events
+
+    def _finish(self, finish: Finish) -> list[dict[str, Any]]:
+        reason = _INCOMPLETE.get(finish.reason)
+        if reason is None:
+            return self._close_current("completed")
+        self._status = "incomplete"
+        self._incomplete = {"reason": reason}
+        return self._close_current("incomplete")
+
+    def _where(self, item: _Item) -> dict[str, Any]:
+        return {"item_id": item.id, "output_index": item.index, "content_index": 0}
+
+    def _close_current(self, status: str) -> list[dict[str, Any]]:
+        item, self._current = self._current, None
+        if item is None:
+            return []
+        value = item.value(status)
+        item.fields["status"] = status
+        item.done = True
+        if item.is_message:
+            part = value["content"][0]
+            events = [
+                self._event(
+                    "response.output_text.done", **self._where(item), text=part["text"], logprobs=[]
+                ),
+                self._event("response.content_part.done", **self._where(item), part=part),
+            ]
+        else:
+            events = [
+                self._event(
+                    "response.function_call_arguments.done",
+                    item_id=item.id,
+                    output_index=item.index,
+                    name=value["name"],
+                    arguments=value["arguments"],
+                )
+            ]
+        events.append(self._event("response.output_item.done", output_index=item.index, item=value))
+        return events
