@@ -13,8 +13,10 @@ does not see ``/v1`` requests (mount the views without ``FastPath`` if it must).
 What Django itself does before a view is done here too, from the same settings:
 a Host not in ``ALLOWED_HOSTS`` gets a 400 and, when the site runs
 ``SecurityMiddleware``, plain HTTP is redirected to HTTPS (``SECURE_SSL_REDIRECT``)
-and replies carry its headers (HSTS over HTTPS, ``nosniff``, ...). The body is
-read only once the key is valid, and must arrive within ``BODY_TIMEOUT``.
+and replies carry its headers (HSTS over HTTPS, ``nosniff``, ...). Browsers'
+cross-origin requests, preflights included, get the same CORS answers as from
+the views (:mod:`chatparity.cors`). The body is read only once the key is
+valid, and must arrive within ``BODY_TIMEOUT``.
 The request's accounting (limits settled, log row written) is closed once the
 reply is sent, so it costs the client nothing.
 """
@@ -38,6 +40,7 @@ from django.urls import Resolver404, resolve
 
 from . import gateway
 from .conf import app_settings
+from .cors import is_preflight, policy
 from .gateway import Call, Endpoint, Reply
 from .protocol.errors import APIError
 
@@ -217,6 +220,10 @@ async def serve(route: Route, scope: Scope, receive: Receive, send: Send) -> Non
         await _start(send, refusal, added)
         await send({"type": "http.response.body", "body": refusal.body})
         return
+    origin = headers.get("origin")
+    if origin is not None and is_preflight(scope["method"], headers):
+        await _answer_preflight(send, headers, added)
+        return
     inbox = _Inbox(receive)
     client = scope.get("client")
     call = Call(
@@ -233,6 +240,8 @@ async def serve(route: Route, scope: Scope, receive: Receive, send: Send) -> Non
         nonlocal reply
         # An endpoint cancelled before its reply (the client left) accounts for itself.
         reply = await handler(call, **kwargs)
+        if origin is not None and (cors := policy()) is not None:
+            cors.add_response_headers(origin, reply.headers)
         await _send(send, reply, added)
 
     exchange = asyncio.ensure_future(respond())
@@ -250,6 +259,17 @@ async def serve(route: Route, scope: Scope, receive: Receive, send: Send) -> Non
             # reply (as servers report one that is done) must not cut the closing short.
             if reply is not None:
                 await reply.close()
+
+
+async def _answer_preflight(send: Send, headers: Mapping[str, str], added: AddedHeaders) -> None:
+    """A browser's CORS preflight: 200, with no body, granting what it asks only to an
+    allowed origin."""
+    cors = policy()
+    answer = Reply(200, {"content-length": "0"})
+    if cors is not None:
+        answer.headers.update(cors.preflight_headers(headers))
+    await _start(send, answer, added)
+    await send({"type": "http.response.body", "body": b""})
 
 
 class _Inbox:

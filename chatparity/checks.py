@@ -16,6 +16,7 @@ from django.utils.module_loading import import_string
 
 from .backends.command import CommandConfigError, parse_declaration
 from .conf import DEFAULTS, app_settings
+from .cors import origin_problem
 
 
 @register()
@@ -128,6 +129,24 @@ def check_responses_retention(app_configs: Any = None, **kwargs: Any) -> list[Ch
         return []  # chatparity.E001 says so
     problem = retention_problem(app_settings.RESPONSES_RETENTION)
     return [Error(problem, id="chatparity.E050")] if problem else []
+
+
+@register()
+def check_cors_origins(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """``CORS_ALLOWED_ORIGINS`` lists origins as browsers send them: an entry that is not
+    one would never match, and its pages would be refused without a word."""
+    if not isinstance(getattr(settings, "CHATPARITY", {}), dict):
+        return []  # chatparity.E001 says so
+    origins = app_settings.CORS_ALLOWED_ORIGINS
+    hint = "For example ['https://app.example.com', 'http://localhost:5173'], or ['*']."
+    if not isinstance(origins, list | tuple):
+        problems = [f"{origins!r} is not a list of origins"]
+    else:
+        problems = [problem for origin in origins if (problem := origin_problem(origin))]
+    return [
+        Error(f"CHATPARITY['CORS_ALLOWED_ORIGINS']: {problem}.", hint=hint, id="chatparity.E060")
+        for problem in problems
+    ]
 
 
 @register()

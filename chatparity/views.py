@@ -6,13 +6,14 @@ Mounted through ``chatparity.urls``, they run behind the site's middleware.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from . import gateway
+from .cors import is_preflight, policy
 from .gateway import Call, Endpoint, Reply
 
 View = Callable[..., Coroutine[Any, Any, HttpResponseBase]]
@@ -23,6 +24,10 @@ def django_view(handler: Endpoint) -> View:
 
     @csrf_exempt
     async def view(request: HttpRequest, **kwargs: Any) -> HttpResponseBase:
+        origin = request.headers.get("origin")
+        if origin is not None and is_preflight(request.method or "", request.headers):
+            return _preflight_response(request.headers)
+
         async def read_body(limit: int) -> bytes:
             # Read only once the key is checked. Under Django's ASGI handler the body
             # is already here (it reads the whole body before any view runs); under
@@ -38,6 +43,8 @@ def django_view(handler: Endpoint) -> View:
         )
         # An endpoint cancelled before its reply (the client left) accounts for itself.
         reply = await handler(call, **kwargs)
+        if origin is not None and (cors := policy()) is not None:
+            cors.add_response_headers(origin, reply.headers)
         if reply.stream is None:
             await reply.close()  # a view's work ends when it returns its response
             response: HttpResponseBase = HttpResponse(
@@ -56,6 +63,19 @@ def django_view(handler: Endpoint) -> View:
     view.__doc__ = handler.__doc__
     view.chatparity_endpoint = handler  # type: ignore[attr-defined]
     return view
+
+
+def _preflight_response(headers: Mapping[str, str]) -> HttpResponse:
+    """A browser's CORS preflight: 200, with no body, granting what it asks only to an
+    allowed origin."""
+    response = HttpResponse()
+    del response["content-type"]
+    response["content-length"] = "0"
+    cors = policy()
+    if cors is not None:
+        for name, value in cors.preflight_headers(headers).items():
+            response[name] = value
+    return response
 
 
 async def _sending(reply: Reply, frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
