@@ -22,6 +22,7 @@ import random
 import re
 import string
 import time
+from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from functools import wraps
@@ -42,7 +43,7 @@ from .protocol.errors import APIError
 from .protocol.events import Event
 from .protocol.openapi import openapi_document
 from .protocol.request import ChatRequest, Limits, decode_body, parse_chat_request
-from .protocol.stream import DONE, ChunkEncoder, error_frame, sse
+from .protocol.stream import DONE, ChunkEncoder, sse
 from .usage import UsageRecord
 
 logger = logging.getLogger(__name__)
@@ -225,6 +226,23 @@ async def _resolve(model: str, grant: Grant | None) -> ModelAlias:
 
 @endpoint("POST")
 async def chat_completions(call: Call) -> Reply:
+    return await respond(call, _chat_request)
+
+
+Prepare = Callable[[Any, Accounting, Grant], Awaitable[tuple[ChatRequest, "Wire"]]]
+"""Validates a decoded body for an endpoint: the request backends serve, and the
+:class:`Wire` that encodes their answer."""
+
+
+async def _chat_request(
+    body: Any, accounting: Accounting, grant: Grant
+) -> tuple[ChatRequest, Wire]:
+    return _requested(body, accounting), ChatWire(accounting)
+
+
+async def respond(call: Call, prepare: Prepare) -> Reply:
+    """Serve ``call`` through the one pipeline: the key checked, the body read and
+    validated by ``prepare``, the answer streamed or whole, in ``prepare``'s wire."""
     grant = await _authenticate(call)
     accounting = Accounting(
         UsageRecord(
@@ -236,11 +254,11 @@ async def chat_completions(call: Call) -> Reply:
     )
     try:
         body = await _decode(call)
-        requested = _requested(body, accounting)
-        answering = _answer(requested, body, accounting, grant)
+        requested, wire = await prepare(body, accounting, grant)
+        answering = _answer(requested, accounting, grant, wire)
         if requested.stream:
             reply = Reply(200, {"content-type": EVENT_STREAM, **_STREAM_HEADERS})
-            reply.stream = await _stream(answering, accounting)
+            reply.stream = await _stream(answering, accounting, wire)
         else:
             reply = json_reply(await (await answering).whole())
     except asyncio.CancelledError:  # the client left before its reply
@@ -256,7 +274,7 @@ async def chat_completions(call: Call) -> Reply:
 
 
 async def _stream(
-    answering: Coroutine[Any, Any, Answer], accounting: Accounting
+    answering: Coroutine[Any, Any, Answer], accounting: Accounting, wire: Wire
 ) -> AsyncGenerator[bytes, None]:
     """A stream request's frames, once its backend sent its first event (its failure
     before that raised, for a reply with its own status). A backend slower than
@@ -269,18 +287,18 @@ async def _stream(
         raise
     if starting.done():
         return starting.result().frames()
-    frames = _keeping_alive(starting, accounting)
+    frames = _keeping_alive(starting, accounting, wire)
     # Run into its try: closed before it was ever read, it still stops the backend.
     await anext(frames)
     return frames
 
 
 async def _keeping_alive(
-    starting: asyncio.Task[Answer], accounting: Accounting
+    starting: asyncio.Task[Answer], accounting: Accounting, wire: Wire
 ) -> AsyncGenerator[bytes, None]:
     """A keepalive comment every ``KEEPALIVE_SECONDS`` until ``starting`` has the answer,
     then the answer's frames. The headers went out: a failure to start (fallbacks
-    tried, or the first-byte timeout) is an error frame, then ``[DONE]``."""
+    tried, or the first-byte timeout) is told in ``wire``'s frames of a failure."""
     frames: AsyncGenerator[bytes, None] | None = None
     try:
         yield b""  # primed by _stream, not sent
@@ -291,9 +309,11 @@ async def _keeping_alive(
         try:
             frames = starting.result().frames()
         except Exception as exc:
-            yield error_frame(accounting.fail(exc, streaming=True))
+            ending = [*wire.opening(), *wire.failing(accounting.fail(exc, streaming=True))]
             await accounting.settle()
-            yield DONE
+            for payload in ending:
+                yield wire.frame(payload)
+            yield wire.trailer
             return
         async for frame in frames:
             yield frame
@@ -313,7 +333,8 @@ async def _abandon(starting: asyncio.Task[Answer]) -> None:
 
 @dataclass
 class Answer:
-    """A chat completion under way: its chunks, each noted by the request's accounting.
+    """An answer under way: its payloads (chunks, events), each noted by the request's
+    accounting, in its wire's encoding.
 
     Read it once, with :meth:`whole` or :meth:`frames`.
     """
@@ -322,29 +343,122 @@ class Answer:
     """The request as its alias serves it (with the alias's defaults)."""
     chunks: AsyncGenerator[dict[str, Any], None]
     accounting: Accounting
+    wire: Wire
 
     async def whole(self) -> dict[str, Any]:
-        """The ``chat.completion`` the chunks add up to; an :class:`APIError` if the
-        backend failed midway."""
-        accumulator = CompletionAccumulator()
-        async for chunk in self.chunks:
-            accumulator.add(chunk)
+        """The object the payloads add up to (a ``chat.completion``, a ``response``); an
+        :class:`APIError` if the backend failed midway."""
+        async for _ in self.chunks:
+            pass
+        await self.wire.closing()
         await self.accounting.settle()
-        return accumulator.completion()
+        return self.wire.whole()
 
     async def frames(self) -> AsyncGenerator[bytes, None]:
-        """The chunks as SSE frames; a failure after the first byte becomes one error
-        frame, then ``[DONE]``. Closing it early stops the backend."""
+        """The payloads as SSE frames; a failure after the first byte ends them with the
+        wire's frames of a failure. Closing it early stops the backend."""
+        frame = self.wire.frame
         try:
             async for chunk in self.chunks:
-                yield sse(chunk)
+                yield frame(chunk)
+            ending = await self.wire.closing()
         except APIError as error:
-            self.accounting.fail(error, streaming=True)
-            yield error_frame(error)
+            ending = self.wire.failing(self.accounting.fail(error, streaming=True))
         finally:
             await self.chunks.aclose()
         await self.accounting.settle()
-        yield DONE
+        for payload in ending:
+            yield frame(payload)
+        yield self.wire.trailer
+
+
+class Wire(ABC):
+    """One endpoint's encoding of the backend events: chat chunks, Responses events.
+
+    A wire is made for one request and begins once its backend sent its first
+    event; :meth:`opening` then :meth:`encode` give its payloads, and either
+    :meth:`closing` (all sent) or :meth:`failing` (the backend failed) its last
+    ones. A stream sends each as :meth:`frame`, then :attr:`trailer`; a
+    non-stream reply is :meth:`whole`.
+    """
+
+    trailer: bytes
+    """The stream's last bytes, after its last frame."""
+
+    def __init__(self, answer_id: str) -> None:
+        self.answer_id = answer_id
+
+    @abstractmethod
+    def begin(self, request: ChatRequest, backend: ChatBackend) -> None:
+        """The request as its alias serves it, and the backend that does."""
+
+    def opening(self) -> list[dict[str, Any]]:
+        """Payloads sent before the first event's."""
+        return []
+
+    @abstractmethod
+    def encode(self, event: Event) -> list[dict[str, Any]]:
+        """The payloads of one backend event."""
+
+    async def closing(self) -> list[dict[str, Any]]:
+        """The payloads that end an answer whose backend sent everything."""
+        return []
+
+    @abstractmethod
+    def failing(self, error: APIError) -> list[dict[str, Any]]:
+        """The payloads that end an answer whose backend failed after the first byte."""
+
+    @abstractmethod
+    def frame(self, payload: dict[str, Any]) -> bytes:
+        """One payload as a server-sent event."""
+
+    @abstractmethod
+    def whole(self) -> dict[str, Any]:
+        """The non-stream reply, once every payload was encoded and closed."""
+
+
+class ChatWire(Wire):
+    """Chat Completions: chunks, ``[DONE]`` after the last; the non-stream reply is the
+    ``chat.completion`` the chunks add up to."""
+
+    trailer = DONE
+
+    def __init__(self, accounting: Accounting) -> None:
+        super().__init__(completion_id())
+        self._observe_chunk = accounting.observe_chunk
+        self._encoder: ChunkEncoder | None = None
+        self._accumulator: CompletionAccumulator | None = None
+
+    def begin(self, request: ChatRequest, backend: ChatBackend) -> None:
+        self._encoder = ChunkEncoder(
+            completion_id=self.answer_id,
+            created=int(time.time()),
+            model=request.model,
+            system_fingerprint=backend.system_fingerprint,
+            include_usage=request.include_usage or not request.stream,
+            logprobs=request.logprobs,
+        )
+        if not request.stream:
+            self._accumulator = CompletionAccumulator()
+
+    def encode(self, event: Event) -> list[dict[str, Any]]:
+        assert self._encoder is not None, "begun before its first event"
+        chunks = self._encoder.encode(event)
+        for chunk in chunks:
+            self._observe_chunk(chunk)
+            if self._accumulator is not None:
+                self._accumulator.add(chunk)
+        return chunks
+
+    def failing(self, error: APIError) -> list[dict[str, Any]]:
+        return [error.envelope()]
+
+    def frame(self, payload: dict[str, Any]) -> bytes:
+        return sse(payload)
+
+    def whole(self) -> dict[str, Any]:
+        assert self._accumulator is not None, "a non-stream request accumulates"
+        return self._accumulator.completion()
 
 
 async def start(
@@ -362,7 +476,9 @@ async def start(
     which its caller closes. A backend that sends no first event within
     ``FIRST_BYTE_TIMEOUT`` seconds ends it with 504 ``request_timeout``.
     """
-    return await _answer(_requested(body, accounting), body, accounting, grant, alias)
+    return await _answer(
+        _requested(body, accounting), accounting, grant, ChatWire(accounting), alias
+    )
 
 
 def _requested(body: Any, accounting: Accounting) -> ChatRequest:
@@ -383,32 +499,24 @@ def first_byte_timeout() -> APIError:
 
 async def _answer(
     requested: ChatRequest,
-    body: Any,
     accounting: Accounting,
     grant: Grant | None,
+    wire: Wire,
     alias: ModelAlias | None = None,
 ) -> Answer:
-    """:func:`start` once ``body`` is validated as ``requested``."""
+    """:func:`start` once the body is validated as ``requested``, answered in ``wire``."""
     try:
         async with asyncio.timeout(app_settings.FIRST_BYTE_TIMEOUT) as deadline:
             if alias is None:
                 alias = await _resolve(requested.model, grant)
-            chat, backend, events, first = await _begin(requested, body, alias, grant, accounting)
+            chat, backend, events, first = await _begin(requested, alias, grant, accounting)
     except TimeoutError:
         if not deadline.expired():
             raise
         raise first_byte_timeout() from None
-    answer_id = completion_id()
-    accounting.answering(answer_id)
-    encoder = ChunkEncoder(
-        completion_id=answer_id,
-        created=int(time.time()),
-        model=chat.model,
-        system_fingerprint=backend.system_fingerprint,
-        include_usage=chat.include_usage or not chat.stream,
-        logprobs=chat.logprobs,
-    )
-    return Answer(chat, _chunks(first, events, encoder, accounting), accounting)
+    accounting.answering(wire.answer_id)
+    wire.begin(chat, backend)
+    return Answer(chat, _chunks(first, events, wire, accounting), accounting, wire)
 
 
 # Failures that mean "this backend is unreachable": the next fallback alias may serve.
@@ -417,7 +525,6 @@ _UNAVAILABLE = frozenset({502, 503, 504})
 
 async def _begin(
     requested: ChatRequest,
-    body: dict[str, Any],
     alias: ModelAlias,
     grant: Grant | None,
     accounting: Accounting,
@@ -431,7 +538,7 @@ async def _begin(
     """
     fallbacks = list(alias.fallbacks)
     accounting.served_by(alias)
-    chat = _as_served_by(alias, requested, body)
+    chat = _as_served_by(alias, requested)
     await accounting.admit(alias, chat)
     while True:
         backend = get_backend(alias.backend)
@@ -442,14 +549,13 @@ async def _begin(
             if error.status not in _UNAVAILABLE:
                 raise
             failed = alias
-            alias, chat = await _fall_back(fallbacks, requested, body, grant, accounting, error)
+            alias, chat = await _fall_back(fallbacks, requested, grant, accounting, error)
             logger.warning("chatparity: %s failed (%s), falling back to %s", failed, error, alias)
 
 
 async def _fall_back(
     fallbacks: list[str],
     requested: ChatRequest,
-    body: dict[str, Any],
     grant: Grant | None,
     accounting: Accounting,
     failure: APIError,
@@ -464,7 +570,7 @@ async def _fall_back(
     """
     while (alias := await _first_usable(fallbacks, grant)) is not None:
         try:
-            chat = _as_served_by(alias, requested, body)
+            chat = _as_served_by(alias, requested)
         except APIError:
             continue
         try:
@@ -476,12 +582,12 @@ async def _fall_back(
     raise failure
 
 
-def _as_served_by(alias: ModelAlias, requested: ChatRequest, body: dict[str, Any]) -> ChatRequest:
+def _as_served_by(alias: ModelAlias, requested: ChatRequest) -> ChatRequest:
     """The request with ``alias``'s default parameters under the client's and the extra
     parameters it forwards; OpenAI's 400 if it asks for more choices than ``alias`` gives."""
     chat = requested
     if alias.default_params:
-        chat = parse_chat_request({**alias.default_params, **body}, _limits())
+        chat = parse_chat_request({**alias.default_params, **requested.body}, _limits())
     most = _max_n(alias)
     if chat.n > most:
         raise APIError(
@@ -515,20 +621,19 @@ async def _first_usable(public_ids: list[str], grant: Grant | None) -> ModelAlia
 
 
 async def _chunks(
-    first: Event, events: AsyncIterator[Event], encoder: ChunkEncoder, accounting: Accounting
+    first: Event, events: AsyncIterator[Event], wire: Wire, accounting: Accounting
 ) -> AsyncGenerator[dict[str, Any], None]:
-    """The request's chunks, each event and chunk noted by ``accounting``; a backend's
-    failure midway raised as the :class:`APIError` the client is told."""
-    observe, observe_chunk = accounting.observe, accounting.observe_chunk
+    """The request's payloads in ``wire``'s encoding, each event noted by ``accounting``;
+    a backend's failure midway raised as the :class:`APIError` the client is told."""
+    observe, encoded = accounting.observe, wire.encode
 
     def encode(event: Event) -> list[dict[str, Any]]:
         observe(event)
-        chunks = encoder.encode(event)
-        for chunk in chunks:
-            observe_chunk(chunk)
-        return chunks
+        return encoded(event)
 
     try:
+        for chunk in wire.opening():
+            yield chunk
         for chunk in encode(first):
             yield chunk
         async for event in events:
