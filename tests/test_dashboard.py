@@ -196,6 +196,50 @@ def test_alias_filter_ignores_case_like_the_reports(admin_client):
     assertNotContains(response, 'data-alias="other"')
 
 
+def test_per_endpoint_table_counts_chat_completions_and_responses_apart(admin_client):
+    log(endpoint="chat.completions", total_tokens=10)
+    log(endpoint="responses", total_tokens=20)
+    log(endpoint="responses", total_tokens=5, status_code=400, error_type="invalid_request_error")
+    response = admin_client.get(URL)
+    assertContains(
+        response,
+        '<tr class="endpoint-row" data-endpoint="chat.completions">'
+        '<td><code>/v1/chat/completions</code></td><td class="num">1</td>'
+        '<td class="num">10</td><td class="num">0</td></tr>',
+        html=True,
+    )
+    assertContains(
+        response,
+        '<tr class="endpoint-row" data-endpoint="responses"><td><code>/v1/responses</code></td>'
+        '<td class="num">2</td><td class="num">25</td><td class="num">1</td></tr>',
+        html=True,
+    )
+
+
+def test_endpoint_filter_narrows_the_page_and_the_live_tail(admin_client):
+    log(endpoint="chat.completions", alias="chat-alias")
+    log(endpoint="responses", alias="codex-alias")
+    log(endpoint="responses", alias="codex-alias")
+    everything = admin_client.get(URL)
+    assertContains(everything, '<option value="responses">/v1/responses</option>', html=True)
+    assertContains(everything, 'data-endpoint=""')
+    response = admin_client.get(URL, {"endpoint": "responses"})
+    assert totals(response)["requests"] == "2"
+    assertNotContains(response, 'data-alias="chat-alias"')
+    assertNotContains(response, 'data-endpoint="chat.completions"')
+    assertContains(response, 'data-alias="codex-alias"')
+    tail = re.search(r'<table id="live-tail"[^>]*>', response.content.decode()).group(0)
+    assert 'data-endpoint="responses"' in tail
+
+
+def test_an_unknown_endpoint_is_an_error_and_shows_every_endpoint(admin_client):
+    log(endpoint="chat.completions")
+    log(endpoint="responses")
+    response = admin_client.get(URL, {"endpoint": "completions"})
+    assert response.context["form"].errors["endpoint"]
+    assert totals(response)["requests"] == "2"
+
+
 def test_user_data_is_escaped_everywhere(admin_client):
     log(alias=EVIL)
     key, _ = ApiKey.objects.create_key(EVIL)

@@ -71,6 +71,7 @@ class LiveTailTests(TransactionTestCase):
         communicator, connected = await self.connect(self.admin)
         assert connected
         row = await self.row(
+            endpoint="responses",
             alias="smollm2",
             stream=True,
             prompt_tokens=5,
@@ -88,6 +89,7 @@ class LiveTailTests(TransactionTestCase):
             "request": {
                 "time": row.created_at.isoformat(),
                 "request_id": "req-1",
+                "endpoint": "responses",
                 "key_prefix": self.key.prefix,
                 "alias": "smollm2",
                 "status": 200,
@@ -117,6 +119,7 @@ class LiveTailTests(TransactionTestCase):
         message = (await communicator.receive_json_from(timeout=2))["request"]
         assert (message["request_id"], message["key_prefix"]) == ("req-42", self.key.prefix)
         assert (message["status"], message["cancelled"]) == (499, True)
+        assert message["endpoint"] == "chat.completions"
         assert message["time"] == row.created_at.isoformat()
         await communicator.disconnect()
 

@@ -18,7 +18,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils import timezone
 
-from ..models import ApiKey, ModelAlias, RequestLog
+from ..models import ApiKey, Endpoint, ModelAlias, RequestLog
 from ..reports import LogFilter, latency_by_alias, usage
 from .charts import grouped_bars, stacked_bars
 from .models import UsageDashboard
@@ -96,6 +96,7 @@ class DashboardForm(forms.Form):
     )
     key = forms.ChoiceField(required=False, choices=key_choices)
     alias = forms.ChoiceField(required=False, choices=alias_choices)
+    endpoint = forms.ChoiceField(required=False, choices=[("", "All endpoints"), *Endpoint.choices])
 
     def __init__(self, data: Any, *, today: datetime.date) -> None:
         super().__init__(data)
@@ -129,6 +130,7 @@ class DashboardForm(forms.Form):
             until=data["until"],
             key_prefix=data.get("key") or "",
             alias=data.get("alias") or "",
+            endpoint=data.get("endpoint") or "",
         )
 
 
@@ -158,6 +160,15 @@ def daily_charts(rows: QuerySet[RequestLog], days: Sequence[datetime.date]) -> d
             categories, tokens, chart="tokens-per-day", title="Tokens per day by alias"
         ),
     }
+
+
+def endpoint_table(rows: QuerySet[RequestLog]) -> list[dict[str, Any]]:
+    """Requests, tokens and errors per endpoint, labelled with its path."""
+    labels = dict(Endpoint.choices)
+    return [
+        {**row, "label": labels.get(row["endpoint"], row["endpoint"])}
+        for row in usage(rows, ["endpoint"])
+    ]
 
 
 def latency_table(rows: QuerySet[RequestLog]) -> tuple[list[dict[str, Any]], str]:
@@ -233,7 +244,7 @@ class UsageDashboardAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         }
         if requests:
             days = days_between(form.cleaned_data["since"], form.cleaned_data["until"])
-            context.update(daily_charts(rows, days))
+            context.update(daily_charts(rows, days), endpoints=endpoint_table(rows))
             context["latency"], context["latency_chart"] = latency_table(rows)
         return TemplateResponse(
             request, "admin/chatparity_dashboard/usagedashboard/change_list.html", context

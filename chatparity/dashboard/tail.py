@@ -41,6 +41,7 @@ def summary(row: RequestLog) -> dict[str, Any]:
     return {
         "time": row.created_at.isoformat() if row.created_at else None,
         "request_id": row.request_id,
+        "endpoint": row.endpoint,
         "key_prefix": row.key_prefix,
         "alias": row.alias,
         "status": row.status_code,

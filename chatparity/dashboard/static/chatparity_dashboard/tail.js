@@ -14,6 +14,7 @@
   var maxRows = parseInt(table.dataset.maxRows, 10) || 50;
   var keyPrefix = table.dataset.keyPrefix || "";
   var alias = (table.dataset.alias || "").toLowerCase();
+  var endpoint = table.dataset.endpoint || "";
   var delay = FIRST_DELAY;
 
   function setState(state, text) {
@@ -31,9 +32,10 @@
   }
 
   function matches(request) {
-    // The same key and alias filters as the rest of the page (alias ignores case).
+    // The same key, alias and endpoint filters as the rest of the page (alias ignores case).
     return (!keyPrefix || request.key_prefix === keyPrefix) &&
-      (!alias || (request.alias || "").toLowerCase() === alias);
+      (!alias || (request.alias || "").toLowerCase() === alias) &&
+      (!endpoint || request.endpoint === endpoint);
   }
 
   function addRow(request) {
@@ -42,6 +44,7 @@
     }
     var cells = [
       time(request.time),
+      request.endpoint || "",
       request.key_prefix + "…",
       request.alias || "(no alias)",
       request.error_type ? request.status + " " + request.error_type : String(request.status),
@@ -52,7 +55,7 @@
       (request.finish_reasons || []).join(", "),
       request.cancelled ? "yes" : "no",
     ];
-    var numeric = [3, 5, 6, 7];
+    var numeric = [4, 6, 7, 8];
     var row = document.createElement("tr");
     row.className = "tail-row";
     if (request.status >= 400 || request.error_type) {
