@@ -185,6 +185,7 @@ ACCEPTED = {
         "top_logprobs": 20,
         "logit_bias": {"50256": -100, "11": 2.5},
         "metadata": {"run": "1"},
+        "store": True,
         "stop": ["\n\n", "END"],
         "n": 2,
         "seed": -7,

@@ -16,6 +16,16 @@ ContentPartType = Literal["text", "image_url", "input_audio", "refusal", "audio"
 CONTENT_PART_TYPES: tuple[ContentPartType, ...] = get_args(ContentPartType)
 """Every part type OpenAI knows; only text parts are served."""
 
+AssistantPartType = Literal["text", "refusal"]
+ASSISTANT_PART_TYPES: tuple[AssistantPartType, ...] = get_args(AssistantPartType)
+"""The part types of an earlier assistant message's content."""
+
+Modality = Literal["text", "audio"]
+MODALITIES: tuple[Modality, ...] = get_args(Modality)
+
+AudioFormat = Literal["wav", "aac", "mp3", "flac", "opus", "pcm16"]
+AUDIO_FORMATS: tuple[AudioFormat, ...] = get_args(AudioFormat)
+
 ResponseFormatType = Literal["text", "json_object", "json_schema"]
 RESPONSE_FORMAT_TYPES: tuple[ResponseFormatType, ...] = get_args(ResponseFormatType)
 

@@ -17,8 +17,11 @@ from typing import Any, Literal
 import orjson
 
 from .enums import (
+    ASSISTANT_PART_TYPES,
+    AUDIO_FORMATS,
     CONTENT_PART_TYPES,
     FUNCTION_CALL_MODES,
+    MODALITIES,
     REASONING_EFFORTS,
     RESPONSE_FORMAT_TYPES,
     ROLES,
@@ -41,11 +44,12 @@ from .schema import (
     Boolean,
     Components,
     Enum,
+    Excludes,
     Integer,
     Limit,
     Map,
     Member,
-    Node,
+    Nullable,
     Number,
     Object,
     OneOf,
@@ -54,7 +58,7 @@ from .schema import (
     Schema,
     String,
     Tagged,
-    listing,
+    wrong_type,
 )
 
 
@@ -67,6 +71,14 @@ class Message:
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    function_call: dict[str, Any] | None = None
+    """An assistant's call in the deprecated shape: ``{name, arguments}``."""
+
+    @property
+    def calls(self) -> list[dict[str, Any]]:
+        """The functions this message called, ``{name, arguments}`` each, in either shape."""
+        called = [call["function"] for call in self.tool_calls or ()]
+        return called if self.function_call is None else [*called, self.function_call]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +138,9 @@ class ChatRequest:
     tools: list[Tool] = field(default_factory=list)
     tool_choice: ToolChoice = ToolChoice("none")
     parallel_tool_calls: bool = True
+    legacy_functions: bool = False
+    """The client sent the deprecated ``functions`` (and no ``tools``): a call is
+    answered as ``function_call``, finishing with ``function_call``."""
     reasoning_effort: ReasoningEffort | None = None
     service_tier: ServiceTier | None = None
     user: str | None = None
@@ -171,22 +186,52 @@ def _nested_deeper_than(value: Any, limit: int) -> bool:
     return bool(level)
 
 
+def parse_model(body: Any) -> str:
+    """The model a decoded JSON body names, checked before anything else in it, as
+    OpenAI does (an empty name is no name); its 400 if there is none."""
+    if not isinstance(body, dict):
+        raise invalid_json()
+    model = body.get("model")
+    if model is None or model == "":
+        raise _no_model("model")
+    if not isinstance(model, str):
+        raise wrong_type("model", "a string", model)
+    return model
+
+
 def parse_chat_request(body: Any, limits: Limits = NO_LIMITS) -> ChatRequest:
     """Validate a decoded JSON body; raise :class:`APIError` as OpenAI would.
 
-    The checks run in OpenAI's order: the required keys, unknown keys, each
-    parameter in the order the body lists them, the parameters that need
-    another, then the rules that span several parameters or messages.
-    ``limits`` are enforced with the errors OpenAI gives for its own maximum
-    lengths.
+    The checks run in OpenAI's order: the model, the other required keys,
+    unknown keys, each parameter's JSON types and bounds in the order the body
+    lists them, the parameters that need another or exclude one, then the
+    values of ``logit_bias`` and ``modalities``, then the rules that span
+    several parameters or messages. ``limits`` are enforced with the errors
+    OpenAI gives for its own maximum lengths.
     """
-    if not isinstance(body, dict):
-        raise invalid_json()
+    parse_model(body)
     given = chat_completion_request(limits).read(body, "", {})
+    logit_bias = _token_biases(body["logit_bias"]) if "logit_bias" in given else {}
+    if "modalities" in given and "text" not in given["modalities"]:
+        raise APIError(
+            "Invalid value for 'modalities': audio output is only supported together with"
+            " text, as ['text', 'audio'].",
+            param="modalities",
+            code="invalid_value",
+        )
 
-    choice = _resolve_tool_choice(given.get("tool_choice"), given.get("tools", []))
+    tools: list[Tool] = given.get("tools", [])
+    choice = _resolve_tool_choice(given.get("tool_choice"), tools, "tool_choice", "tools")
+    functions: list[Tool] | None = given.get("functions")
+    if functions:
+        calling = _resolve_tool_choice(
+            given.get("function_call"), functions, "function_call", "functions"
+        )
+        if "tool_choice" not in given:
+            choice = calling
+        tools = [*tools, *functions]
     messages: list[Message] = given["messages"]
-    _check_conversation(messages, body["messages"])
+    _check_conversation(messages)
     response_format: ResponseFormat | None = given.get("response_format")
     json_object = response_format is not None and response_format.type == "json_object"
     if json_object and not any("json" in (m.content or "").lower() for m in messages):
@@ -201,8 +246,13 @@ def parse_chat_request(body: Any, limits: Limits = NO_LIMITS) -> ChatRequest:
         body=body,
         include_usage=given.get("stream_options", False),
         max_tokens=given.get("max_completion_tokens", given.get("max_tokens")),
+        logit_bias=logit_bias,
+        tools=tools,
         tool_choice=choice,
     )
+    if functions and "tools" not in given:
+        # A deprecated function_call carries one call.
+        settings.update(legacy_functions=True, parallel_tool_calls=False)
     if isinstance(stop := given.get("stop"), str):
         settings["stop"] = [stop]
     return ChatRequest(**settings)
@@ -228,26 +278,35 @@ def _unserved_part(kind: str, param: str) -> APIError:
     )
 
 
+_TEXT_PART = Object(
+    (Member("text", _TEXT, REQUIRED),),
+    build=lambda part, path: part["text"],
+    name="TextContentPart",
+    description="Only text parts are served; other part types are a 400.",
+)
 _CONTENT = OneOf(
+    (_TEXT, Array(Tagged("type", CONTENT_PART_TYPES, {"text": _TEXT_PART}, refuse=_unserved_part))),
+    description="A string, or text parts whose texts are joined.",
+)
+_ASSISTANT_CONTENT = OneOf(
     (
         _TEXT,
         Array(
             Tagged(
                 "type",
-                CONTENT_PART_TYPES,
+                ASSISTANT_PART_TYPES,
                 {
-                    "text": Object(
-                        (Member("text", _TEXT, REQUIRED),),
-                        build=lambda part, path: part["text"],
-                        name="TextContentPart",
-                        description="Only text parts are served; other part types are a 400.",
-                    )
+                    "text": _TEXT_PART,
+                    "refusal": Object(
+                        (Member("refusal", _TEXT, REQUIRED),),
+                        build=lambda part, path: part["refusal"],
+                        name="RefusalContentPart",
+                    ),
                 },
-                refuse=_unserved_part,
             )
         ),
     ),
-    description="A string, or text parts whose texts are joined.",
+    description="A string, or text and refusal parts whose texts are joined.",
 )
 
 
@@ -259,6 +318,7 @@ def _message(members: dict[str, Any], path: str) -> Message:
         name=members.get("name"),
         tool_calls=members.get("tool_calls"),
         tool_call_id=members.get("tool_call_id"),
+        function_call=members.get("function_call"),
     )
 
 
@@ -296,13 +356,16 @@ _MESSAGE = Tagged(
         "user": _message_of("User", "The user's turn.", *_INSTRUCTIONS),
         "assistant": _message_of(
             "Assistant",
-            "An earlier answer: content, tool calls, or both (not neither).",
-            Member("content", _CONTENT),
+            "An earlier answer: content, calls, or both (not neither).",
+            Member("content", _ASSISTANT_CONTENT),
             Member("name", _NAME),
             Member("refusal", String()),
             Member(
                 "function_call",
-                Object((Member("name", String(), REQUIRED), Member("arguments", String()))),
+                Object(
+                    (Member("name", String(), REQUIRED), Member("arguments", String(), REQUIRED))
+                ),
+                description="Deprecated: see tool_calls.",
             ),
             Member("tool_calls", Array(TOOL_CALL)),
         ),
@@ -314,8 +377,8 @@ _MESSAGE = Tagged(
         ),
         "function": _message_of(
             "Function",
-            "Deprecated: a function's result.",
-            Member("content", _CONTENT, LATER),
+            "Deprecated: a function's result, which may be null.",
+            Member("content", Nullable(_TEXT), REQUIRED),
             Member("name", _NAME, NOT_NULL),
         ),
     },
@@ -337,25 +400,30 @@ def _tool(function: dict[str, Any], path: str) -> Tool:
     return tool
 
 
+_FUNCTION_MEMBERS = (
+    Member("name", _NAME, REQUIRED),
+    Member("description", String()),
+    Member("parameters", Object(description="A JSON Schema.")),
+)
 _TOOL = Object(
     (
         Member("type", _TOOL_TYPE, REQUIRED),
         Member(
             "function",
-            Object(
-                (
-                    Member("name", _NAME, REQUIRED),
-                    Member("description", String()),
-                    Member("parameters", Object(description="A JSON Schema.")),
-                    Member("strict", Boolean()),
-                ),
-                build=_tool,
-            ),
+            Object((*_FUNCTION_MEMBERS, Member("strict", Boolean())), build=_tool),
             REQUIRED,
         ),
     ),
     build=lambda tool, path: tool["function"],
     name="Tool",
+)
+_FUNCTION = Object(
+    _FUNCTION_MEMBERS,
+    build=lambda function, path: Tool(
+        function["name"], function["description"], function["parameters"]
+    ),
+    name="Function",
+    description="Deprecated: a function, as a tool is now declared.",
 )
 _TOOL_CHOICE = OneOf(
     (
@@ -416,37 +484,51 @@ _RESPONSE_FORMAT = Tagged(
 _TOKEN_ID = re.compile(r"[0-9]+")
 MAX_TOKEN_ID = 2**31 - 1
 """The largest token id a ``logit_bias`` key may name (llama.cpp's are 32-bit)."""
+MAX_BIAS = 100
+"""A ``logit_bias`` value is from -MAX_BIAS to MAX_BIAS."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class _TokenId(Node):
-    """A ``logit_bias`` key: a token id as a string of digits, read as an int."""
-
-    expected: str = "a token id"
-    description: str | None = None
-
-    def accepts(self, value: Any) -> bool:
-        return isinstance(value, str)
-
-    def parse(self, value: Any, path: str) -> int:
-        if not isinstance(value, str) or not _TOKEN_ID.fullmatch(value):
-            raise APIError(
-                f"Invalid key in '{path}': {value}. You should only be submitting non-negative"
-                " integers.",
-                param=path,
-            )
-        # Measured before int(), which refuses more than 4,300 digits with a ValueError.
-        digits = value.lstrip("0") or "0"
-        if len(digits) > len(str(MAX_TOKEN_ID)) or int(digits) > MAX_TOKEN_ID:
-            raise APIError(
-                f"Invalid key in '{path}': {value}. Token ids are at most {MAX_TOKEN_ID}.",
-                param=path,
-                code="invalid_value",
-            )
-        return int(digits)
+class _LogitBias(Map):
+    """``logit_bias``: parsing checks its JSON types and size; its keys and values are
+    checked by :func:`_token_biases` once every parameter has been, as OpenAI does.
+    The document states them all."""
 
     def schema(self, components: Components) -> Schema:
-        return {"pattern": "^[0-9]+$"}
+        return {
+            **super(_LogitBias, self).schema(components),
+            "propertyNames": {"pattern": "^[0-9]+$"},
+            "additionalProperties": {"type": "number", "minimum": -MAX_BIAS, "maximum": MAX_BIAS},
+        }
+
+
+def _token_biases(sent: dict[str, Any]) -> dict[int, float]:
+    """``logit_bias`` as sent (its types checked) read as token ids and biases, in
+    OpenAI's words: ``param`` is ``logit_bias`` itself, whichever entry is wrong."""
+    biases = {}
+    for key, bias in sent.items():
+        if not _TOKEN_ID.fullmatch(key):
+            raise APIError(
+                f"Invalid key in 'logit_bias': {key}. You should only be submitting non-negative"
+                " integers.",
+                param="logit_bias",
+            )
+        # Measured before int(), which refuses more than 4,300 digits with a ValueError.
+        digits = key.lstrip("0") or "0"
+        if len(digits) > len(str(MAX_TOKEN_ID)) or int(digits) > MAX_TOKEN_ID:
+            raise APIError(
+                f"Invalid key in 'logit_bias': {key}. Token ids are at most {MAX_TOKEN_ID}.",
+                param="logit_bias",
+                code="invalid_value",
+            )
+        if not -MAX_BIAS <= bias <= MAX_BIAS:
+            raise APIError(
+                f"Invalid value in 'logit_bias': {bias} for token {key}. Biases should be between"
+                f" -{MAX_BIAS} and {MAX_BIAS}.",
+                param="logit_bias",
+            )
+        biases[int(digits)] = float(bias)
+    return biases
 
 
 def _no_model(param: str) -> APIError:
@@ -459,26 +541,61 @@ CHAT_COMPLETION_REQUEST = Parameters(
     (
         Member("model", String(), NOT_NULL, "A model id from GET /models.", missing=_no_model),
         Member("messages", Array(_MESSAGE, max_length=Limit("max_messages")), NOT_NULL),
-        Member("audio", Object()),
+        Member(
+            "audio",
+            Object(
+                (
+                    Member("format", Enum(AUDIO_FORMATS), REQUIRED),
+                    Member(
+                        "voice",
+                        OneOf((String(), Object((Member("id", String(), REQUIRED),)))),
+                        REQUIRED,
+                    ),
+                )
+            ),
+            description="Accepted; answers are text only.",
+        ),
         Member("frequency_penalty", _PENALTY),
         Member(
             "function_call",
-            OneOf((String(expected=f"one of {listing(FUNCTION_CALL_MODES, 'or')}"), Object())),
-            description="Deprecated: see tool_choice.",
+            OneOf(
+                (
+                    Enum(FUNCTION_CALL_MODES),  # made a ToolChoice by _resolve_tool_choice
+                    Object(
+                        (Member("name", String(), REQUIRED),),
+                        build=lambda choice, path: ToolChoice("function", choice["name"]),
+                    ),
+                )
+            ),
+            description="Deprecated: see tool_choice. A named function must be one of them.",
         ),
-        Member("functions", Array(), description="Deprecated: see tools."),
+        Member(
+            "functions",
+            Array(_FUNCTION, max_length=128),
+            description="Deprecated: see tools. A call is answered as function_call.",
+        ),
         Member(
             "logit_bias",
-            Map(Number(-100, 100), keys=_TokenId()),
+            _LogitBias(Number(), max_properties=1024),
             description="Token ids, as strings, mapped to a bias.",
         ),
         Member("logprobs", Boolean()),
         Member("max_completion_tokens", Integer(1)),
-        Member("max_tokens", Integer(1), description="max_completion_tokens wins."),
+        Member("max_tokens", Integer(1), description="Deprecated: see max_completion_tokens."),
         Member(
-            "metadata", Map(String(max_length=512), max_properties=16, expected="a metadata object")
+            "metadata",
+            Map(
+                String(max_length=512),
+                keys=String(max_length=64),
+                max_properties=16,
+                expected="a metadata object",
+            ),
         ),
-        Member("modalities", Array(expected="an array of strings")),
+        Member(
+            "modalities",
+            Array(Enum(MODALITIES)),
+            description="Audio only with text; answers are text only.",
+        ),
         Member("n", Integer(1, 128)),
         Member("parallel_tool_calls", Boolean()),
         Member("prediction", Object()),
@@ -489,7 +606,7 @@ CHAT_COMPLETION_REQUEST = Parameters(
         Member("safety_identifier", String()),
         Member("seed", Integer()),
         Member("service_tier", Enum(SERVICE_TIERS)),
-        Member("stop", OneOf((String(), Array(String(), max_length=4)))),
+        Member("stop", OneOf((String(), Array(String(), max_length=4, may_be_empty=True)))),
         Member("store", Boolean()),
         Member("stream", Boolean()),
         Member(
@@ -510,14 +627,17 @@ CHAT_COMPLETION_REQUEST = Parameters(
     ),
     requires=(
         Requires(
+            "top_logprobs",
+            "logprobs",
+            "The 'top_logprobs' parameter is only allowed when 'logprobs' is enabled.",
+        ),
+        Requires(
             "stream_options",
             "stream",
             "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
         ),
         Requires(
-            "top_logprobs",
-            "logprobs",
-            "The 'top_logprobs' parameter is only allowed when 'logprobs' is enabled.",
+            "metadata", "store", "The 'metadata' parameter is only allowed when 'store' is enabled."
         ),
         Requires(
             "tool_choice",
@@ -530,6 +650,19 @@ CHAT_COMPLETION_REQUEST = Parameters(
             "tools",
             "Invalid value for 'parallel_tool_calls': 'parallel_tool_calls' is only allowed when"
             " 'tools' are specified.",
+        ),
+        Requires(
+            "function_call",
+            "functions",
+            "Invalid value for 'function_call': 'function_call' is only allowed when 'functions'"
+            " are specified.",
+        ),
+    ),
+    excludes=(
+        Excludes(
+            "max_tokens",
+            "max_completion_tokens",
+            "Setting 'max_tokens' and 'max_completion_tokens' at the same time is not supported.",
         ),
     ),
     name="CreateChatCompletionRequest",
@@ -552,32 +685,33 @@ def chat_completion_request(limits: Limits) -> Parameters:
 
 
 def _resolve_tool_choice(
-    choice: ToolChoiceMode | ToolChoice | None, tools: list[Tool]
+    choice: ToolChoiceMode | ToolChoice | None, tools: list[Tool], param: str, among: str
 ) -> ToolChoice:
-    """The choice as sent, else OpenAI's default: auto with tools, none without."""
+    """The choice (parameter ``param``) as sent, else OpenAI's default: auto with tools,
+    none without; a named function must be one of the tools (parameter ``among``)."""
     if choice is None:
         return ToolChoice("auto" if tools else "none")
     if isinstance(choice, str):
         return ToolChoice(choice)
     if all(tool.name != choice.name for tool in tools):
         raise APIError(
-            f"Invalid value for 'tool_choice': no function named '{choice.name}' was specified"
-            " in the 'tools' parameter.",
-            param="tool_choice",
+            f"Invalid value for '{param}': no function named '{choice.name}' was specified"
+            f" in the '{among}' parameter.",
+            param=param,
         )
     return choice
 
 
-def _check_conversation(messages: list[Message], sent: list[dict[str, Any]]) -> None:
+def _check_conversation(messages: list[Message]) -> None:
     """Every message has content or calls, and tool results answer the calls just made."""
     calls: list[str] | None = None  # the ids the current run of tool messages may answer
     unanswered: list[str] = []
-    for i, (message, raw) in enumerate(zip(messages, sent, strict=True)):
+    for i, message in enumerate(messages):
         where = f"messages.[{i}]"
         calling = message.role == "assistant" and (
-            bool(message.tool_calls) or raw.get("function_call") is not None
+            bool(message.tool_calls) or message.function_call is not None
         )
-        if message.content is None and not calling:
+        if message.content is None and not calling and message.role != "function":
             raise APIError(
                 "Invalid value for 'content': expected a string, got null.",
                 param=f"{where}.content",

@@ -679,6 +679,15 @@ class Requires:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class Excludes:
+    """Parameters ``parameter`` and ``other`` are refused together with ``message``."""
+
+    parameter: str
+    other: str
+    message: str
+
+
 def unrecognized(keys: list[str]) -> APIError:
     """OpenAI's error for body keys it does not know (Chat Completions)."""
     plural = "s" if len(keys) > 1 else ""
@@ -692,12 +701,13 @@ class Parameters(Object):
     First the ``NOT_NULL`` ones must be there (in the order declared), then
     unknown keys are refused with ``unknown``, then each parameter is checked
     in the order the body lists them (null is always "not given"), then the
-    ``requires`` rules apply in their order (members' checks are not run:
-    rules across parameters are ``requires``, or the caller's). Its value is
-    the parameters given, parsed.
+    ``requires`` rules apply in their order, then the ``excludes`` rules
+    (members' checks are not run: rules across parameters are these, or the
+    caller's). Its value is the parameters given, parsed.
     """
 
     requires: tuple[Requires, ...] = ()
+    excludes: tuple[Excludes, ...] = ()
     unknown: Callable[[list[str]], APIError] = unrecognized
     _by_name: Mapping[str, Member] = field(init=False, default_factory=dict)
     _needed: tuple[Member, ...] = field(init=False, default=())
@@ -723,21 +733,30 @@ class Parameters(Object):
         for rule in self.requires:
             if rule.parameter in parsed and not parsed.get(rule.needed):
                 raise APIError(rule.message, param=rule.parameter)
+        for exclusion in self.excludes:
+            if exclusion.parameter in parsed and exclusion.other in parsed:
+                raise APIError(
+                    exclusion.message,
+                    param=exclusion.parameter,
+                    code="invalid_parameter_combination",
+                )
         return parsed
 
     def schema(self, components: Components) -> Schema:
-        only_with: dict[str, list[str]] = {}
+        rules: dict[str, list[str]] = {}
         for rule in self.requires:
-            only_with.setdefault(rule.parameter, []).append(rule.needed)
+            rules.setdefault(rule.parameter, []).append(f"Only with {rule.needed}.")
+        for exclusion in self.excludes:
+            rules.setdefault(exclusion.parameter, []).append(f"Not with {exclusion.other}.")
+            rules.setdefault(exclusion.other, []).append(f"Not with {exclusion.parameter}.")
         members = [
-            replace(member, description=_with_rule(member.description, only_with[member.name]))
-            if member.name in only_with
+            replace(member, description=_with_rules(member.description, rules[member.name]))
+            if member.name in rules
             else member
             for member in self.members
         ]
         return {**self.object_schema(components, members), "additionalProperties": False}
 
 
-def _with_rule(description: str | None, needed: list[str]) -> str:
-    rule = f"Only with {' and '.join(needed)}."
-    return rule if description is None else f"{rule} {description}"
+def _with_rules(description: str | None, rules: list[str]) -> str:
+    return " ".join(rules if description is None else [*rules, description])
