@@ -42,7 +42,7 @@ from .protocol.completion import CompletionAccumulator
 from .protocol.errors import APIError
 from .protocol.events import Event
 from .protocol.openapi import openapi_document
-from .protocol.request import ChatRequest, Limits, decode_body, parse_chat_request
+from .protocol.request import ChatRequest, Limits, decode_body, parse_chat_request, parse_model
 from .protocol.stream import DONE, ChunkEncoder, sse
 from .usage import UsageRecord
 
@@ -237,7 +237,7 @@ Prepare = Callable[[Any, Accounting, Grant], Awaitable[tuple[ChatRequest, "Wire"
 async def _chat_request(
     body: Any, accounting: Accounting, grant: Grant
 ) -> tuple[ChatRequest, Wire]:
-    return _requested(body, accounting), ChatWire(accounting)
+    return await _requested(body, accounting, grant), ChatWire(accounting)
 
 
 async def respond(call: Call, prepare: Prepare) -> Reply:
@@ -437,6 +437,7 @@ class ChatWire(Wire):
             system_fingerprint=backend.system_fingerprint,
             include_usage=request.include_usage or not request.stream,
             logprobs=request.logprobs,
+            legacy_functions=request.legacy_functions,
         )
         if not request.stream:
             self._accumulator = CompletionAccumulator()
@@ -476,14 +477,22 @@ async def start(
     which its caller closes. A backend that sends no first event within
     ``FIRST_BYTE_TIMEOUT`` seconds ends it with 504 ``request_timeout``.
     """
-    return await _answer(
-        _requested(body, accounting), accounting, grant, ChatWire(accounting), alias
-    )
+    requested = await _requested(body, accounting, grant, alias)
+    return await _answer(requested, accounting, grant, ChatWire(accounting), alias)
 
 
-def _requested(body: Any, accounting: Accounting) -> ChatRequest:
-    """The request ``body`` validates as (OpenAI's 400 if it does not), noted by ``accounting``."""
-    requested = parse_chat_request(body, _limits())
+async def _requested(
+    body: Any, accounting: Accounting, grant: Grant | None, alias: ModelAlias | None = None
+) -> ChatRequest:
+    """The request ``body`` validates as (OpenAI's 400 if it does not), noted by
+    ``accounting``. OpenAI checks the model first: unless ``alias`` serves the request,
+    an unknown model is the error (a 404) whatever else is wrong with the body."""
+    try:
+        requested = parse_chat_request(body, _limits())
+    except APIError:
+        if alias is None:
+            await _resolve(parse_model(body), grant)
+        raise
     accounting.requested(requested, body)
     return requested
 

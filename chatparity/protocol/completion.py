@@ -10,6 +10,7 @@ from typing import Any
 class _Choice:
     content: list[str] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    function_call: dict[str, Any] | None = None  # the deprecated shape: {name, arguments}
     logprobs: list[dict[str, Any]] | None = None
     finish_reason: str | None = None
 
@@ -53,6 +54,12 @@ class CompletionAccumulator:
                 slot["name"] = function["name"]
             if function.get("arguments"):
                 slot["arguments"].append(function["arguments"])
+        if "function_call" in delta:
+            called = delta["function_call"]
+            if state.function_call is None:
+                state.function_call = {"name": called.get("name") or "", "arguments": []}
+            if called.get("arguments"):
+                state.function_call["arguments"].append(called["arguments"])
         if choice.get("logprobs") is not None:
             state.logprobs = (state.logprobs or []) + list(choice["logprobs"].get("content") or [])
         if choice.get("finish_reason"):
@@ -62,12 +69,16 @@ class CompletionAccumulator:
         choices = []
         for index in sorted(self._choices):
             state = self._choices[index]
+            called = state.tool_calls or state.function_call is not None
             message: dict[str, Any] = {
                 "role": "assistant",
-                "content": "".join(state.content)
-                if state.content or not state.tool_calls
-                else None,
+                "content": "".join(state.content) if state.content or not called else None,
             }
+            if state.function_call is not None:
+                message["function_call"] = {
+                    "name": state.function_call["name"],
+                    "arguments": "".join(state.function_call["arguments"]),
+                }
             if state.tool_calls:
                 message["tool_calls"] = [
                     {

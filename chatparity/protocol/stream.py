@@ -62,6 +62,9 @@ class ChunkEncoder:
     It supplies what backends leave implicit: the role chunk that opens every
     choice, the shared envelope fields, ``usage: null`` on every chunk when the
     client asked for usage, and the ``choices: []`` usage chunk at the end.
+    With ``legacy_functions`` (the client sent the deprecated ``functions``) a
+    choice's call is sent as ``function_call`` deltas and finishes with
+    ``function_call``, as OpenAI answers them.
     """
 
     def __init__(
@@ -74,9 +77,11 @@ class ChunkEncoder:
         include_usage: bool = False,
         logprobs: bool = False,
         service_tier: ServiceTier = "default",
+        legacy_functions: bool = False,
     ) -> None:
         self.include_usage = include_usage
         self.logprobs = logprobs
+        self.legacy_functions = legacy_functions
         self._envelope: dict[str, Any] = {
             "id": completion_id,
             "object": "chat.completion.chunk",
@@ -95,30 +100,51 @@ class ChunkEncoder:
         opening = event.index not in self._opened
         self._opened.add(event.index)
         if isinstance(event, ToolCallDelta):
-            call: dict[str, Any] = {"index": event.call_index}
-            if event.id is not None:
-                call |= {
-                    "id": event.id,
-                    "type": "function",
-                    "function": {"name": event.name, "arguments": ""},
-                }
-                delta: dict[str, Any] = {"tool_calls": [call]}
-                if opening:
-                    delta = {"role": "assistant", "content": None, **delta, "refusal": None}
-                chunks.append(self._chunk(event.index, delta))
-                if not event.arguments:
-                    return chunks
-                call = {"index": event.call_index}
-            call["function"] = {"arguments": event.arguments}
-            chunks.append(self._chunk(event.index, {"tool_calls": [call]}))
-            return chunks
+            return self._call_chunks(event, opening)
         if opening:
             chunks.append(self._role_chunk(event.index))
         if isinstance(event, Finish):
-            chunks.append(self._chunk(event.index, {}, finish_reason=event.reason))
+            reason = event.reason
+            if reason == "tool_calls" and self.legacy_functions:
+                reason = "function_call"
+            chunks.append(self._chunk(event.index, {}, finish_reason=reason))
         elif isinstance(event, TextDelta):
             logprobs = logprobs_object(event.logprobs) if event.logprobs is not None else None
             chunks.append(self._chunk(event.index, {"content": event.text}, logprobs=logprobs))
+        return chunks
+
+    def _call_chunks(self, event: ToolCallDelta, opening: bool) -> list[dict[str, Any]]:
+        """A call's first delta carries its name and empty arguments (and, in a tool
+        call, its index, id and type), later ones argument fragments. The deprecated
+        ``function_call`` carries a choice's first call only."""
+        legacy = self.legacy_functions
+        if legacy and event.call_index:
+            return []
+        chunks: list[dict[str, Any]] = []
+        if event.id is not None:
+            function = {"name": event.name, "arguments": ""}
+            delta: dict[str, Any] = (
+                {"function_call": function}
+                if legacy
+                else {
+                    "tool_calls": [
+                        {"index": event.call_index, "id": event.id, "type": "function",
+                         "function": function}
+                    ]
+                }
+            )  # fmt: skip
+            if opening:
+                delta = {"role": "assistant", "content": None, **delta, "refusal": None}
+            chunks.append(self._chunk(event.index, delta))
+            if not event.arguments:
+                return chunks
+        fragment = {"arguments": event.arguments}
+        delta = (
+            {"function_call": fragment}
+            if legacy
+            else {"tool_calls": [{"index": event.call_index, "function": fragment}]}
+        )
+        chunks.append(self._chunk(event.index, delta))
         return chunks
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
