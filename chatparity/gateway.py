@@ -74,6 +74,12 @@ def completion_id() -> str:
     return "chatcmpl-" + _ids.randbytes(29).translate(_TO_ALPHANUMERIC).decode()
 
 
+def random_id(prefix: str) -> str:
+    """An id as OpenAI's Responses API makes them: ``resp_``, ``msg_``, ``fc_`` and 50
+    hex digits."""
+    return f"{prefix}_{_ids.getrandbits(200):050x}"
+
+
 BodyReader = Callable[[int], Awaitable[bytes]]
 
 
@@ -94,6 +100,8 @@ class Call:
     read_body: BodyReader
     client_ip: str | None
     request_id: str = field(default_factory=request_id)
+    query: str = ""
+    """The URL's query string, undecoded."""
 
 
 @dataclass

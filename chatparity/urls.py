@@ -8,6 +8,13 @@ app_name = "chatparity"
 
 urlpatterns = [
     path("v1/chat/completions", views.chat_completions, name="chat-completions"),
+    path("v1/responses", views.create_response, name="responses"),
+    path("v1/responses/<str:response_id>", views.response, name="response"),
+    path(
+        "v1/responses/<str:response_id>/input_items",
+        views.response_input_items,
+        name="response-input-items",
+    ),
     path("v1/models", views.list_models, name="models"),
     path("v1/models/<path:model>", views.retrieve_model, name="model"),
     path("v1/openapi.json", views.openapi, name="openapi"),

@@ -12,7 +12,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from . import gateway
+from . import gateway, responses
 from .cors import is_preflight, policy
 from .gateway import Call, Endpoint, Reply
 
@@ -96,5 +96,17 @@ list_models = django_view(gateway.list_models)
 retrieve_model = django_view(gateway.retrieve_model)
 openapi = django_view(gateway.openapi)
 invalid_url = django_view(gateway.invalid_url)
+create_response = django_view(responses.create_response)
+response = django_view(responses.response)
+response_input_items = django_view(responses.input_items)
 
-__all__ = ["chat_completions", "invalid_url", "list_models", "openapi", "retrieve_model"]
+__all__ = [
+    "chat_completions",
+    "create_response",
+    "invalid_url",
+    "list_models",
+    "openapi",
+    "response",
+    "response_input_items",
+    "retrieve_model",
+]

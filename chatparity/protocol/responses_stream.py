@@ -51,6 +51,8 @@ class _Item:
     index: int
     fields: dict[str, Any]
     fragments: list[str] = field(default_factory=list)
+    has_part: bool = False
+    """A message's text part was added (its content is empty until then)."""
     done: bool = False
 
     @property
@@ -67,7 +69,7 @@ class _Item:
         text = "".join(self.fragments)
         item = {**self.fields, "status": self.fields["status"] if self.done else status}
         if self.is_message:
-            item["content"] = [_text_part(text)]
+            item["content"] = [_text_part(text)] if self.has_part else []
         else:
             item["arguments"] = text
         return item
@@ -176,25 +178,19 @@ class ResponseEncoder:
         events: list[dict[str, Any]] = []
         item = self._current
         if item is None or not item.is_message:
-            message = {
-                "id": self._new_id("msg"),
-                "type": "message",
-                "role": "assistant",
-                "content": [],
-            }
-            item, events = self._open(message)
-            events.append(
-                self._event(
-                    "response.content_part.added",
-                    **self._where(item),
-                    part=_text_part(""),
-                )
-            )
+            item, events = self._open_message()
         item.fragments.append(text)
         events.append(
             self._event("response.output_text.delta", **self._where(item), delta=text, logprobs=[])
         )
         return events
+
+    def _open_message(self) -> tuple[_Item, list[dict[str, Any]]]:
+        message = {"id": self._new_id("msg"), "type": "message", "role": "assistant", "content": []}
+        item, events = self._open(message)
+        item.has_part = True
+        part = self._event("response.content_part.added", **self._where(item), part=_text_part(""))
+        return item, [*events, part]
 
     def _call(self, delta: ToolCallDelta) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
@@ -222,12 +218,15 @@ class ResponseEncoder:
         return events
 
     def _finish(self, finish: Finish) -> list[dict[str, Any]]:
+        """Close the last item; an answer of nothing is one empty message, as a chat
+        completion's is an empty content."""
+        events = [] if self._items else self._open_message()[1]
         reason = _INCOMPLETE.get(finish.reason)
         if reason is None:
-            return self._close_current("completed")
+            return [*events, *self._close_current("completed")]
         self._status = "incomplete"
         self._incomplete = {"reason": reason}
-        return self._close_current("incomplete")
+        return [*events, *self._close_current("incomplete")]
 
     def _where(self, item: _Item) -> dict[str, Any]:
         return {"item_id": item.id, "output_index": item.index, "content_index": 0}

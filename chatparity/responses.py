@@ -1,0 +1,286 @@
+"""The Responses API: ``/v1/responses`` and the responses it stores.
+
+``POST /v1/responses`` is served by the same pipeline as chat completions
+(:func:`chatparity.gateway.respond`: keys, admission, fallbacks, time-outs,
+accounting), its request turned into the chat request backends serve and
+their events encoded by :class:`ResponsesWire`. A response made with
+``store`` (the default) is kept with its input as a
+:class:`~chatparity.models.StoredResponse` before its last event goes out, so
+the client may read it, list its input, delete it or continue it
+(``previous_response_id``) at once: with the key that made it, or another
+key of the same owner, for ``RESPONSES_RETENTION`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+from urllib.parse import parse_qs
+
+from asgiref.sync import sync_to_async
+from django.db import DatabaseError
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from .accounting import Accounting
+from .backends import ChatBackend
+from .conf import app_settings
+from .db import reconnecting
+from .gateway import (
+    Call,
+    Reply,
+    Wire,
+    _authenticate,
+    _limits,
+    endpoint,
+    json_reply,
+    random_id,
+    respond,
+)
+from .lookups import Grant
+from .models import Endpoint, StoredResponse
+from .protocol import errors
+from .protocol.completion import CompletionAccumulator
+from .protocol.errors import APIError
+from .protocol.events import Event
+from .protocol.request import ChatRequest
+from .protocol.responses import (
+    ResponsesRequest,
+    as_chat_request,
+    parse_responses_request,
+    previous_response_not_found,
+    response_not_found,
+)
+from .protocol.responses_stream import ResponseEncoder, sse_event
+from .protocol.schema import Enum, Integer
+from .usage import UsageRecord
+
+logger = logging.getLogger(__name__)
+
+
+@endpoint("POST")
+async def create_response(call: Call) -> Reply:
+    return await respond(call, _responses_request)
+
+
+async def _responses_request(
+    body: Any, accounting: Accounting, grant: Grant
+) -> tuple[ChatRequest, Wire]:
+    record = accounting.record
+    record.endpoint = Endpoint.RESPONSES
+    requested = parse_responses_request(body, _limits(), random_id)
+    history = await _history(requested.previous_response_id, grant)
+    chat = as_chat_request(requested, history, _limits())
+    accounting.requested(chat, body)
+    return chat, ResponsesWire(requested, grant, record)
+
+
+class ResponsesWire(Wire):
+    """The Responses API's encoding: typed events with ``event:`` lines, ending with the
+    response's last event and no trailer; the non-stream reply is the response object
+    that event carries. A stored response is written before its last event goes out."""
+
+    trailer = b""
+
+    def __init__(self, request: ResponsesRequest, grant: Grant, record: UsageRecord) -> None:
+        super().__init__(random_id("resp"))
+        self._request = request
+        self._grant = grant
+        self._record = record
+        self._encoder = ResponseEncoder(
+            response_id=self.answer_id,
+            created_at=int(time.time()),
+            model=request.model,
+            settings=request.settings,
+            new_id=random_id,
+        )
+
+    def begin(self, request: ChatRequest, backend: ChatBackend) -> None:
+        """Nothing of the alias or its backend shows in a response."""
+
+    def opening(self) -> list[dict[str, Any]]:
+        return self._encoder.opening()
+
+    def encode(self, event: Event) -> list[dict[str, Any]]:
+        return self._encoder.encode(event)
+
+    async def closing(self) -> list[dict[str, Any]]:
+        events = self._encoder.closing()
+        response = self._encoder.response()
+        self._log_body(response)
+        if self._request.store:
+            await _store(self._request, response, self._grant)
+        return events
+
+    def failing(self, error: APIError) -> list[dict[str, Any]]:
+        events = self._encoder.failing(error)
+        self._log_body(self._encoder.response())
+        return events
+
+    def frame(self, payload: dict[str, Any]) -> bytes:
+        return sse_event(payload)
+
+    def whole(self) -> dict[str, Any]:
+        return self._encoder.response()
+
+    def _log_body(self, response: dict[str, Any]) -> None:
+        if self._record.body is not None:  # LOG_BODIES
+            self._record.body = LoggedResponse(response)
+
+
+class LoggedResponse(CompletionAccumulator):
+    """A response as the log's ``response_body`` holds it.
+
+    ``UsageRecord.body`` is typed for chat completions' accumulator; a response
+    is already whole when it is logged.
+    """
+
+    def __init__(self, response: dict[str, Any]) -> None:
+        super().__init__()
+        self._response = response
+
+    def completion(self) -> dict[str, Any]:
+        return self._response
+
+
+# Storage.
+
+
+def _visible(grant: Grant) -> QuerySet[StoredResponse]:
+    """The stored responses ``grant``'s key may see: its own and its owner's keys', within
+    ``RESPONSES_RETENTION``."""
+    key = grant.key
+    mine = Q(api_key=key) if key.owner_id is None else Q(api_key=key) | Q(owner=key.owner_id)
+    oldest = timezone.now() - timedelta(seconds=app_settings.RESPONSES_RETENTION)
+    return StoredResponse.objects.filter(mine, created_at__gte=oldest)
+
+
+@reconnecting
+def _save(stored: StoredResponse) -> None:
+    stored.save(force_insert=True)
+
+
+async def _store(request: ResponsesRequest, response: dict[str, Any], grant: Grant) -> None:
+    """Keep ``response`` and its input. A database that cannot take it now costs the
+    client nothing but later reads of it: logged, not raised."""
+    stored = StoredResponse(
+        id=response["id"],
+        api_key=grant.key,
+        owner_id=grant.key.owner_id,
+        previous_response_id=request.previous_response_id or "",
+        model=request.model[: StoredResponse._meta.get_field("model").max_length],
+        status=response["status"],
+        input_items=request.input,
+        response=response,
+    )
+    try:
+        await sync_to_async(_save)(stored)
+    except DatabaseError:
+        logger.exception("chatparity: response %s was answered but not stored", stored.id)
+
+
+async def _history(response_id: str | None, grant: Grant) -> list[dict[str, Any]]:
+    """The items of the conversation ``response_id`` ends (its input and output, after
+    those of the responses it continued, oldest first); OpenAI's 400 if ``grant`` may
+    not see it. A response it continued that expired since ends the history there."""
+    if response_id is None:
+        return []
+    try:
+        chain = await sync_to_async(_chain)(response_id, grant)
+    except DatabaseError:
+        logger.exception("chatparity: stored responses could not be read")
+        raise errors.service_unavailable("Stored responses cannot be read right now.") from None
+    if not chain:
+        raise previous_response_not_found(response_id)
+    return [item for stored in reversed(chain) for item in _items_of(stored)]
+
+
+@reconnecting
+def _chain(response_id: str, grant: Grant) -> list[StoredResponse]:
+    """``response_id`` and the responses it continued, newest first, as far as ``grant``
+    sees them."""
+    visible = _visible(grant)
+    chain: list[StoredResponse] = []
+    seen: set[str] = set()
+    next_id = response_id
+    while next_id and next_id not in seen:
+        seen.add(next_id)
+        stored = visible.filter(pk=next_id).first()
+        if stored is None:
+            break
+        chain.append(stored)
+        next_id = stored.previous_response_id
+    return chain
+
+
+def _items_of(stored: StoredResponse) -> list[dict[str, Any]]:
+    output: list[dict[str, Any]] = stored.response.get("output", [])
+    return [*stored.input_items, *output]
+
+
+async def _find(call: Call, response_id: str) -> StoredResponse:
+    grant = await _authenticate(call)
+    try:
+        stored = await sync_to_async(_first)(_visible(grant).filter(pk=response_id))
+    except DatabaseError:
+        logger.exception("chatparity: stored responses could not be read")
+        raise errors.service_unavailable("Stored responses cannot be read right now.") from None
+    if stored is None:
+        raise response_not_found(response_id)
+    return stored
+
+
+@reconnecting
+def _first(found: QuerySet[StoredResponse]) -> StoredResponse | None:
+    return found.first()
+
+
+# The endpoints of stored responses.
+
+
+@endpoint("GET", "DELETE")
+async def response(call: Call, response_id: str) -> Reply:
+    """``GET``: the stored response; ``DELETE``: forget it."""
+    stored = await _find(call, response_id)
+    if call.method == "GET":
+        return json_reply(stored.response)
+    await sync_to_async(reconnecting(stored.delete))()
+    return json_reply({"id": stored.id, "object": "response", "deleted": True})
+
+
+MAX_PAGE = 100
+_LIMIT = Integer(1, MAX_PAGE)
+_ORDER = Enum(("asc", "desc"))
+
+
+@endpoint("GET")
+async def input_items(call: Call, response_id: str) -> Reply:
+    """The input items of a stored response, a page at a time, as OpenAI lists them."""
+    query = {name: values[-1] for name, values in parse_qs(call.query).items()}
+    limit = _LIMIT.parse(_number(query.get("limit", "20")), "limit")
+    order = _ORDER.parse(query.get("order", "desc"), "order")
+    stored = await _find(call, response_id)
+    items: list[dict[str, Any]] = stored.input_items
+    if order == "desc":
+        items = items[::-1]
+    after = query.get("after")
+    if after is not None:
+        ids = [item.get("id") for item in items]
+        items = items[ids.index(after) + 1 :] if after in ids else []
+    page = items[:limit]
+    return json_reply(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > limit,
+        }
+    )
+
+
+def _number(text: str) -> int | str:
+    """A query parameter's digits as an integer (else the text, refused as a wrong type)."""
+    return int(text) if text.isdigit() and len(text) < 10 else text
