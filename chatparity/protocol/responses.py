@@ -301,6 +301,7 @@ _ITEMS = Tagged(
 class _Item(Node):
     """An input item; one without a ``type`` is a message, as OpenAI reads it."""
 
+    items: Node
     expected: str = "an object"
     description: str | None = None
 
@@ -310,14 +311,14 @@ class _Item(Node):
     def parse(self, value: Any, path: str) -> Any:
         if isinstance(value, dict) and "type" not in value:
             value = {"type": "message", **value}
-        return _ITEMS.parse(value, path)
+        return self.items.parse(value, path)
 
     def schema(self, components: Components) -> Schema:
-        return components.describe(_ITEMS)
+        return components.describe(self.items)
 
 
 _INPUT = OneOf(
-    (_TEXT, Array(_Item(), may_be_empty=True, max_length=Limit("max_messages"))),
+    (_TEXT, Array(_Item(_ITEMS), may_be_empty=True, max_length=Limit("max_messages"))),
     description="A user message as a string, or input items.",
 )
 

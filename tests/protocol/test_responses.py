@@ -1,0 +1,319 @@
+"""parse_responses_request and as_chat_request: the Responses request, validated with
+OpenAI's errors, and the chat request that serves it."""
+
+import itertools
+
+import pytest
+
+from chatparity.protocol.errors import APIError
+from chatparity.protocol.request import Limits, ResponseFormat, Tool, ToolChoice
+from chatparity.protocol.responses import (
+    as_chat_request,
+    conversation,
+    parse_responses_request,
+)
+
+NO_LIMITS = Limits()
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+CALL = {
+    "type": "function_call",
+    "call_id": "call_1",
+    "name": "get_weather",
+    "arguments": '{"city":"Paris"}',
+}
+OUTPUT = {"type": "function_call_output", "call_id": "call_1", "output": "Sunny"}
+
+
+def parse(limits=NO_LIMITS, **body):
+    counter = itertools.count()
+    return parse_responses_request(
+        {"model": "smollm2", **body}, limits, lambda prefix: f"{prefix}_{next(counter)}"
+    )
+
+
+def chat(history=(), limits=NO_LIMITS, **body):
+    return as_chat_request(parse(limits, **body), list(history), limits)
+
+
+def refused(**body):
+    with pytest.raises(APIError) as caught:
+        chat(**body)
+    return caught.value
+
+
+# Accepted requests.
+
+
+def test_a_string_input_is_one_user_message():
+    request = parse(input="Hi")
+    assert request.input == [
+        {
+            "id": "msg_0",
+            "type": "message",
+            "role": "user",
+            "status": "completed",
+            "content": [{"type": "input_text", "text": "Hi"}],
+        }
+    ]
+    served = as_chat_request(request, [], NO_LIMITS)
+    assert [(m.role, m.content) for m in served.messages] == [("user", "Hi")]
+    assert (served.model, served.stream) == ("smollm2", False)
+
+
+def test_instructions_are_a_system_message_before_everything():
+    served = chat(input="Hi", instructions="Be brief.")
+    assert [(m.role, m.content) for m in served.messages] == [
+        ("system", "Be brief."),
+        ("user", "Hi"),
+    ]
+
+
+def test_items_keep_their_ids_and_roles_and_text_parts_are_joined():
+    request = parse(
+        input=[
+            {"role": "developer", "content": "Rules."},
+            {
+                "type": "message",
+                "id": "msg_mine",
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "Weather "},
+                    {"type": "input_text", "text": "?"},
+                ],
+            },
+            {"role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]},
+        ]
+    )
+    assert [item["id"] for item in request.input] == ["msg_0", "msg_mine", "msg_1"]
+    assert request.input[2]["content"] == [
+        {"type": "output_text", "text": "Sunny.", "annotations": []}
+    ]
+    served = as_chat_request(request, [], NO_LIMITS)
+    assert [(m.role, m.content) for m in served.messages] == [
+        ("developer", "Rules."),
+        ("user", "Weather ?"),
+        ("assistant", "Sunny."),
+    ]
+
+
+def test_function_calls_and_outputs_are_an_assistant_message_and_tool_messages():
+    served = chat(
+        input=[
+            {"role": "user", "content": "Weather in Paris and Rome?"},
+            CALL,
+            {**CALL, "call_id": "call_2", "arguments": '{"city":"Rome"}'},
+            {**OUTPUT, "call_id": "call_2", "output": "Rain"},
+            OUTPUT,
+        ],
+        tools=[WEATHER],
+    )
+    _user, assistant, *tools = served.messages
+    assert (assistant.role, assistant.content) == ("assistant", None)
+    assert [call["id"] for call in assistant.tool_calls] == ["call_1", "call_2"]
+    assert assistant.tool_calls[0]["function"] == {
+        "name": "get_weather",
+        "arguments": '{"city":"Paris"}',
+    }
+    assert [(m.role, m.tool_call_id, m.content) for m in tools] == [
+        ("tool", "call_2", "Rain"),
+        ("tool", "call_1", "Sunny"),
+    ]
+
+
+def test_a_call_after_a_text_message_joins_it():
+    messages = conversation(
+        [
+            {"type": "message", "role": "assistant", "content": [{"text": "Looking."}]},
+            {**CALL, "id": "fc_1"},
+            {**OUTPUT, "id": "fco_1"},
+        ]
+    )
+    assert messages[0]["content"] == "Looking."
+    assert messages[0]["tool_calls"][0]["id"] == "call_1"
+
+
+def test_the_history_goes_before_the_input():
+    earlier = [
+        *parse(input="My name is Ada.").input,
+        {
+            "id": "msg_out",
+            "type": "message",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "Hello Ada.", "annotations": []}],
+        },
+    ]
+    served = chat(earlier, input="What is my name?", instructions="Be kind.")
+    assert [(m.role, m.content) for m in served.messages] == [
+        ("system", "Be kind."),
+        ("user", "My name is Ada."),
+        ("assistant", "Hello Ada."),
+        ("user", "What is my name?"),
+    ]
+
+
+def test_tools_tool_choice_and_text_format_become_their_chat_forms():
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    served = chat(
+        input="Hi",
+        tools=[WEATHER],
+        tool_choice={"type": "function", "name": "get_weather"},
+        parallel_tool_calls=False,
+        text={"format": {"type": "json_schema", "name": "answer", "schema": schema}},
+        reasoning={"effort": "low"},
+        max_output_tokens=64,
+        temperature=0.5,
+        top_p=0.9,
+        user="ada",
+        stream=True,
+    )
+    assert served.tools == [
+        Tool("get_weather", "The weather in a city.", WEATHER["parameters"], strict=True)
+    ]
+    assert served.tool_choice == ToolChoice("function", "get_weather")
+    assert served.parallel_tool_calls is False
+    assert served.response_format == ResponseFormat("json_schema", schema, "answer", False)
+    assert (served.reasoning_effort, served.max_tokens) == ("low", 64)
+    assert (served.temperature, served.top_p, served.user, served.stream) == (0.5, 0.9, "ada", True)
+
+
+def test_settings_are_repeated_with_openais_defaults():
+    settings = parse(input="Hi").settings
+    assert settings["tool_choice"] == "auto"
+    assert settings["tools"] == []
+    assert settings["text"] == {"format": {"type": "text"}, "verbosity": "medium"}
+    assert settings["reasoning"] == {"effort": None, "summary": None}
+    assert (settings["store"], settings["parallel_tool_calls"]) == (True, True)
+    assert (settings["temperature"], settings["top_p"], settings["truncation"]) == (
+        1.0,
+        1.0,
+        "disabled",
+    )
+    assert settings["metadata"] == {}
+    tool = parse(input="Hi", tools=[WEATHER]).settings["tools"][0]
+    assert tool["strict"] is True  # OpenAI's default for function tools
+
+
+def test_empty_tools_and_auto_choice_ask_for_no_tools():
+    served = chat(input="Hi", tools=[], tool_choice="auto", include=[], store=False)
+    assert (served.tools, served.tool_choice) == ([], ToolChoice("none"))
+
+
+def test_reasoning_items_of_another_model_are_passed_over():
+    request = parse(input=[{"type": "reasoning", "id": "rs_1", "summary": []}])
+    assert request.input == []
+
+
+# Refused requests.
+
+
+@pytest.mark.parametrize(
+    ("body", "message", "param", "code"),
+    [
+        ({"input": "Hi", "model": None}, "Missing required parameter: 'model'.", "model", None),
+        ({"input": "Hi", "messages": []}, "Unknown parameter: 'messages'.", "messages", None),
+        (
+            {"input": 3},
+            "Invalid type for 'input': expected one of a string or array of objects, but got an"
+            " integer instead.",
+            "input",
+            "invalid_type",
+        ),
+        (
+            {"input": [{"role": "tool", "content": "x"}]},
+            "Invalid value: 'tool'. Supported values are: 'user', 'assistant', 'system', and"
+            " 'developer'.",
+            "input[0].role",
+            "invalid_value",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "Invalid value: 'input_image'. Content type 'input_image' is not supported by this"
+            " server.",
+            "input[0].content[0].type",
+            "unsupported_value",
+        ),
+        (
+            {"input": "Hi", "tools": [{"type": "web_search"}]},
+            "Invalid value: 'web_search'. Tool type 'web_search' is not supported by this server.",
+            "tools[0].type",
+            "unsupported_value",
+        ),
+        (
+            {"input": "Hi", "max_output_tokens": 8},
+            "Invalid 'max_output_tokens': integer below minimum value. Expected a value >= 16, but"
+            " got 8 instead.",
+            "max_output_tokens",
+            "integer_below_min_value",
+        ),
+        (
+            {"input": "Hi", "tool_choice": {"type": "function", "name": "nope"}},
+            "Tool choice 'nope' not found in 'tools' parameter.",
+            "tool_choice",
+            None,
+        ),
+        (
+            {"input": "Hi", "text": {"format": {"type": "json_object"}}},
+            "Response input messages must contain the word 'json' in some form to use"
+            " 'text.format' of type 'json_object'.",
+            "input",
+            None,
+        ),
+        (
+            {"input": [CALL]},
+            "No tool output found for function call call_1.",
+            "input",
+            None,
+        ),
+        (
+            {"input": [OUTPUT]},
+            "No tool call found for function call output with call_id call_1.",
+            "input",
+            None,
+        ),
+        (
+            {"input": [CALL, {"role": "user", "content": "And?"}, OUTPUT]},
+            "No tool output found for function call call_1.",
+            "input",
+            None,
+        ),
+        ({}, "Missing required parameter: 'input'.", "input", "missing_required_parameter"),
+        (
+            {"input": "Hi", "background": True},
+            "Background responses are not supported by this server.",
+            "background",
+            "unsupported_value",
+        ),
+    ],
+)
+def test_refused_with_openais_error(body, message, param, code):
+    error = refused(**body)
+    assert (error.status, error.type) == (400, "invalid_request_error")
+    assert (error.message, error.param) == (message, param)
+    if code is not None:
+        assert error.code == code
+
+
+def test_unknown_parameters_are_named_one_at_a_time():
+    error = refused(input="Hi", n=2, functions=[])
+    assert (error.message, error.code) == ("Unknown parameter: 'functions'.", "unknown_parameter")
+
+
+def test_a_conversation_over_the_message_limit_is_refused_on_input():
+    limits = Limits(max_messages=2)
+    history = parse(input="one").input + parse(input="two").input
+    with pytest.raises(APIError) as caught:
+        as_chat_request(parse(limits, input="three"), history, limits)
+    assert caught.value.param == "input"
+
+
+def test_a_text_over_the_content_limit_is_refused_where_it_is():
+    with pytest.raises(APIError) as caught:
+        parse(Limits(max_content_chars=3), input=[{"role": "user", "content": "four"}])
+    assert caught.value.param == "input[0].content"
+    assert caught.value.code == "string_above_max_length"
