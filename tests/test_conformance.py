@@ -7,6 +7,7 @@ check it breaks to FAIL, with a reason that names the defect.
 """
 
 import copy
+import itertools
 import json
 from collections.abc import Callable
 from io import StringIO
@@ -18,11 +19,18 @@ from django.core.management import CommandError, call_command
 
 from chatparity.conformance import checker
 from chatparity.conformance.checker import CHECKS, Runner, parse_stream
+from chatparity.conformance.responses import parse_event_stream
 from chatparity.protocol import errors
 from chatparity.protocol.completion import CompletionAccumulator
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Event, Finish, TextDelta, ToolCallDelta, Usage
-from chatparity.protocol.request import ChatRequest, parse_chat_request
+from chatparity.protocol.request import NO_LIMITS, ChatRequest, parse_chat_request
+from chatparity.protocol.responses import (
+    as_chat_request,
+    parse_responses_request,
+    response_not_found,
+)
+from chatparity.protocol.responses_stream import ResponseEncoder, sse_event
 from chatparity.protocol.stream import DONE, ChunkEncoder, sse
 
 MODEL = "smollm2"
@@ -67,6 +75,8 @@ def canonical_server(request: httpx.Request) -> httpx.Response:
     if request.url.path == "/v1/models":
         model = {"id": MODEL, "object": "model", "created": 1700000000, "owned_by": "me"}
         return json_response({"object": "list", "data": [model]})
+    if request.url.path.startswith("/v1/responses"):
+        return responses_server(request)
     try:
         if request.headers.get("authorization") != f"Bearer {KEY}":
             raise errors.invalid_api_key(request.headers.get("authorization", ""))
@@ -89,6 +99,75 @@ def canonical_server(request: httpx.Request) -> httpx.Response:
     for chunk in chunks:
         accumulator.add(chunk)
     return json_response(accumulator.completion())
+
+
+STORED: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+"""The canonical Responses server's stored responses and their input, by id."""
+
+
+NUMBERS = itertools.count()
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{next(NUMBERS):012x}"
+
+
+def response_events(chat: ChatRequest) -> list[Event]:
+    """A well-behaved backend answering a Responses request: a longer story than
+    :func:`events` tells (``max_output_tokens`` is at least 16), or the same weather call."""
+    if chat.tools:
+        return events(chat)
+    words = (WORDS * 3)[: chat.max_tokens]
+    reason = "length" if len(words) < len(WORDS) * 3 else "stop"
+    usage = Usage(prompt_tokens=9, completion_tokens=len(words))
+    return [*(TextDelta(0, word) for word in words), Finish(0, reason), usage]
+
+
+def responses_server(request: httpx.Request) -> httpx.Response:
+    """A fake OpenAI Responses API: chatparity's own request parser and ResponseEncoder,
+    responses kept in :data:`STORED`."""
+    try:
+        if request.headers.get("authorization") != f"Bearer {KEY}":
+            raise errors.invalid_api_key(request.headers.get("authorization", ""))
+        response_id, _, listing = request.url.path.removeprefix("/v1/responses/").partition("/")
+        if request.method != "POST":
+            if response_id not in STORED:
+                raise response_not_found(response_id)
+            if request.method == "DELETE":
+                del STORED[response_id]
+                return json_response({"id": response_id, "object": "response", "deleted": True})
+            stored, items = STORED[response_id]
+            if not listing:
+                return json_response(stored)
+            data = items[::-1]  # OpenAI's default order: newest first
+            ends = {"first_id": data[0]["id"], "last_id": data[-1]["id"]}
+            return json_response({"object": "list", "data": data, **ends, "has_more": False})
+        asked = parse_responses_request(json.loads(request.content), NO_LIMITS, new_id)
+        if asked.model != MODEL:
+            raise errors.model_not_found(asked.model)
+        chat = as_chat_request(asked, [], NO_LIMITS)
+    except APIError as error:
+        return json_response(error.envelope(), error.status)
+    encoder = ResponseEncoder(
+        response_id=new_id("resp"),
+        created_at=1700000000,
+        model=asked.model,
+        settings=asked.settings,
+        new_id=new_id,
+    )
+    said = [*encoder.opening()]
+    said += [each for event in response_events(chat) for each in encoder.encode(event)]
+    said += encoder.closing()
+    if asked.store:
+        STORED[encoder.response()["id"]] = (encoder.response(), asked.input)
+    if asked.stream:
+        return event_stream_response(said)
+    return json_response(encoder.response())
+
+
+def event_stream_response(events: list[dict[str, Any]]) -> httpx.Response:
+    body = b"".join(sse_event(event) for event in events)
+    return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
 
 
 def http(handler: Callable[[httpx.Request], httpx.Response] = canonical_server) -> httpx.Client:
@@ -283,6 +362,128 @@ DEFECTS = [
 ]
 
 
+# Defects of the Responses API's checks.
+
+
+def on_events(change: Callable[[list[dict[str, Any]]], Any]) -> Mutation:
+    def mutate(response: httpx.Response) -> httpx.Response:
+        events = copy.deepcopy(parse_event_stream(response.content).events)
+        change(events)
+        return event_stream_response(events)
+
+    return mutate
+
+
+def event(number: int, path: str = "", **fields: Any) -> Mutation:
+    return on_events(lambda events: edit(events[number], path, fields))
+
+
+def of_type(kind: str, path: str = "", **fields: Any) -> Mutation:
+    """Edit every event of type ``kind``."""
+    return on_events(lambda events: [edit(e, path, fields) for e in events if e["type"] == kind])
+
+
+def drop(kind: str) -> Mutation:
+    return on_events(lambda events: [events.remove(e) for e in list(events) if e["type"] == kind])
+
+
+def renumbered(change: Callable[[list[dict[str, Any]]], Any]) -> Mutation:
+    """``change`` the events, then number them again, so only ``change`` is wrong."""
+
+    def numbered(events):
+        change(events)
+        for number, each in enumerate(events):
+            each["sequence_number"] = number
+
+    return on_events(numbered)
+
+
+def json_status(value: str, path: str = "") -> Mutation:
+    """Set a ``status`` field of the body (``body``'s own ``status`` is the HTTP one)."""
+
+    def mutate(response: httpx.Response) -> httpx.Response:
+        payload = response.json()
+        edit(payload, path, {"status": value})
+        return json_response(payload, response.status_code)
+
+    return mutate
+
+
+def swap_item_done_and_part_done(events):
+    kinds = [e["type"] for e in events]
+    part, item = kinds.index("response.content_part.done"), kinds.index("response.output_item.done")
+    events[part], events[item] = events[item], events[part]
+
+
+FINAL = "-1.response"
+TEXT_DELTA = "response.output_text.delta"
+
+RESPONSES_DEFECTS = [
+    ("responses.object", body(id="chatcmpl-1"), "expected 'resp_...'"),
+    ("responses.object", body(object="chat.completion"), "expected 'response'"),
+    ("responses.object", body(model="SMOLLM2"), "expected the requested"),
+    ("responses.object", body(tools=DROP, text=DROP), "no text, tools key(s)"),
+    ("responses.object", body("output.0.content.0", annotations=DROP), "annotations null"),
+    ("responses.object", body("output.0", role="user"), "role is \"user\""),
+    ("responses.object", body(output=[]), "output is empty"),
+    ("responses.usage", body("usage", total_tokens=1), "is not input_tokens"),
+    ("responses.usage", body("usage", input_tokens_details=DROP), "cached_tokens"),
+    ("responses.usage", body(usage=None), "usage is null"),
+    ("responses.stream.framing", on_bytes(lambda b: b + b"data: [DONE]\n\n"), "[DONE] sent"),
+    ("responses.stream.framing", on_bytes(lambda b: b.replace(b"event: ", b"")), "'event:' line"),
+    ("responses.stream.framing",
+     on_bytes(lambda b: b.replace(b"event: response.in_progress", b"event: progress")),
+     "event: progress carries type"),
+    ("responses.stream.framing", on_bytes(lambda b: b, "application/json"), "Content-Type"),
+    ("responses.stream.framing", on_bytes(lambda b: b.replace(b"\n", b"\r\n")), "CR line"),
+    ("responses.stream.sequence", event(3, sequence_number=2), "is 2 at event #3, expected 3"),
+    ("responses.stream.sequence", on_events(lambda e: e.pop(4)), "is 5 at event #4, expected 4"),
+    ("responses.stream.sequence", event(0, sequence_number=1), "is 1 at event #0, expected 0"),
+    ("responses.stream.order", renumbered(lambda e: e.pop(1)), "the stream opens with"),
+    ("responses.stream.order", renumbered(lambda e: e.pop()), "the last event is"),
+    ("responses.stream.order", renumbered(swap_item_done_and_part_done), "output item 0's events"),
+    ("responses.stream.order", of_type(TEXT_DELTA, item_id="msg_other"), "another item_id"),
+    ("responses.stream.order", event(5, delta="X"), "deltas add up to"),
+    ("responses.stream.order", event(-1, type="response.incomplete"), "not response.completed"),
+    ("responses.stream.order",
+     on_events(lambda e: [each.update(output_index=1) for each in e if "output_index" in each]),
+     "output_index values are [1]"),
+    ("responses.stream.usage", event(-1, "response", usage=None), "usage is null"),
+    ("responses.stream.usage", event(-1, "response.usage", output_tokens=0), "is not input"),
+    ("responses.parity", event(-1, "response", output_text="x"), "not shaped like"),
+    ("responses.parity", event(-1, "response.output.0.content.0", text="X"), "text differs"),
+    ("responses.parity", event(-1, "response.usage", output_tokens=3), "usage 27 vs streamed 3"),
+    ("responses.parity", renumbered(lambda e: e.pop()), "no final response"),
+    ("responses.incomplete", json_status("completed"), "expected 'incomplete'"),
+    ("responses.incomplete", body(incomplete_details=None), "incomplete_details is null"),
+    ("responses.incomplete", body("usage", output_tokens=17), "is 17, expected 16"),
+    ("responses.incomplete.stream", renumbered(lambda e: e.pop()), "the last event is"),
+    ("responses.incomplete.stream", event(-1, "response", incomplete_details=None),
+     "incomplete_details is null"),
+    ("responses.function-call", body("output.0", call_id=None), "call_id is null"),
+    ("responses.function-call", body("output.0", arguments='"Par'), "not a JSON object"),
+    ("responses.function-call", body("output.0", type="message"), "no function_call item"),
+    ("responses.function-call", json_status("in_progress", "output.0"), "expected 'completed'"),
+    ("responses.function-call.stream", drop("response.function_call_arguments.done"),
+     "output item 0's events"),
+    ("responses.function-call.stream", event(-3, arguments="{}"), "deltas add up to"),
+    ("responses.function-call.stream", of_type("response.output_item.done", "item", name="x"),
+     "name is \"x\""),
+    ("responses.store.lifecycle", body(status=200), "after delete: HTTP 200"),
+    ("responses.store.lifecycle", body("error", type="not_found"), "after delete: error.type"),
+    ("responses.store.input-items", body(has_more=None), "has_more is null"),
+    ("responses.store.input-items", body(first_id="x"), "first_id, last_id are"),
+    ("responses.store.input-items", body(data=[]), "expected the input message"),
+    ("responses.store.input-items", body("data.0", role="assistant"), "the input message is"),
+    ("responses.error.temperature", body("error", param="top_p"), "param is"),
+    ("responses.error.unknown-parameter", body("error", code=None), "code is null"),
+    ("responses.error.stream-status",
+     replace_with(event_stream_response([{"type": "error"}])), "HTTP 200"),
+    ("responses.error.key", body(status=403), "HTTP 403"),
+]  # fmt: skip
+DEFECTS += RESPONSES_DEFECTS
+
+
 @pytest.mark.parametrize(("name", "mutate", "reason"), DEFECTS)
 def test_a_defect_fails_its_check_with_a_useful_reason(canonical, name, mutate, reason):
     check = BY_NAME[name]
@@ -383,7 +584,7 @@ def test_command_prints_the_table_and_succeeds_on_a_conformant_server(served_by)
 def test_command_fails_with_status_1_and_json_results_on_a_defect(served_by):
     def no_refusal(request: httpx.Request) -> httpx.Response:
         response = canonical_server(request)
-        if request.method == "GET" or json.loads(request.content).get("stream"):
+        if request.method != "POST" or json.loads(request.content).get("stream"):
             return response
         body = response.json()
         for item in body.get("choices", []):

@@ -87,6 +87,12 @@ class Probe:
         body = json.dumps(self.request_body(model), sort_keys=True)
         return f"{self.method} {self.path} {self.bad_key} {body}"
 
+    def send(self, runner: Runner) -> httpx.Response:
+        """Make the request; a probe that needs another's response first asks ``runner``."""
+        headers = {"Authorization": f"Bearer {BAD_KEY}"} if self.bad_key else None
+        body = self.request_body(runner.model)
+        return runner.http.request(self.method, self.path, json=body, headers=headers)
+
 
 MODELS = Probe(method="GET", path="/models")
 COMPLETION = Probe()
@@ -905,6 +911,11 @@ CHECKS: tuple[Check, ...] = (
     ),
 )
 
+# The Responses API's rows, built on the helpers above.
+from .responses import CHECKS as RESPONSES_CHECKS  # noqa: E402
+
+CHECKS += RESPONSES_CHECKS
+
 
 def select(
     checks: Sequence[Check] = CHECKS, *, only: Sequence[str] = (), skip: Sequence[str] = ()
@@ -963,11 +974,8 @@ class Runner:
     def send(self, probe: Probe) -> httpx.Response:
         key = probe.cache_key(self.model)
         if key not in self._sent:
-            headers = {"Authorization": f"Bearer {BAD_KEY}"} if probe.bad_key else None
             try:
-                self._sent[key] = self.http.request(
-                    probe.method, probe.path, json=probe.request_body(self.model), headers=headers
-                )
+                self._sent[key] = probe.send(self)
             except httpx.HTTPError as exc:
                 self._sent[key] = exc
         sent = self._sent[key]
