@@ -247,7 +247,7 @@ async def response(call: Call, response_id: str) -> Reply:
     if call.method == "GET":
         return json_reply(stored.response)
     await sync_to_async(reconnecting(stored.delete))()
-    return json_reply({"id": stored.id, "object": "response", "deleted": True})
+    return json_reply({"id": response_id, "object": "response", "deleted": True})
 
 
 MAX_PAGE = 100

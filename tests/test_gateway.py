@@ -57,9 +57,9 @@ def keepalives_then_data(content):
     """The keepalive comments before the first data frame, and the data frames."""
     frames = [frame + b"\n\n" for frame in content.split(b"\n\n")[:-1]]
     comments = [frame for frame in frames if frame.startswith(b":")]
-    data = [frame for frame in frames if frame.startswith(b"data: ")]
+    data = [frame for frame in frames if frame.startswith((b"data: ", b"event: "))]
     assert frames == comments + data, "keepalives come before the first data frame only"
-    return comments, [frame[6:-2] for frame in data]
+    return comments, [frame.split(b"data: ", 1)[1][:-2] for frame in data]
 
 
 class GatewayTestCase(TestCase):
@@ -68,10 +68,15 @@ class GatewayTestCase(TestCase):
     def setUp(self):
         self.application = FastPath(get_asgi_application())
 
+    path = "/v1/chat/completions"
+
     async def send(self, model, **body):
-        request = {"model": model, "messages": [{"role": "user", "content": "Hi"}], **body}
+        if self.path == "/v1/responses":
+            request = {"model": model, "input": "Hi", **body}
+        else:
+            request = {"model": model, "messages": [{"role": "user", "content": "Hi"}], **body}
         headers = [("authorization", f"Bearer {self.plaintext}")]
-        scope = http_scope("POST", "/v1/chat/completions", headers)
+        scope = http_scope("POST", self.path, headers)
         communicator = ApplicationCommunicator(self.application, scope)
         await communicator.send_input({"type": "http.request", "body": orjson.dumps(request)})
         return communicator
@@ -311,3 +316,50 @@ class SlowBackendThroughViewsTests(TestCase):
         comments, data = keepalives_then_data(content)
         assert comments
         assert data[-1] == b"[DONE]"
+
+
+class SlowResponsesTests(SlowBackendTests):
+    """The Responses API waits for a slow backend the same way, in its own events."""
+
+    path = "/v1/responses"
+
+    async def test_a_slow_response_gets_keepalives_then_its_events(self):
+        start, started, content = await self.ask("slow", stream=True)
+        assert (start["status"], started < 0.4) == (200, True)
+        comments, data = keepalives_then_data(content)
+        assert len(comments) >= 3
+        events = [orjson.loads(frame) for frame in data]
+        assert [event["type"] for event in events[:2]] == [
+            "response.created",
+            "response.in_progress",
+        ]
+        assert events[-1]["response"]["output"][0]["content"][0]["text"] == "late"
+        row = await self.row()
+        assert (row.endpoint, row.completion_id) == ("responses", events[-1]["response"]["id"])
+
+    async def test_a_response_failing_after_keepalives_is_created_then_failed(self):
+        start, _, content = await self.ask("refusing", stream=True)
+        assert start["status"] == 200
+        comments, data = keepalives_then_data(content)
+        assert comments
+        events = [orjson.loads(frame) for frame in data]
+        assert [event["type"] for event in events] == [
+            "response.created",
+            "response.in_progress",
+            "response.failed",
+        ]
+        assert [event["sequence_number"] for event in events] == [0, 1, 2]
+        assert events[-1]["response"]["error"] == {
+            "code": "server_error",
+            "message": "upstream is overloaded",
+        }
+        row = await self.row()
+        assert (row.status_code, row.error_type) == (200, "server_error")
+
+    # The chat-shaped expectations of the tests inherited: run for chat completions only.
+    test_a_fast_backend_sends_no_keepalive = None
+    test_a_slow_stream_gets_its_headers_and_keepalives_until_its_first_event = None
+    test_openais_client_reads_a_kept_alive_stream_as_any_other = None
+    test_a_fallback_serves_while_only_keepalives_were_sent = None
+    test_a_failure_after_keepalives_is_an_error_frame_and_the_row_says_200 = None
+    test_a_stream_whose_backend_never_answers_ends_with_a_504_frame = None

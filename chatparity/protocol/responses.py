@@ -562,7 +562,7 @@ def _chat_parameters(
 ) -> dict[str, Any]:
     """The Chat Completions parameters the Responses parameters ``given`` stand for."""
     chat: dict[str, Any] = {"model": given["model"], "stream": given.get("stream", False)}
-    for name in ("temperature", "top_p", "user", "metadata", "service_tier"):
+    for name in ("temperature", "top_p", "user", "service_tier"):
         if name in given:
             chat[name] = given[name]
     if "max_output_tokens" in given:

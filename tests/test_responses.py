@@ -1,0 +1,449 @@
+"""/v1/responses: created, streamed, stored, read, listed, continued and deleted, through
+the ASGI fast path and the Django views, behind the same keys, limits and log as chat."""
+
+from datetime import timedelta
+from unittest import mock
+
+import orjson
+from asgiref.testing import ApplicationCommunicator
+from django.contrib.auth import get_user_model
+from django.core.asgi import get_asgi_application
+from django.db import OperationalError
+from django.test import TestCase, override_settings
+from django.utils import timezone
+
+from chatparity import responses
+from chatparity.asgi import FastPath
+from chatparity.backends.base import BackendConfig
+from chatparity.gateway import Call
+from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog, StoredResponse
+from chatparity.protocol.errors import APIError
+from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
+from tests.asgi import http_scope
+
+
+class ScriptBackend:
+    """Answers ``options["script"]``: text pieces, ``["call", id, name, arguments]``,
+    ``"<fail>"`` (an upstream error midway) or ``"<refuse>"`` (before the first event).
+    Every request it serves is kept in :attr:`served`."""
+
+    system_fingerprint = "fp_script"
+    served: list = []
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.config = config
+
+    async def stream(self, request, model):
+        ScriptBackend.served.append(request)
+        calls = 0
+        for step in self.config.options["script"]:
+            if step == "<refuse>":
+                raise APIError("upstream refused", status=502, type="server_error")
+            if step == "<fail>":
+                raise APIError("upstream broke", status=502, type="server_error")
+            if isinstance(step, list):
+                _, call_id, name, arguments = step
+                yield ToolCallDelta(0, calls, arguments, id=call_id, name=name)
+                calls += 1
+            else:
+                yield TextDelta(0, step)
+        yield Finish(0, "tool_calls" if calls else "stop")
+        yield Usage(prompt_tokens=5, completion_tokens=2)
+
+
+SETTINGS = {"BACKEND_CLASSES": {"script": "tests.test_responses.ScriptBackend"}}
+
+
+def alias(name, *script, **fields):
+    backend = Backend.objects.create(name=name, kind="script", options={"script": list(script)})
+    return ModelAlias.objects.create(public_id=name, backend=backend, **fields)
+
+
+def parse_events(content):
+    """The events of a Responses stream, each checked to name its type on its event line."""
+    events = []
+    for frame in content.split(b"\n\n")[:-1]:
+        kind, data = frame.split(b"\n")
+        event = orjson.loads(data.removeprefix(b"data: "))
+        assert kind == b"event: " + event["type"].encode()
+        events.append(event)
+    return events
+
+
+@override_settings(CHATPARITY=SETTINGS)
+class ResponsesTestCase(TestCase):
+    @classmethod
+    def setUpTestData(cls):
+        cls.owner = get_user_model().objects.create(username="ada")
+        cls.key, cls.plaintext = ApiKey.objects.create_key("tests", owner=cls.owner)
+        cls.sibling, cls.sibling_plaintext = ApiKey.objects.create_key("other", owner=cls.owner)
+        cls.stranger, cls.stranger_plaintext = ApiKey.objects.create_key("stranger")
+        alias("echo", "Hello", " there")
+        alias("weather", ["call", "call_1", "get_weather", '{"city":"Paris"}'])
+        alias("broken", "Hel", "<fail>")
+        alias("refusing", "<refuse>")
+
+    def setUp(self):
+        self.application = FastPath(get_asgi_application())
+        ScriptBackend.served.clear()
+
+    async def fast(self, method, path, body=None, plaintext=None, query=""):
+        """The status, headers and body the fast path answers."""
+        headers = [("authorization", f"Bearer {plaintext or self.plaintext}")]
+        scope = http_scope(method, path, headers, query_string=query)
+        communicator = ApplicationCommunicator(self.application, scope)
+        content = orjson.dumps(body) if body else b""
+        await communicator.send_input({"type": "http.request", "body": content})
+        start = await communicator.receive_output(timeout=10)
+        parts = []
+        while True:
+            message = await communicator.receive_output(timeout=10)
+            parts.append(message["body"])
+            if not message.get("more_body"):
+                break
+        await communicator.wait(timeout=10)
+        return start["status"], dict(start["headers"]), b"".join(parts)
+
+    async def create(self, plaintext=None, **body):
+        status, _, content = await self.fast(
+            "POST", "/v1/responses", {"model": "echo", **body}, plaintext
+        )
+        return status, orjson.loads(content) if not body.get("stream") else content
+
+    async def view(self, method, path, plaintext=None, **body):
+        headers = {"Authorization": f"Bearer {plaintext or self.plaintext}"}
+        if method == "POST":
+            return await self.async_client.post(
+                path, data=body, content_type="application/json", headers=headers
+            )
+        return await self.async_client.generic(method, path, headers=headers)
+
+
+class CreateTests(ResponsesTestCase):
+    async def test_a_response_is_the_accumulated_answer_with_its_usage(self):
+        status, response = await self.create(input="Hi", metadata={"k": "v"})
+        assert status == 200
+        assert response["id"].startswith("resp_")
+        assert (response["object"], response["status"], response["model"]) == (
+            "response",
+            "completed",
+            "echo",
+        )
+        (message,) = response["output"]
+        assert message["id"].startswith("msg_")
+        assert (message["role"], message["status"]) == ("assistant", "completed")
+        assert message["content"] == [
+            {"type": "output_text", "annotations": [], "logprobs": [], "text": "Hello there"}
+        ]
+        assert response["usage"]["input_tokens"] == 5
+        assert response["usage"]["output_tokens"] == 2
+        assert response["metadata"] == {"k": "v"}
+
+    async def test_the_fast_path_and_the_views_answer_alike(self):
+        _, fast = await self.create(input="Hi")
+        slow = (await self.view("POST", "/v1/responses", model="echo", input="Hi")).json()
+        for varying in ("id", "created_at"):
+            assert fast.pop(varying) != slow.pop(varying) or varying == "created_at"
+        for answer in (fast, slow):
+            answer["output"][0].pop("id")
+        assert fast == slow
+
+    async def test_every_responses_route_is_served_by_the_fast_path(self):
+        for path in ("/v1/responses", "/v1/responses/resp_1", "/v1/responses/resp_1/input_items"):
+            route = self.application._route(http_scope("GET", path))
+            assert route is not None, path
+            assert route[0].__module__ == "chatparity.responses"
+
+    async def test_a_stream_is_typed_events_numbered_in_order_ending_with_completed(self):
+        status, content = await self.create(input="Hi", stream=True)
+        assert status == 200
+        events = parse_events(content)
+        assert [event["sequence_number"] for event in events] == list(range(len(events)))
+        assert [event["type"] for event in events] == [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+        final = events[-1]["response"]
+        _, _, stored = await self.fast("GET", f"/v1/responses/{final['id']}")
+        assert orjson.loads(stored) == final
+
+    async def test_a_tool_call_is_a_function_call_item(self):
+        tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+        status, response = await self.create(model="weather", input="Weather?", tools=[tool])
+        assert status == 200
+        (call,) = response["output"]
+        assert call["id"].startswith("fc_")
+        assert (call["type"], call["call_id"], call["name"], call["arguments"]) == (
+            "function_call",
+            "call_1",
+            "get_weather",
+            '{"city":"Paris"}',
+        )
+        assert response["tools"][0]["strict"] is True
+        served = ScriptBackend.served[0]
+        assert [t.name for t in served.tools] == ["get_weather"]
+
+    async def test_the_log_row_names_the_endpoint_and_the_response(self):
+        _, response = await self.create(input="Hi")
+        row = await RequestLog.objects.aget()
+        assert (row.endpoint, row.completion_id, row.alias) == ("responses", response["id"], "echo")
+        assert (row.status_code, row.prompt_tokens, row.completion_tokens) == (200, 5, 2)
+        assert row.finish_reasons == ["stop"]
+
+    @override_settings(CHATPARITY={**SETTINGS, "LOG_BODIES": True})
+    async def test_logged_bodies_are_the_request_and_the_response_object(self):
+        _, response = await self.create(input="Hi")
+        row = await RequestLog.objects.aget()
+        assert row.request_body == {"model": "echo", "input": "Hi"}
+        assert orjson.loads(row.response_body) == response
+
+    async def test_an_invalid_stream_request_is_a_400_envelope(self):
+        status, headers, content = await self.fast(
+            "POST", "/v1/responses", {"model": "echo", "input": "Hi", "stream": True, "n": 2}
+        )
+        assert (status, headers[b"content-type"]) == (400, b"application/json")
+        assert orjson.loads(content)["error"] == {
+            "message": "Unknown parameter: 'n'.",
+            "type": "invalid_request_error",
+            "param": "n",
+            "code": "unknown_parameter",
+        }
+        row = await RequestLog.objects.aget()
+        assert (row.endpoint, row.status_code) == ("responses", 400)
+
+    async def test_an_unknown_model_is_openais_404(self):
+        status, response = await self.create(model="nope", input="Hi")
+        assert status == 404
+        assert response["error"]["code"] == "model_not_found"
+
+    async def test_a_failure_before_the_first_byte_keeps_its_status(self):
+        status, _, content = await self.fast(
+            "POST", "/v1/responses", {"model": "refusing", "input": "Hi", "stream": True}
+        )
+        assert status == 502
+        assert orjson.loads(content)["error"]["message"] == "upstream refused"
+
+    async def test_a_failure_midway_ends_the_stream_with_response_failed(self):
+        status, content = await self.create(model="broken", input="Hi", stream=True)
+        assert status == 200
+        events = parse_events(content)
+        assert [event["type"] for event in events[-2:]] == [
+            "response.output_text.delta",
+            "response.failed",
+        ]
+        failed = events[-1]["response"]
+        assert (failed["status"], failed["error"]["message"]) == ("failed", "upstream broke")
+        row = await RequestLog.objects.aget()
+        assert (row.status_code, row.error_type) == (200, "server_error")
+        assert not await StoredResponse.objects.aexists()
+
+    async def test_a_failure_midway_without_stream_is_an_error_status(self):
+        status, response = await self.create(model="broken", input="Hi")
+        assert status == 502
+        assert response["error"]["message"] == "upstream broke"
+
+    async def test_the_keys_limits_count_responses_like_completions(self):
+        await ApiKey.objects.filter(pk=self.key.pk).aupdate(requests_per_minute=1)
+        first, _ = await self.create(input="Hi")
+        second, response = await self.create(input="Hi")
+        assert (first, second) == (200, 429)
+        assert response["error"]["code"] == "rate_limit_exceeded"
+
+
+class StoreTests(ResponsesTestCase):
+    async def test_a_stored_response_is_read_back_as_it_was_answered(self):
+        _, response = await self.create(input="Hi")
+        for reader in (self.plaintext, self.sibling_plaintext):  # its key, or its owner's
+            status, _, content = await self.fast(
+                "GET", f"/v1/responses/{response['id']}", plaintext=reader
+            )
+            assert (status, orjson.loads(content)) == (200, response)
+        slow = await self.view("GET", f"/v1/responses/{response['id']}")
+        assert slow.json() == response
+
+    async def test_another_owners_key_finds_nothing(self):
+        _, response = await self.create(input="Hi")
+        status, _, content = await self.fast(
+            "GET", f"/v1/responses/{response['id']}", plaintext=self.stranger_plaintext
+        )
+        assert status == 404
+        assert orjson.loads(content)["error"]["message"] == (
+            f"Response with id '{response['id']}' not found."
+        )
+
+    async def test_without_store_only_the_log_row_is_kept(self):
+        _, response = await self.create(input="Hi", store=False)
+        assert response["store"] is False
+        status, _, _ = await self.fast("GET", f"/v1/responses/{response['id']}")
+        assert status == 404
+        assert not await StoredResponse.objects.aexists()
+        assert await RequestLog.objects.acount() == 1
+
+    async def test_an_expired_response_is_neither_read_nor_continued(self):
+        _, response = await self.create(input="Hi")
+        old = timezone.now() - timedelta(days=31)
+        await StoredResponse.objects.filter(pk=response["id"]).aupdate(created_at=old)
+        status, _, _ = await self.fast("GET", f"/v1/responses/{response['id']}")
+        assert status == 404
+        status, refused = await self.create(input="Hi", previous_response_id=response["id"])
+        assert status == 400
+        assert refused["error"] == {
+            "message": f"Previous response with id '{response['id']}' not found.",
+            "type": "invalid_request_error",
+            "param": "previous_response_id",
+            "code": "previous_response_not_found",
+        }
+
+    async def test_a_deleted_response_is_gone(self):
+        _, response = await self.create(input="Hi")
+        path = f"/v1/responses/{response['id']}"
+        status, _, content = await self.fast("DELETE", path)
+        assert (status, orjson.loads(content)) == (
+            200,
+            {"id": response["id"], "object": "response", "deleted": True},
+        )
+        assert (await self.fast("GET", path))[0] == 404
+        assert (await self.fast("DELETE", path))[0] == 404
+
+    async def test_a_stranger_cannot_delete_it(self):
+        _, response = await self.create(input="Hi")
+        path = f"/v1/responses/{response['id']}"
+        assert (await self.fast("DELETE", path, plaintext=self.stranger_plaintext))[0] == 404
+        assert await StoredResponse.objects.filter(pk=response["id"]).aexists()
+
+    async def test_the_database_away_costs_the_client_nothing_but_the_stored_copy(self):
+        failing = mock.patch.object(responses, "_save", side_effect=OperationalError("gone"))
+        with failing, self.assertLogs("chatparity.responses", "ERROR") as logs:
+            status, response = await self.create(input="Hi")
+        assert (status, response["status"]) == (200, "completed")
+        assert "answered but not stored" in logs.output[0]
+
+    async def test_the_stored_row_says_who_asked_what(self):
+        _, response = await self.create(input="Hi", instructions="Be brief.")
+        stored = await StoredResponse.objects.aget()
+        assert (stored.id, stored.api_key_id, stored.owner_id) == (
+            response["id"],
+            self.key.pk,
+            self.owner.pk,
+        )
+        assert (stored.model, stored.status, stored.previous_response_id) == (
+            "echo",
+            "completed",
+            "",
+        )
+        assert [item["content"][0]["text"] for item in stored.input_items] == ["Hi"]
+
+
+class ContinueTests(ResponsesTestCase):
+    async def test_a_continued_response_sees_the_whole_conversation_before_it(self):
+        _, first = await self.create(input="My name is Ada.", instructions="Be kind.")
+        _, second = await self.create(input="Again?", previous_response_id=first["id"])
+        _, third = await self.create(
+            input="And my name?", previous_response_id=second["id"], instructions="Be brief."
+        )
+        assert third["previous_response_id"] == second["id"]
+        served = ScriptBackend.served[-1]
+        assert [(m.role, m.content) for m in served.messages] == [
+            ("system", "Be brief."),  # earlier instructions are not carried over
+            ("user", "My name is Ada."),
+            ("assistant", "Hello there"),
+            ("user", "Again?"),
+            ("assistant", "Hello there"),
+            ("user", "And my name?"),
+        ]
+        stored = await StoredResponse.objects.aget(pk=third["id"])
+        assert stored.previous_response_id == second["id"]
+
+    async def test_a_tool_call_is_answered_by_its_output_in_the_next_request(self):
+        tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+        _, asked = await self.create(model="weather", input="Weather?", tools=[tool])
+        output = {"type": "function_call_output", "call_id": "call_1", "output": "Sunny"}
+        status, answered = await self.create(
+            input=[output], previous_response_id=asked["id"], tools=[tool]
+        )
+        assert status == 200
+        served = ScriptBackend.served[-1]
+        user, assistant, result = served.messages
+        assert assistant.tool_calls[0]["id"] == "call_1"
+        assert (result.role, result.tool_call_id, result.content) == ("tool", "call_1", "Sunny")
+
+    async def test_an_output_for_no_call_is_refused(self):
+        output = {"type": "function_call_output", "call_id": "call_9", "output": "Sunny"}
+        status, refused = await self.create(input=[output])
+        assert status == 400
+        assert refused["error"]["message"] == (
+            "No tool call found for function call output with call_id call_9."
+        )
+
+    async def test_the_owners_other_key_may_continue_a_stranger_may_not(self):
+        _, first = await self.create(input="Hi")
+        status, _ = await self.create(
+            plaintext=self.sibling_plaintext, input="Hi", previous_response_id=first["id"]
+        )
+        assert status == 200
+        status, refused = await self.create(
+            plaintext=self.stranger_plaintext, input="Hi", previous_response_id=first["id"]
+        )
+        assert (status, refused["error"]["code"]) == (400, "previous_response_not_found")
+
+
+class InputItemsTests(ResponsesTestCase):
+    async def make(self):
+        items = [{"role": "user", "content": word} for word in ("one", "two", "three")]
+        _, response = await self.create(input=items)
+        return response["id"]
+
+    async def listing(self, response_id, query=""):
+        call = Call(
+            method="GET",
+            path=f"/v1/responses/{response_id}/input_items",
+            headers={"authorization": f"Bearer {self.plaintext}"},
+            read_body=None,
+            client_ip=None,
+            query=query,
+        )
+        reply = await responses.input_items(call, response_id=response_id)
+        return reply.status, orjson.loads(reply.body)
+
+    def texts(self, listing):
+        return [item["content"][0]["text"] for item in listing["data"]]
+
+    async def test_the_input_is_listed_newest_first_as_openai_lists_it(self):
+        response_id = await self.make()
+        status, _, content = await self.fast("GET", f"/v1/responses/{response_id}/input_items")
+        listing = orjson.loads(content)
+        assert status == 200
+        assert (listing["object"], listing["has_more"]) == ("list", False)
+        assert self.texts(listing) == ["three", "two", "one"]
+        assert listing["first_id"] == listing["data"][0]["id"]
+        assert listing["last_id"] == listing["data"][-1]["id"]
+        assert all(item["id"].startswith("msg_") for item in listing["data"])
+
+    async def test_order_after_and_limit_page_through_it(self):
+        response_id = await self.make()
+        _, page = await self.listing(response_id, "order=asc&limit=2")
+        assert (self.texts(page), page["has_more"]) == (["one", "two"], True)
+        _, rest = await self.listing(response_id, f"order=asc&limit=2&after={page['last_id']}")
+        assert (self.texts(rest), rest["has_more"]) == (["three"], False)
+
+    async def test_a_bad_limit_or_order_is_openais_400(self):
+        response_id = await self.make()
+        status, refused = await self.listing(response_id, "limit=101")
+        assert (status, refused["error"]["param"]) == (400, "limit")
+        status, refused = await self.listing(response_id, "order=sideways")
+        assert (status, refused["error"]["code"]) == (400, "invalid_value")
+
+    async def test_a_strangers_key_lists_nothing(self):
+        response_id = await self.make()
+        status, _, _ = await self.fast(
+            "GET", f"/v1/responses/{response_id}/input_items", plaintext=self.stranger_plaintext
+        )
+        assert status == 404
