@@ -366,12 +366,13 @@ class ContinueTests(ResponsesTestCase):
         tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
         _, asked = await self.create(model="weather", input="Weather?", tools=[tool])
         output = {"type": "function_call_output", "call_id": "call_1", "output": "Sunny"}
-        status, answered = await self.create(
+        status, _ = await self.create(
             input=[output], previous_response_id=asked["id"], tools=[tool]
         )
         assert status == 200
         served = ScriptBackend.served[-1]
-        user, assistant, result = served.messages
+        asking, assistant, result = served.messages
+        assert (asking.role, asking.content) == ("user", "Weather?")
         assert assistant.tool_calls[0]["id"] == "call_1"
         assert (result.role, result.tool_call_id, result.content) == ("tool", "call_1", "Sunny")
 
