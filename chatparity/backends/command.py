@@ -423,9 +423,8 @@ def render_prompt(messages: Sequence[Message], *, system_apart: bool) -> tuple[s
 
 def _message_text(message: Message) -> str:
     text = message.content or ""
-    for call in message.tool_calls or ():
-        function = call.get("function", {})
-        text += f"\n[called {function.get('name', '')}({function.get('arguments', '')})]"
+    for function in message.calls:
+        text += f"\n[called {function['name']}({function['arguments']})]"
     return text.strip()
 
 
@@ -814,6 +813,8 @@ def _check_supported(request: ChatRequest) -> None:
     if request.logprobs:
         raise APIError("logprobs are not supported by this model.", param="logprobs")
     if request.tools and request.tool_choice.mode in ("required", "function"):
+        if request.legacy_functions:
+            raise APIError("This model cannot call functions.", param="function_call")
         raise APIError("This model cannot call tools.", param="tool_choice")
 
 

@@ -447,11 +447,10 @@ def _template_message(message: Message) -> dict[str, str]:
     """A message as the chat template expects it: a role and a string."""
     role = "system" if message.role == "developer" else message.role
     content = message.content or ""
-    for call in message.tool_calls or ():
-        function = call.get("function", {})
+    for function in message.calls:
         content += (
-            f'{grammars.TOOL_CALL_OPEN}{function.get("name", "")}"'
-            f"{grammars.TOOL_ARGUMENTS}{function.get('arguments', '{}')}{grammars.TOOL_CALL_CLOSE}"
+            f'{grammars.TOOL_CALL_OPEN}{function["name"]}"'
+            f"{grammars.TOOL_ARGUMENTS}{function['arguments']}{grammars.TOOL_CALL_CLOSE}"
         )
     return {"role": role, "content": content}
 

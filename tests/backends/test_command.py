@@ -34,7 +34,7 @@ from chatparity.backends.command import CommandBackend
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, Usage
-from chatparity.protocol.request import ChatRequest, Message, Tool, ToolChoice
+from chatparity.protocol.request import ChatRequest, Message, Tool, ToolChoice, parse_chat_request
 from tests.test_disconnect import scope
 
 LLM = str(Path(sys.executable).with_name("llm"))  # the llm CLI of this venv
@@ -478,6 +478,32 @@ def test_tools_the_program_cannot_call_and_logprobs_are_400s():
     assert failure(command("cat"), forced)[1].param == "tool_choice"
     assert failure(command("cat"), ask(logprobs=True))[1].param == "logprobs"
     assert text_of(answer(command("cat"), ask("Hi", tools=[tool], tool_choice=ToolChoice("auto"))))
+
+
+LEGACY = {"model": "cli", "functions": [{"name": "get_time"}]}
+
+
+def test_deprecated_functions_are_answered_in_text_and_a_forced_call_is_a_400_naming_it():
+    hi = [{"role": "user", "content": "Hi"}]
+    events = answer(command("cat"), parse_chat_request({**LEGACY, "messages": hi}))
+    assert (text_of(events), events[-2]) == ("Hi", Finish(0, "stop"))
+    forced = parse_chat_request({**LEGACY, "messages": hi, "function_call": {"name": "get_time"}})
+    error = failure(command("cat"), forced)[1]
+    assert (error.param, error.message) == ("function_call", "This model cannot call functions.")
+
+
+def test_a_deprecated_function_call_and_its_result_are_in_the_conversation():
+    messages = [
+        {"role": "user", "content": "Time?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "function_call": {"name": "get_time", "arguments": "{}"},
+        },
+        {"role": "function", "name": "get_time", "content": "noon"},
+    ]
+    events = answer(command("cat"), parse_chat_request({**LEGACY, "messages": messages}))
+    assert text_of(events) == "User: Time?\n\nAssistant: [called get_time({})]\n\nFunction: noon"
 
 
 # -- failures ----------------------------------------------------------------

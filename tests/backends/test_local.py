@@ -9,9 +9,18 @@ import pytest
 
 from chatparity.backends.base import BackendConfig
 from chatparity.backends.local import LocalBackend, smollm2_model_path
+from chatparity.protocol.completion import CompletionAccumulator
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
-from chatparity.protocol.request import ChatRequest, Message, ResponseFormat, Tool, ToolChoice
+from chatparity.protocol.request import (
+    ChatRequest,
+    Message,
+    ResponseFormat,
+    Tool,
+    ToolChoice,
+    parse_chat_request,
+)
+from chatparity.protocol.stream import ChunkEncoder
 
 WEATHER = Tool(
     "get_weather",
@@ -135,6 +144,18 @@ def test_json_schema_output_parses_and_matches(backend):
     assert set(json.loads(text_of(events))) == {"city", "country"}
 
 
+def test_json_schema_numeric_bounds_hold_whatever_the_prompt_says(backend):
+    schema = {
+        "type": "object",
+        "properties": {"qty": {"type": "integer", "minimum": 1, "maximum": 9}},
+        "required": ["qty"],
+        "additionalProperties": False,
+    }
+    order = ResponseFormat("json_schema", schema, name="order")
+    events = run(backend, ask("Order 25 apples", max_tokens=20, response_format=order))
+    assert 1 <= json.loads(text_of(events))["qty"] <= 9
+
+
 def test_json_object_output_parses(backend):
     request = ask(
         "Return JSON with your name.",
@@ -174,6 +195,102 @@ def test_auto_tool_choice_finish_reason_matches_what_was_produced(backend):
     events = run(backend, request)
     called = any(isinstance(e, ToolCallDelta) for e in events)
     assert events[-2].reason == ("tool_calls" if called else "stop")
+
+
+# The deprecated functions: the same calls, sent as OpenAI sent them.
+
+WEATHER_FUNCTION = {
+    "name": WEATHER.name,
+    "description": WEATHER.description,
+    "parameters": WEATHER.parameters,
+}
+
+
+def legacy(content="What's the weather in Paris?", *, messages=None, **fields):
+    """The request a client of the deprecated ``functions`` parameter sends."""
+    return parse_chat_request(
+        {
+            "model": "smollm2",
+            "messages": messages or [{"role": "user", "content": content}],
+            "functions": [WEATHER_FUNCTION],
+            "temperature": 0,
+            "max_tokens": 60,
+            **fields,
+        }
+    )
+
+
+def chunks_of(backend, request):
+    encoder = ChunkEncoder(
+        completion_id="chatcmpl-1",
+        created=1,
+        model="smollm2",
+        system_fingerprint="fp_1",
+        legacy_functions=request.legacy_functions,
+    )
+    return [chunk for event in run(backend, request) for chunk in encoder.encode(event)]
+
+
+def deltas_of(chunks):
+    return [choice["delta"] for chunk in chunks for choice in chunk["choices"]]
+
+
+def test_a_named_deprecated_function_is_called_in_function_call_deltas(backend):
+    chunks = chunks_of(backend, legacy(function_call={"name": "get_weather"}))
+    first, *fragments, finisher = deltas_of(chunks)
+    assert first == {
+        "role": "assistant",
+        "content": None,
+        "function_call": {"name": "get_weather", "arguments": ""},
+        "refusal": None,
+    }
+    assert fragments
+    assert all(list(delta) == ["function_call"] for delta in fragments)
+    assert all(list(delta["function_call"]) == ["arguments"] for delta in fragments)
+    arguments = "".join(delta["function_call"]["arguments"] for delta in fragments)
+    assert "city" in json.loads(arguments)
+    assert finisher == {}
+    assert (
+        chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    )  # named: as OpenAI, not function_call
+    accumulator = CompletionAccumulator()
+    for chunk in chunks:
+        accumulator.add(chunk)
+    assert accumulator.completion()["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": None,
+        "function_call": {"name": "get_weather", "arguments": arguments},
+        "refusal": None,
+        "annotations": [],
+    }
+
+
+def test_an_automatic_deprecated_function_call_finishes_as_what_was_produced(backend):
+    chunks = chunks_of(backend, legacy("Say hello.", function_call="auto", max_tokens=40))
+    deltas = deltas_of(chunks)
+    assert not [delta for delta in deltas if "tool_calls" in delta]
+    called = "function_call" in deltas[0]
+    assert chunks[-1]["choices"][0]["finish_reason"] == ("function_call" if called else "stop")
+
+
+def test_function_call_none_answers_in_text(backend):
+    deltas = deltas_of(chunks_of(backend, legacy(function_call="none", max_tokens=8)))
+    assert deltas[0] == {"role": "assistant", "content": "", "refusal": None}
+    assert all("function_call" not in delta for delta in deltas)
+    assert "".join(delta.get("content", "") for delta in deltas)
+
+
+def test_an_earlier_deprecated_call_and_its_result_are_in_the_prompt(backend):
+    asked = {"role": "user", "content": "What's the weather in Paris?"}
+    call = {"name": "get_weather", "arguments": '{"city": "Paris, in the north of France"}'}
+    result = {"role": "function", "name": "get_weather", "content": "Sunny and 24 degrees"}
+    history = [asked, {"role": "assistant", "content": None, "function_call": call}, result]
+    without_call = [asked, {"role": "assistant", "content": ""}, {**result, "content": None}]
+
+    def prompt_tokens(messages):
+        return run(backend, legacy(messages=messages, max_tokens=1))[-1].prompt_tokens
+
+    assert prompt_tokens(history) - prompt_tokens(without_call) >= 12
 
 
 def test_prompt_longer_than_context_is_refused_before_streaming(backend):
