@@ -40,6 +40,7 @@ from .checker import (
     Probe,
     Problems,
     json_body,
+    judge_completion,
     judge_error,
     short,
 )
@@ -550,18 +551,6 @@ def input_items_problems(model: str, responses: Sequence[httpx.Response]) -> lis
 # Judges.
 
 
-def judge_response(*inspect: Callable[[dict[str, Any], str], list[str]]) -> Judge:
-    """Judge one non-stream response object with ``inspect``."""
-
-    def judge(model: str, responses: Sequence[httpx.Response]) -> list[str]:
-        body, problems = json_body(responses[0])
-        if body is None:
-            return problems
-        return problems + [problem for check in inspect for problem in check(body, model)]
-
-    return judge
-
-
 def judge_events(*inspect: Callable[[EventStream, str], list[str]]) -> Judge:
     """Judge one Responses stream with ``inspect``; framing problems are ``framing``'s."""
 
@@ -606,13 +595,13 @@ CHECKS: tuple[Check, ...] = (
         "responses.object",
         "id resp_..., object response, created_at, model echoed, settings echoed, messages",
         (RESPONSE,),
-        judge_response(answer_problems),
+        judge_completion(answer_problems),
     ),
     Check(
         "responses.usage",
         "input/output/total tokens add up, with cached_tokens and reasoning_tokens",
         (RESPONSE,),
-        judge_response(lambda body, model: usage_problems(body.get("usage"))),
+        judge_completion(lambda body, model: usage_problems(body.get("usage"))),
     ),
     Check(
         "responses.stream.framing",
@@ -648,7 +637,7 @@ CHECKS: tuple[Check, ...] = (
         "responses.incomplete",
         f"max_output_tokens {MIN_OUTPUT_TOKENS}: incomplete, reason max_output_tokens",
         (_responses(INCOMPLETE),),
-        judge_response(incomplete_problems),
+        judge_completion(incomplete_problems),
     ),
     Check(
         "responses.incomplete.stream",
@@ -660,7 +649,7 @@ CHECKS: tuple[Check, ...] = (
         "responses.function-call",
         "tool_choice required: a function_call item with call_id, name, JSON arguments",
         (_responses(FUNCTION_CALL),),
-        judge_response(called_problems),
+        judge_completion(called_problems),
     ),
     Check(
         "responses.function-call.stream",
