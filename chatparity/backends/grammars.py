@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from functools import partial
 from typing import Any
 
@@ -80,15 +81,314 @@ def json_schema_grammar(
     """A grammar for JSON matching ``schema``, compiled once against ``vocab``; a
     schema past :data:`LOCAL_SCHEMA_BOUNDS` or that cannot be used is ``error``."""
     import llama_cpp
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     try:
         check_schema(schema, LOCAL_SCHEMA_BOUNDS)
-        grammar = str(json_schema_to_gbnf(json.dumps(schema)))
+        grammar = _schema_to_gbnf(schema)
         llama_cpp.llama_sampler_free(grammar_sampler(vocab, grammar))
     except Exception as exc:  # the converter raises bare exceptions of several kinds
         raise error(str(exc)) from exc
     return grammar
+
+
+def _schema_to_gbnf(schema: dict[str, Any]) -> str:
+    """llama-cpp-python's conversion of ``schema``, with the bounds of its numbers
+    (which that converter ignores) made part of the grammar."""
+    from llama_cpp import llama_grammar
+
+    converter_class: Any = llama_grammar.SchemaConverter  # its methods are not annotated
+
+    class Converter(converter_class):  # type: ignore[misc]
+        def visit(self, node: Any, name: str) -> str:
+            if isinstance(node, dict) and not _DECIDED_ELSEWHERE.intersection(node):
+                kind = node.get("type")
+                numeric = {key: node[key] for key in _NUMERIC_KEYWORDS if key in node}
+                reserved = name in llama_grammar.RESERVED_NAMES
+                rule_name = name + "-" if reserved else name or "root"
+                if numeric and isinstance(kind, list):
+                    # Each member of the union keeps the bounds that apply to it.
+                    members = [{**numeric, "type": member} for member in kind]
+                    rule = self._generate_union_rule(name, members)
+                    return str(self._add_rule(rule_name, rule))
+                if numeric and kind in ("integer", "number"):
+                    return str(self._add_rule(rule_name, f"{bounded_number(node)} space"))
+            return str(super().visit(node, name))
+
+    converter = Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter.visit(converter.resolve_refs(schema, "stdin"), "")
+    return str(converter.format_grammar())
+
+
+# Numbers within bounds ----------------------------------------------------------------
+#
+# A bounded number is written without an exponent, as its sign, its whole part and its
+# fraction; a bound splits the numbers of each sign into those whose whole part lies
+# strictly inside (any fraction) and those sharing the bound's whole part, whose fraction
+# is then compared digit by digit with the bound's.
+
+_NUMERIC_KEYWORDS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum", "multipleOf")
+# Keywords the converter decides on before a type (a reference, a union, fixed values).
+_DECIDED_ELSEWHERE = frozenset({"$ref", "anyOf", "oneOf", "const", "enum"})
+# Digits a bound may have before or after its point: a grammar grows with their square.
+MAX_BOUND_DIGITS = 40
+_ANY_FRACTION = '("." [0-9]+)?'
+
+# One side of the range of a fraction's digits: the bound's digits still to compare
+# (no trailing zeros) and whether the bound is excluded; None: no bound left.
+_Side = tuple[str, bool] | None
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """A bound on a number's magnitude (its absolute value)."""
+
+    whole: int
+    fraction: str  # the digits after the point, without trailing zeros
+    exclusive: bool
+
+    @property
+    def as_lower(self) -> _Side:
+        """The lower side of the fraction's range, once the whole part equals this bound."""
+        return None if not self.fraction and not self.exclusive else (self.fraction, self.exclusive)
+
+    @property
+    def as_upper(self) -> _Side:
+        """The upper side of the fraction's range, once the whole part equals this bound."""
+        return self.fraction, self.exclusive
+
+
+def bounded_number(schema: dict[str, Any]) -> str:
+    """The GBNF expression (without the space after it) for the JSON numbers, or integers,
+    ``schema`` admits within its ``minimum``, ``maximum``, ``exclusiveMinimum`` and
+    ``exclusiveMaximum``; :class:`ValueError` for bounds no grammar is made from."""
+    if "multipleOf" in schema:
+        raise ValueError("'multipleOf' is not supported by this model")
+    low = _tightest(schema, "minimum", "exclusiveMinimum", max)
+    high = _tightest(schema, "maximum", "exclusiveMaximum", min)
+    integer = schema["type"] == "integer"
+    alternatives = _integers(low, high) if integer else _numbers(low, high)
+    if not alternatives:
+        raise ValueError(f"no {schema['type']} lies within its bounds")
+    return " | ".join(alternatives)
+
+
+def _tightest(
+    schema: dict[str, Any], inclusive: str, exclusive: str, pick: Callable[..., Any]
+) -> tuple[Decimal, bool] | None:
+    """The tighter of ``schema``'s ``inclusive`` and ``exclusive`` bounds, as (value, is it
+    excluded), ``pick`` choosing the tighter value (an excluded one on a tie)."""
+    bounds = [
+        (_decimal(keyword, schema[keyword]), keyword == exclusive)
+        for keyword in (inclusive, exclusive)
+        if keyword in schema
+    ]
+    if not bounds:
+        return None
+    value = pick(value for value, _ in bounds)
+    return value, any(excluded for bound, excluded in bounds if bound == value)
+
+
+def _decimal(keyword: str, value: Any) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"'{keyword}' must be a number, not {json.dumps(value)}")
+    number = Decimal(str(value)) if isinstance(value, float) else Decimal(value)
+    whole, _, fraction = format(abs(number), "f").partition(".")
+    if len(whole) > MAX_BOUND_DIGITS or len(fraction.rstrip("0")) > MAX_BOUND_DIGITS:
+        raise ValueError(
+            f"'{keyword}' has more than the {MAX_BOUND_DIGITS} digits before or after its point"
+            " this model takes"
+        )
+    return number
+
+
+def _integers(low: tuple[Decimal, bool] | None, high: tuple[Decimal, bool] | None) -> list[str]:
+    """Alternatives for the integers within ``low`` and ``high``."""
+    least = None if low is None else int(low[0].to_integral_value(ROUND_FLOOR)) + 1
+    if low is not None and not low[1] and low[0] == int(low[0]):
+        least = int(low[0])
+    most = None if high is None else int(high[0].to_integral_value(ROUND_CEILING)) - 1
+    if high is not None and not high[1] and high[0] == int(high[0]):
+        most = int(high[0])
+    if least is not None and most is not None and least > most:
+        return []
+    alternatives = []
+    if most is None or most >= 0:
+        alternatives.append(_whole_numbers(max(least or 0, 0), most))
+    if least is None or least < 0:
+        negative = _whole_numbers(1 if most is None or most >= 0 else -most, _negated(least))
+        alternatives.append(f'"-" ({negative})')
+    return alternatives
+
+
+def _negated(value: int | None) -> int | None:
+    return None if value is None else -value
+
+
+def _numbers(low: tuple[Decimal, bool] | None, high: tuple[Decimal, bool] | None) -> list[str]:
+    """Alternatives for the numbers within ``low`` and ``high``."""
+    alternatives = []
+    # Zero and above: bounded by ``low`` only if it is not negative, impossible under
+    # a negative ``high``.
+    if high is None or high[0] >= 0:
+        least = None if low is None or low[0] < 0 else _magnitude(*low)
+        most = None if high is None else _magnitude(*high)
+        alternatives.extend(_magnitudes(least, most))
+    # Below zero: the magnitude is at least what ``high`` is below zero, and at most
+    # what ``low`` is.
+    if low is None or low[0] <= 0:
+        least = None if high is None or high[0] > 0 else _magnitude(-high[0], high[1])
+        most = None if low is None else _magnitude(-low[0], low[1])
+        negative = _magnitudes(least, most)
+        if negative:
+            alternatives.append(f'"-" ({" | ".join(negative)})')
+    return alternatives
+
+
+def _magnitude(value: Decimal, exclusive: bool) -> _Bound:
+    whole, _, fraction = format(value, "f").partition(".")
+    return _Bound(int(whole), fraction.rstrip("0"), exclusive)
+
+
+def _magnitudes(least: _Bound | None, most: _Bound | None) -> list[str]:
+    """Alternatives for the unsigned numbers between ``least`` and ``most``."""
+    bottom = 0 if least is None else least.whole
+    low_side = None if least is None else least.as_lower
+    if most is not None and most.whole < bottom:
+        return []
+    if most is not None and most.whole == bottom:
+        fraction = _fraction(low_side, most.as_upper)
+        return [] if fraction is None else [f'"{bottom}" {fraction}']
+    alternatives = []
+    fraction = _fraction(low_side, None)
+    if fraction is not None:
+        alternatives.append(f'"{bottom}" {fraction}')
+    top = None if most is None else most.whole - 1
+    if top is None or top > bottom:
+        alternatives.append(f"({_whole_numbers(bottom + 1, top)}) {_ANY_FRACTION}")
+    if most is not None:
+        fraction = _fraction(None, most.as_upper)
+        if fraction is not None:
+            alternatives.append(f'"{most.whole}" {fraction}')
+    return alternatives
+
+
+def _fraction(low: _Side, high: _Side) -> str | None:
+    """The optional ``.digits`` after a whole part equal to the bounds' (``low`` and
+    ``high``: what is left of each to compare): an expression, or None if none fits."""
+    ending, steps = _fraction_steps(low, high)
+    if not steps:
+        return "" if ending else None
+    digits = f'"." {_choice(steps)}'
+    return f"({digits})?" if ending else digits
+
+
+def _fraction_digits(low: _Side, high: _Side) -> list[str]:
+    """Alternatives for the rest of a fraction's digits within ``low`` and ``high`` ("":
+    it may end here)."""
+    if high == ("", True):
+        return []
+    if low is None and high is None:
+        return ["[0-9]*"]
+    if low == ("", True) and high is None:
+        return ['"0"* [1-9] [0-9]*']
+    if low is None and high == ("", False):
+        return ['"0"*']
+    if low == ("", True) and high == ("", False):
+        return []
+    ending, steps = _fraction_steps(low, high)
+    return [""] * ending + steps
+
+
+def _fraction_steps(low: _Side, high: _Side) -> tuple[bool, list[str]]:
+    """Whether a fraction may end before its next digit, and the alternatives that go on
+    with one: each class of digits leading to the same sides, then what may follow."""
+    ending = low is None and high != ("", True)
+    steps: list[str] = []
+    by_next: dict[tuple[_Side, _Side], list[int]] = {}
+    for digit in range(10):
+        following = _next_side(low, digit, lower=True), _next_side(high, digit, lower=False)
+        if _DEAD not in following:
+            by_next.setdefault(following, []).append(digit)
+    for (next_low, next_high), digits in by_next.items():
+        rest = _fraction_digits(next_low, next_high)
+        if rest:
+            steps.append(f"{_digit_class(digits[0], digits[-1])} {_choice(rest)}".rstrip())
+    return ending, steps
+
+
+_DEAD = ("dead", True)  # a side no digit string can satisfy any more
+
+
+def _next_side(side: _Side, digit: int, *, lower: bool) -> _Side | tuple[str, bool]:
+    """What is left of ``side`` once ``digit`` is written: the bound's later digits, None
+    once it is passed on the right side, or :data:`_DEAD` once on the wrong one."""
+    if side is None:
+        return None
+    digits, exclusive = side
+    bound = int(digits[0]) if digits else 0
+    if digit == bound:
+        if not digits:  # as many digits as the bound, then zeros: equal to it so far
+            return side
+        rest = digits[1:]
+        if not rest and lower and not exclusive:
+            return None
+        return _DEAD if not rest and not lower and exclusive else (rest, exclusive)
+    passed = digit > bound if lower else digit < bound
+    return None if passed else _DEAD
+
+
+def _digit_class(first: int, last: int) -> str:
+    return f'"{first}"' if first == last else f"[{first}-{last}]"
+
+
+def _choice(alternatives: list[str]) -> str:
+    """One expression for ``alternatives`` ("" among them: nothing at all)."""
+    present = [alternative for alternative in alternatives if alternative]
+    joined = " | ".join(present)
+    grouped = f"({joined})" if len(present) > 1 else joined
+    if len(present) < len(alternatives):
+        return f"{grouped}?" if len(present) == 1 and " " not in joined else f"({joined})?"
+    return grouped
+
+
+def _whole_numbers(least: int, most: int | None) -> str:
+    """An expression for the whole numbers from ``least`` to ``most`` (None: no end),
+    written without leading zeros; ``least <= most``."""
+    alternatives = []
+    length = len(str(least))
+    while most is None or length <= len(str(most)):
+        start = max(least, 10 ** (length - 1) if length > 1 else 0)
+        if most is None and length > 1 and start == 10 ** (length - 1):
+            alternatives.append(f"[1-9] [0-9]{{{length - 1},}}")
+            break
+        end = 10**length - 1 if most is None or length < len(str(most)) else most
+        alternatives.append(_same_length(str(start), str(end)))
+        length += 1
+    return " | ".join(alternatives)
+
+
+def _same_length(low: str, high: str) -> str:
+    """An expression for the digit strings of ``low``'s length from ``low`` to ``high``."""
+    if low == high:
+        return f'"{low}"'
+    if low[0] == high[0]:
+        return f'"{low[0]}" ({_same_length(low[1:], high[1:])})'
+    rest = len(low) - 1
+    lowest, highest = "0" * rest, "9" * rest
+    first, last = int(low[0]), int(high[0])
+    alternatives = []
+    if low[1:] != lowest:
+        alternatives.append(f'"{low[0]}" ({_same_length(low[1:], highest)})')
+        first += 1
+    upper = None
+    if high[1:] != highest:
+        upper = f'"{high[0]}" ({_same_length(lowest, high[1:])})'
+        last -= 1
+    if first <= last:
+        alternatives.append(_digit_class(first, last) + (f" [0-9]{{{rest}}}" if rest else ""))
+    if upper is not None:
+        alternatives.append(upper)
+    return " | ".join(alternatives)
 
 
 def response_grammar(response_format: ResponseFormat | None, vocab: Any) -> str | None:

@@ -5,10 +5,12 @@ import asyncio
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from collections import Counter
 from dataclasses import astuple
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -99,6 +101,122 @@ def test_a_grammar_llama_cpp_refuses_never_reaches_a_sampler_chain(vocab, text):
         grammars.grammar_sampler(vocab, text)
 
 
+# Numbers within bounds: llama-cpp-python's converter ignores them; chatparity's grammar
+# admits exactly the numbers within, or the schema is a 400 (never accepted and ignored).
+
+
+def admits(expression, text):
+    """Whether the GBNF ``expression`` (literals, classes, counts, groups) matches ``text``,
+    read as the regular expression it is."""
+    translated = re.sub(r'"([^"]*)"', lambda literal: re.escape(literal[1]), expression)
+    return re.fullmatch(translated.replace(" ", ""), text) is not None
+
+
+def within(value, schema):
+    value = Decimal(value)
+    return (
+        value >= Decimal(str(schema.get("minimum", "-Infinity")))
+        and value > Decimal(str(schema.get("exclusiveMinimum", "-Infinity")))
+        and value <= Decimal(str(schema.get("maximum", "Infinity")))
+        and value < Decimal(str(schema.get("exclusiveMaximum", "Infinity")))
+    )
+
+
+INTEGERS = [str(i) for i in range(-130, 131)]
+DECIMALS = [f"{i}.{f}" for i in range(-13, 14) for f in ["0", "05", "1", "25", "5", "500", "99"]]
+BOUNDS = [
+    {"minimum": 1, "maximum": 9},
+    {"minimum": -12, "maximum": 123},
+    {"exclusiveMinimum": -1, "exclusiveMaximum": 100},
+    {"minimum": 10},
+    {"maximum": -10},
+    {"exclusiveMaximum": 0},
+    {"minimum": 0, "exclusiveMinimum": 0},
+    {"minimum": 0.5, "maximum": 9.75},
+    {"exclusiveMinimum": -2.75, "exclusiveMaximum": 0.25},
+    {"minimum": 5, "maximum": 5},
+    {"minimum": 0.25, "maximum": 0.5},
+    {"exclusiveMinimum": 0.05, "maximum": 0.1},
+]
+
+
+@pytest.mark.parametrize("bounds", BOUNDS)
+def test_an_integers_bounds_admit_exactly_the_integers_within(bounds):
+    expected = [text for text in INTEGERS if within(text, bounds)]
+    if not expected:
+        with pytest.raises(ValueError, match="no integer lies within its bounds"):
+            grammars.bounded_number({"type": "integer", **bounds})
+        return
+    expression = grammars.bounded_number({"type": "integer", **bounds})
+    assert [text for text in INTEGERS + DECIMALS if admits(expression, text)] == expected
+
+
+@pytest.mark.parametrize("bounds", BOUNDS)
+def test_a_numbers_bounds_admit_exactly_the_numbers_within(bounds):
+    expression = grammars.bounded_number({"type": "number", **bounds})
+    # A negative zero is zero: "-0" is admitted where zero is, as JSON allows it.
+    texts = [text for text in INTEGERS + DECIMALS if not re.fullmatch(r"-0(\.0+)?", text)]
+    admitted = [text for text in texts if admits(expression, text)]
+    assert admitted == [text for text in texts if within(text, bounds)]
+
+
+def test_bounded_numbers_are_written_without_an_exponent_or_leading_zeros():
+    expression = grammars.bounded_number({"type": "number", "minimum": 0, "maximum": 1000})
+    assert admits(expression, "999.5")
+    assert not admits(expression, "1e2")
+    assert not admits(expression, "0999")
+
+
+def test_bounds_make_a_grammar_for_the_real_model(vocab):
+    schema = {
+        "type": "object",
+        "properties": {
+            "qty": {"type": "integer", "minimum": 1, "maximum": 9},
+            "price": {"type": "number", "exclusiveMinimum": 0, "maximum": 2.5},
+            "delta": {"type": ["integer", "null"], "minimum": -5, "maximum": -2},
+        },
+    }
+    grammar = grammars.response_grammar(answer_in(schema), vocab)
+    assert "qty ::= [1-9] space" in grammar
+    assert 'delta-0 ::= "-" ([2-5]) space' in grammar
+
+
+@pytest.mark.parametrize(
+    ("bounds", "reason"),
+    [
+        ({"multipleOf": 5}, "'multipleOf' is not supported by this model"),
+        ({"minimum": 10, "maximum": 1}, "no integer lies within its bounds"),
+        ({"exclusiveMinimum": 1, "exclusiveMaximum": 2}, "no integer lies within its bounds"),
+        ({"minimum": "1"}, "'minimum' must be a number, not \"1\""),
+        ({"maximum": True}, "'maximum' must be a number, not true"),
+        (
+            {"maximum": 1e41},
+            "'maximum' has more than the 40 digits before or after its point this model takes",
+        ),
+    ],
+)
+def test_bounds_no_grammar_is_made_from_are_a_400(vocab, bounds, reason):
+    schema = {"type": "object", "properties": {"qty": {"type": "integer", **bounds}}}
+    assert refusal(lambda: grammars.response_grammar(answer_in(schema), vocab)) == {
+        "message": f"Invalid schema for response_format 'answer': {reason}.",
+        "type": "invalid_request_error",
+        "param": "response_format.json_schema.schema",
+        "code": "invalid_json_schema",
+    }
+
+
+def test_the_longest_bounds_keep_the_grammar_small(vocab):
+    longest = {
+        "type": "number",
+        "minimum": -1234567890123456.7,  # digits on both sides of the point
+        "exclusiveMaximum": 9.876543210987654e39,  # 40 digits
+    }
+    grammar = grammars.response_grammar(answer_in(longest), vocab)
+    assert len(grammar) < 16 * 1024
+    fraction = {"type": "number", "minimum": float("1e-40"), "maximum": 0.123456789}
+    assert len(grammars.response_grammar(answer_in(fraction), vocab)) < 16 * 1024
+
+
 # Whatever a client sends: the bombs found so far and a fuzzed set, each through the
 # parser and the local backend to its first token, in a process of its own.
 
@@ -120,9 +238,13 @@ BOMBS = [
     # Unbounded recursion in the converter.
     {"type": "array", "items": {}, "maxItems": -1},
     {"type": "array", "items": {}, "minItems": 5, "maxItems": 2},
+    # A grammar growing with the square of a bound's digits.
+    {"type": "number", "minimum": -1e300, "maximum": 1e-300},
 ]
 
 COUNTS = [0, 1, 2, 3, 8, 20, 64, 999, 1000, 1001, 2500, 100_001, 10**9, -1, 2.5, 1e30, True, "5"]
+NUMERIC_KEYWORDS = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"]
+NUMERIC_BOUNDS = [0, 1, -1, 9, 2.5, -0.125, 10**18, -(10**19), 1e39, 1e300, 1e-300, True, "5"]
 QUANTIFIED = [0, 1, 2, 4, 8, 30, 65, 999, 1000, 1001, 2500, 10**6]
 
 
@@ -193,6 +315,11 @@ def fuzzed_schema(rng, depth=0):
         return {key: [fuzzed_schema(rng, depth + 1) for _ in range(rng.choice([0, 1, 2, 4]))]}
     if kind == "types":
         return {"type": rng.sample(["string", "integer", "null", "object", "array", "bogus"], 2)}
+    if kind in ("integer", "number") and rng.random() < 0.5:
+        schema = {"type": kind}
+        for key in rng.sample(NUMERIC_KEYWORDS, rng.randint(1, 3)):
+            schema[key] = rng.choice(NUMERIC_BOUNDS)
+        return schema
     if kind == "ref":
         target = rng.choice(["#/$defs/a", "#/$defs/missing", "#", "other.json", "#/$defs/a/b"])
         inner = rng.choice([fuzzed_schema(rng, depth + 1), {"$ref": "#/$defs/a"}])
