@@ -39,6 +39,7 @@ from .checker import (
     Judge,
     Probe,
     Problems,
+    _status,
     json_body,
     judge_completion,
     judge_error,
@@ -190,10 +191,12 @@ def parse_event_stream(body: bytes) -> EventStream:
 
 def event_stream(response: httpx.Response) -> tuple[EventStream | None, list[str]]:
     """A 200 Responses stream, parsed, or the problems that stop it being judged."""
-    if response.status_code != 200:
-        return None, [f"HTTP {response.status_code}, expected 200: {short(response.text)}"]
+    problems = _status(response)
+    if problems:
+        return None, problems
     kind = response.headers.get("content-type", "")
-    problems = [] if kind.startswith("text/event-stream") else [f"Content-Type is {kind!r}"]
+    if not kind.startswith("text/event-stream"):
+        problems.append(f"Content-Type is {kind!r}")
     stream = parse_event_stream(response.content)
     return stream, problems + stream.problems
 

@@ -12,6 +12,7 @@ import pytest
 from django.core.management import call_command
 
 from chatparity.conformance.checker import CHECKS
+from chatparity.conformance.responses import CHECKS as RESPONSES_CHECKS
 
 pytestmark = pytest.mark.e2e
 
@@ -63,6 +64,8 @@ LLAMA_CPP_DEFECTS = {
     "errors.unknown-argument": ["HTTP 200 (application/json), expected 400"],
     "errors.temperature": ["HTTP 200 (application/json), expected 400"],
 }
+# It has no /v1/responses.
+LLAMA_CPP_DEFECTS |= {check.name: ["HTTP 404 (application/json)"] for check in RESPONSES_CHECKS}
 
 
 def test_llama_cpp_server_fails_with_its_real_defects(llama_cpp_server):
