@@ -748,6 +748,76 @@ def _unanswered(ids: list[str], param: str) -> APIError:
     )
 
 
+# The deprecated functions, for servers that only know tools.
+
+
+def functions_as_tools(body: dict[str, Any]) -> dict[str, Any]:
+    """A valid request ``body`` with the deprecated functions in the shape of tools,
+    which every OpenAI-compatible server knows (``body`` itself if it has none).
+
+    ``functions`` join ``tools``, ``function_call`` becomes ``tool_choice`` (unless
+    one is given), and with no ``tools`` sent parallel calls are off, as a
+    ``function_call`` carries one. In ``messages`` an assistant's ``function_call``
+    answered by the ``function`` message right after it become a tool call
+    (``call_<i>``, ``i`` the assistant message's index) and its tool result; other
+    deprecated messages stay as sent, since a tool call must be answered.
+    """
+    functions = body.get("functions")
+    function_call = body.get("function_call")
+    messages = _calls_as_tools(body["messages"])
+    if functions is None and function_call is None and messages is body["messages"]:
+        return body
+    converted = {key: value for key, value in body.items() if key not in _FUNCTION_PARAMETERS}
+    converted["messages"] = messages
+    if functions:
+        tools = [
+            {
+                "type": "function",
+                "function": {k: v for k, v in function.items() if k in _FUNCTION_FIELDS},
+            }
+            for function in functions
+        ]
+        converted["tools"] = [*(body.get("tools") or ()), *tools]
+        if body.get("tools") is None:
+            converted["parallel_tool_calls"] = False
+        if body.get("tool_choice") is None and function_call is not None:
+            converted["tool_choice"] = (
+                function_call
+                if isinstance(function_call, str)
+                else {"type": "function", "function": {"name": function_call["name"]}}
+            )
+    return converted
+
+
+_FUNCTION_PARAMETERS = frozenset({"functions", "function_call"})
+# What a function declares; anything else in one (a tool's "strict") does not apply.
+_FUNCTION_FIELDS = frozenset(member.name for member in _FUNCTION.members)
+
+
+def _calls_as_tools(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with each deprecated call answered right after as a tool call and
+    its result (``messages`` itself if there is none)."""
+    converted: list[dict[str, Any]] | None = None
+    for i in range(len(messages) - 1):
+        message, following = messages[i], messages[i + 1]
+        called = message.get("function_call") if message["role"] == "assistant" else None
+        if called is None or following["role"] != "function":
+            continue
+        if converted is None:
+            converted = list(messages)
+        call_id = f"call_{i}"
+        assistant = {key: value for key, value in message.items() if key != "function_call"}
+        assistant["tool_calls"] = [
+            *(message.get("tool_calls") or ()),
+            {"id": call_id, "type": "function", "function": called},
+        ]
+        converted[i] = assistant
+        # A tool result is a string: a function's null result is an empty one.
+        result = {"role": "tool", "tool_call_id": call_id, "content": following["content"] or ""}
+        converted[i + 1] = result
+    return messages if converted is None else converted
+
+
 # JSON Schemas: bounded before anything (a grammar, an upstream request) is built from one.
 
 

@@ -9,6 +9,7 @@ from chatparity.protocol.request import (
     ResponseFormat,
     Tool,
     ToolChoice,
+    functions_as_tools,
     parse_chat_request,
 )
 
@@ -29,6 +30,10 @@ CALL = {
     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
 }
 LEGACY_CALL = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+LEGACY_ANSWER = {"role": "assistant", "content": None, "function_call": LEGACY_CALL}
+GET_WEATHER = {key: value for key, value in WEATHER["function"].items() if key != "strict"}
+REFUSED_PART = {"type": "refusal", "refusal": "I can't."}
+TEXT_PART = {"type": "text", "text": "Hi"}
 ANSWERED = [
     {"role": "user", "content": "Weather?"},
     {"role": "assistant", "content": None, "tool_calls": [CALL]},
@@ -199,6 +204,29 @@ def test_null_means_not_given():
             id="token ids up to 2**31 - 1, with any number of leading zeros",
         ),
         pytest.param({"model": "m" * 300}, "model", "m" * 300, id="a model name of any length"),
+        pytest.param({"stop": []}, "stop", [], id="no stop"),
+        pytest.param(
+            {"logit_bias": {"1": -100, "2": 100}},
+            "logit_bias",
+            {1: -100.0, 2: 100.0},
+            id="biases of -100 and 100",
+        ),
+        pytest.param(
+            {"messages": [*HI, {"role": "assistant", "content": [REFUSED_PART, TEXT_PART]}]},
+            "messages",
+            [Message("user", "Hi"), Message("assistant", "I can't.Hi")],
+            id="an assistant's refusal and text parts are its content",
+        ),
+        pytest.param(
+            {"messages": [*HI, LEGACY_ANSWER, {"role": "function", "name": "f", "content": None}]},
+            "messages",
+            [
+                Message("user", "Hi"),
+                Message("assistant", None, function_call=LEGACY_CALL),
+                Message("function", None, name="f"),
+            ],
+            id="a function's result may be null",
+        ),
     ],
 )
 def test_accepted_values(changes, field, value):
@@ -793,8 +821,208 @@ ERRORS = [
     ),
 ]
 
+# OpenAI's recorded answers to requests at every boundary (issue 15): what it
+# checks, and in which order.
+FORMATS = "'wav', 'aac', 'mp3', 'flac', 'opus', and 'pcm16'"
+LOGIT_BIAS_101 = (
+    "Invalid value in 'logit_bias': 101 for token 12345. Biases should be between -100 and 100.",
+    "logit_bias",
+)
+STREAM_OPTIONS = (
+    "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+    "stream_options",
+)
+TOP_LOGPROBS = (
+    "The 'top_logprobs' parameter is only allowed when 'logprobs' is enabled.",
+    "top_logprobs",
+)
+METADATA = ("The 'metadata' parameter is only allowed when 'store' is enabled.", "metadata")
+BOTH_MAXIMA = (
+    "Setting 'max_tokens' and 'max_completion_tokens' at the same time is not supported.",
+    "max_tokens",
+    "invalid_parameter_combination",
+)
+ONLY_AUDIO = (
+    "Invalid value for 'modalities': audio output is only supported together with text, as"
+    " ['text', 'audio'].",
+    "modalities",
+    "invalid_value",
+)
+BOUNDARIES = [
+    # The model comes first.
+    case({"model": ""}, "you must provide a model parameter", id="an empty model"),
+    case(
+        {"model": "", "messages": ABSENT},
+        "you must provide a model parameter",
+        id="an empty model without messages",
+    ),
+    case(
+        {"model": "", "temperature": 9},
+        "you must provide a model parameter",
+        id="an empty model beats a bad value",
+    ),
+    # metadata: only stored completions have it.
+    case({"metadata": {"run": "1"}}, *METADATA, id="metadata without store"),
+    case({"metadata": {"run": "1"}, "store": False}, *METADATA, id="metadata with store false"),
+    case(
+        {"metadata": {"k" * 65: "v"}, "store": True},
+        "Invalid 'metadata': string too long. Expected a string with maximum length 64, but got a"
+        " string with length 65 instead.",
+        "metadata",
+        "string_above_max_length",
+        id="a metadata key of 65 characters",
+    ),
+    case(
+        {"metadata": {"k": 1}},
+        *invalid_type("metadata.k", "a string", "an integer"),
+        id="a metadata value's type before store",
+    ),
+    # logit_bias: its values, named as logit_bias, after every type and rule.
+    case({"logit_bias": {"12345": 101}}, *LOGIT_BIAS_101, id="a bias of 101"),
+    case(
+        {"logit_bias": {"12345": 101}, "temperature": 3},
+        *out_of_range("temperature", "decimal", "max", 2, 3),
+        id="a range after logit_bias in the body beats its bias",
+    ),
+    case(
+        {"logit_bias": {"12345": 101}, "top_logprobs": 2},
+        *TOP_LOGPROBS,
+        id="a rule across parameters beats a bias",
+    ),
+    case(
+        {"logit_bias": {"12345": 101, "11": "x"}},
+        *invalid_type("logit_bias.11", "a decimal", "a string"),
+        id="a bias's type beats another's range",
+    ),
+    case(
+        {"logit_bias": {"hello": 1}, "stream_options": {}},
+        *STREAM_OPTIONS,
+        id="a rule across parameters beats a key",
+    ),
+    case(
+        {"logit_bias": {str(token): 1 for token in range(1025)}},
+        "Invalid 'logit_bias': too many properties. Expected an object with at most 1024"
+        " properties, but got an object with 1025 properties instead.",
+        "logit_bias",
+        "object_above_max_properties",
+        id="1025 biases",
+    ),
+    # modalities and audio.
+    case({"modalities": ["audio"]}, *ONLY_AUDIO, id="audio alone"),
+    case(
+        {"modalities": [""]},
+        *unsupported("modalities[0]", "", "'text' and 'audio'"),
+        id="an empty modality",
+    ),
+    case(
+        {"modalities": ["text", "UNKNOWN"]},
+        *unsupported("modalities[1]", "UNKNOWN", "'text' and 'audio'"),
+        id="an unknown modality",
+    ),
+    case({"modalities": []}, *empty("modalities"), id="no modality"),
+    case(
+        {"audio": {"format": "ogg", "voice": "alloy"}},
+        *unsupported("audio.format", "ogg", FORMATS),
+        id="an audio format",
+    ),
+    case({"audio": {"voice": "alloy"}}, *missing("audio.format"), id="no audio format"),
+    case({"audio": {"format": "wav"}}, *missing("audio.voice"), id="no voice"),
+    case(
+        {"audio": {"format": "wav", "voice": 7}},
+        *invalid_type("audio.voice", "one of a string or object", "an integer"),
+        id="a voice",
+    ),
+    # max_tokens is the older name of max_completion_tokens.
+    case({"max_tokens": 10, "max_completion_tokens": 10}, *BOTH_MAXIMA, id="both maxima"),
+    case(
+        {"max_completion_tokens": 10, "max_tokens": 0},
+        *out_of_range("max_tokens", "integer", "min", 1, 0),
+        id="a maximum's range beats the combination",
+    ),
+    case(
+        {"max_tokens": 10, "max_completion_tokens": 10, "top_logprobs": 1},
+        *TOP_LOGPROBS,
+        id="a parameter's requirement beats the combination",
+    ),
+    # Rules across parameters, in OpenAI's order.
+    case(
+        {"stream_options": {}, "top_logprobs": 2},
+        *TOP_LOGPROBS,
+        id="top_logprobs before stream_options",
+    ),
+    case(
+        {"metadata": {}, "stream_options": {}},
+        *STREAM_OPTIONS,
+        id="stream_options before metadata",
+    ),
+    # An assistant's content: text and refusal parts.
+    case(
+        {"messages": [*HI, {"role": "assistant", "content": [{"type": "refusal"}]}]},
+        *missing("messages[1].content[0].refusal"),
+        id="a refusal part without its refusal",
+    ),
+    case(
+        {"messages": [*HI, {"role": "assistant", "content": [{"type": "image_url"}]}]},
+        *unsupported("messages[1].content[0].type", "image_url", "'text' and 'refusal'"),
+        id="an image in an assistant's content",
+    ),
+    case(
+        {"messages": [*HI, {"role": "assistant", "content": [{"type": "refusal", "refusal": 1}]}]},
+        *invalid_type("messages[1].content[0].refusal", "a string", "an integer"),
+        id="a refusal that is not a string",
+    ),
+    # The deprecated functions.
+    case({"functions": []}, *empty("functions"), id="no function"),
+    case(
+        {"functions": [{"description": "The weather."}]},
+        *missing("functions[0].name"),
+        id="a function without name",
+    ),
+    case(
+        {"functions": [{"name": "get weather"}]},
+        f"Invalid 'functions[0].name': {PATTERN} '^[a-zA-Z0-9_-]+$'.",
+        "functions[0].name",
+        "invalid_value",
+        id="a function name with a space",
+    ),
+    case(
+        {"functions": [GET_WEATHER], "function_call": "required"},
+        *unsupported("function_call", "required", "'none' and 'auto'"),
+        id="a function_call mode",
+    ),
+    case(
+        {"functions": [GET_WEATHER], "function_call": 1},
+        *invalid_type("function_call", "one of one of 'none' or 'auto' or object", "an integer"),
+        id="a function_call of no type",
+    ),
+    case(
+        {"function_call": "auto"},
+        "Invalid value for 'function_call': 'function_call' is only allowed when 'functions' are"
+        " specified.",
+        "function_call",
+        id="function_call without functions",
+    ),
+    case(
+        {"functions": [GET_WEATHER], "function_call": {"name": "clock"}},
+        "Invalid value for 'function_call': no function named 'clock' was specified in the"
+        " 'functions' parameter.",
+        "function_call",
+        id="a named function that is not in functions",
+    ),
+    case(
+        {"messages": [*HI, {"role": "function", "name": "f"}]},
+        *missing("messages[1].content"),
+        id="a function result without content",
+    ),
+    case(
+        {"messages": [*HI, {"role": "assistant", "function_call": {"name": "f"}}]},
+        *missing("messages[1].function_call.arguments"),
+        id="a function_call without arguments",
+    ),
+]
 
-@pytest.mark.parametrize(("changes", "envelope"), ERRORS)
+
+@pytest.mark.parametrize(("changes", "envelope"), [*ERRORS, *BOUNDARIES])
 def test_rejected_with_openais_error(changes, envelope):
     with pytest.raises(APIError) as raised:
         parse(**changes)
@@ -806,3 +1034,98 @@ def test_a_body_that_is_not_an_object_is_unparseable(sent):
     with pytest.raises(APIError) as raised:
         parse_chat_request(sent)
     assert (raised.value.status, raised.value.envelope()) == (400, invalid_json().envelope())
+
+
+# The deprecated functions: served as tools, answered in their own shape.
+
+CLOCK = {"name": "get_time", "parameters": {"type": "object", "properties": {}}}
+LEGACY_TOOLS = [
+    Tool("get_weather", "The weather in a city.", GET_WEATHER["parameters"]),
+    Tool("get_time", parameters=CLOCK["parameters"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("function_call", "choice"),
+    [
+        (ABSENT, ToolChoice("auto")),
+        ("none", ToolChoice("none")),
+        ("auto", ToolChoice("auto")),
+        ({"name": "get_time"}, ToolChoice("function", "get_time")),
+    ],
+)
+def test_functions_are_served_as_tools_with_one_call(function_call, choice):
+    request = parse(functions=[GET_WEATHER, CLOCK], function_call=function_call)
+    assert (request.tools, request.tool_choice) == (LEGACY_TOOLS, choice)
+    assert request.legacy_functions
+    assert not request.parallel_tool_calls  # a function_call carries one call
+
+
+def test_functions_beside_tools_are_more_tools_answered_as_tools():
+    request = parse(tools=[WEATHER], functions=[CLOCK], function_call={"name": "get_time"})
+    assert [tool.name for tool in request.tools] == ["get_weather", "get_time"]
+    assert request.tool_choice == ToolChoice("function", "get_time")
+    assert not request.legacy_functions
+    both = parse(tools=[WEATHER], tool_choice="none", functions=[CLOCK], function_call="auto")
+    assert both.tool_choice == ToolChoice("none")  # tool_choice wins
+
+
+LEGACY_HISTORY = [
+    {"role": "user", "content": "Weather in Paris?"},
+    LEGACY_ANSWER,
+    {"role": "function", "name": "get_weather", "content": "Sunny"},
+    {"role": "assistant", "content": "Sunny."},
+]
+
+
+def test_functions_as_tools_is_a_valid_request_without_deprecated_parameters():
+    sent = body(
+        messages=LEGACY_HISTORY, functions=[GET_WEATHER], function_call={"name": "get_weather"}
+    )
+    converted = functions_as_tools(sent)
+    assert converted == body(
+        messages=[
+            LEGACY_HISTORY[0],
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "call_1", "type": "function", "function": LEGACY_CALL}],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+            LEGACY_HISTORY[3],
+        ],
+        tools=[{"type": "function", "function": GET_WEATHER}],
+        parallel_tool_calls=False,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
+    assert parse_chat_request(converted).tools == parse_chat_request(sent).tools
+    assert sent["messages"] is LEGACY_HISTORY  # the request itself is kept as sent
+
+
+def test_functions_as_tools_keeps_the_tools_and_the_choice_sent():
+    sent = body(tools=[WEATHER], tool_choice="none", functions=[CLOCK], function_call="auto")
+    converted = functions_as_tools(sent)
+    assert converted == body(
+        tools=[WEATHER, {"type": "function", "function": CLOCK}], tool_choice="none"
+    )
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        pytest.param([*HI, LEGACY_ANSWER, *HI], id="a call no result answers"),
+        pytest.param([*HI, {"role": "function", "name": "f", "content": "1"}], id="a lone result"),
+    ],
+)
+def test_a_deprecated_call_or_result_without_its_pair_stays_as_sent(messages):
+    assert functions_as_tools(body(messages=messages))["messages"] is messages
+
+
+def test_a_request_without_functions_is_not_copied():
+    sent = body(tools=[WEATHER])
+    assert functions_as_tools(sent) is sent
+
+
+def test_a_null_function_result_is_an_empty_tool_result():
+    null = [*LEGACY_HISTORY[:2], {"role": "function", "name": "get_weather", "content": None}]
+    assert functions_as_tools(body(messages=null))["messages"][2]["content"] == ""
