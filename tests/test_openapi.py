@@ -16,9 +16,11 @@ from django.urls import include, path
 from chatparity.protocol.completion import CompletionAccumulator
 from chatparity.protocol.enums import FINISH_REASONS
 from chatparity.protocol.errors import APIError
-from chatparity.protocol.events import Finish, TextDelta, Usage
+from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
 from chatparity.protocol.openapi import openapi_document
 from chatparity.protocol.request import Limits, parse_chat_request
+from chatparity.protocol.responses import parse_responses_request
+from chatparity.protocol.responses_stream import ResponseEncoder
 from chatparity.protocol.stream import ChunkEncoder
 from chatparity.protocol.upstream import ChunkReader, ServerSentEvent
 from tests.protocol.test_request import HI, WEATHER
@@ -313,3 +315,65 @@ class ServedDocumentTests(SimpleTestCase):
     def test_the_servers_url_follows_the_mount_point(self):
         document = self.client.get("/api/v1/openapi.json").json()
         assert document["servers"] == [{"url": "/api/v1"}]
+
+
+# The Responses API.
+
+RESPONSES_REQUEST = SCHEMAS["CreateResponse"]
+
+
+def component_validator(name):
+    return jsonschema_rs.Draft202012Validator(
+        {**SCHEMAS[name], "components": DOCUMENT["components"]}
+    )
+
+
+def parse_response_request(key, value):
+    body = {"model": "m", "input": "Hi", key: value}
+    return parse_responses_request(body, Limits(), lambda prefix: f"{prefix}_1")
+
+
+@pytest.mark.parametrize("key", sorted(RESPONSES_REQUEST["properties"]))
+def test_every_documented_responses_parameter_is_one_the_server_checks(key):
+    schema = {**RESPONSES_REQUEST["properties"][key], "components": DOCUMENT["components"]}
+    validator = jsonschema_rs.Draft202012Validator(schema)
+    invalid = next(v for v in ([1], {"x": 1}, "x", 1.5, True) if not validator.is_valid(v))
+    with pytest.raises(APIError) as refused:
+        parse_response_request(key, invalid)
+    assert refused.value.param.startswith(key)
+    assert refused.value.code != "unknown_parameter"
+
+
+def test_a_responses_parameter_the_document_does_not_list_is_refused():
+    assert RESPONSES_REQUEST["additionalProperties"] is False
+    with pytest.raises(APIError) as refused:
+        parse_response_request("messages", [])
+    assert refused.value.code == "unknown_parameter"
+
+
+def test_a_response_and_every_event_of_its_stream_are_as_documented():
+    encoder = ResponseEncoder(
+        response_id="resp_1", created_at=1, model="m", new_id=lambda prefix: f"{prefix}_1",
+        settings=parse_response_request("tools", [{"type": "function", "name": "f"}]).settings,
+    )  # fmt: skip
+    events = encoder.opening()
+    for event in (
+        TextDelta(0, "Hi"),
+        ToolCallDelta(0, 0, "{}", id="call_1", name="f"),
+        Finish(0, "tool_calls"),
+        Usage(prompt_tokens=3, completion_tokens=2),
+    ):
+        events += encoder.encode(event)
+    events += encoder.closing()
+    event_schema = component_validator("ResponseStreamEvent")
+    for event in events:
+        event_schema.validate(event)
+    component_validator("Response").validate(encoder.response())
+
+
+def test_the_responses_endpoints_are_documented():
+    paths = DOCUMENT["paths"]
+    assert set(paths["/responses"]) == {"post"}
+    assert set(paths["/responses/{response_id}"]) == {"get", "delete"}
+    listing = paths["/responses/{response_id}/input_items"]["get"]
+    assert [p["name"] for p in listing["parameters"]] == ["response_id", "limit", "order", "after"]

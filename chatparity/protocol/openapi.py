@@ -1,7 +1,8 @@
 """The OpenAPI 3.1 document of the ``/v1`` API, as the server validates and answers.
 
-The request schema is :data:`~chatparity.protocol.request.CHAT_COMPLETION_REQUEST`,
-the very table the server validates with, so the two cannot disagree; rules
+The request schemas are :data:`~chatparity.protocol.request.CHAT_COMPLETION_REQUEST`
+and :data:`~chatparity.protocol.responses.RESPONSES_REQUEST`, the very tables the
+server validates with, so the two cannot disagree; rules
 that span several fields (tool messages answer the calls just made, ...) are in
 the descriptions and answered with a 400. The answers are declared here in the
 same nodes. Event-stream responses are described one event at a time, as
@@ -12,16 +13,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from .enums import FINISH_REASONS, SERVICE_TIERS, TOOL_TYPES
+from .enums import FINISH_REASONS, REASONING_EFFORTS, SERVICE_TIERS, TOOL_TYPES
 from .request import NO_LIMITS, TOOL_CALL, Limits, chat_completion_request
+from .responses import ITEM_STATUSES, TRUNCATIONS, responses_request
+from .responses_stream import EVENT_TYPES, RESPONSE_STATUSES
 from .schema import (
     ANYTHING,
     OMITTABLE,
     REQUIRED,
     Array,
+    Boolean,
     Components,
     Enum,
     Integer,
+    Map,
     Member,
     Node,
     Nullable,
@@ -29,6 +34,7 @@ from .schema import (
     Object,
     Schema,
     String,
+    Tagged,
     ref,
 )
 
@@ -202,10 +208,155 @@ _MODEL_LIST = Object(
     (_always("object", _const("list")), _always("data", _list(_MODEL))), name="ModelList"
 )
 
+
+# The Responses API's answers.
+
+_OUTPUT_TEXT = Object(
+    (
+        _always("type", _const("output_text")),
+        _always("text", String()),
+        _always("annotations", _list(ANYTHING)),
+        _sometimes("logprobs", _list(ANYTHING)),
+    ),
+    name="OutputText",
+)
+_ITEM = (_always("id", String()), _always("status", Enum(ITEM_STATUSES)))
+_OUTPUT_ITEM = Tagged(
+    "type",
+    ("message", "function_call"),
+    {
+        "message": Object(
+            (*_ITEM, _always("role", _const("assistant")), _always("content", _list(_OUTPUT_TEXT))),
+            name="OutputMessage",
+        ),
+        "function_call": Object(
+            (
+                *_ITEM,
+                _always("call_id", String()),
+                _always("name", String()),
+                _always("arguments", String(), "JSON, as the model wrote it."),
+            ),
+            name="FunctionCall",
+        ),
+    },
+    name="OutputItem",
+)
+_INPUT_ITEM = Object(
+    (
+        *_ITEM,
+        _always("type", Enum(("message", "function_call", "function_call_output"))),
+        _sometimes("role", String()),
+        _sometimes("content", _list(ANYTHING), "Text parts: input_text, output_text, refusal."),
+        _sometimes("call_id", String()),
+        _sometimes("name", String()),
+        _sometimes("arguments", String()),
+        _sometimes("output", String()),
+    ),
+    name="InputItem",
+)
+_RESPONSE = Object(
+    (
+        _always("id", String(), "resp_ and 50 hex digits."),
+        _always("object", _const("response")),
+        _always("created_at", Integer(), "Unix seconds."),
+        _always("status", Enum(RESPONSE_STATUSES)),
+        _always("background", Boolean()),
+        _always(
+            "error",
+            Nullable(Object((_always("code", String()), _always("message", String())))),
+            "Why a failed response failed.",
+        ),
+        _always(
+            "incomplete_details",
+            Nullable(Object((_always("reason", Enum(("max_output_tokens", "content_filter"))),))),
+        ),
+        _always("model", String(), "The model id as the client sent it."),
+        _always("output", _list(_OUTPUT_ITEM)),
+        _always("instructions", Nullable(String())),
+        _always("max_output_tokens", Nullable(Integer())),
+        _always("max_tool_calls", Nullable(Integer())),
+        _always("metadata", Map(String())),
+        _always("parallel_tool_calls", Boolean()),
+        _always("previous_response_id", Nullable(String())),
+        _always("prompt_cache_key", Nullable(String())),
+        _always(
+            "reasoning",
+            Object(
+                (
+                    _always("effort", Nullable(Enum(REASONING_EFFORTS))),
+                    _always("summary", Nullable(String())),
+                )
+            ),
+        ),
+        _always("safety_identifier", Nullable(String())),
+        _always("service_tier", Enum(SERVICE_TIERS)),
+        _always("store", Boolean()),
+        _always("temperature", Number()),
+        _always("text", Object((_always("format", ANYTHING), _always("verbosity", String())))),
+        _always("tool_choice", ANYTHING, "As sent: a mode, or the function named."),
+        _always("tools", _list(ANYTHING), "As sent, each with its strict setting."),
+        _always("top_p", Number()),
+        _always("truncation", Enum(TRUNCATIONS)),
+        _always("user", Nullable(String())),
+        _always(
+            "usage",
+            Nullable(
+                Object(
+                    (
+                        _always("input_tokens", Integer()),
+                        _always("input_tokens_details", _counts("cached_tokens")),
+                        _always("output_tokens", Integer()),
+                        _always("output_tokens_details", _counts("reasoning_tokens")),
+                        _always("total_tokens", Integer()),
+                    )
+                )
+            ),
+            "Null until the response is complete.",
+        ),
+    ),
+    name="Response",
+)
+_RESPONSE_EVENT = Object(
+    (
+        _always("type", Enum(EVENT_TYPES), "Also the event's `event:` line."),
+        _always("sequence_number", Integer(), "0, 1, 2, ... in the order sent."),
+        _sometimes("response", _RESPONSE, "response.created, .in_progress and the last event."),
+        _sometimes("output_index", Integer()),
+        _sometimes("item", _OUTPUT_ITEM),
+        _sometimes("item_id", String()),
+        _sometimes("content_index", Integer()),
+        _sometimes("part", _OUTPUT_TEXT),
+        _sometimes("delta", String()),
+        _sometimes("text", String()),
+        _sometimes("arguments", String()),
+        _sometimes("name", String()),
+        _sometimes("logprobs", _list(ANYTHING)),
+    ),
+    name="ResponseStreamEvent",
+)
+_DELETED_RESPONSE = Object(
+    (
+        _always("id", String()),
+        _always("object", _const("response")),
+        _always("deleted", Boolean()),
+    ),
+    name="DeletedResponse",
+)
+_INPUT_ITEM_LIST = Object(
+    (
+        _always("object", _const("list")),
+        _always("data", _list(_INPUT_ITEM)),
+        _always("first_id", Nullable(String())),
+        _always("last_id", Nullable(String())),
+        _always("has_more", Boolean()),
+    ),
+    name="InputItemList",
+)
+
 _ERRORS = {
     "400": "Invalid request, in OpenAI's words; `param` names the offending field.",
     "401": "No API key, or an unknown, revoked or expired one.",
-    "404": "No such model, or the key may not use it.",
+    "404": "No such model (or stored response), or the key may not use it.",
     "413": "The body is larger than the server accepts (`request_too_large`).",
     "429": "A rate limit or budget of the key was reached.",
     "500": "The server or its backend failed.",
@@ -241,6 +392,29 @@ def openapi_document(
     def errors(*statuses: str) -> dict[str, Schema]:
         return {status: _answer(_ERRORS[status], _json(error)) for status in statuses}
 
+    components.schemas["ResponseEvent"] = {
+        "type": "object",
+        "properties": {
+            "event": {"type": "string", "description": "The event's type."},
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": components.describe(_RESPONSE_EVENT),
+            },
+        },
+        "required": ["event", "data"],
+        "description": (
+            "One typed event; the last is response.completed, response.incomplete or"
+            " response.failed (a failure after the first byte)."
+        ),
+    }
+    response_id = {
+        "name": "response_id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "minLength": 1},
+    }
+    stored = components.describe(_RESPONSE)
     components.schemas["ChatCompletionEvent"] = {
         "type": "object",
         "properties": {
@@ -264,7 +438,7 @@ def openapi_document(
         "info": {
             "title": "chatparity",
             "version": "1",
-            "description": "An OpenAI-compatible Chat Completions API.",
+            "description": "An OpenAI-compatible Chat Completions and Responses API.",
         },
         "servers": [{"url": server_url}],
         "security": [{"bearerAuth": []}],
@@ -288,6 +462,77 @@ def openapi_document(
                             },
                         ),
                         **errors("400", "401", "404", "413", "429", "500", "502", "503", "504"),
+                    },
+                }
+            },
+            "/responses": {
+                "post": {
+                    "operationId": "createResponse",
+                    "summary": "Create a response, streamed or not; stored unless store is false.",
+                    "requestBody": {
+                        "required": True,
+                        "description": f"A JSON object.{body_note}",
+                        "content": _json(components.describe(responses_request(limits))),
+                    },
+                    "responses": {
+                        "200": _answer(
+                            "A response, or with stream: true an event stream of typed events.",
+                            {
+                                **_json(stored),
+                                "text/event-stream": {"schema": ref("ResponseEvent")},
+                            },
+                        ),
+                        **errors("400", "401", "404", "413", "429", "500", "502", "503", "504"),
+                    },
+                }
+            },
+            "/responses/{response_id}": {
+                "get": {
+                    "operationId": "getResponse",
+                    "summary": "A stored response of the key, or of another key of its owner.",
+                    "parameters": [response_id],
+                    "responses": {
+                        "200": _answer("The response, as it was answered.", _json(stored)),
+                        **errors("401", "404", "503"),
+                    },
+                },
+                "delete": {
+                    "operationId": "deleteResponse",
+                    "summary": "Forget a stored response.",
+                    "parameters": [response_id],
+                    "responses": {
+                        "200": _answer(
+                            "It was deleted.", _json(components.describe(_DELETED_RESPONSE))
+                        ),
+                        **errors("401", "404", "503"),
+                    },
+                },
+            },
+            "/responses/{response_id}/input_items": {
+                "get": {
+                    "operationId": "listInputItems",
+                    "summary": "The input items of a stored response, a page at a time.",
+                    "parameters": [
+                        response_id,
+                        {
+                            "name": "limit",
+                            "in": "query",
+                            "schema": {"type": "integer", "minimum": 1, "maximum": 100},
+                        },
+                        {"name": "order", "in": "query", "schema": {"enum": ["asc", "desc"]}},
+                        {
+                            "name": "after",
+                            "in": "query",
+                            "schema": {"type": "string"},
+                            "description": "The id of the item the page begins after.",
+                        },
+                    ],
+                    "responses": {
+                        "200": _answer(
+                            "A page of items, newest first unless order is asc.",
+                            _json(components.describe(_INPUT_ITEM_LIST)),
+                        ),
+                        **errors("400", "401", "404", "503"),
                     },
                 }
             },

@@ -116,6 +116,9 @@ TRUNCATIONS: tuple[Truncation, ...] = get_args(Truncation)
 ReasoningSummary = Literal["auto", "concise", "detailed"]
 REASONING_SUMMARIES: tuple[ReasoningSummary, ...] = get_args(ReasoningSummary)
 
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+ITEM_STATUSES: tuple[ItemStatus, ...] = get_args(ItemStatus)
+
 MIN_OUTPUT_TOKENS = 16
 """OpenAI's smallest ``max_output_tokens``."""
 
@@ -184,7 +187,7 @@ def _unserved(what: str) -> Callable[[str, str], APIError]:
 
 _NAME = String(max_length=64, pattern="^[a-zA-Z0-9_-]+$")
 _TEXT = String(max_length=Limit("max_content_chars"))
-_ITEM_STATUS = Enum(("in_progress", "completed", "incomplete"))
+_ITEM_STATUS = Enum(ITEM_STATUSES)
 
 
 def _part(text_key: str, kind: str) -> Object:

@@ -10,13 +10,34 @@ encoded, the very object the final event carries, so the two cannot disagree.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import orjson
 
 from .errors import APIError
 from .events import Event, Finish, TextDelta, ToolCallDelta, Usage
 from .responses import NewId
+
+ResponseStatus = Literal["completed", "incomplete", "failed", "in_progress"]
+RESPONSE_STATUSES: tuple[ResponseStatus, ...] = get_args(ResponseStatus)
+
+EventType = Literal[
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
+    "response.output_item.done",
+    "response.completed",
+    "response.incomplete",
+    "response.failed",
+]
+EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
+"""The events a response streams, in the order they first come."""
 
 # Why a choice ended -> why its response is incomplete (other reasons complete it).
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
