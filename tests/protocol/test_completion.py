@@ -81,6 +81,18 @@ def test_tool_call_arguments_are_concatenated_and_content_is_null():
     }
 
 
+def test_a_deprecated_function_call_folds_into_message_function_call():
+    (choice,) = accumulate("function_call")["choices"]
+    assert choice["finish_reason"] == "function_call"
+    assert choice["message"] == {
+        "role": "assistant",
+        "content": None,
+        "function_call": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+        "refusal": None,
+        "annotations": [],
+    }
+
+
 def test_interleaved_choices_are_grouped_by_index():
     choices = accumulate("two_choices_interleaved")["choices"]
     assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in choices] == [

@@ -21,6 +21,7 @@ from chatparity.protocol.events import (
     Usage,
 )
 from chatparity.protocol.stream import DONE, ChunkEncoder, error_frame, sse
+from chatparity.protocol.upstream import ChunkReader, ServerSentEvent
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -71,6 +72,16 @@ CASES = {
             USAGE,
         ],
         {},
+    ),
+    "function_call": (
+        [
+            ToolCallDelta(0, 0, "", id="call_golden", name="get_weather"),
+            ToolCallDelta(0, 0, '{"city": '),
+            ToolCallDelta(0, 0, '"Paris"}'),
+            Finish(0, "tool_calls"),
+            USAGE,
+        ],
+        {"legacy_functions": True, "include_usage": True},
     ),
     "logprobs": (
         [TextDelta(0, "Hi", logprobs=[LOGPROB]), Finish(0, "stop"), USAGE],
@@ -148,3 +159,64 @@ def test_error_frame_is_the_bare_error_envelope():
     assert orjson.loads(frame[6:]) == {
         "error": {"message": "boom", "type": "server_error", "param": None, "code": "x"}
     }
+
+
+def test_a_deprecated_function_call_carries_the_first_call_only():
+    enc = encoder(legacy_functions=True)
+    events = [
+        ToolCallDelta(0, 0, '{"city": "Paris"}', id="call_a", name="get_weather"),
+        ToolCallDelta(0, 1, "", id="call_b", name="get_time"),
+        ToolCallDelta(0, 1, "{}"),
+        Finish(0, "tool_calls"),
+    ]
+    deltas = [chunk["choices"][0]["delta"] for event in events for chunk in enc.encode(event)]
+    assert deltas == [
+        {
+            "role": "assistant",
+            "content": None,
+            "function_call": {"name": "get_weather", "arguments": ""},
+            "refusal": None,
+        },
+        {"function_call": {"arguments": '{"city": "Paris"}'}},
+        {},
+    ]
+
+
+@pytest.mark.parametrize(("reason", "sent"), [("tool_calls", "function_call"), ("stop", "stop")])
+def test_a_deprecated_function_call_finishes_with_function_call_unless_named(reason, sent):
+    (chunk,) = encoder(legacy_functions=True).encode(Finish(0, reason))[1:]
+    assert chunk["choices"][0]["finish_reason"] == sent
+
+
+def test_text_answers_to_deprecated_functions_are_plain_text():
+    legacy = [c for e in HELLO for c in encoder(legacy_functions=True).encode(e)]
+    assert legacy == [c for e in HELLO for c in encoder().encode(e)]
+
+
+def upstream_chunk(delta, finish_reason=None):
+    choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+    return ServerSentEvent("message", orjson.dumps({"choices": [choice]}).decode())
+
+
+def test_an_upstreams_tool_call_reaches_a_client_of_functions_as_function_call():
+    # The answer of an upstream sent functions_as_tools(request), read and encoded again.
+    reader = ChunkReader(n=1, prompt_tokens=9)
+    opening = {"index": 0, "id": "call_up", "type": "function", "function": {"name": "f"}}
+    sent = [
+        upstream_chunk({"role": "assistant", "tool_calls": [opening]}),
+        upstream_chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}),
+        upstream_chunk({}, "tool_calls"),
+    ]
+    enc = encoder(legacy_functions=True)
+    chunks = [chunk for sse in sent for event in reader.read(sse) for chunk in enc.encode(event)]
+    assert [chunk["choices"][0]["delta"] for chunk in chunks] == [
+        {
+            "role": "assistant",
+            "content": None,
+            "function_call": {"name": "f", "arguments": ""},
+            "refusal": None,
+        },
+        {"function_call": {"arguments": "{}"}},
+        {},
+    ]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "function_call"
