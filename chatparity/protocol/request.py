@@ -748,6 +748,20 @@ def _unanswered(ids: list[str], param: str) -> APIError:
     )
 
 
+def with_defaults(defaults: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with ``defaults`` for the parameters it does not give, under either of
+    their names: a default ``max_tokens`` gives way to a ``max_completion_tokens``."""
+    merged = {**defaults, **body}
+    for name, other in _SYNONYMS:
+        if name in defaults and name not in body and body.get(other) is not None:
+            del merged[name]
+    return merged
+
+
+# The parameters that set one thing, which a request may not give together.
+_SYNONYMS = (("max_tokens", "max_completion_tokens"), ("max_completion_tokens", "max_tokens"))
+
+
 # The deprecated functions, for servers that only know tools.
 
 

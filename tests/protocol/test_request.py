@@ -11,6 +11,7 @@ from chatparity.protocol.request import (
     ToolChoice,
     functions_as_tools,
     parse_chat_request,
+    with_defaults,
 )
 
 ABSENT = object()  # a key left out of the body
@@ -1129,3 +1130,25 @@ def test_a_request_without_functions_is_not_copied():
 def test_a_null_function_result_is_an_empty_tool_result():
     null = [*LEGACY_HISTORY[:2], {"role": "function", "name": "get_weather", "content": None}]
     assert functions_as_tools(body(messages=null))["messages"][2]["content"] == ""
+
+
+# An alias's default parameters.
+
+
+@pytest.mark.parametrize(
+    ("defaults", "sent", "merged"),
+    [
+        ({"max_tokens": 2, "seed": 1}, {"seed": 2}, {"max_tokens": 2, "seed": 2}),
+        ({"max_tokens": 2}, {"max_completion_tokens": 3}, {"max_completion_tokens": 3}),
+        ({"max_completion_tokens": 2}, {"max_tokens": 3}, {"max_tokens": 3}),
+        (
+            {"max_tokens": 2},
+            {"max_completion_tokens": None},
+            {"max_tokens": 2, "max_completion_tokens": None},
+        ),
+    ],
+    ids=["the client's wins", "under its newer name", "under its older name", "null is not given"],
+)
+def test_defaults_apply_to_what_the_client_does_not_set_under_either_name(defaults, sent, merged):
+    assert with_defaults(defaults, sent) == merged
+    parse_chat_request(with_defaults(defaults, body(**sent)))
