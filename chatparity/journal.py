@@ -3,10 +3,13 @@ killed are logged by the next process to start on the machine.
 
 A process writes a line to its journal (in the spool folder) when a request is
 admitted, with what its row needs; every second, the tokens each open request has
-sent; and a line when its row is written or spooled. Plain ``write(2)`` calls, no
-fsync: a killed process loses nothing the kernel already has. The process holds a
-lock on its journal while it lives, so a journal whose lock can be taken is a dead
-process's: :func:`recover` spools its open requests as rows marked interrupted.
+sent; and a line when its row is written or spooled. The journal is a file mapped
+into memory: a line is a copy into the kernel's page cache, which a killed process
+cannot take back (as a ``write(2)``, which cost 14 µs per request here where the
+copy costs 3; no fsync either way: the machine staying up is the premise). The
+process holds a lock on its journal while it lives, so a journal whose lock can be
+taken is a dead process's: :func:`recover` spools its open requests as rows marked
+interrupted.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import contextlib
 import datetime
 import fcntl
 import logging
+import mmap
 import os
 import threading
 import time
@@ -25,7 +29,7 @@ from typing import Any
 import orjson
 
 from . import spool
-from .models import RequestLog
+from .models import Endpoint, RequestLog
 from .usage import UsageRecord, fit_columns, ip_address
 
 logger = logging.getLogger(__name__)
@@ -34,7 +38,7 @@ _PREFIX = "journal-"
 _SUFFIX = ".jsonl"
 # Seconds between two notes of the tokens that open requests have sent.
 PROGRESS_SECONDS = 1.0
-# A journal longer than this is rewritten with its open requests alone: what a
+# A journal's size: once full it is rewritten with its open requests alone, so what a
 # process that exits without cleaning up (a multiprocessing worker ends with
 # os._exit) leaves behind stays small.
 COMPACT_BYTES = 64 * 1024
@@ -49,9 +53,7 @@ class Journal:
     def __init__(self, folder: Path) -> None:
         self.pid = os.getpid()
         self.path = folder / f"{_PREFIX}{self.pid}{_SUFFIX}"
-        self._descriptor = _locked(self.path)
-        self._size = 0
-        self._compact_at = COMPACT_BYTES
+        self._file = _MappedFile(self.path, COMPACT_BYTES)
         # id -> (record, the tokens last noted, -1 before the first note)
         self._open: dict[str, tuple[UsageRecord, int]] = {}
         self._lock = threading.RLock()
@@ -79,7 +81,7 @@ class Journal:
         """At a normal exit: its requests are over (the server waited for them)."""
         with self._lock:
             self.path.unlink(missing_ok=True)
-            os.close(self._descriptor)
+            self._file.close()
         with contextlib.suppress(OSError):  # not empty: other processes' files
             self.path.parent.rmdir()
 
@@ -104,29 +106,54 @@ class Journal:
 
     def _write(self, data: bytes) -> None:
         with self._lock:
-            os.write(self._descriptor, data)
-            self._size += len(data)
-            if self._size > self._compact_at:
-                self._compact()
+            if not self._file.append(data):
+                self._compact(data)
 
-    def _compact(self) -> None:
-        """Rewrite the journal with its open requests alone (lock held)."""
-        fresh = self.path.with_suffix(".new")
-        descriptor = _locked(fresh)
-        data = b"".join(
+    def _compact(self, data: bytes) -> None:
+        """Rewrite the journal with its open requests alone, then ``data`` (lock held).
+        Many requests open at once (rows waiting on a busy database): the new file
+        has room for as much again, or every write would rewrite them all."""
+        kept = b"".join(
             _begin_line(record) + _progress_line(record) for record, _ in self._open.values()
         )
-        os.write(descriptor, data)
-        os.rename(fresh, self.path)
+        fresh = _MappedFile(self.path.with_suffix(".new"), max(COMPACT_BYTES, 2 * len(kept)))
+        fresh.append(kept)
+        os.rename(fresh.path, self.path)
+        self._file.close()
+        fresh.path = self.path
+        self._file = fresh
+        if not fresh.append(data):  # one line larger than all the open requests
+            self._compact(data)
+
+
+class _MappedFile:
+    """A locked file of ``capacity`` bytes, mapped into memory and filled from the
+    start; the bytes not yet written are zeros."""
+
+    def __init__(self, path: Path, capacity: int) -> None:
+        self.path = path
+        self.size = 0
+        self._descriptor = _locked(path)
+        os.ftruncate(self._descriptor, capacity)
+        self._map = mmap.mmap(self._descriptor, capacity)
+
+    def append(self, data: bytes) -> bool:
+        """Write ``data`` after what was written; False (nothing written) if it does
+        not fit."""
+        end = self.size + len(data)
+        if end > len(self._map):
+            return False
+        self._map[self.size : end] = data
+        self.size = end
+        return True
+
+    def close(self) -> None:
+        self._map.close()
         os.close(self._descriptor)
-        self._descriptor, self._size = descriptor, len(data)
-        # Many requests open at once (rows waiting on a busy database): compact again
-        # only once the file doubled, or every write would rewrite them all.
-        self._compact_at = max(COMPACT_BYTES, 2 * len(data))
 
 
 def _locked(path: Path) -> int:
-    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o600)
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     fcntl.flock(descriptor, fcntl.LOCK_EX)
     return descriptor
 
@@ -136,6 +163,7 @@ def _begin_line(record: UsageRecord) -> bytes:
     facts = {
         "begin": record.request_id,
         "at": begun,
+        "endpoint": record.endpoint,
         "api_key_id": record.api_key.pk if record.api_key is not None else None,
         "key_prefix": record.key_prefix,
         "alias": record.alias,
@@ -232,7 +260,7 @@ def recover(folder: Path | None = None) -> int:
 def interrupted_rows(journal: bytes) -> list[RequestLog]:
     """The rows of the requests ``journal`` holds open."""
     open_requests: dict[str, dict[str, Any]] = {}
-    for line in journal.splitlines():
+    for line in journal.rstrip(b"\0").splitlines():  # the zeros: room not written yet
         try:
             entry = orjson.loads(line)
         except orjson.JSONDecodeError:  # the last line of a process killed mid-write
@@ -250,6 +278,7 @@ def _interrupted_row(request_id: str, facts: dict[str, Any]) -> RequestLog:
     begun, last = facts["at"], facts.get("seen", facts["at"])
     tokens = facts.get("completion_tokens", 0)
     row = RequestLog(
+        endpoint=facts.get("endpoint", Endpoint.CHAT_COMPLETIONS),
         request_id=request_id,
         completion_id=facts.get("completion_id", ""),
         api_key_id=facts["api_key_id"],

@@ -30,7 +30,7 @@ from .protocol.completion import CompletionAccumulator
 from .protocol.errors import APIError
 from .protocol.events import Usage
 from .ratelimit import cost_of
-from .signals import request_logged
+from .signals import send_request_logged
 
 logger = logging.getLogger(__name__)
 
@@ -183,9 +183,7 @@ async def log(row: RequestLog) -> None:
         return
     if not written:
         return
-    for receiver, outcome in await request_logged.asend_robust(sender=RequestLog, row=row):
-        if isinstance(outcome, Exception):
-            logger.error("chatparity: %r failed on request_logged", receiver, exc_info=outcome)
+    await send_request_logged(row)
 
 
 # Seconds a batch waits for more rows before it is written: nobody waits for it

@@ -36,10 +36,29 @@ class RequestLoggedTests(TestCase):
 
         request_logged.connect(broken)
         self.addCleanup(request_logged.disconnect, broken)
-        with self.assertLogs("chatparity.usage", "ERROR") as logs:
+        with self.assertLogs("chatparity.signals", "ERROR") as logs:
             row = await self.accounting("req-broken").close()
         assert await RequestLog.objects.filter(request_id=row.request_id).aexists()
         assert "request_logged" in logs.output[0]
+
+    async def test_every_receiver_is_called_sync_and_async_after_one_fails(self):
+        called = []
+
+        async def failing(sender, row, **kwargs):
+            raise RuntimeError("first")
+
+        async def async_receiver(sender, row, **kwargs):
+            called.append(("async", row.request_id))
+
+        def sync_receiver(sender, row, **kwargs):
+            called.append(("sync", row.request_id))
+
+        for receiver in (failing, async_receiver, sync_receiver):
+            request_logged.connect(receiver)
+            self.addCleanup(request_logged.disconnect, receiver)
+        with self.assertLogs("chatparity.signals", "ERROR"):
+            await self.accounting("req-all").close()
+        assert sorted(called) == [("async", "req-all"), ("sync", "req-all")]
 
     async def test_a_row_the_database_lost_is_not_announced(self):
         received = []
