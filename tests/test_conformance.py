@@ -20,6 +20,7 @@ from django.core.management import CommandError, call_command
 from chatparity.conformance import checker
 from chatparity.conformance.checker import CHECKS, Runner, parse_stream
 from chatparity.conformance.responses import parse_event_stream
+from chatparity.cors import CorsPolicy, is_preflight
 from chatparity.protocol import errors
 from chatparity.protocol.completion import CompletionAccumulator
 from chatparity.protocol.errors import APIError
@@ -46,7 +47,11 @@ def events(chat: ChatRequest) -> list[Event]:
     script: list[Event] = []
     tokens = 0
     for index in range(chat.n):
-        if chat.tools and chat.tool_choice.mode in ("required", "function"):
+        if chat.response_format is not None and chat.response_format.type == "json_schema":
+            script.append(TextDelta(index, '{"qty": 9}'))  # the most the schema allows
+            reason = "stop"
+            tokens += 5
+        elif chat.tools and chat.tool_choice.mode in ("required", "function"):
             call = ToolCallDelta(index, 0, "", id=f"call_{index}", name="get_weather")
             fragments = ['{"city": ', '"Paris"}']
             script += [call, *(ToolCallDelta(index, 0, part) for part in fragments)]
@@ -71,7 +76,23 @@ def stream_response(chunks: list[dict[str, Any]]) -> httpx.Response:
 
 
 def canonical_server(request: httpx.Request) -> httpx.Response:
-    """A fake OpenAI: right envelopes, right errors, right chunk order."""
+    """A fake OpenAI: right envelopes, right errors, right chunk order, and any page may
+    call it (chatparity's own CORS answers)."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return answer(request)
+    if is_preflight(request.method, request.headers):
+        return httpx.Response(200, headers=ANY_ORIGIN.preflight_headers(request.headers))
+    response = answer(request)
+    headers = dict(response.headers)
+    ANY_ORIGIN.add_response_headers(origin, headers)
+    return httpx.Response(response.status_code, headers=headers, content=response.content)
+
+
+ANY_ORIGIN = CorsPolicy(["*"])
+
+
+def answer(request: httpx.Request) -> httpx.Response:
     if request.url.path == "/v1/models":
         model = {"id": MODEL, "object": "model", "created": 1700000000, "owned_by": "me"}
         return json_response({"object": "list", "data": [model]})
@@ -80,9 +101,12 @@ def canonical_server(request: httpx.Request) -> httpx.Response:
     try:
         if request.headers.get("authorization") != f"Bearer {KEY}":
             raise errors.invalid_api_key(request.headers.get("authorization", ""))
-        chat = parse_chat_request(json.loads(request.content))
-        if chat.model != MODEL:
-            raise errors.model_not_found(chat.model)
+        asked = json.loads(request.content)
+        model = asked.get("model")
+        # As OpenAI: a model it does not serve is told before anything else is checked.
+        if isinstance(model, str) and model and model != MODEL:
+            raise errors.model_not_found(model)
+        chat = parse_chat_request(asked)
     except APIError as error:
         return json_response(error.envelope(), error.status)
     encoder = ChunkEncoder(
@@ -91,6 +115,7 @@ def canonical_server(request: httpx.Request) -> httpx.Response:
         model=chat.model,
         system_fingerprint="fp_test",
         include_usage=chat.include_usage or not chat.stream,
+        legacy_functions=chat.legacy_functions,
     )
     chunks = [chunk for event in events(chat) for chunk in encoder.encode(event)]
     if chat.stream:
@@ -286,6 +311,21 @@ def break_arguments(chunks):
     choice(chunks[-2])["delta"]["tool_calls"][0]["function"]["arguments"] = '"Par'
 
 
+def headers(status: int | None = None, **changes: str | None) -> Mutation:
+    """Set the response's headers (``_`` for ``-`` in their names; None removes one)."""
+
+    def mutate(response: httpx.Response) -> httpx.Response:
+        edited = {name.lower(): value for name, value in response.headers.items()}
+        for name, value in changes.items():
+            edited[name.replace("_", "-")] = value
+        kept = {name: value for name, value in edited.items() if value is not None}
+        return httpx.Response(
+            status or response.status_code, headers=kept, content=response.content
+        )
+
+    return mutate
+
+
 MESSAGE = "choices.0.message"
 BARE_ROLE_CHUNK = chunk(0, "choices.0", delta={"role": "assistant"})
 STREAMED_ERROR = stream_response([{"error": {"message": "no", "type": "x", "param": None}}])
@@ -359,7 +399,54 @@ DEFECTS = [
     ("errors.stream-status", replace_with(stream_response([])), "HTTP 200 (text/event-stream)"),
     ("errors.unknown-argument", body("error", message="Bad"), "message is"),
     ("errors.temperature", body(status=422), "HTTP 422"),
-]
+    ("schema.numeric-bounds", body(MESSAGE, content='{"qty": 25}'), "qty is 25, outside"),
+    ("schema.numeric-bounds", body(MESSAGE, content="25 apples"), "with an integer qty"),
+    ("functions.named.nonstream", body(MESSAGE, function_call=DROP), "lacks function_call"),
+    ("functions.named.nonstream", body(MESSAGE, tool_calls=[{}]), "expected none"),
+    ("functions.named.nonstream", body(MESSAGE, content=""), "expected null"),
+    ("functions.named.nonstream", body(f"{MESSAGE}.function_call", arguments='"Par'),
+     "not a JSON object"),
+    ("functions.named.nonstream", body("choices.0", finish_reason="function_call"),
+     "expected 'stop'"),
+    ("functions.named.stream", chunk(0, "choices.0.delta.function_call", arguments="{"),
+     "role chunk is"),
+    ("functions.named.stream", chunk(1, "choices.0.delta", tool_calls=[]),
+     "expected just function_call"),
+    ("functions.named.stream", chunk(1, "choices.0.delta.function_call", name="get_weather"),
+     "expected just arguments"),
+    ("functions.named.stream", chunk(-2, "choices.0.delta.function_call", arguments='"Par'),
+     "not a JSON object"),
+    ("functions.named.stream", chunk(-1, "choices.0", finish_reason="function_call"),
+     "expected 'stop'"),
+    ("functions.auto.nonstream", body("choices.0", finish_reason="function_call"),
+     "a text answer finishes with"),
+    ("functions.auto.nonstream",
+     body(MESSAGE, content=None, function_call={"name": "get_weather", "arguments": "{}"}),
+     "expected 'function_call'"),
+    ("functions.none.nonstream",
+     body(MESSAGE, function_call={"name": "get_weather", "arguments": "{}"}), "expected none"),
+    ("cors.preflight", headers(access_control_allow_origin=None), "Allow-Origin is null"),
+    ("cors.preflight", headers(access_control_allow_origin="https://other.example"),
+     'is "https://other.example"'),
+    ("cors.preflight", headers(access_control_allow_headers="content-type"),
+     "lacks authorization"),
+    ("cors.preflight", headers(access_control_allow_headers="*"), "lacks authorization"),
+    ("cors.preflight", headers(access_control_allow_methods="GET"), "lacks POST"),
+    ("cors.preflight", headers(405), "HTTP 405"),
+    ("cors.response", headers(access_control_allow_origin=None), "Allow-Origin is null"),
+    ("stop.empty-list", replace_with(json_response({"error": {}}, 400)), "HTTP 400"),
+    ("errors.metadata-without-store", body("error", param=None), "param is null"),
+    ("errors.metadata-long-key", body(status=200), "HTTP 200"),
+    ("errors.logit-bias-range", body("error", param="logit_bias.12345"), "param is"),
+    ("errors.logit-bias-range", body("error", code="decimal_above_max_value"), "code is"),
+    ("errors.modalities", body("error", code=None), "code is null"),
+    ("errors.audio-format", body("error", param="audio"), 'param is "audio"'),
+    ("errors.max-tokens-combination", body("error", code="invalid_value"), "code is"),
+    ("errors.empty-model-first", body("error", message="Missing 'messages'."), "message is"),
+    ("errors.unknown-model-first", body(status=400), "HTTP 400"),
+    ("errors.check-order", body("error", param="stream_options"), "param is"),
+    ("errors.refusal-part", body("error", code=None), "code is null"),
+]  # fmt: skip
 
 
 # Defects of the Responses API's checks.
@@ -596,7 +683,7 @@ def test_command_fails_with_status_1_and_json_results_on_a_defect(served_by):
     with pytest.raises(CommandError) as raised:
         call_command(
             "chatparity_conformance", BASE_URL, "--key", KEY, "--json", "--skip", "errors",
-            "--timeout", "5", stdout=out,
+            "--skip", "functions", "--skip", "cors", "--timeout", "5", stdout=out,
         )  # fmt: skip
     assert raised.value.returncode == 1
     report = json.loads(out.getvalue())

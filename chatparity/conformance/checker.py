@@ -76,22 +76,29 @@ class Probe:
     method: str = "POST"
     path: str = "/chat/completions"
     bad_key: bool = False
+    headers: tuple[tuple[str, str], ...] = ()
+    """Sent besides the key (a browser's ``Origin``, say)."""
 
     def request_body(self, model: str) -> dict[str, Any] | None:
-        if self.method == "GET":
+        if self.method in ("GET", "OPTIONS"):
             return None
         base = {"model": model, "messages": HELLO, "temperature": 0, "max_tokens": 16}
         return {key: value for key, value in {**base, **self.body}.items() if value is not OMIT}
 
     def cache_key(self, model: str) -> str:
         body = json.dumps(self.request_body(model), sort_keys=True)
-        return f"{self.method} {self.path} {self.bad_key} {body}"
+        return f"{self.method} {self.path} {self.bad_key} {self.headers} {body}"
 
     def send(self, runner: Runner) -> httpx.Response:
         """Make the request; a probe that needs another's response first asks ``runner``."""
-        headers = {"Authorization": f"Bearer {BAD_KEY}"} if self.bad_key else None
+        headers = dict(self.headers)
+        if self.bad_key:
+            headers["Authorization"] = f"Bearer {BAD_KEY}"
         body = self.request_body(runner.model)
-        return runner.http.request(self.method, self.path, json=body, headers=headers)
+        request = runner.http.build_request(self.method, self.path, json=body, headers=headers)
+        if self.method == "OPTIONS":
+            del request.headers["authorization"]  # a browser's preflight carries no key
+        return runner.http.send(request)
 
 
 MODELS = Probe(method="GET", path="/models")
@@ -108,6 +115,50 @@ NAMED_TOOL = {"type": "function", "function": {"name": "get_weather"}}
 def _tools(tool_choice: Any, *, stream: bool) -> Probe:
     body = {"messages": WEATHER, "tools": [WEATHER_TOOL], "tool_choice": tool_choice}
     return Probe({**body, "max_tokens": 64, "stream": stream})
+
+
+def _functions(function_call: Any, *, stream: bool = False) -> Probe:
+    """The deprecated ``functions`` and ``function_call`` in place of tools."""
+    body = {"messages": WEATHER, "functions": [WEATHER_TOOL["function"]]}
+    return Probe({**body, "function_call": function_call, "max_tokens": 64, "stream": stream})
+
+
+ORDER = [{"role": "user", "content": "Order 25 apples. Answer with the order as JSON."}]
+BOUNDED_ORDER = Probe(
+    {
+        "messages": ORDER,
+        "max_tokens": 40,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {
+                "name": "order",
+                "strict": True,
+                "schema": {
+                    "type": "object",
+                    "properties": {"qty": {"type": "integer", "minimum": 1, "maximum": 9}},
+                    "required": ["qty"],
+                    "additionalProperties": False,
+                },
+            },
+        },
+    }
+)
+# A browser page of another origin, and what it asks before calling the API with a key.
+ORIGIN = "https://chatparity-conformance.example"
+PREFLIGHT = Probe(
+    method="OPTIONS",
+    headers=(
+        ("Origin", ORIGIN),
+        ("Access-Control-Request-Method", "POST"),
+        ("Access-Control-Request-Headers", "authorization,content-type"),
+    ),
+)
+FROM_A_PAGE = Probe(headers=(("Origin", ORIGIN),))
+REFUSAL_WITHOUT_TEXT = [
+    *HELLO,
+    {"role": "assistant", "content": [{"type": "refusal"}]},
+    {"role": "user", "content": "Try again."},
+]
 
 
 # Reading responses.
@@ -731,6 +782,152 @@ def _completed_tools(body: dict[str, Any], model: str) -> list[str]:
     return completion_choice_problems(body, tools=True) + _finish(reason, "tool_calls")
 
 
+def _bounded_order(body: dict[str, Any], model: str) -> list[str]:
+    """The answer is JSON whose ``qty`` keeps to the schema's bounds, 1 to 9, though the
+    prompt asks for 25."""
+    message = _first_choice(body).get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    try:
+        answer = json.loads(content) if isinstance(content, str) else None
+    except ValueError:
+        answer = None
+    quantity = answer.get("qty") if isinstance(answer, dict) else None
+    if not _is_int(quantity):
+        return [f"content is {short(content)}, expected JSON with an integer qty"]
+    return [] if 1 <= quantity <= 9 else [f"qty is {quantity}, outside the schema's 1 to 9"]
+
+
+def function_call_problems(message: Any, *, where: str) -> list[str]:
+    """A message answering with the deprecated ``function_call``: ``content: null``,
+    ``function_call: {name, arguments}`` (arguments a JSON object), no ``tool_calls``."""
+    if not isinstance(message, dict):
+        return [f"{where} is {short(message)}, expected an object"]
+    problems = []
+    if message.get("content", OMIT) is not None:
+        problems.append(f"{_got(message, 'content', where)}, expected null")
+    if message.get("tool_calls") is not None:
+        problems.append(f"{where}.tool_calls is {short(message['tool_calls'])}, expected none")
+    call = message.get("function_call")
+    if not isinstance(call, dict) or call.keys() != {"name", "arguments"}:
+        return [*problems, f"{_got(message, 'function_call', where)}, expected {{name, arguments}}"]
+    if call["name"] != "get_weather":
+        problems.append(f"{where}.function_call.name is {short(call['name'])}")
+    return problems + _arguments_problems(call["arguments"], at=f"{where}.function_call")
+
+
+def _completed_function_call(expected_reason: str) -> Callable[[dict[str, Any], str], list[str]]:
+    def inspect(body: dict[str, Any], model: str) -> list[str]:
+        choice = _first_choice(body)
+        message = choice.get("message")
+        problems = function_call_problems(message, where="choices[0].message")
+        return problems + _finish(choice.get("finish_reason"), expected_reason)
+
+    return inspect
+
+
+def _chosen_function_call(body: dict[str, Any], model: str) -> list[str]:
+    """function_call auto: a call finishes with ``function_call``, text with ``stop`` or
+    ``length``."""
+    choice = _first_choice(body)
+    message = choice.get("message")
+    reason = choice.get("finish_reason")
+    if isinstance(message, dict) and message.get("function_call") is not None:
+        problems = function_call_problems(message, where="choices[0].message")
+        return problems + _finish(reason, "function_call")
+    return completion_choice_problems(body) + (
+        [] if reason in ("stop", "length") else [f"a text answer finishes with {short(reason)}"]
+    )
+
+
+def _no_function_call(body: dict[str, Any], model: str) -> list[str]:
+    """function_call none: a text answer, no call."""
+    message = _first_choice(body).get("message")
+    call = message.get("function_call") if isinstance(message, dict) else None
+    called = [] if call is None else [f"function_call is {short(call)}, expected none"]
+    return completion_choice_problems(body) + called
+
+
+def streamed_function_call_problems(stream: Stream, expected_reason: str) -> list[str]:
+    """Choice 0 streams a deprecated ``function_call``: the role chunk carries
+    ``content: null`` and ``function_call: {name, arguments: ""}``, each later delta only
+    ``function_call.arguments``, which add up to a JSON object; then one finisher."""
+    problems = Problems()
+    deltas = [
+        (number, choice)
+        for number, chunk in enumerate(stream.chunks)
+        for choice in _choices(chunk)
+        if choice.get("index") == 0
+    ]
+    if not deltas:
+        return ["no chunk for choice 0"]
+    opening = {
+        "role": "assistant",
+        "content": None,
+        "function_call": {"name": "get_weather", "arguments": ""},
+        "refusal": None,
+    }
+    arguments = ""
+    *middle, (_, last) = deltas
+    for position, (number, choice) in enumerate(middle):
+        delta = choice.get("delta")
+        if choice.get("finish_reason") is not None:
+            problems.add(f"finish_reason {short(choice['finish_reason'])} before the end", number)
+        if position == 0:
+            if delta != opening:
+                problems.add(f"role chunk is {short(delta, 90)}, expected {short(opening, 90)}")
+            continue
+        call = delta.get("function_call") if isinstance(delta, dict) else None
+        if not isinstance(delta, dict) or delta.keys() != {"function_call"}:
+            problems.add(f"delta is {short(delta)}, expected just function_call", number)
+        elif not isinstance(call, dict) or call.keys() != {"arguments"}:
+            problems.add(f"function_call delta is {short(call)}, expected just arguments", number)
+        if isinstance(call, dict) and isinstance(call.get("arguments"), str):
+            arguments += call["arguments"]
+    if last.get("delta") != {}:
+        problems.add(f"the finisher's delta is {short(last.get('delta'))}, expected {{}}")
+    problems.extend(_finish(last.get("finish_reason"), expected_reason))
+    problems.extend(_arguments_problems(arguments, at="the streamed function_call"))
+    return problems.render()
+
+
+def _streamed_function_call(expected_reason: str) -> Callable[[Stream, str], list[str]]:
+    return lambda stream, model: streamed_function_call_problems(stream, expected_reason)
+
+
+def _preflight(model: str, responses: Sequence[httpx.Response]) -> list[str]:
+    """A browser's preflight is granted: 2xx, the page's origin allowed (or any), POST and
+    the ``authorization`` and ``content-type`` headers allowed."""
+    response = responses[0]
+    problems = [] if response.is_success else [f"HTTP {response.status_code}, expected 2xx"]
+    problems += _allowed_origin(response)
+    methods = _header_list(response, "access-control-allow-methods")
+    if not methods & {"post", "*"}:
+        problems.append(f"Access-Control-Allow-Methods is {short(sorted(methods))}, lacks POST")
+    granted = _header_list(response, "access-control-allow-headers")
+    # A wildcard grants every header but Authorization, which must be named.
+    wanted = {"authorization"} if "*" in granted else {"authorization", "content-type"}
+    missing = sorted(wanted - granted)
+    if missing:
+        problems.append(f"Access-Control-Allow-Headers lacks {', '.join(missing)}")
+    return problems
+
+
+def _from_a_page(model: str, responses: Sequence[httpx.Response]) -> list[str]:
+    """A completion asked from another origin's page says the page may read it."""
+    return _status(responses[0]) + _allowed_origin(responses[0])
+
+
+def _allowed_origin(response: httpx.Response) -> list[str]:
+    allowed = response.headers.get("access-control-allow-origin")
+    if allowed in (ORIGIN, "*"):
+        return []
+    return [f"Access-Control-Allow-Origin is {short(allowed)}, expected {ORIGIN!r} or '*'"]
+
+
+def _header_list(response: httpx.Response, name: str) -> set[str]:
+    return {part.strip().lower() for part in response.headers.get(name, "").split(",") if part}
+
+
 def judge_error(status: int, **expected: Any) -> Judge:
     """An error before the first byte: HTTP ``status``, JSON, and exactly
     ``{"error": {message, type, param, code}}`` with the ``expected`` values."""
@@ -908,6 +1105,124 @@ CHECKS: tuple[Check, ...] = (
         "temperature 3: 400, param temperature",
         judge_error(400, type=_INVALID, param="temperature"),
         Probe({"temperature": 3, "max_tokens": 1}),
+    ),
+    _check(
+        "schema.numeric-bounds",
+        "strict json_schema: an integer keeps to its minimum and maximum",
+        judge_completion(_bounded_order),
+        BOUNDED_ORDER,
+    ),
+    _check(
+        "functions.named.nonstream",
+        "deprecated function_call named: message.function_call, content null, finish stop",
+        judge_completion(_completed_function_call("stop")),
+        _functions({"name": "get_weather"}),
+    ),
+    _check(
+        "functions.named.stream",
+        "deprecated function_call named: function_call deltas, finish stop",
+        judge_stream(_streamed_function_call("stop")),
+        _functions({"name": "get_weather"}, stream=True),
+    ),
+    _check(
+        "functions.auto.nonstream",
+        "deprecated function_call auto: a call finishes with function_call, text with stop",
+        judge_completion(_chosen_function_call),
+        _functions("auto"),
+    ),
+    _check(
+        "functions.none.nonstream",
+        "deprecated function_call none: a text answer",
+        judge_completion(_no_function_call),
+        _functions("none"),
+    ),
+    _check(
+        "cors.preflight",
+        "a browser's preflight from another origin: granted POST with authorization",
+        _preflight,
+        PREFLIGHT,
+    ),
+    _check(
+        "cors.response",
+        "a completion asked from another origin's page: Access-Control-Allow-Origin",
+        _from_a_page,
+        FROM_A_PAGE,
+    ),
+    _check(
+        "stop.empty-list",
+        "stop []: accepted",
+        judge_completion(completion_envelope_problems),
+        Probe({"stop": [], "max_tokens": 1}),
+    ),
+    _check(
+        "errors.metadata-without-store",
+        "metadata without store: 400, param metadata",
+        judge_error(
+            400,
+            type=_INVALID,
+            param="metadata",
+            message="The 'metadata' parameter is only allowed when 'store' is enabled.",
+        ),
+        Probe({"metadata": {"run": "1"}, "max_tokens": 1}),
+    ),
+    _check(
+        "errors.metadata-long-key",
+        "a metadata key of 65 characters: 400",
+        judge_error(400, type=_INVALID),
+        Probe({"store": True, "metadata": {"k" * 65: "v"}, "max_tokens": 1}),
+    ),
+    _check(
+        "errors.logit-bias-range",
+        "a logit_bias of 200: 400, param logit_bias, code null",
+        judge_error(400, type=_INVALID, param="logit_bias", code=None),
+        Probe({"logit_bias": {"12345": 200}, "max_tokens": 1}),
+    ),
+    _check(
+        "errors.modalities",
+        "modalities ['UNKNOWN']: 400 invalid_value",
+        judge_error(400, type=_INVALID, code="invalid_value"),
+        Probe({"modalities": ["UNKNOWN"], "max_tokens": 1}),
+    ),
+    _check(
+        "errors.audio-format",
+        "an unknown audio.format: 400 invalid_value, param audio.format",
+        judge_error(400, type=_INVALID, param="audio.format", code="invalid_value"),
+        Probe({"audio": {"voice": "alloy", "format": "bogus"}, "max_tokens": 1}),
+    ),
+    _check(
+        "errors.max-tokens-combination",
+        "max_tokens and max_completion_tokens: 400 invalid_parameter_combination",
+        judge_error(400, type=_INVALID, code="invalid_parameter_combination"),
+        Probe({"max_tokens": 1, "max_completion_tokens": 1}),
+    ),
+    _check(
+        "errors.empty-model-first",
+        "model '' and no messages: the model is reported first",
+        judge_error(400, type=_INVALID, message="you must provide a model parameter"),
+        Probe({"model": "", "messages": OMIT}),
+    ),
+    _check(
+        "errors.unknown-model-first",
+        "an unknown model and no messages: 404 model_not_found first",
+        judge_error(404, type=_INVALID, code="model_not_found"),
+        Probe({"model": UNKNOWN_MODEL, "messages": OMIT}),
+    ),
+    _check(
+        "errors.check-order",
+        "top_logprobs without logprobs before stream_options without stream",
+        judge_error(400, type=_INVALID, param="top_logprobs"),
+        Probe({"top_logprobs": 2, "stream_options": {"include_usage": True}, "max_tokens": 1}),
+    ),
+    _check(
+        "errors.refusal-part",
+        "an assistant refusal part without its text: 400 missing_required_parameter",
+        judge_error(
+            400,
+            type=_INVALID,
+            param="messages[1].content[0].refusal",
+            code="missing_required_parameter",
+        ),
+        Probe({"messages": REFUSAL_WITHOUT_TEXT, "max_tokens": 1}),
     ),
 )
 
