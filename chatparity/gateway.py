@@ -42,7 +42,14 @@ from .protocol.completion import CompletionAccumulator
 from .protocol.errors import APIError
 from .protocol.events import Event
 from .protocol.openapi import openapi_document
-from .protocol.request import ChatRequest, Limits, decode_body, parse_chat_request, parse_model
+from .protocol.request import (
+    ChatRequest,
+    Limits,
+    decode_body,
+    parse_chat_request,
+    parse_model,
+    with_defaults,
+)
 from .protocol.stream import DONE, ChunkEncoder, sse
 from .usage import UsageRecord
 
@@ -604,7 +611,7 @@ def _as_served_by(alias: ModelAlias, requested: ChatRequest) -> ChatRequest:
     parameters it forwards; OpenAI's 400 if it asks for more choices than ``alias`` gives."""
     chat = requested
     if alias.default_params:
-        chat = parse_chat_request({**alias.default_params, **requested.body}, _limits())
+        chat = parse_chat_request(with_defaults(alias.default_params, requested.body), _limits())
     most = _max_n(alias)
     if chat.n > most:
         raise APIError(

@@ -70,6 +70,32 @@ class CompletionTests(ViewTestCase):
         assert short["usage"]["completion_tokens"] == 2
         longer = (await self.ask(model="smollm2-short", max_tokens=3, temperature=0)).json()
         assert longer["usage"]["completion_tokens"] == 3
+        newer = await self.ask(model="smollm2-short", max_completion_tokens=3, temperature=0)
+        assert newer.json()["usage"]["completion_tokens"] == 3
+
+    async def test_deprecated_functions_are_answered_with_function_call(self):
+        city = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+        weather = {"name": "get_weather", "parameters": city}
+        forced = {"functions": [weather], "function_call": {"name": "get_weather"}}
+        completion = (await self.ask(max_tokens=60, temperature=0, **forced)).json()
+        (choice,) = completion["choices"]
+        assert (choice["message"]["content"], choice["finish_reason"]) == (None, "stop")
+        assert choice["message"]["function_call"]["name"] == "get_weather"
+        assert "tool_calls" not in choice["message"]
+        stream = await self.ask(max_tokens=60, temperature=0, stream=True, **forced)
+        chunks = [
+            orjson.loads(frame[6:])
+            for frame in (await self.read_stream(stream)).split(b"\n\n")
+            if frame.startswith(b"data: {")
+        ]
+        assert chunks[0]["choices"][0]["delta"]["function_call"] == {
+            "name": "get_weather",
+            "arguments": "",
+        }
+        arguments = "".join(
+            c["choices"][0]["delta"]["function_call"]["arguments"] for c in chunks[:-1]
+        )
+        assert arguments == choice["message"]["function_call"]["arguments"]
 
     @override_settings(CHATPARITY={"LOG_BODIES": True})
     async def test_bodies_are_logged_only_when_enabled(self):
@@ -136,6 +162,16 @@ class ErrorTests(ViewTestCase):
         }
         row = await RequestLog.objects.aget()
         assert (row.status_code, row.error_code, row.alias) == (404, "model_not_found", "gpt-9")
+
+    async def test_the_model_is_checked_before_the_rest_of_the_body(self):
+        unknown = await self.post({"model": "gpt-9", "temperature": 9})
+        assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "model_not_found")
+        empty = await self.post({"model": ""})
+        assert (empty.status_code, empty.json()["error"]["message"]) == (
+            400, "you must provide a model parameter",
+        )  # fmt: skip
+        known = await self.post({"model": "smollm2", "temperature": 9})
+        assert (known.status_code, known.json()["error"]["param"]) == (400, "messages")
 
     async def test_a_300_character_unknown_model_is_logged_cut_to_its_column(self):
         response = await self.ask(model="gpt-" + "9" * 296)
