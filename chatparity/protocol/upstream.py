@@ -213,10 +213,12 @@ class ChunkReader:
             return []
         chunk = self._payload(sse.data, "a chunk", error_event=sse.event == "error")
         events: list[Event] = []
-        with _well_shaped(sse.data):
+        try:  # well_shaped's try, inline: a context manager per event costs 2% of a stream
             for choice in chunk.get("choices") or ():
                 if isinstance(choice, dict):
                     events += self._choice(choice)
+        except (AttributeError, TypeError, ValueError):
+            raise malformed("a part of it is of the wrong type", sse.data) from None
         return events
 
     def read_completion(self, body: bytes) -> list[Event]:
