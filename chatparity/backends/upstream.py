@@ -32,7 +32,12 @@ key) is logged, and passed on only when the backend opts in.
 Options (``Backend.options``): ``retries`` (2), ``backoff`` (seconds, 0.2,
 doubled per retry), ``headers`` (extra request headers), ``connect_timeout``
 (seconds, 10), ``pass_error_text`` (false: pass the upstream's own error
-messages on to clients). ``Backend.timeout`` bounds the whole request.
+messages on to clients), ``wire_api`` (``"chat"``: ``/chat/completions``;
+``"responses"``: the upstream is asked on ``/responses``, streamed and not
+stored there, whichever endpoint the client called, and its typed events read
+back with the same repairs and distrust, see
+:mod:`~chatparity.protocol.responses_upstream`). ``Backend.timeout`` bounds the
+whole request.
 
 After ``[DONE]`` the rest of the upstream's body (its last, empty chunk) is
 awaited in the background, so that the connection goes back to the pool; a
@@ -56,6 +61,7 @@ from ..conf import app_settings
 from ..protocol.errors import APIError
 from ..protocol.events import Event, Usage
 from ..protocol.request import CHAT_COMPLETION_REQUEST, ChatRequest
+from ..protocol.responses_upstream import ResponsesEventReader, upstream_request
 from ..protocol.tokens import approximate_prompt_tokens
 from ..protocol.upstream import (
     ChunkReader,
@@ -112,7 +118,9 @@ FORWARDED = frozenset(
 )
 
 
-OPTIONS = frozenset({"retries", "backoff", "headers", "connect_timeout", "pass_error_text"})
+OPTIONS = frozenset(
+    {"retries", "backoff", "headers", "connect_timeout", "pass_error_text", "wire_api"}
+)
 """What an ``openai`` Backend row's ``options`` may set (see the module docstring)."""
 
 # A header's name (RFC 9110's token) and value (visible text, spaces and tabs).
@@ -165,8 +173,12 @@ def timeout_error() -> APIError:
     )
 
 
+WIRE_APIS = ("chat", "responses")
+"""What an upstream is called with: Chat Completions, or the Responses API."""
+
+
 class UpstreamBackend:
-    """Forwards completions to ``<base_url>/chat/completions``."""
+    """Forwards completions to ``<base_url>/chat/completions`` (or ``/responses``)."""
 
     transport = _http1.Endpoint
     """The HTTP client, made with the URL, the headers and ``connect_timeout``
@@ -177,7 +189,9 @@ class UpstreamBackend:
     def __init__(self, config: BackendConfig) -> None:
         self.check_options(config.options)
         self.config = config
-        self.url = config.base_url.rstrip("/") + "/chat/completions"
+        self.native_responses = config.options.get("wire_api") == "responses"
+        path = "/responses" if self.native_responses else "/chat/completions"
+        self.url = config.base_url.rstrip("/") + path
         self.retries = int(config.options.get("retries", 2))
         self.backoff = float(config.options.get("backoff", 0.2))
         self.headers = {
@@ -196,13 +210,16 @@ class UpstreamBackend:
     def check_options(options: dict[str, Any]) -> None:
         """:data:`OPTIONS` only, each of its type: ``retries`` 0 to 10, ``backoff`` 0 to
         60 seconds, ``connect_timeout`` above 0 to 600 seconds, ``pass_error_text`` a
-        boolean, ``headers`` names and values an HTTP request can carry."""
+        boolean, ``headers`` names and values an HTTP request can carry, ``wire_api``
+        one of :data:`WIRE_APIS`."""
         known_options(options, OPTIONS)
         number_option(options, "retries", 0, 10, integer=True)
         number_option(options, "backoff", 0, 60)
         number_option(options, "connect_timeout", 0.001, 600)
         if not isinstance(options.get("pass_error_text", False), bool):
             raise ValueError("'pass_error_text' must be true or false.")
+        if options.get("wire_api", "chat") not in WIRE_APIS:
+            raise ValueError('\'wire_api\' must be "chat" or "responses".')
         headers = options.get("headers", {})
         if not isinstance(headers, dict):
             raise ValueError("'headers' must map header names to values.")
@@ -229,23 +246,29 @@ class UpstreamBackend:
             for name, value in request.body.items()
             if name in FORWARDED or name in request.forwarded_params
         }
-        # Streamed only when the client streams: a whole answer is cheaper to read.
-        body.update(model=model or request.model, stream=request.stream)
-        if request.stream:
-            body["stream_options"] = {"include_usage": True}
         choice = request.tool_choice
-        if choice.mode == "required" and len(request.tools) == 1:
-            # The same request, in the form upstreams that ignore "required" still obey.
-            function = {"name": request.tools[0].name}
-            body["tool_choice"] = {"type": "function", "function": function}
+        if self.native_responses:
+            body = upstream_request(request, model, body)
+        else:
+            # Streamed only when the client streams: a whole answer is cheaper to read.
+            body.update(model=model or request.model, stream=request.stream)
+            if request.stream:
+                body["stream_options"] = {"include_usage": True}
+            if choice.mode == "required" and len(request.tools) == 1:
+                # The same request, in the form upstreams that ignore "required" still obey.
+                function = {"name": request.tools[0].name}
+                body["tool_choice"] = {"type": "function", "function": function}
         reader = partial(
-            ChunkReader,
+            ResponsesEventReader if self.native_responses else ChunkReader,
             prompt_tokens=approximate_prompt_tokens(request.messages),
             call_finish="stop" if choice.mode == "function" else "tool_calls",
-            max_tokens=request.max_tokens,
+            max_tokens=body.get("max_output_tokens")
+            if self.native_responses
+            else request.max_tokens,
         )
         deadline = asyncio.get_running_loop().time() + self.config.timeout
-        primary = reader(n=request.n)
+        # The Responses API answers one choice: each of n is asked for on its own.
+        primary = reader(n=1 if self.native_responses else request.n)
         async with aclosing(self._read(body, primary, deadline)) as events:
             async for event in events:
                 yield event
@@ -253,11 +276,14 @@ class UpstreamBackend:
         unseen = primary.unseen()
         # An upstream that ignored n: each missing choice is asked for on its own.
         missing = unseen if len(unseen) < request.n else []
+        if self.native_responses:
+            missing = list(range(1, request.n))
         for event in primary.close(i for i in primary.indices if i not in missing):
             yield event
         for index in missing:
             extra = reader(n=1, first_index=index)
-            async with aclosing(self._read({**body, "n": 1}, extra, deadline)) as events:
+            one = body if self.native_responses else {**body, "n": 1}
+            async with aclosing(self._read(one, extra, deadline)) as events:
                 async for event in events:
                     yield event
             for event in extra.close(extra.indices):

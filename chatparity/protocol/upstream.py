@@ -152,7 +152,7 @@ def malformed(problem: str, sent: str | bytes = "") -> UpstreamError:
 
 
 @contextmanager
-def _well_shaped(sent: str | bytes) -> Iterator[None]:
+def well_shaped(sent: str | bytes) -> Iterator[None]:
     """Where what an upstream ``sent`` is taken apart: a part of the wrong type (a delta
     that is not an object, a logprob that is not a number, ...) makes it malformed."""
     try:
@@ -227,7 +227,7 @@ class ChunkReader:
         self.done = True
         completion = self._payload(body, "the completion")
         events: list[Event] = []
-        with _well_shaped(body):
+        with well_shaped(body):
             for choice in completion.get("choices") or ():
                 if isinstance(choice, dict):
                     message = choice.get("message")
