@@ -429,6 +429,11 @@ RESPONSES_REQUEST = Parameters(
         Member("input", _INPUT),
         Member("instructions", _TEXT, description="A system message before the input."),
         Member("background", Boolean(), description="Only false: responses are not queued."),
+        Member(
+            "client_metadata",
+            Map(String()),
+            description="What the client says of itself (Codex sends it); not used.",
+        ),
         Member("include", Array(Enum(INCLUDABLES), may_be_empty=True)),
         Member("max_output_tokens", Integer(MIN_OUTPUT_TOKENS)),
         Member("max_tool_calls", Integer(1)),
