@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import threading
+from contextlib import contextmanager
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -106,21 +107,27 @@ def pages(tmp_path_factory, openai_node):
     server.server_close()
 
 
-@pytest.fixture(scope="module")
-def cors_server(daphne_server, pages, tmp_path_factory):
-    """daphne on the e2e database, with the example project's settings allowing one origin:
-    the page served from localhost."""
-    folder = tmp_path_factory.mktemp("cors_settings")
-    allowed = [f"http://localhost:{pages}"]
+@contextmanager
+def serving_with_cors(daphne_server, origins, folder):
+    """Another daphne on ``daphne_server``'s database, with the example project's settings
+    allowing ``origins``; yields its URL."""
     (folder / "cors_settings.py").write_text(
         "from project.settings import *  # noqa: F403\n"
-        f"CHATPARITY = {{**CHATPARITY, 'CORS_ALLOWED_ORIGINS': {json.dumps(allowed)}}}  # noqa\n"
+        f"CHATPARITY = {{**CHATPARITY, 'CORS_ALLOWED_ORIGINS': {json.dumps(origins)}}}  # noqa\n"
     )
     env = {**daphne_server.env, "DJANGO_SETTINGS_MODULE": "cors_settings"}
     env["PYTHONPATH"] = f"{folder}:{ROOT}"
     command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", "{port}"]
     command.append("project.asgi:application")
     with _serving(command, folder / "daphne.log", env=env) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def cors_server(daphne_server, pages, tmp_path_factory):
+    """The live server allowing one origin: the page served from localhost."""
+    folder = tmp_path_factory.mktemp("cors_settings")
+    with serving_with_cors(daphne_server, [f"http://localhost:{pages}"], folder) as url:
         yield url
 
 
