@@ -9,7 +9,7 @@ from django.core.checks import run_checks
 from django.test import override_settings
 
 from chatparity.backends.command import parse_declaration
-from chatparity.checks import check_commands, check_responses_retention
+from chatparity.checks import check_commands, check_cors_origins, check_responses_retention
 from project import settings as project_settings
 
 
@@ -120,3 +120,38 @@ def test_a_responses_retention_that_is_not_a_positive_number_is_an_error(seconds
     assert message.id == "chatparity.E050"
     assert message.msg.startswith("CHATPARITY['RESPONSES_RETENTION'] ")
     assert problem in message.msg
+
+
+def cors_reported(origins):
+    """(id, message) of what the CORS check says of ``origins``."""
+    with override_settings(CHATPARITY={"CORS_ALLOWED_ORIGINS": origins}):
+        return [(message.id, message.msg) for message in check_cors_origins()]
+
+
+def test_cors_origins_and_the_wildcard_pass():
+    assert cors_reported([]) == []
+    assert cors_reported(["*"]) == []
+    origins = ["https://app.example.com", "http://localhost:5173", "http://[::1]:8000"]
+    assert cors_reported(origins) == []
+
+
+def test_each_cors_entry_that_is_not_an_origin_is_an_error():
+    reported = cors_reported(["https://app.example.com/", "app.example.com", 3, "https://ok"])
+    assert [id for id, _ in reported] == ["chatparity.E060"] * 3
+    assert "'https://app.example.com/' is not an origin" in reported[0][1]
+    assert "3 is not a string" in reported[2][1]
+
+
+def test_cors_origins_as_one_string_are_an_error():
+    assert cors_reported("https://app.example.com") == [
+        (
+            "chatparity.E060",
+            "CHATPARITY['CORS_ALLOWED_ORIGINS']: 'https://app.example.com' is not a list"
+            " of origins.",
+        )
+    ]
+
+
+def test_the_cors_check_runs_with_the_others():
+    with override_settings(CHATPARITY={"CORS_ALLOWED_ORIGINS": ["nope"]}):
+        assert "chatparity.E060" in [message.id for message in run_checks()]

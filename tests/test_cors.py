@@ -4,11 +4,9 @@ path and through the Django views alike; other origins get no CORS headers."""
 import orjson
 from asgiref.testing import ApplicationCommunicator
 from django.core.asgi import get_asgi_application
-from django.core.checks import run_checks
 from django.test import TestCase, override_settings
 
 from chatparity.asgi import FastPath
-from chatparity.checks import check_cors_origins
 from chatparity.cors import CorsPolicy, is_preflight
 from chatparity.models import ApiKey, Backend, ModelAlias
 from tests.asgi import http_scope
@@ -79,37 +77,6 @@ class PolicyTests(TestCase):
         headers = {"content-type": "application/json"}
         CorsPolicy([APP]).add_response_headers("https://evil.example", headers)
         assert headers == {"content-type": "application/json"}
-
-
-class CheckTests(TestCase):
-    def reported(self, origins):
-        with override_settings(CHATPARITY={"CORS_ALLOWED_ORIGINS": origins}):
-            return [(message.id, message.msg) for message in check_cors_origins()]
-
-    def test_origins_and_the_wildcard_pass(self):
-        assert self.reported([]) == []
-        assert self.reported(["*"]) == []
-        origins = ["https://app.example.com", "http://localhost:5173", "http://[::1]:8000"]
-        assert self.reported(origins) == []
-
-    def test_each_entry_that_is_not_an_origin_is_an_error(self):
-        reported = self.reported(["https://app.example.com/", "app.example.com", 3, "https://ok"])
-        assert [id for id, _ in reported] == ["chatparity.E060"] * 3
-        assert "'https://app.example.com/' is not an origin" in reported[0][1]
-        assert "3 is not a string" in reported[2][1]
-
-    def test_a_single_string_is_an_error(self):
-        assert self.reported("https://app.example.com") == [
-            (
-                "chatparity.E060",
-                "CHATPARITY['CORS_ALLOWED_ORIGINS']: 'https://app.example.com' is not a list"
-                " of origins.",
-            )
-        ]
-
-    def test_it_runs_with_the_other_checks(self):
-        with override_settings(CHATPARITY={"CORS_ALLOWED_ORIGINS": ["nope"]}):
-            assert "chatparity.E060" in [message.id for message in run_checks()]
 
 
 class TransportSpec:
