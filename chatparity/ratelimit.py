@@ -655,6 +655,8 @@ async def admit(key: ApiKey | None, alias: ModelAlias, estimate: Estimate) -> Ad
     more key of its own: no key's limits, budgets or slots are touched.
     """
     admission = Admission(key, alias, counters())
+    if not _limited(key, alias):
+        return admission
     charges = _plan(key, alias, estimate)
     lease = None
     if key is not None and key.max_concurrent is not None:
@@ -729,6 +731,20 @@ def _refused(admission: Admission, charges: list[Charge], refusal: Refusal) -> A
         charge.kind,
         charge.resets_in,
         admission.headers,
+    )
+
+
+def _limited(key: ApiKey | None, alias: ModelAlias) -> bool:
+    """Whether any limit applies to ``key`` on ``alias`` (most requests: none, and
+    planning nothing costs as much as a request's admission otherwise does)."""
+    if alias.requests_per_minute is not None or alias.tokens_per_minute is not None:
+        return True
+    return key is not None and (
+        key.requests_per_minute is not None
+        or key.tokens_per_minute is not None
+        or key.max_concurrent is not None
+        or key.token_budget is not None
+        or key.cost_budget is not None
     )
 
 
