@@ -531,6 +531,17 @@ def _token_biases(sent: dict[str, Any]) -> dict[int, float]:
     return biases
 
 
+_PREDICTED_PART = Object(
+    (Member("type", Enum(("text",)), REQUIRED), Member("text", String(), REQUIRED))
+)
+_PREDICTION = Object(
+    (
+        Member("type", Enum(("content",)), REQUIRED),
+        Member("content", OneOf((String(), Array(_PREDICTED_PART))), REQUIRED),
+    )
+)
+
+
 def _no_model(param: str) -> APIError:
     return APIError("you must provide a model parameter")
 
@@ -598,7 +609,7 @@ CHAT_COMPLETION_REQUEST = Parameters(
         ),
         Member("n", Integer(1, 128)),
         Member("parallel_tool_calls", Boolean()),
-        Member("prediction", Object()),
+        Member("prediction", _PREDICTION, description="Accepted; not used to speed answers up."),
         Member("presence_penalty", _PENALTY),
         Member("prompt_cache_key", String()),
         Member("reasoning_effort", Enum(REASONING_EFFORTS)),
@@ -612,7 +623,7 @@ CHAT_COMPLETION_REQUEST = Parameters(
         Member(
             "stream_options",
             Object(
-                (Member("include_usage", Boolean()),),
+                (Member("include_obfuscation", Boolean()), Member("include_usage", Boolean())),
                 build=lambda options, path: options["include_usage"] or False,
             ),
         ),

@@ -933,6 +933,26 @@ BOUNDARIES = [
         *invalid_type("audio.voice", "one of a string or object", "an integer"),
         id="a voice",
     ),
+    # prediction and stream_options.
+    case(
+        {"prediction": {"content": "Sunny"}}, *missing("prediction.type"), id="no prediction type"
+    ),
+    case(
+        {"prediction": {"type": "text", "content": "Sunny"}},
+        *unsupported("prediction.type", "text", "'content'"),
+        id="a prediction type",
+    ),
+    case({"prediction": {"type": "content"}}, *missing("prediction.content"), id="no prediction"),
+    case(
+        {"prediction": {"type": "content", "content": [{"type": "text"}]}},
+        *missing("prediction.content[0].text"),
+        id="a predicted part without text",
+    ),
+    case(
+        {"stream": True, "stream_options": {"include_obfuscation": "no"}},
+        *invalid_type("stream_options.include_obfuscation", "a boolean", "a string"),
+        id="include_obfuscation",
+    ),
     # max_tokens is the older name of max_completion_tokens.
     case({"max_tokens": 10, "max_completion_tokens": 10}, *BOTH_MAXIMA, id="both maxima"),
     case(
