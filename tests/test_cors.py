@@ -2,15 +2,12 @@
 path and through the Django views alike; other origins get no CORS headers."""
 
 import orjson
-from asgiref.testing import ApplicationCommunicator
-from django.core.asgi import get_asgi_application
 from django.test import TestCase, override_settings
 
-from chatparity.asgi import FastPath
 from chatparity.cors import CorsPolicy, is_preflight
 from chatparity.models import ApiKey, Backend, ModelAlias
-from tests.asgi import http_scope
 from tests.scripted import SCRIPTED
+from tests.test_asgi import FastPathTestCase
 
 APP = "https://app.example.com"
 CORS = {**SCRIPTED, "CORS_ALLOWED_ORIGINS": [APP, "http://localhost:5173"]}
@@ -195,22 +192,15 @@ class TransportSpec:
         assert headers["access-control-allow-origin"] == "http://localhost:3000"
 
 
-class FastPathCorsTests(TransportSpec, TestCase):
+class FastPathCorsTests(TransportSpec, FastPathTestCase):
     async def send(self, method, path, headers, body=b""):
-        scope = http_scope(method, path, list(headers.items()))
-        communicator = ApplicationCommunicator(FastPath(get_asgi_application()), scope)
-        await communicator.send_input({"type": "http.request", "body": body})
-        start = await communicator.receive_output(timeout=10)
-        parts = []
-        while True:
-            message = await communicator.receive_output(timeout=10)
-            parts.append(message["body"])
-            if not message.get("more_body"):
-                break
+        start, content, communicator = await self.exchange(
+            method, path, body, headers=list(headers.items())
+        )
         await communicator.wait(timeout=10)
         names = {name.decode(): value.decode() for name, value in start["headers"]}
         assert len(names) == len(start["headers"]), "a header sent twice"
-        return start["status"], names, b"".join(parts)
+        return start["status"], names, content
 
 
 class ViewCorsTests(TransportSpec, TestCase):

@@ -12,14 +12,15 @@ import threading
 from contextlib import contextmanager
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
+from tests.e2e import test_admin_browser
 from tests.e2e.conftest import ROOT, _serving
-from tests.e2e.test_admin_browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.e2e
+
+browser = test_admin_browser.browser  # the headless Chromium fixture
 
 NPM_CACHE = ROOT / "var" / "npm"
 OPENAI_NODE = "openai@6"
@@ -129,17 +130,6 @@ def cors_server(daphne_server, pages, tmp_path_factory):
     folder = tmp_path_factory.mktemp("cors_settings")
     with serving_with_cors(daphne_server, [f"http://localhost:{pages}"], folder) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"Chromium is needed for the browser tests: {CHROMIUM} (apt install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 def page_at(browser, origin):
