@@ -5,7 +5,7 @@ import orjson
 from django.test import TestCase, override_settings
 
 from chatparity.cors import CorsPolicy, is_preflight
-from chatparity.models import ApiKey, Backend, ModelAlias
+from chatparity.models import ApiKey
 from tests.scripted import SCRIPTED
 from tests.test_asgi import FastPathTestCase
 
@@ -77,15 +77,8 @@ class PolicyTests(TestCase):
 
 
 class TransportSpec:
-    """What both transports answer a browser; a subclass says how a request is sent."""
-
-    @classmethod
-    def setUpTestData(cls):
-        cls.key, cls.plaintext = ApiKey.objects.create_key("tests")
-        backend = Backend.objects.create(
-            name="scripted", kind="scripted", options={"script": ["Hello", " there"]}
-        )
-        ModelAlias.objects.create(public_id="echo", backend=backend)
+    """What both transports answer a browser, with the fast path tests' key and ``echo``
+    alias; a subclass says how a request is sent."""
 
     async def send(self, method, path, headers, body=b""):
         """(status, headers with lower-case names, body) of one request."""
@@ -203,7 +196,7 @@ class FastPathCorsTests(TransportSpec, FastPathTestCase):
         return start["status"], names, content
 
 
-class ViewCorsTests(TransportSpec, TestCase):
+class ViewCorsTests(TransportSpec, FastPathTestCase):
     async def send(self, method, path, headers, body=b""):
         headers = dict(headers)
         content_type = headers.pop("content-type", "application/octet-stream")
