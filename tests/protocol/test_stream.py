@@ -47,6 +47,13 @@ HELLO = [TextDelta(0, "Hel"), TextDelta(0, "lo!"), Finish(0, "stop"), USAGE]
 LOGPROB = TokenLogprob(
     token="Hi", logprob=-0.25, bytes=[72, 105], top_logprobs=[TopLogprob("Hi", -0.25, [72, 105])]
 )
+CALL = [
+    ToolCallDelta(0, 0, "", id="call_golden", name="get_weather"),
+    ToolCallDelta(0, 0, '{"city": '),
+    ToolCallDelta(0, 0, '"Paris"}'),
+    Finish(0, "tool_calls"),
+    USAGE,
+]
 
 CASES = {
     "text_without_usage": (HELLO, {}),
@@ -63,26 +70,8 @@ CASES = {
         ],
         {"include_usage": True},
     ),
-    "tool_call": (
-        [
-            ToolCallDelta(0, 0, "", id="call_golden", name="get_weather"),
-            ToolCallDelta(0, 0, '{"city": '),
-            ToolCallDelta(0, 0, '"Paris"}'),
-            Finish(0, "tool_calls"),
-            USAGE,
-        ],
-        {},
-    ),
-    "function_call": (
-        [
-            ToolCallDelta(0, 0, "", id="call_golden", name="get_weather"),
-            ToolCallDelta(0, 0, '{"city": '),
-            ToolCallDelta(0, 0, '"Paris"}'),
-            Finish(0, "tool_calls"),
-            USAGE,
-        ],
-        {"legacy_functions": True, "include_usage": True},
-    ),
+    "tool_call": (CALL, {}),
+    "function_call": (CALL, {"legacy_functions": True, "include_usage": True}),
     "logprobs": (
         [TextDelta(0, "Hi", logprobs=[LOGPROB]), Finish(0, "stop"), USAGE],
         {"logprobs": True},
