@@ -133,6 +133,7 @@ def test_bounds_are_documented_where_the_server_has_them():
         "max_tokens",
         "n",
         "presence_penalty",
+        "seed",
         "temperature",
         "top_logprobs",
         "top_p",

@@ -615,7 +615,7 @@ CHAT_COMPLETION_REQUEST = Parameters(
         Member("reasoning_effort", Enum(REASONING_EFFORTS)),
         Member("response_format", _RESPONSE_FORMAT),
         Member("safety_identifier", String()),
-        Member("seed", Integer()),
+        Member("seed", Integer(-(2**63), 2**63 - 1)),  # a signed 64-bit integer
         Member("service_tier", Enum(SERVICE_TIERS)),
         Member("stop", OneOf((String(), Array(String(), max_length=4, may_be_empty=True)))),
         Member("store", Boolean()),

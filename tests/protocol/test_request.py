@@ -933,6 +933,16 @@ BOUNDARIES = [
         *invalid_type("audio.voice", "one of a string or object", "an integer"),
         id="a voice",
     ),
+    case(
+        {"seed": 2**63},
+        *out_of_range("seed", "integer", "max", 2**63 - 1, 2**63),
+        id="a seed past 64 bits",
+    ),
+    case(
+        {"seed": -(2**63) - 1},
+        *out_of_range("seed", "integer", "min", -(2**63), -(2**63) - 1),
+        id="a seed below 64 bits",
+    ),
     # prediction and stream_options.
     case(
         {"prediction": {"content": "Sunny"}}, *missing("prediction.type"), id="no prediction type"
