@@ -5,9 +5,9 @@ headers and read the answer line by line (an SSE stream) or whole (an error body
 for a fraction of httpx's CPU per request. Responses are parsed as their bytes
 arrive, in the protocol's callbacks; a body may be framed by ``Content-Length``,
 by chunked transfer-coding (extensions and trailers ignored) or by the end of
-the connection. Bytes are taken 32 KiB at a time, and reading pauses while 16
+the connection. Bytes are taken 16 KiB at a time, and reading pauses while 8
 KiB of a body wait to be read (back-pressure: a stream whose reader stops
-holds at most 64 KiB); a reader may also cap a line's or a body's length
+holds at most 32 KiB); a reader may also cap a line's or a body's length
 (:class:`TooLarge`, the connection closed).
 
 Why a client of its own, private to the backend: ``bench/transports.py`` put it,
@@ -69,10 +69,12 @@ MAX_DRAIN = 64 * 1024
 USER_AGENT = "chatparity"
 
 # A response's unread bytes stay within two high waters and a read (lines of one batch
-# decoded while the body refills), so a reader that stops reading holds at most 64 KiB
-# beyond the kernel's socket buffer. Smaller reads cost more wake-ups than they save.
-_READ_SIZE = 32 * 1024  # bytes taken from the socket at once
-_HIGH_WATER = 16 * 1024  # buffered body bytes at which reading pauses
+# decoded while the body refills), so a reader that stops reading holds at most 32 KiB
+# beyond the kernel's socket buffer: the ASGI server buffers what it could not send yet
+# too (uvicorn until its transport's high water). Smaller reads cost more wake-ups than
+# they save.
+_READ_SIZE = 16 * 1024  # bytes taken from the socket at once
+_HIGH_WATER = 8 * 1024  # buffered body bytes at which reading pauses
 _STATUS = re.compile(r"[0-9]{3}")
 _LENGTH_VALUE = re.compile(r"[0-9]{1,18}")  # ASCII digits only, few enough for int()
 _SAFE = "!$&'()*+,/:;=?@~%"  # kept as they are in a path or query
