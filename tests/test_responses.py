@@ -5,21 +5,20 @@ from datetime import timedelta
 from unittest import mock
 
 import orjson
-from asgiref.testing import ApplicationCommunicator
 from django.contrib.auth import get_user_model
-from django.core.asgi import get_asgi_application
 from django.db import OperationalError
-from django.test import TestCase, override_settings
+from django.test import override_settings
 from django.utils import timezone
 
 from chatparity import responses
-from chatparity.asgi import FastPath
 from chatparity.backends.base import BackendConfig
 from chatparity.gateway import Call
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog, StoredResponse
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
 from tests.asgi import http_scope
+from tests.protocol.test_responses_stream import TWO_DELTAS
+from tests.test_asgi import FastPathTestCase
 
 
 class ScriptBackend:
@@ -71,7 +70,7 @@ def parse_events(content):
 
 
 @override_settings(CHATPARITY=SETTINGS)
-class ResponsesTestCase(TestCase):
+class ResponsesTestCase(FastPathTestCase):
     @classmethod
     def setUpTestData(cls):
         cls.owner = get_user_model().objects.create(username="ada")
@@ -84,25 +83,16 @@ class ResponsesTestCase(TestCase):
         alias("refusing", "<refuse>")
 
     def setUp(self):
-        self.application = FastPath(get_asgi_application())
+        super().setUp()
         ScriptBackend.served.clear()
 
-    async def fast(self, method, path, body=None, plaintext=None, query=""):
+    async def fast(self, method, path, body=None, plaintext=None):
         """The status, headers and body the fast path answers."""
         headers = [("authorization", f"Bearer {plaintext or self.plaintext}")]
-        scope = http_scope(method, path, headers, query_string=query)
-        communicator = ApplicationCommunicator(self.application, scope)
         content = orjson.dumps(body) if body else b""
-        await communicator.send_input({"type": "http.request", "body": content})
-        start = await communicator.receive_output(timeout=10)
-        parts = []
-        while True:
-            message = await communicator.receive_output(timeout=10)
-            parts.append(message["body"])
-            if not message.get("more_body"):
-                break
+        start, answer, communicator = await self.exchange(method, path, content, headers)
         await communicator.wait(timeout=10)
-        return start["status"], dict(start["headers"]), b"".join(parts)
+        return start["status"], dict(start["headers"]), answer
 
     async def create(self, plaintext=None, **body):
         status, _, content = await self.fast(
@@ -159,18 +149,7 @@ class CreateTests(ResponsesTestCase):
         assert status == 200
         events = parse_events(content)
         assert [event["sequence_number"] for event in events] == list(range(len(events)))
-        assert [event["type"] for event in events] == [
-            "response.created",
-            "response.in_progress",
-            "response.output_item.added",
-            "response.content_part.added",
-            "response.output_text.delta",
-            "response.output_text.delta",
-            "response.output_text.done",
-            "response.content_part.done",
-            "response.output_item.done",
-            "response.completed",
-        ]
+        assert [event["type"] for event in events] == TWO_DELTAS
         final = events[-1]["response"]
         _, _, stored = await self.fast("GET", f"/v1/responses/{final['id']}")
         assert orjson.loads(stored) == final

@@ -7,19 +7,11 @@ import openai
 import pydantic
 import pytest
 
+from tests.e2e.test_openai_sdk import WEATHER as CHAT_WEATHER
+
 pytestmark = pytest.mark.e2e
 
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
+WEATHER = {"type": "function", **CHAT_WEATHER["function"]}  # the Responses API's shape
 BRIEF = {"model": "smollm2", "input": "Name three colors.", "temperature": 0}
 
 

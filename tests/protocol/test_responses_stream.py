@@ -66,20 +66,24 @@ def test_stream_matches_golden_transcript(name, request):
     assert produced == path.read_bytes()
 
 
+TWO_DELTAS = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "response.completed",
+]
+"""The events of a text answer in two pieces, in OpenAI's order."""
+
+
 def test_a_text_answer_streams_in_openais_order():
     events, _ = events_of(HELLO)
-    assert types(events) == [
-        "response.created",
-        "response.in_progress",
-        "response.output_item.added",
-        "response.content_part.added",
-        "response.output_text.delta",
-        "response.output_text.delta",
-        "response.output_text.done",
-        "response.content_part.done",
-        "response.output_item.done",
-        "response.completed",
-    ]
+    assert types(events) == TWO_DELTAS
     assert [event["sequence_number"] for event in events] == list(range(len(events)))
 
 
