@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 from functools import partial
 from typing import Any
 
@@ -131,6 +131,8 @@ _NUMERIC_KEYWORDS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum
 _DECIDED_ELSEWHERE = frozenset({"$ref", "anyOf", "oneOf", "const", "enum"})
 # Digits a bound may have before or after its point: a grammar grows with their square.
 MAX_BOUND_DIGITS = 40
+# Multiples of a multipleOf a grammar may list (as many as an anyOf's members).
+MAX_MULTIPLES = LOCAL_SCHEMA_BOUNDS.max_branches
 _ANY_FRACTION = '("." [0-9]+)?'
 
 # One side of the range of a fraction's digits: the bound's digits still to compare
@@ -160,13 +162,15 @@ class _Bound:
 def bounded_number(schema: dict[str, Any]) -> str:
     """The GBNF expression (without the space after it) for the JSON numbers, or integers,
     ``schema`` admits within its ``minimum``, ``maximum``, ``exclusiveMinimum`` and
-    ``exclusiveMaximum``; :class:`ValueError` for bounds no grammar is made from."""
-    if "multipleOf" in schema:
-        raise ValueError("'multipleOf' is not supported by this model")
+    ``exclusiveMaximum``, and multiples of its ``multipleOf``; :class:`ValueError` for
+    bounds no grammar is made from."""
     low = _tightest(schema, "minimum", "exclusiveMinimum", max)
     high = _tightest(schema, "maximum", "exclusiveMaximum", min)
     integer = schema["type"] == "integer"
-    alternatives = _integers(low, high) if integer else _numbers(low, high)
+    if "multipleOf" in schema:
+        alternatives = _multiples(_decimal("multipleOf", schema["multipleOf"]), low, high, integer)
+    else:
+        alternatives = _integers(low, high) if integer else _numbers(low, high)
     if not alternatives:
         raise ValueError(f"no {schema['type']} lies within its bounds")
     return " | ".join(alternatives)
@@ -199,6 +203,45 @@ def _decimal(keyword: str, value: Any) -> Decimal:
             " this model takes"
         )
     return number
+
+
+def _multiples(
+    step: Decimal,
+    low: tuple[Decimal, bool] | None,
+    high: tuple[Decimal, bool] | None,
+    integer: bool,
+) -> list[str]:
+    """The multiples of ``step`` within ``low`` and ``high``, each written out: a grammar
+    takes them as alternatives, so both bounds are needed and at most
+    :data:`MAX_MULTIPLES` of them."""
+    if step <= 0:
+        raise ValueError("'multipleOf' must be greater than 0")
+    if low is None or high is None:
+        raise ValueError("'multipleOf' needs a minimum and a maximum on this model")
+    with localcontext() as exact:
+        exact.prec = 4 * MAX_BOUND_DIGITS  # the bounds' digits, and a step's, exactly
+        first = (low[0] / step).to_integral_value(ROUND_CEILING)
+        if low[1] and first * step == low[0]:
+            first += 1
+        last = (high[0] / step).to_integral_value(ROUND_FLOOR)
+        if high[1] and last * step == high[0]:
+            last -= 1
+        if last - first >= MAX_MULTIPLES:
+            raise ValueError(
+                f"'multipleOf' allows more than {MAX_MULTIPLES} numbers within the bounds,"
+                " more than this model takes"
+            )
+        values = [count * step for count in range(int(first), int(last) + 1)]
+    if integer:
+        values = [value for value in values if value == value.to_integral_value()]
+    return [f'"{_json_number(value)}"' for value in values]
+
+
+def _json_number(value: Decimal) -> str:
+    """``value`` as JSON writes it: no exponent, no trailing zeros after the point."""
+    if value == value.to_integral_value():
+        return str(int(value))
+    return format(value.normalize(), "f")
 
 
 def _integers(low: tuple[Decimal, bool] | None, high: tuple[Decimal, bool] | None) -> list[str]:

@@ -160,6 +160,29 @@ def test_a_numbers_bounds_admit_exactly_the_numbers_within(bounds):
     assert admitted == [text for text in texts if within(text, bounds)]
 
 
+@pytest.mark.parametrize(
+    ("kind", "bounds"),
+    [
+        ("integer", {"minimum": -20, "maximum": 100, "multipleOf": 5}),
+        ("integer", {"exclusiveMinimum": 0, "exclusiveMaximum": 10, "multipleOf": 2.5}),
+        ("number", {"minimum": -2, "exclusiveMaximum": 3, "multipleOf": 0.25}),
+        ("number", {"exclusiveMinimum": 0.05, "maximum": 1, "multipleOf": 0.05}),
+    ],
+)
+def test_multiples_within_bounds_are_admitted_as_json_writes_them(kind, bounds):
+    expression = grammars.bounded_number({"type": kind, **bounds})
+    step = Decimal(str(bounds["multipleOf"]))
+    texts = [text for text in INTEGERS + DECIMALS if text != "-0"]
+    as_json = re.compile(r"-?(0|[1-9][0-9]*)" + ("" if kind == "integer" else r"(\.[0-9]*[1-9])?"))
+    expected = [
+        text
+        for text in texts
+        if as_json.fullmatch(text) and within(text, bounds) and Decimal(text) % step == 0
+    ]
+    assert expected
+    assert [text for text in texts if admits(expression, text)] == expected
+
+
 def test_bounded_numbers_are_written_without_an_exponent_or_leading_zeros():
     expression = grammars.bounded_number({"type": "number", "minimum": 0, "maximum": 1000})
     assert admits(expression, "999.5")
@@ -184,7 +207,14 @@ def test_bounds_make_a_grammar_for_the_real_model(vocab):
 @pytest.mark.parametrize(
     ("bounds", "reason"),
     [
-        ({"multipleOf": 5}, "'multipleOf' is not supported by this model"),
+        ({"multipleOf": 5}, "'multipleOf' needs a minimum and a maximum on this model"),
+        ({"minimum": 0, "maximum": 10, "multipleOf": 0}, "'multipleOf' must be greater than 0"),
+        (
+            {"minimum": 0, "maximum": 2000, "multipleOf": 5},
+            "'multipleOf' allows more than 256 numbers within the bounds, more than this"
+            " model takes",
+        ),
+        ({"minimum": 1, "maximum": 4, "multipleOf": 5}, "no integer lies within its bounds"),
         ({"minimum": 10, "maximum": 1}, "no integer lies within its bounds"),
         ({"exclusiveMinimum": 1, "exclusiveMaximum": 2}, "no integer lies within its bounds"),
         ({"minimum": "1"}, "'minimum' must be a number, not \"1\""),
