@@ -60,7 +60,7 @@ import orjson
 from ..conf import app_settings
 from ..protocol.errors import APIError
 from ..protocol.events import Event, Usage
-from ..protocol.request import CHAT_COMPLETION_REQUEST, ChatRequest
+from ..protocol.request import CHAT_COMPLETION_REQUEST, ChatRequest, functions_as_tools
 from ..protocol.responses_upstream import ResponsesEventReader, upstream_request
 from ..protocol.tokens import approximate_prompt_tokens
 from ..protocol.upstream import (
@@ -250,6 +250,7 @@ class UpstreamBackend:
         if self.native_responses:
             body = upstream_request(request, model, body)
         else:
+            body = functions_as_tools(body)  # what every OpenAI-compatible server knows
             # Streamed only when the client streams: a whole answer is cheaper to read.
             body.update(model=model or request.model, stream=request.stream)
             if request.stream:

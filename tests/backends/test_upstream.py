@@ -217,6 +217,55 @@ class RepairTests(UpstreamTestCase):
         assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+class DeprecatedFunctionsTests(UpstreamTestCase):
+    """``functions`` reach an upstream as tools; its tool call reaches the client as the
+    ``function_call`` it asked for."""
+
+    async def test_functions_are_sent_as_tools_and_the_call_comes_back_as_function_call(self):
+        function = {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        }
+        response = await self.ask(
+            "tool-quirks", stream=True, functions=[function], function_call={"name": "get_weather"}
+        )
+        chunks = await self.stream_of(response)
+        sent = self.upstream.bodies["tool-quirks"]
+        assert not {"functions", "function_call"} & sent.keys()
+        assert sent["tools"] == [{"type": "function", "function": function}]
+        assert sent["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+        deltas = [c["choices"][0]["delta"] for c in chunks[:-1] if c["choices"]]
+        assert not any("tool_calls" in delta for delta in deltas)
+        calls = [delta["function_call"] for delta in deltas if "function_call" in delta]
+        assert calls[0] == {"name": "get_weather", "arguments": ""}
+        assert json.loads("".join(call["arguments"] for call in calls)) == {"city": "Paris"}
+        assert chunks[-2]["choices"][0]["finish_reason"] == "stop"  # named, as OpenAI
+
+    async def test_a_function_call_in_the_history_is_sent_as_a_tool_call_and_its_result(self):
+        messages = [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "function_call": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+            },
+            {"role": "function", "name": "get_weather", "content": "sunny"},
+        ]
+        await self.alias("whole")
+        response = await self.async_client.post(
+            "/v1/chat/completions",
+            data=orjson.dumps({"model": "up-whole", "messages": messages}),
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {self.plaintext}"},
+        )
+        assert response.status_code == 200, response.content
+        sent = self.upstream.bodies["whole"]["messages"]
+        assert sent[1]["tool_calls"][0]["function"] == messages[1]["function_call"]
+        assert sent[2] == {
+            "role": "tool", "tool_call_id": sent[1]["tool_calls"][0]["id"], "content": "sunny"
+        }  # fmt: skip
+
+
 class WholeCompletionTests(UpstreamTestCase):
     """A client that does not stream gets the upstream's whole completion, re-read."""
 
