@@ -1,6 +1,7 @@
 """Real servers on loopback for e2e tests: chatparity under daphne, with its own SQLite
 database, and llama-cpp-python's OpenAI server on the same model."""
 
+import json
 import os
 import socket
 import sqlite3
@@ -170,3 +171,27 @@ def http(daphne_server):
     headers = {"Authorization": f"Bearer {daphne_server.key}"}
     with httpx.Client(base_url=daphne_server.url, headers=headers, timeout=60) as session:
         yield session
+
+
+@contextmanager
+def serving_with_cors(daphne_server, origins, folder):
+    """Another daphne on ``daphne_server``'s database, with the example project's settings
+    allowing ``origins``; yields its URL."""
+    (folder / "cors_settings.py").write_text(
+        "from project.settings import *  # noqa: F403\n"
+        f"CHATPARITY = {{**CHATPARITY, 'CORS_ALLOWED_ORIGINS': {json.dumps(origins)}}}  # noqa\n"
+    )
+    env = {**daphne_server.env, "DJANGO_SETTINGS_MODULE": "cors_settings"}
+    env["PYTHONPATH"] = f"{folder}:{ROOT}"
+    command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", "{port}"]
+    command.append("project.asgi:application")
+    with _serving(command, folder / "daphne.log", env=env) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def open_to_pages(daphne_server, tmp_path_factory):
+    """The live server letting any origin's pages call it, as OpenAI's API does: its URL."""
+    folder = tmp_path_factory.mktemp("open_to_pages")
+    with serving_with_cors(daphne_server, ["*"], folder) as url:
+        yield url

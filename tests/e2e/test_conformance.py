@@ -14,19 +14,10 @@ from django.core.management import call_command
 
 from chatparity.conformance.checker import CHECKS
 from chatparity.conformance.responses import CHECKS as RESPONSES_CHECKS
-from tests.e2e.test_cors_browser import serving_with_cors
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def open_to_pages(daphne_server, tmp_path_factory):
-    """The live server letting any origin's pages call it, as OpenAI's API does."""
-    folder = tmp_path_factory.mktemp("open_to_pages")
-    with serving_with_cors(daphne_server, ["*"], folder) as url:
-        yield url
 
 
 def test_chatparity_passes_every_check(open_to_pages, daphne_server):

@@ -7,16 +7,14 @@ openai-node is installed with npm into ``var/npm`` (git-ignored) the first time.
 
 import json
 import subprocess
-import sys
 import threading
-from contextlib import contextmanager
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from tests.e2e import test_admin_browser
-from tests.e2e.conftest import ROOT, _serving
+from tests.e2e.conftest import ROOT, serving_with_cors
 
 pytestmark = pytest.mark.e2e
 
@@ -106,22 +104,6 @@ def pages(tmp_path_factory, openai_node):
     yield server.server_address[1]
     server.shutdown()
     server.server_close()
-
-
-@contextmanager
-def serving_with_cors(daphne_server, origins, folder):
-    """Another daphne on ``daphne_server``'s database, with the example project's settings
-    allowing ``origins``; yields its URL."""
-    (folder / "cors_settings.py").write_text(
-        "from project.settings import *  # noqa: F403\n"
-        f"CHATPARITY = {{**CHATPARITY, 'CORS_ALLOWED_ORIGINS': {json.dumps(origins)}}}  # noqa\n"
-    )
-    env = {**daphne_server.env, "DJANGO_SETTINGS_MODULE": "cors_settings"}
-    env["PYTHONPATH"] = f"{folder}:{ROOT}"
-    command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", "{port}"]
-    command.append("project.asgi:application")
-    with _serving(command, folder / "daphne.log", env=env) as (url, _):
-        yield url
 
 
 @pytest.fixture(scope="module")

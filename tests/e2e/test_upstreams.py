@@ -6,7 +6,7 @@ import math
 from io import StringIO
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from chatparity.conformance.checker import CHECKS
 
@@ -33,22 +33,30 @@ def upstream_aliases(daphne_server, llama_cpp_server):
     return daphne_server
 
 
-def conformance(server, model):
+def conformance(base_url, key, model):
     out = StringIO()
     try:
-        call_command(
-            "chatparity_conformance", server.base_url, "--key", server.key, "--model", model,
-            stdout=out,
-        )  # fmt: skip
+        call_command("chatparity_conformance", base_url, "--key", key, "--model", model, stdout=out)
+    except CommandError:  # some checks failed: the table says which
+        pass
     finally:
-        print(out.getvalue())  # the table, also when a check failed (exit status 1)
+        print(out.getvalue())  # the table, also when a check failed
     return out.getvalue()
 
 
+# What an upstream's own limits decide, which chatparity in front of it cannot change:
+# llama.cpp's server answers a JSON schema with numeric bounds with a 500 (its grammar
+# converter), passed on as a 502.
+UPSTREAM_LIMITS = {"via-llama-cpp": {"schema.numeric-bounds"}, "chained": set()}
+
+
 @pytest.mark.parametrize("model", ["via-llama-cpp", "chained"])
-def test_every_check_passes_through_chatparity(upstream_aliases, model):
-    table = conformance(upstream_aliases, model)
-    assert table.splitlines()[-1] == f"{len(CHECKS)} checks: {len(CHECKS)} passed, 0 failed"
+def test_every_check_passes_through_chatparity(upstream_aliases, open_to_pages, model):
+    table = conformance(f"{open_to_pages}/v1", upstream_aliases.key, model)
+    failed = {line.split()[0] for line in table.splitlines() if " FAIL " in line}
+    assert failed == UPSTREAM_LIMITS[model]
+    passed = len(CHECKS) - len(failed)
+    assert table.splitlines()[-1] == f"{len(CHECKS)} checks: {passed} passed, {len(failed)} failed"
 
 
 def test_chained_chatparity_answers_what_it_answers_directly(upstream_aliases, client):
