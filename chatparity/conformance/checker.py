@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, TypeVar
 
 import httpx
 
@@ -625,6 +625,7 @@ def streamed_tool_call_problems(stream: Stream) -> list[str]:
 # Judges: responses -> problems.
 
 Judge = Callable[[str, Sequence[httpx.Response]], list[str]]
+Parsed = TypeVar("Parsed")
 """Takes the requested model and the responses to a check's probes, in order."""
 
 
@@ -640,16 +641,25 @@ def judge_completion(*inspect: Callable[[dict[str, Any], str], list[str]]) -> Ju
     return judge
 
 
-def judge_stream(*inspect: Callable[[Stream, str], list[str]]) -> Judge:
-    """Judge one streamed response with ``inspect``."""
+def judge_parsed(
+    parse: Callable[[httpx.Response], tuple[Parsed | None, list[str]]],
+    *inspect: Callable[[Parsed, str], list[str]],
+) -> Judge:
+    """Judge one response as ``parse`` reads it (its problems alone when it cannot),
+    then with ``inspect``."""
 
     def judge(model: str, responses: Sequence[httpx.Response]) -> list[str]:
-        stream, problems = stream_body(responses[0])
-        if stream is None:
+        parsed, problems = parse(responses[0])
+        if parsed is None:
             return problems
-        return [problem for check in inspect for problem in check(stream, model)]
+        return [problem for check in inspect for problem in check(parsed, model)]
 
     return judge
+
+
+def judge_stream(*inspect: Callable[[Stream, str], list[str]]) -> Judge:
+    """Judge one streamed response with ``inspect``."""
+    return judge_parsed(stream_body, *inspect)
 
 
 def _models(model: str, responses: Sequence[httpx.Response]) -> list[str]:

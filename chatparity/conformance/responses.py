@@ -43,6 +43,7 @@ from .checker import (
     json_body,
     judge_completion,
     judge_error,
+    judge_parsed,
     short,
 )
 
@@ -557,13 +558,7 @@ def input_items_problems(model: str, responses: Sequence[httpx.Response]) -> lis
 def judge_events(*inspect: Callable[[EventStream, str], list[str]]) -> Judge:
     """Judge one Responses stream with ``inspect``; framing problems are ``framing``'s."""
 
-    def judge(model: str, responses: Sequence[httpx.Response]) -> list[str]:
-        stream, problems = event_stream(responses[0])
-        if stream is None:
-            return problems
-        return [problem for check in inspect for problem in check(stream, model)]
-
-    return judge
+    return judge_parsed(event_stream, *inspect)
 
 
 def framing_problems(model: str, responses: Sequence[httpx.Response]) -> list[str]:
