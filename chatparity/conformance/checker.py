@@ -38,7 +38,7 @@ USAGE_DETAILS: dict[str, tuple[str, ...]] = {
 HELLO = [{"role": "user", "content": "Say hello in one short sentence."}]
 STORY = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 WEATHER = [{"role": "user", "content": "What is the weather like in Paris today?"}]
-WEATHER_TOOL = {
+WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",

@@ -46,6 +46,7 @@ from .checker import (
     judge_parsed,
     short,
 )
+from .checker import WEATHER_TOOL as CHAT_WEATHER_TOOL
 
 if TYPE_CHECKING:
     from .checker import Runner
@@ -54,16 +55,8 @@ INVALID = "invalid_request_error"
 HELLO = "Say hello in one short sentence."
 STORY = "Tell me a long story about a dragon."
 WEATHER = "What is the weather like in Paris today?"
-WEATHER_TOOL = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Get the current weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
+# The chat checks' tool, in the Responses shape (its function's fields at the top).
+WEATHER_TOOL: dict[str, Any] = {"type": "function", **CHAT_WEATHER_TOOL["function"]}
 # OpenAI's smallest max_output_tokens: a long story stops there, incomplete.
 MIN_OUTPUT_TOKENS = 16
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
