@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
-from . import journal, ratelimit, usage
+from . import journal, ratelimit, signals, usage
 from .models import ModelAlias, RequestLog
 from .protocol import errors
 from .protocol.errors import APIError
@@ -38,6 +39,8 @@ class Accounting:
         self.admission: Admission | None = None
         self._row: RequestLog | None = None
         self._settled = False
+        for observer in signals.observers:
+            observer.started(record)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -61,7 +64,17 @@ class Accounting:
         """Reserve ``chat`` as ``alias`` serves it: its prompt and its completion cap in
         every limit (OpenAI's 429 when one refuses it)."""
         estimate = ratelimit.Estimate.of(chat, alias)
-        self.admission = await ratelimit.admit(self.record.api_key, alias, estimate)
+        observers = signals.observers
+        for observer in observers:
+            observer.admitting(self.record)
+        try:
+            self.admission = await ratelimit.admit(self.record.api_key, alias, estimate)
+        except BaseException as refusal:
+            for observer in observers:
+                observer.admitted(self.record, refusal)
+            raise
+        for observer in observers:
+            observer.admitted(self.record, None)
         journal.begin(self.record)
 
     async def switch(self, alias: ModelAlias, chat: ChatRequest) -> None:
@@ -69,7 +82,39 @@ class Accounting:
         ``chat`` (the request as ``alias`` serves it)."""
         assert self.admission is not None, "a request is admitted before it falls back"
         await self.admission.switch(alias, ratelimit.Estimate.of(chat, alias))
+        for observer in signals.observers:
+            observer.fallback(self.record.backend)
         self.served_by(alias)
+
+    async def first_event(self, events: AsyncIterator[Event]) -> Event:
+        """The first of a backend's ``events``, the time waited for it noted (the
+        gateway's overhead is the rest)."""
+        record = self.record
+        if record.backend_started is None:
+            record.backend_started = time.perf_counter()
+        observers = signals.observers
+        for observer in observers:
+            observer.calling_backend(record)
+        try:
+            first = await anext(events)
+        except BaseException as failure:
+            for observer in observers:
+                observer.backend_answered(record, failure)
+            raise
+        record.backend_answered = time.perf_counter()
+        for observer in observers:
+            observer.backend_answered(record, None)
+        return first
+
+    def backend_done(self) -> None:
+        """The backend that answered sent its last event, or failed midway."""
+        self.record.backend_ended = time.perf_counter()
+        for observer in signals.observers:
+            observer.backend_done(self.record)
+
+    def overhead(self, elapsed: float, now: float) -> float:
+        """Of ``elapsed`` seconds up to ``now``, those not spent waiting on a backend."""
+        return elapsed - self.record.backend_seconds(now)
 
     def answering(self, completion_id: str) -> None:
         """The backend began: its answer is ``completion_id``."""
@@ -132,9 +177,16 @@ class Accounting:
         if self._row is not None:
             return self._row
         row = self._row = self.record.row()
-        await self.settle()
+        observers = signals.observers
+        for observer in observers:
+            observer.writing(self.record)
         try:
-            await usage.log(row)
-        finally:  # cancelled, the row is written all the same
-            journal.end(row.request_id)
+            await self.settle()
+            try:
+                await usage.log(row)
+            finally:  # cancelled, the row is written all the same
+                journal.end(row.request_id)
+        finally:
+            for observer in observers:
+                observer.ended(self.record, row)
         return row

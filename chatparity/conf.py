@@ -93,6 +93,13 @@ DEFAULTS: dict[str, Any] = {
     # Origins (scheme://host[:port]) whose browser pages may call /v1, or ["*"];
     # answered on the fast path and the views alike, preflight included. Empty: none.
     "CORS_ALLOWED_ORIGINS": [],
+    # chatparity.metrics: who may scrape its Prometheus metrics. Either a bearer
+    # token (Authorization: Bearer <TOKEN>) or a client address in one of
+    # ALLOWED_NETWORKS (CIDR, e.g. "10.0.0.0/8"); neither set: nobody.
+    "METRICS": {"TOKEN": None, "ALLOWED_NETWORKS": []},
+    # chatparity.tracing: put the prompt and completion text on the spans
+    # (gen_ai.input.messages, gen_ai.output.messages); off, only their sizes.
+    "TRACE_CONTENT": False,
 }
 
 
@@ -145,6 +152,8 @@ class AppSettings:
     FIRST_BYTE_TIMEOUT: Setting[float] = Setting()
     RESPONSES_RETENTION: Setting[float] = Setting()
     CORS_ALLOWED_ORIGINS: Setting[list[str]] = Setting()
+    METRICS: Setting[dict[str, Any]] = Setting()
+    TRACE_CONTENT: Setting[bool] = Setting()
 
 
 app_settings = AppSettings()

@@ -155,7 +155,10 @@ def error_reply(error: APIError) -> Reply:
 
 def endpoint(*methods: str) -> Callable[[Endpoint], Endpoint]:
     """Allow ``methods``, answer failures in OpenAI's envelope, and stamp every
-    reply with ``x-request-id`` and ``openai-processing-ms``."""
+    reply with ``x-request-id``, ``openai-processing-ms`` and ``x-chatparity-overhead-ms``:
+    of the processing time, what was not spent waiting on a backend. Both are measured
+    when the reply's headers are ready: a stream's, once its backend's first event came
+    (or its first keepalive went out)."""
 
     def decorate(handler: Endpoint) -> Endpoint:
         @wraps(handler)
@@ -171,10 +174,16 @@ def endpoint(*methods: str) -> Callable[[Endpoint], Endpoint]:
                     if not isinstance(exc, APIError):
                         logger.exception("chatparity: unexpected failure")
                     reply = error_reply(errors.as_api_error(exc))
-            reply.headers["x-request-id"] = call.request_id
-            reply.headers["openai-processing-ms"] = str(
-                round((time.perf_counter() - started) * 1000)
-            )
+            now = time.perf_counter()
+            elapsed = now - started
+            if reply.accounting is not None:
+                overhead = reply.accounting.overhead(elapsed, now)
+            else:
+                overhead = elapsed
+            headers = reply.headers
+            headers["x-request-id"] = call.request_id
+            headers["openai-processing-ms"] = str(round(elapsed * 1000))
+            headers["x-chatparity-overhead-ms"] = f"{overhead * 1000:.2f}"
             return reply
 
         return wrapper
@@ -568,7 +577,7 @@ async def _begin(
         backend = get_backend(alias.backend)
         events = aiter(backend.stream(chat, alias.model))
         try:
-            return chat, backend, events, await anext(events)
+            return chat, backend, events, await accounting.first_event(events)
         except APIError as error:
             if error.status not in _UNAVAILABLE:
                 raise
@@ -670,6 +679,7 @@ async def _chunks(
         logger.exception("chatparity: backend failed mid-response")
         raise failure from exc
     finally:
+        accounting.backend_done()
         await events.aclose()  # type: ignore[attr-defined]
 
 

@@ -18,6 +18,7 @@ from django.db import connections, router
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_http_methods
 
+from . import ratelimit
 from .models import RequestLog
 
 logger = logging.getLogger(__name__)
@@ -70,10 +71,7 @@ async def _outcome(name: str, check: Callable[[], Awaitable[None]]) -> str:
     return "ok"
 
 
-@require_http_methods(["GET", "HEAD"])
-async def healthz(request: HttpRequest) -> HttpResponse:
-    """200 ``{"status": "ok", "checks": {...}}`` when the database, the cache and the
-    channel layer (if configured) all answer; else 503 with ``"status": "fail"``."""
+def _checks(*, counters: bool) -> dict[str, Callable[[], Awaitable[None]]]:
     checks: dict[str, Callable[[], Awaitable[None]]] = {
         "database": sync_to_async(_ping_database),
         # Off the request's thread, so a database call that hangs cannot hold it up too.
@@ -81,9 +79,28 @@ async def healthz(request: HttpRequest) -> HttpResponse:
     }
     if _has_channel_layer():
         checks["channel_layer"] = _ping_channel_layer
+    store = ratelimit.counters()
+    if counters and isinstance(store, ratelimit.RedisCounters):
+        checks["redis"] = store.ping
+    return checks
+
+
+async def dependencies(*, counters: bool = False) -> dict[str, str]:
+    """Each dependency's outcome (``ok``, ``fail``, ``timeout``): the database, the
+    cache, the channel layer if configured, and with ``counters`` the rate limits'
+    Redis if set (not a reason to take a worker out of service: see
+    ``LIMITS_WHEN_UNAVAILABLE``)."""
+    checks = _checks(counters=counters)
     outcomes = await asyncio.gather(*(_outcome(name, check) for name, check in checks.items()))
-    results = dict(zip(checks, outcomes, strict=True))
-    healthy = all(outcome == "ok" for outcome in outcomes)
+    return dict(zip(checks, outcomes, strict=True))
+
+
+@require_http_methods(["GET", "HEAD"])
+async def healthz(request: HttpRequest) -> HttpResponse:
+    """200 ``{"status": "ok", "checks": {...}}`` when the database, the cache and the
+    channel layer (if configured) all answer; else 503 with ``"status": "fail"``."""
+    results = await dependencies()
+    healthy = all(outcome == "ok" for outcome in results.values())
     response = JsonResponse(
         {"status": "ok" if healthy else "fail", "checks": results}, status=200 if healthy else 503
     )

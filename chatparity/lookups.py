@@ -25,6 +25,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError
 
+from . import signals
 from .conf import app_settings
 from .db import OncePerInterval, detached, reconnecting
 from .models import ApiKey, ModelAlias
@@ -101,19 +102,24 @@ def forget(*args: Any, **kwargs: Any) -> None:
 
 async def grant(hashed_key: str) -> Grant | None:
     """The active key whose SHA-256 is ``hashed_key``, or None."""
-    found: Grant | None = await _cached(hashed_key, _load_grant, hashed_key)
+    found: Grant | None = await _cached("key", hashed_key, _load_grant, hashed_key)
     return found
 
 
 async def aliases() -> Aliases:
     """The enabled aliases as of at most ``CACHE_SECONDS`` ago."""
-    found: Aliases = await _cached(_ALIASES, _load_aliases)
+    found: Aliases = await _cached("aliases", _ALIASES, _load_aliases)
     return found
 
 
-async def _cached(name: str, load: Callable[..., Any], *args: Any) -> Any:
+async def _cached(cache: str, name: str, load: Callable[..., Any], *args: Any) -> Any:
+    """What ``load(*args)`` read under ``name``, at most ``CACHE_SECONDS`` ago; ``cache``
+    names what it is to the observers (``key``, ``aliases``)."""
     entry = _entries.get(name)
-    if entry is not None and entry[0] > clock():
+    hit = entry is not None and entry[0] > clock()
+    for observer in signals.observers:
+        observer.lookup(cache, hit)
+    if entry is not None and hit:
         return entry[2]
     loop = asyncio.get_running_loop()
     loading = _loading.setdefault(loop, {})

@@ -55,6 +55,7 @@ from django.core.cache.backends.locmem import LocMemCache
 from django.db import DatabaseError
 from django.db.models import Sum
 
+from . import signals
 from .conf import app_settings
 from .models import ApiKey, ModelAlias, RequestLog
 from .protocol.errors import APIError
@@ -244,6 +245,10 @@ class RedisCounters:
                 retry=Retry(NoBackoff(), 1, supported_errors=(ConnectionError,)),
             )
         return client
+
+    async def ping(self) -> None:
+        """Raise unless Redis answers (within :data:`REDIS_TIMEOUT`)."""
+        await self._client().ping()
 
     async def _eval(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         from redis.exceptions import ConnectionError, TimeoutError
@@ -693,6 +698,7 @@ async def _reserve(
         policy = "refused" if closed else "served unchecked"
         log_once("admit", "chatparity: limited keys %s (counters unavailable): %s", policy, exc)
         if closed:
+            _count_refusal("unavailable")
             raise limits_unavailable() from exc
         return False
     if refusal is not None:
@@ -712,8 +718,14 @@ def _note_headers(admission: Admission, charges: list[Charge], values: list[int]
             admission.headers.update(charge.headers(used))
 
 
+def _count_refusal(kind: str) -> None:
+    for observer in signals.observers:
+        observer.rate_limited(kind)
+
+
 def _refused(admission: Admission, charges: list[Charge], refusal: Refusal) -> APIError:
     if refusal.index < 0:
+        _count_refusal("concurrent")
         limit = admission.key.max_concurrent if admission.key is not None else None
         return rate_limited(
             f"Too many requests in flight for this key: limit {limit}.",
@@ -723,7 +735,9 @@ def _refused(admission: Admission, charges: list[Charge], refusal: Refusal) -> A
         )
     charge = charges[refusal.index]
     if charge.budget:
+        _count_refusal("budget")
         return insufficient_quota(charge.resets_in)
+    _count_refusal(charge.kind)
     admission.headers.update(charge.headers(refusal.value))
     return rate_limited(
         f"Rate limit reached for {charge.kind} per minute: limit {charge.limit},"

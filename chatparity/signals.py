@@ -10,6 +10,7 @@ from django.dispatch import Signal
 
 if TYPE_CHECKING:
     from .models import RequestLog
+    from .usage import UsageRecord
 
 logger = logging.getLogger(__name__)
 
@@ -45,3 +46,75 @@ def _call_each(receivers: list[Any], sender: type, row: RequestLog) -> None:
             receiver(signal=request_logged, sender=sender, row=row)
         except Exception:
             logger.exception("chatparity: %r failed on request_logged", receiver)
+
+
+class Observer:
+    """Hears what requests go through as it happens, beside their rows: the metrics'
+    and the traces' sub-apps (:mod:`chatparity.metrics`, :mod:`chatparity.tracing`)
+    each register one with :func:`observe`. Every method does nothing here; an
+    observer overrides those it needs, runs on the request's task, and must be
+    cheap and never raise.
+    """
+
+    def started(self, record: UsageRecord) -> None:
+        """A request began (its key checked)."""
+
+    def admitting(self, record: UsageRecord) -> None:
+        """The request's admission under the rate limits begins."""
+
+    def admitted(self, record: UsageRecord, refusal: BaseException | None) -> None:
+        """Its admission ended: ``refusal`` is the error that refused it, if any."""
+
+    def calling_backend(self, record: UsageRecord) -> None:
+        """The backend of ``record.backend`` is asked for its first event (again for
+        each fallback)."""
+
+    def backend_answered(self, record: UsageRecord, failure: BaseException | None) -> None:
+        """The backend sent its first event, or failed with ``failure`` before it."""
+
+    def backend_done(self, record: UsageRecord) -> None:
+        """The backend that answered has sent its last event (or failed midway)."""
+
+    def writing(self, record: UsageRecord) -> None:
+        """The request's log row is about to be written."""
+
+    def ended(self, record: UsageRecord, row: RequestLog) -> None:
+        """The request is over: ``row`` its log row, written, spooled or lost."""
+
+    def rate_limited(self, kind: str) -> None:
+        """A limit refused a request: ``requests``, ``tokens``, ``concurrent``,
+        ``budget`` or ``unavailable`` (the counters, when closed)."""
+
+    def upstream_retry(self, backend: str) -> None:
+        """The ``openai`` backend ``backend`` asks its upstream again."""
+
+    def fallback(self, backend: str) -> None:
+        """The backend ``backend`` failed before its first event: a fallback serves."""
+
+    def log_rows(self, outcome: str, count: int) -> None:
+        """``count`` log rows were ``written``, ``spooled``, ``lost`` (to the database
+        and the spool alike) or ``drained`` (from the spool)."""
+
+    def lookup(self, cache: str, hit: bool) -> None:
+        """The ``key`` or ``aliases`` cache was read: a ``hit``, else a load."""
+
+    def upstream_headers(self) -> bytes:
+        """Header lines (``Name: value\\r\\n``) for an upstream HTTP request being sent."""
+        return b""
+
+
+observers: tuple[Observer, ...] = ()
+"""The registered observers; empty (and a loop over it nearly free) unless a sub-app
+that observes is installed."""
+
+
+def observe(observer: Observer) -> None:
+    """Register ``observer`` (once per process: an app's ``ready()``)."""
+    global observers
+    observers = (*observers, observer)
+
+
+def unobserve(observer: Observer) -> None:
+    """Remove ``observer`` (tests)."""
+    global observers
+    observers = tuple(o for o in observers if o is not observer)

@@ -10,6 +10,7 @@ writes nothing twice), then deletes the file.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -110,6 +111,20 @@ def pending() -> bool:
     return spool.exists() and any(
         entry.name.startswith((_ROWS, _CLAIMED)) for entry in os.scandir(spool)
     )
+
+
+def count() -> int:
+    """How many rows the processes of this machine have spooled and not drained yet."""
+    spool = folder(create=False)
+    if not spool.exists():
+        return 0
+    rows = 0
+    for entry in os.scandir(spool):
+        if entry.name.startswith((_ROWS, _CLAIMED)):
+            # Drained meanwhile: none left there.
+            with contextlib.suppress(FileNotFoundError), open(entry.path, "rb") as file:
+                rows += sum(1 for _ in file)
+    return rows
 
 
 def encode(row: RequestLog) -> bytes:

@@ -22,7 +22,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import CharField, Field
 from django.utils import timezone
 
-from . import spool
+from . import signals, spool
 from .conf import app_settings
 from .db import OncePerInterval, detached, reconnecting
 from .models import ApiKey, Endpoint, ModelAlias, RequestLog
@@ -68,10 +68,27 @@ class UsageRecord:
     body: CompletionAccumulator | None = field(
         default_factory=lambda: CompletionAccumulator() if app_settings.LOG_BODIES else None
     )
+    backend_started: float | None = None
+    """When the first backend (of the alias or a fallback) was asked."""
+    backend_answered: float | None = None
+    """When the backend that serves the request sent its first event."""
+    backend_ended: float | None = None
+    """When that backend sent its last event, or failed."""
+    trace: Any = None
+    """The request's spans, when :mod:`chatparity.tracing` traces it."""
 
     def __post_init__(self) -> None:
         if not self.key_prefix and self.api_key is not None:
             self.key_prefix = self.api_key.prefix
+
+    def backend_seconds(self, now: float) -> float:
+        """Seconds the request has waited on backends up to ``now``: from the first
+        backend asked (fallbacks included) to the last event of the one that answered,
+        or to its first event if it has not ended, or to ``now``."""
+        if self.backend_started is None:
+            return 0.0
+        until = self.backend_ended or self.backend_answered or now
+        return until - self.backend_started
 
     @property
     def tokens(self) -> Usage:
@@ -85,6 +102,7 @@ class UsageRecord:
         now = time.perf_counter()
         first = self.first_token_at
         generating = now - first if first is not None else 0.0
+        log_bodies = app_settings.LOG_BODIES
         row = RequestLog(
             endpoint=self.endpoint,
             completion_id=self.completion_id,
@@ -117,8 +135,11 @@ class UsageRecord:
             else None,
             client_ip=ip_address(self.client_ip),
             user_agent=self.user_agent,
-            request_body=_storable(self.request_body) if app_settings.LOG_BODIES else None,
-            response_body=orjson.dumps(self.body.completion()).decode() if self.body else "",
+            request_body=_storable(self.request_body) if log_bodies else None,
+            # The body may be kept for a trace's sake alone (TRACE_CONTENT).
+            response_body=orjson.dumps(self.body.completion()).decode()
+            if self.body is not None and log_bodies
+            else "",
         )
         return fit_columns(row)
 
@@ -177,13 +198,22 @@ async def log(row: RequestLog) -> None:
         written = await _writer().write(row)
     except DatabaseError:
         logger.exception("chatparity: the log row of %s was lost", row.request_id)
+        _count_rows("lost", 1)
         return
     except OSError as exc:  # the database is away and the spool cannot be written
         _outage_log.error("chatparity: log rows were lost (%s)", exc, exc_info=exc)
+        _count_rows("lost", 1)
         return
     if not written:
+        _count_rows("spooled", 1)
         return
+    _count_rows("written", 1)
     await send_request_logged(row)
+
+
+def _count_rows(outcome: str, count: int) -> None:
+    for observer in signals.observers:
+        observer.log_rows(outcome, count)
 
 
 # Seconds a batch waits for more rows before it is written: nobody waits for it
@@ -314,6 +344,7 @@ def _recover_and_drain() -> None:
     written = drain_spool()
     if written:
         logger.warning("chatparity: %d spooled log rows written", written)
+        _count_rows("drained", written)
 
 
 drain_spool = reconnecting(spool.drain)

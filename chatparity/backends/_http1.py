@@ -705,7 +705,7 @@ class Endpoint:
             else:
                 target = f"http://{authority}{target}"
                 fields.update(proxy_fields)
-        self._prefix = _head(f"POST {target} HTTP/1.1", fields) + b"Content-Length: "
+        self._prefix = _head(f"POST {target} HTTP/1.1", fields)
         # Connections are shared by endpoints that would open them the same way.
         self._key = (parts.scheme, host, port, self._via, self._ssl, self._tunnel)
 
@@ -718,13 +718,14 @@ class Endpoint:
             pool = pools[self._key] = _Pool()
         return pool
 
-    async def post(self, body: bytes, deadline: float) -> Response:
+    async def post(self, body: bytes, deadline: float, head: bytes = b"") -> Response:
         """The response to ``body`` once its head arrived, whatever its status.
 
-        ``deadline`` (event loop time) bounds the whole exchange, body included."""
+        ``deadline`` (event loop time) bounds the whole exchange, body included. ``head``:
+        this request's own header lines (``Name: value\\r\\n`` each), e.g. a trace's."""
         loop = asyncio.get_running_loop()
         pool = self._pool(loop)
-        message = b"%s%d\r\n\r\n%s" % (self._prefix, len(body), body)
+        message = b"%s%sContent-Length: %d\r\n\r\n%s" % (self._prefix, head, len(body), body)
         connection = pool.checkout(loop.time())
         while True:
             if connection is None:

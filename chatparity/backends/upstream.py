@@ -57,6 +57,7 @@ from typing import Any
 
 import orjson
 
+from .. import signals
 from ..conf import app_settings
 from ..protocol.errors import APIError
 from ..protocol.events import Event, Usage
@@ -346,10 +347,12 @@ class UpstreamBackend:
         """The upstream's streaming response once it answered 2xx; retried before that.
 
         Read to its end, its connection is pooled; left early, it is closed at once."""
+        observers = signals.observers
+        head = b"".join(observer.upstream_headers() for observer in observers)
         for attempt in range(self.retries + 1):
             failure: APIError
             try:
-                response = await self._endpoint.post(content, deadline)
+                response = await self._endpoint.post(content, deadline, head)
             except _http1.Timeout:
                 raise timeout_error() from None
             except _http1.ConnectError as exc:
@@ -382,6 +385,8 @@ class UpstreamBackend:
                     raise failure
             if attempt == self.retries:
                 raise failure
+            for observer in observers:
+                observer.upstream_retry(self.config.name)
             await asyncio.sleep(self.backoff * 2**attempt)
 
     async def _error(self, response: _http1.Response) -> UpstreamError:
