@@ -449,12 +449,13 @@ def response_grammar(response_format: ResponseFormat | None, vocab: Any) -> str 
     )
 
 
-def arguments_grammar(tool: Tool, index: int, vocab: Any) -> str:
-    """The grammar for the arguments of ``tool``, the ``index``-th of the request's tools."""
+def arguments_grammar(tool: Tool, param: str, vocab: Any) -> str:
+    """The grammar for the arguments of ``tool``, whose parameters the request sent at
+    ``param``."""
     return json_schema_grammar(
         tool.parameters or {"type": "object"},
         vocab,
-        partial(tool_schema_error, f"tools[{index}].function.parameters", tool.name),
+        partial(tool_schema_error, param, tool.name),
     )
 
 

@@ -157,7 +157,7 @@ class LocalModel:
         prepared = _Grammars(
             answer=grammars.response_grammar(request.response_format, vocab),
             arguments=[
-                grammars.arguments_grammar(tool, index, vocab)
+                grammars.arguments_grammar(tool, request.tool_parameters_param(index), vocab)
                 for index, tool in enumerate(request.tools)
             ],
         )

@@ -148,6 +148,13 @@ class ChatRequest:
     # sampling and format parameters (ModelAlias.forwarded_params).
     forwarded_params: frozenset[str] = frozenset()
 
+    def tool_parameters_param(self, index: int) -> str:
+        """Where the client sent the parameters of the ``index``-th tool, as an error's
+        ``param`` names them."""
+        if self.legacy_functions:
+            return f"functions[{index}].parameters"
+        return f"tools[{index}].function.parameters"
+
 
 # Deeper JSON is refused as unparseable, like JSON nested past the parser's own limit:
 # bodies are encoded again later (the request log, upstream backends, grammars), and

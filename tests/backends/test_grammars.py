@@ -71,7 +71,7 @@ def test_a_schema_a_request_may_carry_can_be_too_much_for_the_local_model(vocab)
 @pytest.mark.parametrize("strict", [True, False])
 def test_a_tools_parameters_are_bounded_whether_strict_or_not(vocab, strict):
     tool = Tool("pick", parameters={"type": "string", "maxLength": 2500}, strict=strict)
-    error = refusal(lambda: grammars.arguments_grammar(tool, 3, vocab))
+    error = refusal(lambda: grammars.arguments_grammar(tool, "tools[3].function.parameters", vocab))
     assert (error["param"], error["code"]) == (
         "tools[3].function.parameters",
         "invalid_function_parameters",

@@ -378,6 +378,14 @@ def test_a_logit_bias_token_past_the_vocabulary_is_a_400(backend):
     )
 
 
+def test_a_deprecated_functions_parameters_past_the_local_bounds_are_named_as_sent(backend):
+    bomb = Tool("bomb", parameters={"type": "array", "items": {}, "maxItems": 2500})
+    request = ask(tools=[WEATHER, bomb], tool_choice=ToolChoice("auto"), legacy_functions=True)
+    with pytest.raises(APIError) as refused:
+        run(backend, request)
+    assert refused.value.param == "functions[1].parameters"
+
+
 def test_a_tools_parameters_past_the_local_bounds_are_a_400_naming_the_tool(backend):
     bomb = Tool("bomb", parameters={"type": "array", "items": {}, "maxItems": 2500})
     with pytest.raises(APIError) as refused:
