@@ -1,0 +1,210 @@
+"""The metrics count what requests did: by endpoint, configured alias, backend, status
+class and stream; their tokens, cost, latency and the gateway's own time; refusals,
+upstream retries, fallbacks, log rows and cache lookups."""
+
+import orjson
+from django.core.cache import cache
+from django.test import TestCase, override_settings
+from prometheus_client import REGISTRY
+
+from chatparity import signals
+from chatparity.metrics.instruments import Metrics
+from chatparity.models import ApiKey, Backend, ModelAlias
+from tests.backends import faulty_upstream
+from tests.scripted import SCRIPTED
+
+SECRET = "sk-upstream-secret-metrics"
+
+
+def sample(name, **labels):
+    """The value of the sample ``name`` with ``labels``, 0 when none was recorded yet."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+class Samples:
+    """Samples read before a test, to compare with after (the registry is the process's)."""
+
+    def __init__(self, *names_and_labels):
+        self.before = {key: sample(key[0], **dict(key[1])) for key in names_and_labels}
+
+    def added(self, name, **labels):
+        key = (name, tuple(sorted(labels.items())))
+        return sample(name, **labels) - self.before.get(key, 0.0)
+
+
+def key_of(name, **labels):
+    return (name, tuple(sorted(labels.items())))
+
+
+class ObservedTestCase(TestCase):
+    """Requests with :class:`Metrics` observing them, as ``chatparity.metrics`` installs it."""
+
+    def setUp(self):
+        cache.clear()
+        observer = Metrics()
+        signals.observe(observer)
+        self.addCleanup(signals.unobserve, observer)
+
+    def post(self, model, *, key=None, **body):
+        return self.async_client.post(
+            "/v1/chat/completions",
+            data=orjson.dumps(
+                {"model": model, "messages": [{"role": "user", "content": "Hi"}], **body}
+            ),
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {key or self.plaintext}"},
+        )
+
+
+@override_settings(CHATPARITY=SCRIPTED)
+class RequestMetricsTests(ObservedTestCase):
+    @classmethod
+    def setUpTestData(cls):
+        cls.key, cls.plaintext = ApiKey.objects.create_key("metrics")
+        backend = Backend.objects.create(
+            name="scripted-metrics", kind="scripted", options={"script": ["Hello", " you"]}
+        )
+        cls.alias = ModelAlias.objects.create(
+            public_id="metered",
+            backend=backend,
+            input_price=500_000,  # USD per million tokens
+            output_price=250_000,
+        )
+        failing = Backend.objects.create(
+            name="scripted-failing", kind="scripted", options={"script": ["<error>"]}
+        )
+        ModelAlias.objects.create(public_id="failing", backend=failing, fallbacks=["metered"])
+        midway = Backend.objects.create(
+            name="scripted-midway", kind="scripted", options={"script": ["Hi", "<error>"]}
+        )
+        ModelAlias.objects.create(public_id="midway", backend=midway)
+
+    async def test_a_request_is_counted_with_its_labels_tokens_cost_and_times(self):
+        labels = {
+            "endpoint": "chat.completions",
+            "alias": "metered",
+            "backend": "scripted-metrics",
+            "status_class": "2xx",
+            "stream": "false",
+        }
+        before = Samples(
+            key_of("chatparity_requests_total", **labels),
+            key_of("chatparity_tokens_total", alias="metered", kind="prompt"),
+            key_of("chatparity_tokens_total", alias="metered", kind="completion"),
+            key_of("chatparity_cost_total", alias="metered"),
+            key_of(
+                "chatparity_request_duration_seconds_count",
+                endpoint="chat.completions",
+                alias="metered",
+                stream="false",
+            ),
+            key_of(
+                "chatparity_time_to_first_token_seconds_count",
+                endpoint="chat.completions",
+                alias="metered",
+            ),
+            key_of(
+                "chatparity_overhead_seconds_count", endpoint="chat.completions", stream="false"
+            ),
+            key_of("chatparity_log_rows_total", outcome="written"),
+        )
+        in_flight = sample("chatparity_requests_in_flight")
+        response = await self.post("metered")
+        assert response.status_code == 200
+        assert before.added("chatparity_requests_total", **labels) == 1
+        assert before.added("chatparity_tokens_total", alias="metered", kind="prompt") == 1
+        assert before.added("chatparity_tokens_total", alias="metered", kind="completion") == 2
+        assert before.added("chatparity_cost_total", alias="metered") == 1.0  # 0.5 + 2 x 0.25
+        duration = {"endpoint": "chat.completions", "alias": "metered", "stream": "false"}
+        assert before.added("chatparity_request_duration_seconds_count", **duration) == 1
+        first = {"endpoint": "chat.completions", "alias": "metered"}
+        assert before.added("chatparity_time_to_first_token_seconds_count", **first) == 1
+        overhead = {"endpoint": "chat.completions", "stream": "false"}
+        assert before.added("chatparity_overhead_seconds_count", **overhead) == 1
+        assert before.added("chatparity_log_rows_total", outcome="written") == 1
+        assert sample("chatparity_requests_in_flight") == in_flight
+        assert sample("chatparity_log_rows_pending") == 0
+
+    async def test_models_no_alias_serves_fold_into_one_label(self):
+        labels = {
+            "endpoint": "chat.completions",
+            "alias": "unknown",
+            "backend": "",
+            "status_class": "4xx",
+            "stream": "true",
+        }
+        before = Samples(key_of("chatparity_requests_total", **labels))
+        for model in ("made-up-1", "made-up-2"):
+            response = await self.post(model, stream=True)
+            assert response.status_code == 404
+        assert before.added("chatparity_requests_total", **labels) == 2
+        assert sample("chatparity_requests_total", **{**labels, "alias": "made-up-1"}) == 0
+
+    async def test_a_backend_failing_before_its_first_event_counts_and_falls_back(self):
+        before = Samples(
+            key_of(
+                "chatparity_backend_errors_total",
+                backend="scripted-failing",
+                when="before_first_event",
+            ),
+            key_of("chatparity_fallbacks_total", backend="scripted-failing"),
+        )
+        response = await self.post("failing")
+        assert response.status_code == 200
+        assert (
+            before.added(
+                "chatparity_backend_errors_total",
+                backend="scripted-failing",
+                when="before_first_event",
+            )
+            == 1
+        )
+        assert before.added("chatparity_fallbacks_total", backend="scripted-failing") == 1
+
+    async def test_a_backend_failing_midway_counts(self):
+        labels = {"backend": "scripted-midway", "when": "midway"}
+        before = Samples(key_of("chatparity_backend_errors_total", **labels))
+        response = await self.post("midway", stream=True)
+        assert b'"error"' in b"".join([part async for part in response.streaming_content])
+        assert before.added("chatparity_backend_errors_total", **labels) == 1
+
+    async def test_refusals_are_counted_by_the_limits_kind(self):
+        await ModelAlias.objects.filter(pk=self.alias.pk).aupdate(requests_per_minute=1)
+        before = Samples(key_of("chatparity_rate_limited_total", kind="requests"))
+        assert (await self.post("metered")).status_code == 200
+        assert (await self.post("metered")).status_code == 429
+        assert before.added("chatparity_rate_limited_total", kind="requests") == 1
+
+    async def test_key_and_alias_lookups_count_hits_and_misses(self):
+        before = Samples(
+            key_of("chatparity_cache_lookups_total", cache="key", result="miss"),
+            key_of("chatparity_cache_lookups_total", cache="key", result="hit"),
+        )
+        await self.post("metered")
+        await self.post("metered")
+        assert before.added("chatparity_cache_lookups_total", cache="key", result="miss") == 1
+        assert before.added("chatparity_cache_lookups_total", cache="key", result="hit") == 1
+
+
+class UpstreamRetryTests(ObservedTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.upstream, stop = faulty_upstream.start(SECRET)
+        cls.addClassCleanup(stop)
+        super().setUpClass()
+
+    @classmethod
+    def setUpTestData(cls):
+        cls.key, cls.plaintext = ApiKey.objects.create_key("metrics")
+        backend = Backend.objects.create(
+            name="faulty-metrics", kind="openai", base_url=cls.upstream.base_url, secret=SECRET,
+            timeout=5, options={"backoff": 0.01},
+        )  # fmt: skip
+        ModelAlias.objects.create(public_id="up-flaky", backend=backend, model="flaky")
+
+    async def test_each_upstream_retry_is_counted_by_backend(self):
+        self.upstream.attempts.clear()
+        before = Samples(key_of("chatparity_upstream_retries_total", backend="faulty-metrics"))
+        assert (await self.post("up-flaky")).status_code == 200
+        assert self.upstream.attempts["flaky"] == 3
+        assert before.added("chatparity_upstream_retries_total", backend="faulty-metrics") == 2

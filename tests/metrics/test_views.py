@@ -1,0 +1,65 @@
+"""``GET /metrics`` answers only the scrapers the settings allow: a bearer token, or an
+address in an allowed network; nobody by default."""
+
+from unittest import mock
+
+from django.test import AsyncRequestFactory, TestCase, override_settings
+
+from chatparity import ratelimit
+from chatparity.metrics.views import metrics
+
+TOKEN = "scrape-token-0123456789"
+
+
+def metrics_settings(**metrics):
+    return {"METRICS": metrics}
+
+
+class ScrapeAuthTests(TestCase):
+    async def scrape(self, *, headers=None, address="127.0.0.1"):
+        request = AsyncRequestFactory().get("/metrics", headers=headers or {})
+        request.META["REMOTE_ADDR"] = address
+        return await metrics(request)
+
+    async def test_nobody_may_scrape_by_default(self):
+        with override_settings(ROOT_URLCONF="tests.metrics.urls"):
+            response = await self.async_client.get("/metrics")
+        assert response.status_code == 403
+        assert b"chatparity_" not in response.content
+
+    @override_settings(CHATPARITY=metrics_settings(TOKEN=TOKEN))
+    async def test_the_token_opens_it_and_nothing_else_does(self):
+        assert (await self.scrape(headers={"Authorization": f"Bearer {TOKEN}"})).status_code == 200
+        assert (await self.scrape(headers={"Authorization": f"Bearer {TOKEN}x"})).status_code == 403
+        assert (await self.scrape(headers={"Authorization": f"Basic {TOKEN}"})).status_code == 403
+        assert (await self.scrape()).status_code == 403
+
+    @override_settings(CHATPARITY=metrics_settings(ALLOWED_NETWORKS=["10.1.0.0/16", "::1"]))
+    async def test_an_allowed_network_opens_it_without_a_token(self):
+        assert (await self.scrape(address="10.1.2.3")).status_code == 200
+        assert (await self.scrape(address="::1")).status_code == 200
+        assert (await self.scrape(address="10.2.0.1")).status_code == 403
+        assert (await self.scrape(address="not-an-address")).status_code == 403
+
+    @override_settings(CHATPARITY=metrics_settings(ALLOWED_NETWORKS=["127.0.0.0/8"]))
+    async def test_the_exposition_has_the_metrics_and_the_dependencies_health(self):
+        response = await self.scrape()
+        assert response.status_code == 200
+        assert response["Content-Type"].startswith("text/plain; version=")
+        text = response.content.decode()
+        assert "# TYPE chatparity_requests_total counter" in text
+        assert "# TYPE chatparity_requests_in_flight gauge" in text
+        assert 'chatparity_dependency_up{dependency="database"} 1.0' in text
+        assert 'chatparity_dependency_up{dependency="cache"} 1.0' in text
+        assert "chatparity_log_rows_spooled 0.0" in text
+
+    @override_settings(
+        CHATPARITY={
+            **metrics_settings(ALLOWED_NETWORKS=["127.0.0.0/8"]),
+            "REDIS_URL": "redis://127.0.0.1:1/0",
+        }
+    )
+    async def test_an_unreachable_redis_reads_as_down(self):
+        with mock.patch.object(ratelimit, "_counters", {}):
+            text = (await self.scrape()).content.decode()
+        assert 'chatparity_dependency_up{dependency="redis"} 0.0' in text
