@@ -143,6 +143,7 @@ INSTALLED_APPS = [
     "chatparity.dashboard",
     "chatparity.api",
     "chatparity.conformance",
+    "chatparity.metrics",
 ]
 
 MIDDLEWARE = [
@@ -261,4 +262,12 @@ CHATPARITY: dict[str, object] = {
     "COMMANDS": _commands(),
     # Fernet keys for Backend.secret, newest first; empty: derived from SECRET_KEY.
     "SECRET_KEYS": _list("CHATPARITY_SECRET_KEYS"),
+    # Who may scrape /metrics: a bearer token, or addresses in these networks (in
+    # development, this machine's).
+    "METRICS": {
+        "TOKEN": os.environ.get("CHATPARITY_METRICS_TOKEN") or None,
+        "ALLOWED_NETWORKS": _list(
+            "CHATPARITY_METRICS_NETWORKS", "" if PRODUCTION else "127.0.0.0/8,::1"
+        ),
+    },
 }

@@ -7,4 +7,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("chatparity.api.urls")),
     path("", include("chatparity.urls")),
+    path("", include("chatparity.metrics.urls")),
 ]
