@@ -574,7 +574,9 @@ def _chat_parameters(
         if name in given:
             chat[name] = given[name]
     if "max_output_tokens" in given:
-        chat["max_completion_tokens"] = given["max_output_tokens"]
+        # Not max_completion_tokens, which some upstreams (llama-cpp-python's server)
+        # ignore; an upstream that refuses max_tokens speaks the Responses API natively.
+        chat["max_tokens"] = given["max_output_tokens"]
     if reasoning.get("effort") is not None:
         chat["reasoning_effort"] = reasoning["effort"]
     if "verbosity" in (given.get("text") or {}):
