@@ -143,7 +143,6 @@ INSTALLED_APPS = [
     "chatparity.dashboard",
     "chatparity.api",
     "chatparity.conformance",
-    "chatparity.metrics",
 ]
 
 MIDDLEWARE = [
@@ -256,18 +255,23 @@ def _commands() -> dict[str, dict[str, object]]:
     return commands
 
 
+# Who may scrape /metrics: a bearer token, or addresses in these networks (in
+# development, this machine's).
+_metrics = {
+    "TOKEN": os.environ.get("CHATPARITY_METRICS_TOKEN") or None,
+    "ALLOWED_NETWORKS": _list(
+        "CHATPARITY_METRICS_NETWORKS", "" if PRODUCTION else "127.0.0.0/8,::1"
+    ),
+}
+
 CHATPARITY: dict[str, object] = {
     "LOG_BODIES": _flag("CHATPARITY_LOG_BODIES", False),
     "REDIS_URL": REDIS_URL or None,
     "COMMANDS": _commands(),
     # Fernet keys for Backend.secret, newest first; empty: derived from SECRET_KEY.
     "SECRET_KEYS": _list("CHATPARITY_SECRET_KEYS"),
-    # Who may scrape /metrics: a bearer token, or addresses in these networks (in
-    # development, this machine's).
-    "METRICS": {
-        "TOKEN": os.environ.get("CHATPARITY_METRICS_TOKEN") or None,
-        "ALLOWED_NETWORKS": _list(
-            "CHATPARITY_METRICS_NETWORKS", "" if PRODUCTION else "127.0.0.0/8,::1"
-        ),
-    },
+    "METRICS": _metrics,
 }
+# The Prometheus metrics (README: "Observability"), served while anyone may scrape them.
+if _metrics["TOKEN"] or _metrics["ALLOWED_NETWORKS"]:
+    INSTALLED_APPS.append("chatparity.metrics")

@@ -1,3 +1,4 @@
+from django.apps import apps
 from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import TemplateView
@@ -7,5 +8,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("chatparity.api.urls")),
     path("", include("chatparity.urls")),
-    path("", include("chatparity.metrics.urls")),
 ]
+if apps.is_installed("chatparity.metrics"):
+    urlpatterns.append(path("", include("chatparity.metrics.urls")))
