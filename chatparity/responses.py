@@ -13,8 +13,10 @@ key of the same owner, for ``RESPONSES_RETENTION`` seconds.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+import weakref
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qs
@@ -27,7 +29,7 @@ from django.utils import timezone
 from .accounting import Accounting
 from .backends import ChatBackend
 from .conf import app_settings
-from .db import reconnecting
+from .db import detached, reconnecting
 from .gateway import (
     Call,
     Reply,
@@ -158,8 +160,68 @@ def _visible(grant: Grant) -> QuerySet[StoredResponse]:
 
 
 @reconnecting
-def _save(stored: StoredResponse) -> None:
-    stored.save(force_insert=True)
+def _save(batch: list[StoredResponse]) -> None:
+    StoredResponse.objects.bulk_create(batch)
+
+
+class Keeper:
+    """Writes the responses of concurrent requests together: each request waits for its
+    own, and those that came while a batch was written are the next batch, so a busy
+    worker makes one transaction for many, and an idle one adds no wait."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[StoredResponse, asyncio.Future[None]]] = []
+        self._writing: asyncio.Task[None] | None = None
+
+    async def keep(self, stored: StoredResponse) -> None:
+        """Write ``stored``; the batch's DatabaseError if it could not be."""
+        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((stored, written))
+        if self._writing is None:
+            self._writing = detached(self._write())
+        await written
+
+    async def _write(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    await sync_to_async(_save)([stored for stored, _ in batch])
+                except DatabaseError as exc:
+                    if len(batch) == 1:
+                        batch[0][1].set_exception(exc)
+                    else:  # a row the database refuses fails only its own request
+                        for stored, written in batch:
+                            await self._write_one(stored, written)
+                except Exception as exc:  # a bug: its requests must not wait forever
+                    for _, written in batch:
+                        written.set_exception(exc)
+                    raise
+                else:
+                    for _, written in batch:
+                        written.set_result(None)
+        finally:
+            self._writing = None
+
+    async def _write_one(self, stored: StoredResponse, written: asyncio.Future[None]) -> None:
+        try:
+            await sync_to_async(_save)([stored])
+        except DatabaseError as exc:
+            written.set_exception(exc)
+        else:
+            written.set_result(None)
+
+
+_keepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Keeper] = weakref.WeakKeyDictionary()
+
+
+def _keeper() -> Keeper:
+    """This event loop's keeper: its futures and task cannot move between loops."""
+    loop = asyncio.get_running_loop()
+    keeper = _keepers.get(loop)
+    if keeper is None:
+        keeper = _keepers[loop] = Keeper()
+    return keeper
 
 
 async def _store(request: ResponsesRequest, response: dict[str, Any], grant: Grant) -> None:
@@ -176,7 +238,7 @@ async def _store(request: ResponsesRequest, response: dict[str, Any], grant: Gra
         response=response,
     )
     try:
-        await sync_to_async(_save)(stored)
+        await _keeper().keep(stored)
     except DatabaseError:
         logger.exception("chatparity: response %s was answered but not stored", stored.id)
 

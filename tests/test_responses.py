@@ -1,12 +1,13 @@
 """/v1/responses: created, streamed, stored, read, listed, continued and deleted, through
 the ASGI fast path and the Django views, behind the same keys, limits and log as chat."""
 
+import asyncio
 from datetime import timedelta
 from unittest import mock
 
 import orjson
 from django.contrib.auth import get_user_model
-from django.db import OperationalError
+from django.db import DataError, OperationalError
 from django.test import override_settings
 from django.utils import timezone
 
@@ -304,6 +305,32 @@ class StoreTests(ResponsesTestCase):
             status, response = await self.create(input="Hi")
         assert (status, response["status"]) == (200, "completed")
         assert "answered but not stored" in logs.output[0]
+
+    async def test_the_responses_of_concurrent_requests_are_all_kept(self):
+        answered = await asyncio.gather(*(self.create(input=f"Hi {i}") for i in range(6)))
+        ids = {response["id"] for _, response in answered}
+        stored = {each.id async for each in StoredResponse.objects.all()}
+        assert stored == ids
+
+    async def test_a_response_the_database_refuses_costs_only_its_own_copy(self):
+        original = responses._save
+
+        def refusing(batch):
+            if any(each.input_items[0]["content"][0]["text"] == "refused" for each in batch):
+                raise DataError("refused")
+            original(batch)
+
+        with (
+            mock.patch.object(responses, "_save", refusing),
+            self.assertLogs("chatparity.responses", "ERROR"),
+        ):
+            answered = await asyncio.gather(
+                *(self.create(input=text) for text in ("kept", "refused", "kept too"))
+            )
+        assert [status for status, _ in answered] == [200, 200, 200]
+        stored = [each.input_items[0]["content"][0]["text"] async for each in
+                  StoredResponse.objects.order_by("created_at")]  # fmt: skip
+        assert sorted(stored) == ["kept", "kept too"]
 
     async def test_the_stored_row_says_who_asked_what(self):
         _, response = await self.create(input="Hi", instructions="Be brief.")
