@@ -10,6 +10,9 @@ invent is ``unknown``), backends by their configured name; never a key.
 
 from __future__ import annotations
 
+import functools
+from typing import Any, NamedTuple
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from ..models import RequestLog
@@ -87,6 +90,39 @@ CACHE_LOOKUPS = Counter(
 )
 
 
+_STATUS_CLASSES = ("1xx", "1xx", "2xx", "3xx", "4xx", "5xx")
+
+
+class _Children(NamedTuple):
+    """The labelled metrics one kind of request counts in."""
+
+    requests: Any
+    duration: Any
+    time_to_first_token: Any
+    overhead: Any
+    prompt_tokens: Any
+    completion_tokens: Any
+    cost: Any
+
+
+# Looked up once per kind of request: labels() checks and locks on every call, and the
+# labels are bounded, so the cache is too.
+@functools.cache
+def _children(
+    endpoint: str, alias: str, backend: str, status_class: str, stream: bool
+) -> _Children:
+    streamed = "true" if stream else "false"
+    return _Children(
+        REQUESTS.labels(endpoint, alias, backend, status_class, streamed),
+        DURATION.labels(endpoint, alias, streamed),
+        TIME_TO_FIRST_TOKEN.labels(endpoint, alias),
+        OVERHEAD.labels(endpoint, streamed),
+        TOKENS.labels(alias, "prompt"),
+        TOKENS.labels(alias, "completion"),
+        COST.labels(alias),
+    )
+
+
 class Metrics(Observer):
     """Keeps the metrics above as requests go."""
 
@@ -104,20 +140,21 @@ class Metrics(Observer):
         IN_FLIGHT.dec()
         LOG_ROWS_PENDING.dec()
         alias = row.alias if record.model_alias is not None else UNKNOWN
-        endpoint, stream = row.endpoint, "true" if row.stream else "false"
-        REQUESTS.labels(endpoint, alias, row.backend, f"{row.status_code // 100}xx", stream).inc()
+        status_class = _STATUS_CLASSES[min(row.status_code // 100, 5)]
+        of = _children(row.endpoint, alias, row.backend, status_class, row.stream)
+        of.requests.inc()
         duration = row.duration_ms / 1000
-        DURATION.labels(endpoint, alias, stream).observe(duration)
+        of.duration.observe(duration)
         if row.time_to_first_token_ms is not None:
-            TIME_TO_FIRST_TOKEN.labels(endpoint, alias).observe(row.time_to_first_token_ms / 1000)
+            of.time_to_first_token.observe(row.time_to_first_token_ms / 1000)
         waited = record.backend_seconds(record.started + duration)
-        OVERHEAD.labels(endpoint, stream).observe(max(duration - waited, 0.0))
+        of.overhead.observe(max(duration - waited, 0.0))
         if row.prompt_tokens:
-            TOKENS.labels(alias, "prompt").inc(row.prompt_tokens)
+            of.prompt_tokens.inc(row.prompt_tokens)
         if row.completion_tokens:
-            TOKENS.labels(alias, "completion").inc(row.completion_tokens)
+            of.completion_tokens.inc(row.completion_tokens)
         if row.cost:
-            COST.labels(alias).inc(float(row.cost))
+            of.cost.inc(float(row.cost))
         if record.error is not None and record.backend_answered is not None:
             UPSTREAM_ERRORS.labels(record.backend, "midway").inc()
 
@@ -134,4 +171,9 @@ class Metrics(Observer):
         LOG_ROWS.labels(outcome).inc(count)
 
     def lookup(self, cache: str, hit: bool) -> None:
-        CACHE_LOOKUPS.labels(cache, "hit" if hit else "miss").inc()
+        _lookups(cache, hit).inc()
+
+
+@functools.cache
+def _lookups(cache: str, hit: bool) -> Any:
+    return CACHE_LOOKUPS.labels(cache, "hit" if hit else "miss")
