@@ -232,6 +232,7 @@ async def serve(route: Route, scope: Scope, receive: Receive, send: Send) -> Non
         headers=headers,
         read_body=inbox.read_body,
         client_ip=client[0] if client else None,
+        query=scope.get("query_string", b"").decode("latin-1"),
     )
     handler, kwargs = route
     reply: Reply | None = None

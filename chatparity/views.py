@@ -40,6 +40,7 @@ def django_view(handler: Endpoint) -> View:
             headers=request.headers,
             read_body=read_body,
             client_ip=request.META.get("REMOTE_ADDR"),
+            query=request.META.get("QUERY_STRING", ""),
         )
         # An endpoint cancelled before its reply (the client left) accounts for itself.
         reply = await handler(call, **kwargs)

@@ -13,7 +13,6 @@ from django.utils import timezone
 
 from chatparity import responses
 from chatparity.backends.base import BackendConfig
-from chatparity.gateway import Call
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog, StoredResponse
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
@@ -409,16 +408,16 @@ class InputItemsTests(ResponsesTestCase):
         return response["id"]
 
     async def listing(self, response_id, query=""):
-        call = Call(
-            method="GET",
-            path=f"/v1/responses/{response_id}/input_items",
-            headers={"authorization": f"Bearer {self.plaintext}"},
-            read_body=None,
-            client_ip=None,
-            query=query,
+        """The listing's status and body, through the fast path and the views alike."""
+        path = f"/v1/responses/{response_id}/input_items"
+        headers = [("authorization", f"Bearer {self.plaintext}")]
+        start, content, communicator = await self.exchange("GET", path, b"", headers, query)
+        await communicator.wait(timeout=10)
+        view = await self.async_client.get(
+            f"{path}?{query}", headers={"Authorization": f"Bearer {self.plaintext}"}
         )
-        reply = await responses.input_items(call, response_id=response_id)
-        return reply.status, orjson.loads(reply.body)
+        assert (view.status_code, view.content) == (start["status"], content)
+        return start["status"], orjson.loads(content)
 
     def texts(self, listing):
         return [item["content"][0]["text"] for item in listing["data"]]
