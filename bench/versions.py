@@ -9,6 +9,8 @@ uvicorn worker of the example project on a fresh SQLite file, request logging on
 through its ``openai`` backend to one stub upstream. Each round measures both
 (in alternating order) and the stub directly; the table gives medians and the
 median of the per-round ratios, so the machine's drift between rounds cancels out.
+Last, the median ``x-chatparity-overhead-ms`` of each revision that sends it (300
+non-stream requests one at a time), to read beside its measured added p50.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import httpx
 from harness import (
     PYTHON,
     ROOT,
@@ -95,6 +98,24 @@ def _added_p50(cells: list[Cell], direct: list[Cell]) -> float:
     return statistics.median(c.p50_ms - d.p50_ms for c, d in zip(cells, direct, strict=True))
 
 
+OVERHEAD_HEADER = "x-chatparity-overhead-ms"
+
+
+def _overhead_header_p50(url: str, key: str, requests: int = 300) -> float | None:
+    """The median of ``x-chatparity-overhead-ms`` over ``requests`` non-stream requests one
+    at a time (None: a revision without the header)."""
+    body = {"model": "stub", "messages": [{"role": "user", "content": "Hi"}]}
+    headers = {"Authorization": f"Bearer {key}"}
+    values = []
+    with httpx.Client(headers=headers) as client:
+        for _ in range(requests):
+            value = client.post(f"{url}/chat/completions", json=body).headers.get(OVERHEAD_HEADER)
+            if value is None:
+                return None
+            values.append(float(value))
+    return statistics.median(values)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("base", help="the git revision to compare with")
@@ -129,6 +150,7 @@ def main() -> None:
                         seconds=args.duration, work=work,
                     )  # fmt: skip
                     cells.setdefault((label, stream, concurrency), []).append(cell)
+        header_p50 = {label: _overhead_header_p50(*sites[label]) for label in sites}
         head = args.head or "the working tree"
         print(f"\n{args.base} (base) vs {head} (head), {args.rounds} rounds\n")
         print("| workload | conc. | base req/s | head req/s | head/base | base added p50 ms"
@@ -148,6 +170,9 @@ def main() -> None:
                 f" | {statistics.median(c.rps for c in head):,.0f} | {ratio:.3f}x"
                 f" | {added[0]} | {added[1]} | {failures} |"
             )
+        for label, p50 in header_p50.items():
+            if p50 is not None:  # beside the added p50 above: what the gateway says it took
+                print(f"\n{label}: {OVERHEAD_HEADER} p50 {p50:.2f} ms (non-stream, one at a time)")
 
 
 if __name__ == "__main__":

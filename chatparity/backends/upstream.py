@@ -348,7 +348,9 @@ class UpstreamBackend:
 
         Read to its end, its connection is pooled; left early, it is closed at once."""
         observers = signals.observers
-        head = b"".join(observer.upstream_headers() for observer in observers)
+        head = (
+            b"".join([observer.upstream_headers() for observer in observers]) if observers else b""
+        )
         for attempt in range(self.retries + 1):
             failure: APIError
             try:

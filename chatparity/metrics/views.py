@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from .. import health, spool
 from ..conf import app_settings
+from . import instruments
 
 
 def allowed(request: HttpRequest) -> bool:
@@ -75,6 +76,9 @@ async def metrics(request: HttpRequest) -> HttpResponse:
         return HttpResponse(
             "Forbidden: see CHATPARITY['METRICS'].\n", status=403, content_type="text/plain"
         )
+    # This worker's requests so far; another worker's reach the multiprocess files
+    # within FLUSH_SECONDS.
+    instruments.flush()
     outcomes = await health.dependencies(counters=True)
     spooled = await sync_to_async(spool.count)()
     body = await sync_to_async(_exposition)(outcomes, spooled)

@@ -5,10 +5,10 @@ upstream retries, fallbacks, log rows and cache lookups."""
 import orjson
 from django.core.cache import cache
 from django.test import TestCase, override_settings
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry, Histogram
 
 from chatparity import signals
-from chatparity.metrics.instruments import Metrics
+from chatparity.metrics.instruments import Metrics, _Tally, flush
 from chatparity.models import ApiKey, Backend, ModelAlias
 from tests.backends import faulty_upstream
 from tests.scripted import SCRIPTED
@@ -17,7 +17,9 @@ SECRET = "sk-upstream-secret-metrics"
 
 
 def sample(name, **labels):
-    """The value of the sample ``name`` with ``labels``, 0 when none was recorded yet."""
+    """The value of the sample ``name`` with ``labels``, 0 when none was recorded yet
+    (what this process's requests added applied first, as a scrape does)."""
+    flush()
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
@@ -208,3 +210,27 @@ class UpstreamRetryTests(ObservedTestCase):
         assert (await self.post("up-flaky")).status_code == 200
         assert self.upstream.attempts["flaky"] == 3
         assert before.added("chatparity_upstream_retries_total", backend="faulty-metrics") == 2
+
+
+def test_a_tallied_histogram_reads_as_one_observed_directly():
+    registry = CollectorRegistry()
+    direct = Histogram("direct", "", buckets=(0.001, 0.01, 0.1), registry=registry)
+    tallied = Histogram("tallied", "", buckets=(0.001, 0.01, 0.1), registry=registry)
+    tally = _Tally()
+    for value in (0.0, 0.001, 0.0011, 0.01, 0.05, 0.1, 0.2, 30.0):
+        direct.observe(value)
+        tally.observe(tallied, value)
+    tally.flush()
+    samples = {
+        s.name: s.value for m in registry.collect() for s in m.samples if "le" not in s.labels
+    }
+    buckets = {
+        (s.name.split("_")[0], s.labels["le"]): s.value
+        for m in registry.collect()
+        for s in m.samples
+        if "le" in s.labels
+    }
+    assert samples["direct_sum"] == samples["tallied_sum"]
+    assert samples["direct_count"] == samples["tallied_count"] == 8
+    for (name, le), value in buckets.items():
+        assert buckets[("tallied" if name == "direct" else "direct", le)] == value
