@@ -43,10 +43,14 @@ EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
+_HEADS: dict[str, bytes] = {kind: f"event: {kind}\ndata: ".encode() for kind in EVENT_TYPES}
+
+
 def sse_event(event: dict[str, Any]) -> bytes:
     """One server-sent event with its ``event:`` line, as OpenAI sends Responses events."""
     kind: str = event["type"]
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    head = _HEADS.get(kind) or f"event: {kind}\ndata: ".encode()
+    return head + orjson.dumps(event) + b"\n\n"
 
 
 def usage_object(usage: Usage) -> dict[str, Any]:
@@ -75,15 +79,12 @@ class _Item:
     has_part: bool = False
     """A message's text part was added (its content is empty until then)."""
     done: bool = False
+    id: str = field(init=False)
+    is_message: bool = field(init=False)
 
-    @property
-    def id(self) -> str:
-        item_id: str = self.fields["id"]
-        return item_id
-
-    @property
-    def is_message(self) -> bool:
-        return bool(self.fields["type"] == "message")
+    def __post_init__(self) -> None:
+        self.id = self.fields["id"]
+        self.is_message = self.fields["type"] == "message"
 
     def value(self, status: str) -> dict[str, Any]:
         """The item as it stands, with ``status`` unless it is done."""
@@ -155,13 +156,13 @@ class ResponseEncoder:
         ]
 
     def encode(self, event: Event) -> list[dict[str, Any]]:
+        if isinstance(event, TextDelta):  # most events: checked first
+            return self._text(event.text) if event.index == 0 else []
         if isinstance(event, Usage):
             self._usage = usage_object(event)
             return []
         if event.index != 0:
             return []  # an alias's default n above 1: a response has one choice
-        if isinstance(event, TextDelta):
-            return self._text(event.text)
         if isinstance(event, ToolCallDelta):
             return self._call(event)
         return self._finish(event)
@@ -201,8 +202,19 @@ class ResponseEncoder:
         if item is None or not item.is_message:
             item, events = self._open_message()
         item.fragments.append(text)
+        # As _event with _where would make it, written out: one for each token streamed.
+        sequence = self._sequence
+        self._sequence = sequence + 1
         events.append(
-            self._event("response.output_text.delta", **self._where(item), delta=text, logprobs=[])
+            {
+                "type": "response.output_text.delta",
+                "sequence_number": sequence,
+                "item_id": item.id,
+                "output_index": item.index,
+                "content_index": 0,
+                "delta": text,
+                "logprobs": [],
+            }
         )
         return events
 
