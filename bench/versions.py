@@ -50,10 +50,13 @@ def _manage(tree: Path, env: dict[str, str], *args: str) -> str:
 
 
 @contextmanager
-def _site(tree: Path, work: Path, upstream: str) -> Iterator[tuple[str, str]]:
-    """Serve ``tree``'s example project; yield its /v1 URL and key."""
+def _site(
+    tree: Path, work: Path, upstream: str, extra_env: dict[str, str]
+) -> Iterator[tuple[str, str]]:
+    """Serve ``tree``'s example project, with ``extra_env``; yield its /v1 URL and key."""
     env = {
         **os.environ,
+        **extra_env,
         "PYTHONPATH": str(tree),  # ahead of the venv's editable install
         "DATABASE_URL": f"sqlite:///{work / 'db.sqlite3'}",
         "DJANGO_SETTINGS_MODULE": "project.settings",
@@ -122,6 +125,14 @@ def main() -> None:
     parser.add_argument("head", nargs="?", help="a second revision; default: the working tree")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--duration", type=int, default=4, help="measured seconds per cell")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="SIDE:NAME=VALUE",
+        help="an environment variable for one side's server (base or head), e.g."
+        " base:CHATPARITY_METRICS_NETWORKS= to serve the same revision without metrics",
+    )
     args = parser.parse_args()
     raise_file_limit()
     with ExitStack() as stack:
@@ -133,10 +144,15 @@ def main() -> None:
         stack.enter_context(
             serve(stub_command(stub_port), f"http://127.0.0.1:{stub_port}/bench/stats")
         )
+        extra_env: dict[str, dict[str, str]] = {"base": {}, "head": {}}
+        for setting in args.env:
+            side, _, assignment = setting.partition(":")
+            name, _, value = assignment.partition("=")
+            extra_env[side][name] = value
         sites = {}
         for label, tree in (("base", base_tree), ("head", head_tree)):
             (work / label).mkdir()
-            sites[label] = stack.enter_context(_site(tree, work / label, stub))
+            sites[label] = stack.enter_context(_site(tree, work / label, stub, extra_env[label]))
         cells: dict[tuple[str, bool, int], list[Cell]] = {}
         for round_number in range(args.rounds):
             order = ["base", "head"] if round_number % 2 == 0 else ["head", "base"]
