@@ -256,7 +256,7 @@ def make_chatparity(work: Path) -> Chatparity:
 
 # -- wrk ------------------------------------------------------------------------
 
-# Checks every 200 response (all CHUNKS chunks there, [DONE] ending a stream)
+# Checks every 200 response (all CHUNKS tokens there, a stream ended as its API ends one)
 # and prints the totals and exact percentiles as one JSON line.
 WRK_SCRIPT = """
 wrk.method = "POST"
@@ -269,9 +269,8 @@ local threads = {}
 function setup(thread) table.insert(threads, thread) end
 function init(args) bad = 0 end
 function response(status, headers, body)
-  local _, chunks = string.gsub(body, "tok ", "")
-  if status == 200 and (chunks ~= %(chunks)d
-     or (stream and string.sub(body, -14) ~= "data: [DONE]\\n\\n")) then
+  local _, chunks = string.gsub(body, %(token)s, "")
+  if status == 200 and (chunks ~= %(chunks)d or (stream and not (%(ended)s))) then
     bad = bad + 1
   end
 end
@@ -311,6 +310,36 @@ class Cell:
         return {**asdict(self), "workload": self.workload}
 
 
+@dataclass(frozen=True)
+class Api:
+    """An endpoint wrk loads: its path, a request of it, and how its whole answer of
+    CHUNKS tokens (each stub token is "tok ") looks to Lua."""
+
+    path: str
+    request: dict[str, object]
+    token: str  # found once per token in a whole answer
+    stream_token: str  # found once per token in a stream
+    stream_ended: str  # a Lua expression on ``body``: the stream ended as it should
+
+
+CHAT = Api(
+    "chat/completions",
+    {"messages": [{"role": "user", "content": "hi"}]},
+    "tok ",
+    "tok ",
+    'string.sub(body, -14) == "data: [DONE]\\n\\n"',
+)
+# Not stored, as chat completions are not: the same work, in the other encoding. A
+# stream repeats the text in its done events: its deltas count the tokens.
+RESPONSES = Api(
+    "responses",
+    {"input": "hi", "store": False},
+    "tok ",
+    '"delta":"tok ',
+    'string.find(body, "event: response.completed\\n", 1, true) ~= nil',
+)
+
+
 def wrk(
     url: str,
     key: str,
@@ -321,9 +350,10 @@ def wrk(
     seconds: int,
     agent: str,
     work: Path,
+    api: Api = CHAT,
 ) -> dict[str, float]:
-    """Run wrk against ``url``/chat/completions; its JSON summary."""
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    """Run wrk against ``url``/``api.path``; its JSON summary."""
+    body = {"model": model, **api.request, "stream": stream}
     script = work / f"wrk-{os.getpid()}.lua"
     script.write_text(
         WRK_SCRIPT
@@ -333,6 +363,8 @@ def wrk(
             "body": json.dumps(json.dumps(body)),
             "stream": "true" if stream else "false",
             "chunks": CHUNKS,
+            "token": json.dumps(api.stream_token if stream else api.token),
+            "ended": api.stream_ended,
         }
     )
     command = [
@@ -344,7 +376,7 @@ def wrk(
         "30s",
         "-s",
         str(script),
-        f"{url}/chat/completions",
+        f"{url}/{api.path}",
     ]
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     line = next(line for line in output.splitlines() if line.startswith("WRK "))
@@ -363,11 +395,12 @@ def measure(
     seconds: int,
     work: Path,
     stub_stats: str | None = None,
+    api: Api = CHAT,
 ) -> Cell:
     """A 1 s warm-up, then the measured wrk run of one cell (with the stub's
     counters around it when ``stub_stats`` is its stats URL)."""
     agent = f"bench/{target}/{'stream' if stream else 'json'}/c{concurrency}"
-    common = {"stream": stream, "concurrency": concurrency, "work": work}
+    common = {"stream": stream, "concurrency": concurrency, "work": work, "api": api}
     wrk(url, key, model, seconds=1, agent=agent + "/warm-up", **common)  # type: ignore[arg-type]
     before = httpx.get(stub_stats).json() if stub_stats else {}
     summary = wrk(url, key, model, seconds=seconds, agent=agent, **common)  # type: ignore[arg-type]

@@ -8,11 +8,12 @@ pinned in ``bench/.venv-litellm``; matplotlib and py-spy in
 with the same wrk load (non-stream and stream of 20 chunks, at concurrency 1
 and 32): the stub directly; chatparity through its ``openai`` backend under
 daphne (one worker) and uvicorn (one and two workers), request logging on,
-SQLite in a temporary file; the LiteLLM proxy (one worker, no database). Then
-the memory per open stream with many concurrent slow streams on one worker,
-and the local model's tokens/s through the HTTP stream against raw
-llama-cpp-python. It writes ``bench/RESULTS.md``, ``bench/results.json`` and
-``bench/results.png``.
+SQLite in a temporary file; the one uvicorn worker again through
+``/v1/responses`` (not stored, as chat completions are not); the LiteLLM
+proxy (one worker, no database). Then the memory per open stream with many
+concurrent slow streams on one worker, and the local model's tokens/s through
+the HTTP stream against raw llama-cpp-python. It writes ``bench/RESULTS.md``,
+``bench/results.json`` and ``bench/results.png``.
 
 Quote the ratios, which come from one run on one machine; the absolute numbers
 move with whatever else the machine is doing.
@@ -49,6 +50,8 @@ CHATPARITY = (
     ("chatparity uvicorn x2, NODELAY fix", "uvicorn-nodelay", 2),
 )
 ONE_WORKER = ("chatparity daphne x1", "chatparity uvicorn x1")
+# The same uvicorn worker, loaded through the Responses API instead.
+RESPONSES = "chatparity uvicorn x1, /v1/responses"
 WORKLOADS = ((False, 1), (False, 32), (True, 1), (True, 32))  # (stream, concurrency)
 
 
@@ -60,6 +63,7 @@ class Target:
     url: str
     key: str
     model: str
+    api: harness.Api = harness.CHAT
 
 
 @dataclass
@@ -151,6 +155,8 @@ def start_gateways(
             harness.serve(command, f"{url}/models", auth, site.env, work / f"{slug(name)}.log")
         )
         targets.append(Target(name, url, site.key, "stub"))
+        if name == "chatparity uvicorn x1":
+            targets.append(Target(RESPONSES, url, site.key, "stub", harness.RESPONSES))
     if litellm:
         port = harness.free_port()
         url = f"http://127.0.0.1:{port}/v1"
@@ -207,6 +213,7 @@ def gateways(
                 seconds=seconds,
                 work=work,
                 stub_stats=stub_stats,
+                api=target.api,
             )
             results.cells.append(cell)
             log(
@@ -338,6 +345,19 @@ def targets_table(results: Results) -> list[str]:
                     f"{ratio:.2f}x ({cell.rps:.0f} vs {litellm.rps:.0f})",
                     ratio >= 10,
                 )
+    for stream, concurrency in WORKLOADS:
+        chat = results.cell("chatparity uvicorn x1", stream, concurrency)
+        responses = results.cell(RESPONSES, stream, concurrency)
+        direct = results.cell(DIRECT, stream, concurrency)
+        if chat and responses and direct:
+            ratio = responses.rps / chat.rps
+            added = [cell.p50_ms - direct.p50_ms for cell in (chat, responses)]
+            row(
+                f"/v1/responses within 10% of chat completions, {chat.workload}, c={concurrency}",
+                RESPONSES,
+                f"{ratio:.2f}x req/s, added p50 {added[1]:+.2f} vs {added[0]:+.2f} ms",
+                ratio >= 0.9 and added[1] <= added[0] * 1.1 + 0.05,
+            )
     for name, report in results.memory.items():
         row(
             f"{report.count:,} open streams: < 64 KiB each, none dropped",

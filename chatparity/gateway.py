@@ -365,7 +365,8 @@ class Answer:
 
     request: ChatRequest
     """The request as its alias serves it (with the alias's defaults)."""
-    chunks: AsyncGenerator[dict[str, Any], None]
+    chunks: AsyncGenerator[list[dict[str, Any]], None]
+    """The payloads of each backend event (the first's after the wire's opening)."""
     accounting: Accounting
     wire: Wire
 
@@ -379,21 +380,20 @@ class Answer:
         return self.wire.whole()
 
     async def frames(self) -> AsyncGenerator[bytes, None]:
-        """The payloads as SSE frames; a failure after the first byte ends them with the
-        wire's frames of a failure. Closing it early stops the backend."""
+        """The payloads as SSE frames, those of one backend event sent together; a
+        failure after the first byte ends them with the wire's frames of a failure.
+        Closing it early stops the backend."""
         frame = self.wire.frame
         try:
-            async for chunk in self.chunks:
-                yield frame(chunk)
+            async for payloads in self.chunks:
+                yield b"".join(map(frame, payloads))
             ending = await self.wire.closing()
         except APIError as error:
             ending = self.wire.failing(self.accounting.fail(error, streaming=True))
         finally:
             await self.chunks.aclose()
         await self.accounting.settle()
-        for payload in ending:
-            yield frame(payload)
-        yield self.wire.trailer
+        yield b"".join(map(frame, ending)) + self.wire.trailer
 
 
 class Wire(ABC):
@@ -655,9 +655,11 @@ async def _first_usable(public_ids: list[str], grant: Grant | None) -> ModelAlia
 
 async def _chunks(
     first: Event, events: AsyncIterator[Event], wire: Wire, accounting: Accounting
-) -> AsyncGenerator[dict[str, Any], None]:
-    """The request's payloads in ``wire``'s encoding, each event noted by ``accounting``;
-    a backend's failure midway raised as the :class:`APIError` the client is told."""
+) -> AsyncGenerator[list[dict[str, Any]], None]:
+    """The payloads of each backend event in ``wire``'s encoding (none: nothing), each
+    event noted by ``accounting``; a backend's failure midway raised as the
+    :class:`APIError` the client is told. Sent together, the payloads of one event
+    cost the server one write: a Responses stream's first event makes four."""
     observe, encoded = accounting.observe, wire.encode
 
     def encode(event: Event) -> list[dict[str, Any]]:
@@ -665,13 +667,11 @@ async def _chunks(
         return encoded(event)
 
     try:
-        for chunk in wire.opening():
-            yield chunk
-        for chunk in encode(first):
-            yield chunk
+        yield [*wire.opening(), *encode(first)]
         async for event in events:
-            for chunk in encode(event):
-                yield chunk
+            payloads = encode(event)
+            if payloads:
+                yield payloads
     except Exception as exc:
         failure = errors.as_api_error(exc)
         if failure is exc:
