@@ -57,7 +57,7 @@ from .protocol.responses import (
 )
 from .protocol.responses_stream import ResponseEncoder, sse_event
 from .protocol.schema import Enum, Integer
-from .usage import UsageRecord
+from .usage import UsageRecord, storable
 
 logger = logging.getLogger(__name__)
 
@@ -234,8 +234,8 @@ async def _store(request: ResponsesRequest, response: dict[str, Any], grant: Gra
         previous_response_id=request.previous_response_id or "",
         model=request.model[: StoredResponse._meta.get_field("model").max_length],
         status=response["status"],
-        input_items=request.input,
-        response=response,
+        input_items=storable(request.input),  # PostgreSQL's JSON takes no NUL character
+        response=storable(response),
     )
     try:
         await _keeper().keep(stored)

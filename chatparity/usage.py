@@ -135,7 +135,7 @@ class UsageRecord:
             else None,
             client_ip=ip_address(self.client_ip),
             user_agent=self.user_agent,
-            request_body=_storable(self.request_body) if log_bodies else None,
+            request_body=storable(self.request_body) if log_bodies else None,
             # The body may be kept for a trace's sake alone (TRACE_CONTENT).
             response_body=orjson.dumps(self.body.completion()).decode()
             if self.body is not None and log_bodies
@@ -148,19 +148,19 @@ def fit_columns(row: RequestLog) -> RequestLog:
     """``row`` with its bounded text columns cut to their length and without NUL
     characters, so PostgreSQL takes it."""
     for name, max_length in _text_columns():
-        setattr(row, name, _storable(getattr(row, name))[:max_length])
+        setattr(row, name, storable(getattr(row, name))[:max_length])
     return row
 
 
-def _storable(value: Any) -> Any:
+def storable(value: Any) -> Any:
     """``value`` without NUL characters, which PostgreSQL stores in neither text nor
     JSON: a client may send them (in a model name, a user agent, a message)."""
     if isinstance(value, str):
         return value.replace("\x00", "\ufffd")
     if isinstance(value, list):
-        return [_storable(item) for item in value]
+        return [storable(item) for item in value]
     if isinstance(value, dict):
-        return {_storable(key): _storable(item) for key, item in value.items()}
+        return {storable(key): storable(item) for key, item in value.items()}
     return value
 
 

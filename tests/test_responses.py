@@ -401,6 +401,16 @@ class ContinueTests(ResponsesTestCase):
         assert (status, refused["error"]["code"]) == (400, "previous_response_not_found")
 
 
+class StoredTextTests(ResponsesTestCase):
+    async def test_a_nul_character_is_stored_as_a_replacement_character(self):
+        # PostgreSQL's JSON refuses NUL: the response is kept, that character replaced.
+        status, response = await self.create(input="a\x00b")
+        assert status == 200
+        stored = await StoredResponse.objects.aget(pk=response["id"])
+        (message,) = stored.input_items
+        assert message["content"] == [{"type": "input_text", "text": "a\ufffdb"}]
+
+
 class InputItemsTests(ResponsesTestCase):
     async def make(self):
         items = [{"role": "user", "content": word} for word in ("one", "two", "three")]
