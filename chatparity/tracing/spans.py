@@ -10,11 +10,13 @@ when ``CHATPARITY["TRACE_CONTENT"]`` is on.
 
 from __future__ import annotations
 
+from contextvars import Token
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from opentelemetry import context, propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from ..conf import app_settings
@@ -49,7 +51,7 @@ class _Spans:
     request: Span
     admission: Span | None = None
     backend: Span | None = None
-    backend_context: object = None
+    backend_context: Token[Context] | None = None
     log: Span | None = None
 
     def child(self, name: str, kind: SpanKind = SpanKind.INTERNAL) -> Span:
@@ -121,7 +123,7 @@ class Tracing(Observer):
         if spans is None:
             return
         if spans.backend_context is not None:
-            context.detach(spans.backend_context)  # type: ignore[arg-type]
+            context.detach(spans.backend_context)
             spans.backend_context = None
         if failure is not None and spans.backend is not None:
             _failed(spans.backend, failure)
