@@ -250,7 +250,8 @@ async def _history(response_id: str | None, grant: Grant) -> list[dict[str, Any]
     if response_id is None:
         return []
     try:
-        chain = await sync_to_async(_chain)(response_id, grant)
+        most = _limits().max_messages
+        chain = await sync_to_async(_chain)(response_id, grant, None if most is None else most + 1)
     except DatabaseError:
         logger.exception("chatparity: stored responses could not be read")
         raise errors.service_unavailable("Stored responses cannot be read right now.") from None
@@ -260,14 +261,15 @@ async def _history(response_id: str | None, grant: Grant) -> list[dict[str, Any]
 
 
 @reconnecting
-def _chain(response_id: str, grant: Grant) -> list[StoredResponse]:
+def _chain(response_id: str, grant: Grant, most: int | None) -> list[StoredResponse]:
     """``response_id`` and the responses it continued, newest first, as far as ``grant``
-    sees them."""
+    sees them, ``most`` of them at most: each gives the conversation one message at
+    least, so more than ``MAX_MESSAGES`` is refused whatever the rest would be."""
     visible = _visible(grant)
     chain: list[StoredResponse] = []
     seen: set[str] = set()
     next_id = response_id
-    while next_id and next_id not in seen:
+    while next_id and next_id not in seen and (most is None or len(chain) < most):
         seen.add(next_id)
         stored = visible.filter(pk=next_id).first()
         if stored is None:

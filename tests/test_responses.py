@@ -367,6 +367,29 @@ class ContinueTests(ResponsesTestCase):
         stored = await StoredResponse.objects.aget(pk=third["id"])
         assert stored.previous_response_id == second["id"]
 
+    async def test_a_chain_longer_than_messages_allowed_is_refused_after_reading_that_far(self):
+        previous = None
+        for turn in range(5):
+            _, response = await self.create(input=f"Turn {turn}", previous_response_id=previous)
+            previous = response["id"]
+        # Each response gives one message at least: past MAX_MESSAGES + 1 of them the
+        # conversation is refused whatever comes before, so no more are read.
+        read = []
+
+        def chain(*args):
+            responses_read = original(*args)
+            read.append(len(responses_read))
+            return responses_read
+
+        original = responses._chain
+        with (
+            override_settings(CHATPARITY={**SETTINGS, "MAX_MESSAGES": 2}),
+            mock.patch.object(responses, "_chain", chain),
+        ):
+            status, refused = await self.create(input="More", previous_response_id=previous)
+        assert (status, refused["error"]["param"]) == (400, "input")
+        assert read == [3]
+
     async def test_a_tool_call_is_answered_by_its_output_in_the_next_request(self):
         tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
         _, asked = await self.create(model="weather", input="Weather?", tools=[tool])
