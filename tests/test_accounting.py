@@ -19,7 +19,7 @@ from chatparity.protocol.request import parse_chat_request
 from chatparity.signals import request_logged
 from chatparity.usage import UsageRecord
 from tests.asgi import http_scope
-from tests.backends import faulty_upstream
+from tests.backends.test_upstream import UpstreamTestCase
 from tests.scripted import SCRIPTED
 from tests.test_ratelimit import OnRedis
 
@@ -157,47 +157,23 @@ class RedisCloseTests(OnRedis, CloseTests):
     pass
 
 
-class OverheadHeaderTests(TestCase):
+class OverheadHeaderTests(UpstreamTestCase):
     """``x-chatparity-overhead-ms``: of ``openai-processing-ms``, what the gateway spent
     itself, not waiting on a backend (for a stream, up to its headers)."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.upstream, stop = faulty_upstream.start("sk-upstream-overhead")
-        cls.addClassCleanup(stop)
-        super().setUpClass()
-
-    @classmethod
-    def setUpTestData(cls):
-        _, cls.plaintext = ApiKey.objects.create_key("overhead")
-        backend = Backend.objects.create(
-            name="faulty-overhead", kind="openai", base_url=cls.upstream.base_url,
-            secret="sk-upstream-overhead",
-        )  # fmt: skip
-        # Twenty chunks 10 ms apart: at least 0.2 s waiting on the upstream.
-        ModelAlias.objects.create(public_id="slow", backend=backend, model="long")
-
-    def post(self, **body):
-        messages = [{"role": "user", "content": "Hi"}]
-        return self.async_client.post(
-            "/v1/chat/completions",
-            data=orjson.dumps({"model": "slow", "messages": messages, **body}),
-            content_type="application/json",
-            headers={"Authorization": f"Bearer {self.plaintext}"},
-        )
 
     @staticmethod
     def times(response):
         return int(response["openai-processing-ms"]), float(response["x-chatparity-overhead-ms"])
 
     async def test_a_whole_reply_counts_the_backends_time_out_of_its_overhead(self):
-        processing, overhead = self.times(await self.post())
+        # Twenty chunks 10 ms apart: at least 0.2 s waiting on the upstream.
+        processing, overhead = self.times(await self.ask("long"))
         assert processing >= 200
         assert 0 < overhead < processing - 150
 
     async def test_a_streams_headers_count_up_to_the_first_event(self):
-        response = await self.post(stream=True)
-        b"".join([part async for part in response.streaming_content])
+        response = await self.ask("long", stream=True)
+        await self.stream_of(response)
         processing, overhead = self.times(response)
         assert 0 < overhead <= processing + 0.5
 

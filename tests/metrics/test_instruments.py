@@ -10,10 +10,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Histogram
 from chatparity import signals
 from chatparity.metrics.instruments import Metrics, _Tally, flush
 from chatparity.models import ApiKey, Backend, ModelAlias
-from tests.backends import faulty_upstream
+from tests.backends.test_upstream import UpstreamTestCase
 from tests.scripted import SCRIPTED
-
-SECRET = "sk-upstream-secret-metrics"
 
 
 def sample(name, **labels):
@@ -38,14 +36,20 @@ def key_of(name, **labels):
     return (name, tuple(sorted(labels.items())))
 
 
+def observe_metrics(test):
+    """Have :class:`Metrics` observe requests during ``test``, as ``chatparity.metrics``
+    installs it."""
+    observer = Metrics()
+    signals.observe(observer)
+    test.addCleanup(signals.unobserve, observer)
+
+
 class ObservedTestCase(TestCase):
     """Requests with :class:`Metrics` observing them, as ``chatparity.metrics`` installs it."""
 
     def setUp(self):
         cache.clear()
-        observer = Metrics()
-        signals.observe(observer)
-        self.addCleanup(signals.unobserve, observer)
+        observe_metrics(self)
 
     def post(self, model, *, key=None, **body):
         return self.async_client.post(
@@ -188,28 +192,16 @@ class RequestMetricsTests(ObservedTestCase):
         assert before.added("chatparity_cache_lookups_total", cache="key", result="hit") == 1
 
 
-class UpstreamRetryTests(ObservedTestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.upstream, stop = faulty_upstream.start(SECRET)
-        cls.addClassCleanup(stop)
-        super().setUpClass()
-
-    @classmethod
-    def setUpTestData(cls):
-        cls.key, cls.plaintext = ApiKey.objects.create_key("metrics")
-        backend = Backend.objects.create(
-            name="faulty-metrics", kind="openai", base_url=cls.upstream.base_url, secret=SECRET,
-            timeout=5, options={"backoff": 0.01},
-        )  # fmt: skip
-        ModelAlias.objects.create(public_id="up-flaky", backend=backend, model="flaky")
+class UpstreamRetryTests(UpstreamTestCase):
+    def setUp(self):
+        super().setUp()
+        observe_metrics(self)
 
     async def test_each_upstream_retry_is_counted_by_backend(self):
-        self.upstream.attempts.clear()
-        before = Samples(key_of("chatparity_upstream_retries_total", backend="faulty-metrics"))
-        assert (await self.post("up-flaky")).status_code == 200
+        before = Samples(key_of("chatparity_upstream_retries_total", backend="faulty"))
+        assert (await self.ask("flaky")).status_code == 200
         assert self.upstream.attempts["flaky"] == 3
-        assert before.added("chatparity_upstream_retries_total", backend="faulty-metrics") == 2
+        assert before.added("chatparity_upstream_retries_total", backend="faulty") == 2
 
 
 def test_a_tallied_histogram_reads_as_one_observed_directly():

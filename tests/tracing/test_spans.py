@@ -7,41 +7,35 @@ from unittest import mock
 
 import orjson
 from django.core.cache import cache
-from django.test import TestCase, override_settings
+from django.test import override_settings
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 from chatparity import signals
-from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
+from chatparity.models import ModelAlias, RequestLog
 from chatparity.tracing import spans
 from chatparity.tracing.spans import Tracing
-from tests.backends import faulty_upstream
-
-SECRET = "sk-upstream-secret-tracing"
+from tests.backends.test_upstream import UpstreamTestCase
 
 
-class TracedTestCase(TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.upstream, stop = faulty_upstream.start(SECRET)
-        cls.addClassCleanup(stop)
-        super().setUpClass()
+class TracedTestCase(UpstreamTestCase):
+    """Requests to the faulty upstream, traced by the SDK into memory."""
 
     @classmethod
     def setUpTestData(cls):
-        cls.key, cls.plaintext = ApiKey.objects.create_key("traced")
-        backend = Backend.objects.create(
-            name="faulty-traced", kind="openai", base_url=cls.upstream.base_url, secret=SECRET,
-            timeout=5, options={"backoff": 0.01, "retries": 0},
-        )  # fmt: skip
-        ModelAlias.objects.create(public_id="up-canonical", backend=backend, model="canonical")
+        super().setUpTestData()
+        ModelAlias.objects.create(public_id="up-canonical", backend=cls.backend, model="canonical")
         ModelAlias.objects.create(
-            public_id="up-broken", backend=backend, model="server-error", fallbacks=["up-canonical"]
+            public_id="up-broken",
+            backend=cls.backend,
+            model="server-error",
+            fallbacks=["up-canonical"],
         )
 
     def setUp(self):
+        super().setUp()
         cache.clear()
         self.upstream.heads.clear()
         self.exporter = InMemorySpanExporter()
@@ -53,16 +47,6 @@ class TracedTestCase(TestCase):
         observer = Tracing()
         signals.observe(observer)
         self.addCleanup(signals.unobserve, observer)
-
-    def post(self, model, **body):
-        return self.async_client.post(
-            "/v1/chat/completions",
-            data=orjson.dumps(
-                {"model": model, "messages": [{"role": "user", "content": "Hi there"}], **body}
-            ),
-            content_type="application/json",
-            headers={"Authorization": f"Bearer {self.plaintext}"},
-        )
 
     def finished(self):
         """The exported spans, and the request's among them (the one of kind SERVER)."""
@@ -95,7 +79,7 @@ class SpanTests(TracedTestCase):
         backend = children["chat canonical"]
         assert backend.kind == SpanKind.CLIENT
         assert backend.attributes["gen_ai.request.model"] == "canonical"
-        assert backend.attributes["chatparity.backend"] == "faulty-traced"
+        assert backend.attributes["chatparity.backend"] == "faulty"
         assert backend.attributes["gen_ai.usage.output_tokens"] == 2
 
     async def test_the_upstream_request_carries_the_backend_calls_traceparent(self):
@@ -130,42 +114,23 @@ class SpanTests(TracedTestCase):
     async def test_no_prompt_or_completion_text_by_default(self):
         await self.post("up-canonical")
         _, request = self.finished()
-        text = orjson.dumps(dict(request.attributes)).decode()
-        assert "Hi there" not in text
-        assert "Hello world" not in text
+        assert not {"gen_ai.input.messages", "gen_ai.output.messages"} & set(request.attributes)
+        assert "Hello world" not in orjson.dumps(dict(request.attributes)).decode()
 
     @override_settings(CHATPARITY={"TRACE_CONTENT": True})
     async def test_the_text_is_on_the_span_when_the_site_opts_in_and_not_in_the_log(self):
         await self.post("up-canonical")
         _, request = self.finished()
         prompt = orjson.loads(request.attributes["gen_ai.input.messages"])
-        assert prompt == [{"role": "user", "content": "Hi there"}]
+        assert prompt == [{"role": "user", "content": "Hi"}]
         assert "Hello world" in request.attributes["gen_ai.output.messages"]
         row = await RequestLog.objects.aget(alias="up-canonical")
         assert (row.request_body, row.response_body) == (None, "")
 
 
-class WithoutTracingTests(TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.upstream, stop = faulty_upstream.start(SECRET)
-        cls.addClassCleanup(stop)
-        super().setUpClass()
-
-    @classmethod
-    def setUpTestData(cls):
-        _, cls.plaintext = ApiKey.objects.create_key("untraced")
-        backend = Backend.objects.create(
-            name="untraced", kind="openai", base_url=cls.upstream.base_url, secret=SECRET
-        )
-        ModelAlias.objects.create(public_id="plain", backend=backend, model="canonical")
-
+class WithoutTracingTests(UpstreamTestCase):
     async def test_no_traceparent_reaches_the_upstream(self):
-        response = await self.async_client.post(
-            "/v1/chat/completions",
-            data=orjson.dumps({"model": "plain", "messages": [{"role": "user", "content": "Hi"}]}),
-            content_type="application/json",
-            headers={"Authorization": f"Bearer {self.plaintext}"},
-        )
+        self.upstream.heads.clear()
+        response = await self.ask("canonical")
         assert response.status_code == 200
         assert "traceparent" not in self.upstream.heads["canonical"]
