@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import weakref
 from datetime import timedelta
@@ -179,7 +180,9 @@ class Keeper:
         self._pending.append((stored, written))
         if self._writing is None:
             self._writing = detached(self._write())
-        await written
+        # Shielded: a caller cancelled (its client left) must not cancel the future the
+        # batch settles, written all the same.
+        await asyncio.shield(written)
 
     async def _write(self) -> None:
         try:
@@ -189,17 +192,17 @@ class Keeper:
                     await sync_to_async(_save)([stored for stored, _ in batch])
                 except DatabaseError as exc:
                     if len(batch) == 1:
-                        batch[0][1].set_exception(exc)
+                        _settle(batch[0][1], exc)
                     else:  # a row the database refuses fails only its own request
                         for stored, written in batch:
                             await self._write_one(stored, written)
                 except Exception as exc:  # a bug: its requests must not wait forever
                     for _, written in batch:
-                        written.set_exception(exc)
+                        _settle(written, exc)
                     raise
                 else:
                     for _, written in batch:
-                        written.set_result(None)
+                        _settle(written, None)
         finally:
             self._writing = None
 
@@ -207,9 +210,20 @@ class Keeper:
         try:
             await sync_to_async(_save)([stored])
         except DatabaseError as exc:
-            written.set_exception(exc)
+            _settle(written, exc)
         else:
-            written.set_result(None)
+            _settle(written, None)
+
+
+def _settle(written: asyncio.Future[None], outcome: BaseException | None) -> None:
+    """Settle ``written`` unless it already is (its waiter gone), so the rest of a batch
+    is settled all the same."""
+    if written.done():
+        return
+    if outcome is None:
+        written.set_result(None)
+    else:
+        written.set_exception(outcome)
 
 
 _keepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Keeper] = weakref.WeakKeyDictionary()
@@ -284,8 +298,7 @@ def _items_of(stored: StoredResponse) -> list[dict[str, Any]]:
     return [*stored.input_items, *output]
 
 
-async def _find(call: Call, response_id: str) -> StoredResponse:
-    grant = await _authenticate(call)
+async def _find(grant: Grant, response_id: str) -> StoredResponse:
     try:
         stored = await sync_to_async(_first)(_visible(grant).filter(pk=response_id))
     except DatabaseError:
@@ -307,7 +320,7 @@ def _first(found: QuerySet[StoredResponse]) -> StoredResponse | None:
 @endpoint("GET", "DELETE")
 async def response(call: Call, response_id: str) -> Reply:
     """``GET``: the stored response; ``DELETE``: forget it."""
-    stored = await _find(call, response_id)
+    stored = await _find(await _authenticate(call), response_id)
     if call.method == "GET":
         return json_reply(stored.response)
     await sync_to_async(reconnecting(stored.delete))()
@@ -322,10 +335,11 @@ _ORDER = Enum(("asc", "desc"))
 @endpoint("GET")
 async def input_items(call: Call, response_id: str) -> Reply:
     """The input items of a stored response, a page at a time, as OpenAI lists them."""
+    grant = await _authenticate(call)
     query = {name: values[-1] for name, values in parse_qs(call.query).items()}
     limit = _LIMIT.parse(_number(query.get("limit", "20")), "limit")
     order = _ORDER.parse(query.get("order", "desc"), "order")
-    stored = await _find(call, response_id)
+    stored = await _find(grant, response_id)
     items: list[dict[str, Any]] = stored.input_items
     if order == "desc":
         items = items[::-1]
@@ -347,4 +361,7 @@ async def input_items(call: Call, response_id: str) -> Reply:
 
 def _number(text: str) -> int | str:
     """A query parameter's digits as an integer (else the text, refused as a wrong type)."""
-    return int(text) if text.isdigit() and len(text) < 10 else text
+    return int(text) if _DIGITS.fullmatch(text) else text
+
+
+_DIGITS = re.compile(r"[0-9]{1,9}")  # ASCII: str.isdigit() takes "²", which int() refuses

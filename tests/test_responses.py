@@ -2,6 +2,7 @@
 the ASGI fast path and the Django views, behind the same keys, limits and log as chat."""
 
 import asyncio
+import time
 from datetime import timedelta
 from unittest import mock
 
@@ -434,6 +435,33 @@ class StoredTextTests(ResponsesTestCase):
         assert message["content"] == [{"type": "input_text", "text": "a\ufffdb"}]
 
 
+class StoringTests(ResponsesTestCase):
+    async def test_a_client_leaving_while_its_response_is_stored_holds_up_no_other(self):
+        original = responses._save
+
+        def slow_save(batch):
+            time.sleep(0.4)  # a busy database: the batch before takes a while
+            original(batch)
+
+        body = orjson.dumps({"model": "echo", "input": "Hi"})
+        headers = [("authorization", f"Bearer {self.plaintext}")]
+        with mock.patch.object(responses, "_save", slow_save):
+            first = self.communicator("POST", "/v1/responses", headers)
+            await first.send_input({"type": "http.request", "body": body})
+            await asyncio.sleep(0.1)  # first's batch is being written
+            leaving = self.communicator("POST", "/v1/responses", headers)
+            waiting = self.communicator("POST", "/v1/responses", headers)
+            await leaving.send_input({"type": "http.request", "body": body})
+            await asyncio.sleep(0.02)
+            await waiting.send_input({"type": "http.request", "body": body})
+            await asyncio.sleep(0.1)  # both wait for the next batch
+            await leaving.send_input({"type": "http.disconnect"})
+            assert (await first.receive_output(timeout=5))["status"] == 200
+            assert (await waiting.receive_output(timeout=5))["status"] == 200
+            await leaving.wait(timeout=5)
+        assert await StoredResponse.objects.acount() == 3  # the leaver's too
+
+
 class InputItemsTests(ResponsesTestCase):
     async def make(self):
         items = [{"role": "user", "content": word} for word in ("one", "two", "three")]
@@ -479,6 +507,18 @@ class InputItemsTests(ResponsesTestCase):
         assert (status, refused["error"]["param"]) == (400, "limit")
         status, refused = await self.listing(response_id, "order=sideways")
         assert (status, refused["error"]["code"]) == (400, "invalid_value")
+
+    async def test_a_limit_in_other_digits_is_a_400_not_a_500(self):
+        response_id = await self.make()
+        status, refused = await self.listing(response_id, "limit=%C2%B2")  # "²"
+        assert (status, refused["error"]["param"]) == (400, "limit")
+
+    async def test_without_a_key_nothing_is_read_of_the_query(self):
+        start, _, communicator = await self.exchange(
+            "GET", "/v1/responses/resp_x/input_items", b"", [], "limit=%C2%B2"
+        )
+        await communicator.wait(timeout=10)
+        assert start["status"] == 401
 
     async def test_a_strangers_key_lists_nothing(self):
         response_id = await self.make()
