@@ -401,6 +401,30 @@ def section(results: dict[str, Run], loop: str, cache_seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def in_process_site(prefix: str) -> tuple[harness.Chatparity, int, str]:
+    """The example project on a fresh SQLite file with an alias on the stub (to be
+    started), set up to be imported into this process: the site, the stub's port and URL."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    site = harness.make_chatparity(work)
+    stub_port = harness.free_port()
+    stub_url = f"http://127.0.0.1:{stub_port}/v1"
+    site.add_upstream("stub", stub_url)
+    os.environ.update(site.env)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    sys.path.insert(0, str(harness.ROOT))
+    return site, stub_port, stub_url
+
+
+def event_loop() -> tuple[Callable[[], asyncio.AbstractEventLoop], str]:
+    """uvloop when installed, as uvicorn's default ``--loop auto``: its factory and name."""
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop, f"uvloop {uvloop.__version__}"
+    except ImportError:
+        return asyncio.new_event_loop, "asyncio (uvloop is not installed)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -424,21 +448,8 @@ def main() -> None:
             args.concurrent_requests,
         ),
     )
-    work = Path(tempfile.mkdtemp(prefix="chatparity-anatomy-"))
-    site = harness.make_chatparity(work)
-    stub_port = harness.free_port()
-    stub_url = f"http://127.0.0.1:{stub_port}/v1"
-    site.add_upstream("stub", stub_url)
-    os.environ.update(site.env)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
-    sys.path.insert(0, str(harness.ROOT))
-    try:  # as uvicorn's default --loop auto
-        import uvloop
-
-        loop_factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-        loop = f"uvloop {uvloop.__version__}"
-    except ImportError:
-        loop_factory, loop = asyncio.new_event_loop, "asyncio (uvloop is not installed)"
+    site, stub_port, stub_url = in_process_site("chatparity-anatomy-")
+    loop_factory, loop = event_loop()
     results = {}
     with harness.serve(harness.stub_command(stub_port), f"{stub_url}/models"):
         import django

@@ -17,16 +17,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import sys
-import tempfile
 import time
-from collections.abc import Callable
-from pathlib import Path
 
 import harness
-from anatomy import call
+from anatomy import call, event_loop, in_process_site
 
 CONCURRENCY = 32
 
@@ -57,20 +52,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--requests", type=int, default=2000, help="per round and mode")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="chatparity-observability-"))
-    site = harness.make_chatparity(work)
-    stub_port = harness.free_port()
-    stub_url = f"http://127.0.0.1:{stub_port}/v1"
-    site.add_upstream("stub", stub_url)
-    os.environ.update(site.env)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
-    sys.path.insert(0, str(harness.ROOT))
-    try:
-        import uvloop
-
-        loop_factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    except ImportError:
-        loop_factory = asyncio.new_event_loop
+    site, stub_port, stub_url = in_process_site("chatparity-observability-")
+    loop_factory, _ = event_loop()
     with harness.serve(harness.stub_command(stub_port), f"{stub_url}/models"):
         import django
 
