@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
@@ -278,18 +278,29 @@ async def _history(response_id: str | None, grant: Grant) -> list[dict[str, Any]
 def _chain(response_id: str, grant: Grant, most: int | None) -> list[StoredResponse]:
     """``response_id`` and the responses it continued, newest first, as far as ``grant``
     sees them, ``most`` of them at most: each gives the conversation one message at
-    least, so more than ``MAX_MESSAGES`` is refused whatever the rest would be."""
+    least, so more than ``MAX_MESSAGES`` is refused whatever the rest would be.
+
+    Two queries, not one a response: the chain's ids in one recursive query, over
+    what ``grant`` sees; then those responses."""
     visible = _visible(grant)
+    database = visible.db
+    subquery, params = visible.values_list("id", "previous_response_id").query.sql_with_params()
+    statement = (
+        "WITH RECURSIVE chain(id, previous_response_id, depth) AS ("
+        f" SELECT v.id, v.previous_response_id, 1 FROM ({subquery}) v WHERE v.id = %s"
+        " UNION ALL SELECT v.id, v.previous_response_id, chain.depth + 1"
+        f" FROM ({subquery}) v JOIN chain ON v.id = chain.previous_response_id"
+        " WHERE chain.depth < %s"
+        ") SELECT id FROM chain ORDER BY depth"
+    )
+    depth = most if most is not None else 2**31 - 1
+    with connections[database].cursor() as cursor:
+        cursor.execute(statement, [*params, response_id, *params, depth])
+        ids = [row[0] for row in cursor.fetchall()]
+    found = StoredResponse.objects.using(database).in_bulk(ids)
     chain: list[StoredResponse] = []
-    seen: set[str] = set()
-    next_id = response_id
-    while next_id and next_id not in seen and (most is None or len(chain) < most):
-        seen.add(next_id)
-        stored = visible.filter(pk=next_id).first()
-        if stored is None:
-            break
-        chain.append(stored)
-        next_id = stored.previous_response_id
+    for each in dict.fromkeys(ids):  # a cycle (ids that collided) read once
+        chain.append(found[each])
     return chain
 
 
