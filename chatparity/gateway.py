@@ -274,6 +274,7 @@ async def respond(call: Call, prepare: Prepare) -> Reply:
             api_key=grant.key,
             client_ip=call.client_ip,
             user_agent=call.headers.get("user-agent", ""),
+            headers=call.headers,
         )
     )
     try:

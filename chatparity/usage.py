@@ -12,6 +12,7 @@ import ipaddress
 import logging
 import time
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +77,8 @@ class UsageRecord:
     """When that backend sent its last event, or failed."""
     trace: Any = None
     """The request's spans, when :mod:`chatparity.tracing` traces it."""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """The request's headers by lower-case name (a trace's ``traceparent``)."""
 
     def __post_init__(self) -> None:
         if not self.key_prefix and self.api_key is not None:

@@ -1,7 +1,8 @@
 """The spans of a request, made as it goes by the :class:`Tracing` observer.
 
-``chat {model}`` (kind SERVER, a child of whatever span is current when the request
-begins: a site's ASGI or Django instrumentation) has the GenAI attributes of what the
+``chat {model}`` (kind SERVER, in the trace of the request's ``traceparent`` header if
+it has one, else a child of whatever span is current: a site's ASGI or Django
+instrumentation) has the GenAI attributes of what the
 client asked and got; its children are ``chatparity.admission``, one ``chat
 {upstream model}`` (kind CLIENT) per backend asked (a fallback's too) and
 ``chatparity.log``. The prompt and the completion are on the request's span only
@@ -73,8 +74,12 @@ class Tracing(Observer):
     """Makes the spans of every request."""
 
     def started(self, record: UsageRecord) -> None:
+        # The client's trace when it sends one, else whatever span is current (a
+        # site's instrumentation of its server).
+        parent = propagate.extract(record.headers) if "traceparent" in record.headers else None
         span = tracer.start_span(
             OPERATION,
+            parent,
             kind=SpanKind.SERVER,
             attributes={
                 "gen_ai.operation.name": OPERATION,

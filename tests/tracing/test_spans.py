@@ -93,6 +93,25 @@ class SpanTests(TracedTestCase):
         # Flags: sampled, and (W3C level 2) a random trace id.
         assert f"traceparent: 00-{trace_id}-{span_id}-03" in self.upstream.heads["canonical"]
 
+    async def test_a_clients_traceparent_makes_the_request_part_of_its_trace(self):
+        trace_id, span_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+        response = await self.async_client.post(
+            "/v1/chat/completions",
+            data=orjson.dumps(
+                {"model": "up-canonical", "messages": [{"role": "user", "content": "Hi"}]}
+            ),
+            content_type="application/json",
+            headers={
+                "Authorization": f"Bearer {self.plaintext}",
+                "traceparent": f"00-{trace_id}-{span_id}-01",
+            },
+        )
+        assert response.status_code == 200
+        exported, request = self.finished()
+        assert f"{request.context.trace_id:032x}" == trace_id
+        assert f"{request.parent.span_id:016x}" == span_id
+        assert {f"{span.context.trace_id:032x}" for span in exported} == {trace_id}
+
     async def test_a_failed_backend_and_its_fallback_are_two_calls(self):
         response = await self.post("up-broken")
         assert response.status_code == 200
