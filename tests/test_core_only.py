@@ -25,9 +25,13 @@ ROOT = Path(__file__).resolve().parent.parent
 # What the opt-in parts (and the example project) bring; the core needs none of them.
 OPT_IN = (
     "channels", "daphne", "uvicorn", "rest_framework", "drf_spectacular", "httpx",
-    "llama_cpp", "numpy", "redis", "psycopg", "dj_database_url",
+    "llama_cpp", "numpy", "redis", "psycopg", "dj_database_url", "prometheus_client",
+    "opentelemetry",
 )  # fmt: skip
-OPT_IN_PACKAGES = ("chatparity.dashboard", "chatparity.api", "chatparity.conformance")
+OPT_IN_PACKAGES = (
+    "chatparity.dashboard", "chatparity.api", "chatparity.conformance", "chatparity.metrics",
+    "chatparity.tracing",
+)  # fmt: skip
 SITE_ENV = {"DJANGO_SETTINGS_MODULE": "site_settings"}
 
 SETTINGS = """
