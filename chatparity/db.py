@@ -59,6 +59,18 @@ def detached(coroutine: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
     return asyncio.get_running_loop().create_task(coroutine, context=contextvars.Context())
 
 
+def settle(waiter: asyncio.Future[T], outcome: T | BaseException) -> None:
+    """Give ``waiter`` its ``outcome`` (an exception is raised to it) unless it is done
+    already: cancelled with the request that awaited it, the rest of a batch is
+    settled all the same."""
+    if waiter.done():
+        return
+    if isinstance(outcome, BaseException):
+        waiter.set_exception(outcome)
+    else:
+        waiter.set_result(outcome)
+
+
 class OncePerInterval:
     """A logger's errors, at most one per cause per ``interval`` seconds, each saying
     how often the cause recurred since the last: an outage that fails every request

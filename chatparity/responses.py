@@ -30,7 +30,7 @@ from django.utils import timezone
 from .accounting import Accounting
 from .backends import ChatBackend
 from .conf import app_settings
-from .db import detached, reconnecting
+from .db import detached, reconnecting, settle
 from .gateway import (
     Call,
     Reply,
@@ -192,17 +192,17 @@ class Keeper:
                     await sync_to_async(_save)([stored for stored, _ in batch])
                 except DatabaseError as exc:
                     if len(batch) == 1:
-                        _settle(batch[0][1], exc)
+                        settle(batch[0][1], exc)
                     else:  # a row the database refuses fails only its own request
                         for stored, written in batch:
                             await self._write_one(stored, written)
                 except Exception as exc:  # a bug: its requests must not wait forever
                     for _, written in batch:
-                        _settle(written, exc)
+                        settle(written, exc)
                     raise
                 else:
                     for _, written in batch:
-                        _settle(written, None)
+                        settle(written, None)
         finally:
             self._writing = None
 
@@ -210,20 +210,9 @@ class Keeper:
         try:
             await sync_to_async(_save)([stored])
         except DatabaseError as exc:
-            _settle(written, exc)
+            settle(written, exc)
         else:
-            _settle(written, None)
-
-
-def _settle(written: asyncio.Future[None], outcome: BaseException | None) -> None:
-    """Settle ``written`` unless it already is (its waiter gone), so the rest of a batch
-    is settled all the same."""
-    if written.done():
-        return
-    if outcome is None:
-        written.set_result(None)
-    else:
-        written.set_exception(outcome)
+            settle(written, None)
 
 
 _keepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Keeper] = weakref.WeakKeyDictionary()

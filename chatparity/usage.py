@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from . import signals, spool
 from .conf import app_settings
-from .db import OncePerInterval, detached, reconnecting
+from .db import OncePerInterval, detached, reconnecting, settle
 from .models import ApiKey, Endpoint, ModelAlias, RequestLog
 from .protocol.completion import CompletionAccumulator
 from .protocol.errors import APIError
@@ -278,11 +278,11 @@ class LogWriter:
                     await self._one_by_one(batch)
                 except Exception as exc:  # a bug: its callers must not wait forever
                     for _, written in batch:
-                        _settle(written, exc)
+                        settle(written, exc)
                     raise
                 else:
                     for _, written in batch:
-                        _settle(written, True)
+                        settle(written, True)
                     if time.monotonic() >= self._next_look:
                         self._next_look = time.monotonic() + SPOOL_LOOK_SECONDS
                         self._drain_soon()
@@ -301,10 +301,10 @@ class LogWriter:
             await sync_to_async(spool.keep)([row for row, _ in batch])
         except OSError as exc:
             for _, written in batch:
-                _settle(written, exc)
+                settle(written, exc)
             return
         for _, written in batch:
-            _settle(written, False)
+            settle(written, False)
         self._drain_soon()
 
     async def _one_by_one(self, batch: list[tuple[RequestLog, asyncio.Future[bool]]]) -> None:
@@ -314,9 +314,9 @@ class LogWriter:
             except OperationalError as exc:
                 await self._spool([(row, written)], exc)
             except DatabaseError as exc:
-                _settle(written, exc)
+                settle(written, exc)
             else:
-                _settle(written, True)
+                settle(written, True)
 
     def _drain_soon(self) -> None:
         if self._draining is None:
@@ -351,15 +351,6 @@ def _recover_and_drain() -> None:
 
 
 drain_spool = reconnecting(spool.drain)
-
-
-def _settle(written: asyncio.Future[bool], outcome: bool | BaseException) -> None:
-    if written.done():
-        return
-    if isinstance(outcome, BaseException):
-        written.set_exception(outcome)
-    else:
-        written.set_result(outcome)
 
 
 _writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LogWriter] = (
