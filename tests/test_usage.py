@@ -171,6 +171,11 @@ def test_a_batch_outliving_the_request_that_started_it_stays_in_one_thread():
             await writer.write(RequestLog(request_id="later"))
         return await sync_to_async(threading.get_ident)()
 
-    with mock.patch.object(usage, "_write", write):
+    # Not the spool's drain either, which would leave a connection open in a thread
+    # of this test's own loop (and the test database not dropped on PostgreSQL).
+    with (
+        mock.patch.object(usage, "_write", write),
+        mock.patch.object(usage.LogWriter, "_drain_soon"),
+    ):
         shared = asyncio.run(requests_under_djangos_handler())
     assert threads == [shared, shared]
