@@ -179,6 +179,7 @@ def _text_columns() -> list[tuple[str, int]]:
     ]
 
 
+@functools.lru_cache(maxsize=4096)  # a worker sees the same clients again and again
 def ip_address(address: str | None) -> str | None:
     """``address`` if it is an IP address: servers put other things in REMOTE_ADDR (a
     Unix socket's path, a test client's name), which PostgreSQL would refuse."""
