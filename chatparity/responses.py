@@ -98,6 +98,7 @@ class ResponsesWire(Wire):
             model=request.model,
             settings=request.settings,
             new_id=random_id,
+            streaming=request.stream,
         )
 
     def begin(self, request: ChatRequest, backend: ChatBackend) -> None:

@@ -109,6 +109,7 @@ class ResponseEncoder:
     one), :meth:`closing` the end (``response.completed`` or
     ``response.incomplete``) and :meth:`failing` a failure (``response.failed``).
     An output item is done when the next one begins, or the choice finishes.
+    Not ``streaming``, it makes no event of each delta: only the response is sent.
     """
 
     def __init__(
@@ -119,8 +120,10 @@ class ResponseEncoder:
         model: str,
         settings: dict[str, Any],
         new_id: NewId,
+        streaming: bool = True,
     ) -> None:
         self._new_id = new_id
+        self._streaming = streaming
         self._base = {"id": response_id, "object": "response", "created_at": created_at}
         self._model = model
         self._settings = settings
@@ -132,9 +135,12 @@ class ResponseEncoder:
         self._incomplete: dict[str, str] | None = None
         self._error: dict[str, str] | None = None
         self._usage: dict[str, Any] | None = None
+        self._final: dict[str, Any] | None = None
 
     def response(self) -> dict[str, Any]:
-        """The response object as it stands (once closed: the whole response)."""
+        """The response object as it stands (once closed: the whole response, made once)."""
+        if self._final is not None:
+            return self._final
         item_status = "in_progress" if self._status == "in_progress" else "incomplete"
         return {
             **self._base,
@@ -173,13 +179,16 @@ class ResponseEncoder:
         if self._status == "in_progress":
             self._status = "completed"
         kind = "response.completed" if self._status == "completed" else "response.incomplete"
-        return [*events, self._event(kind, response=self.response())]
+        self._final = self.response()
+        return [*events, self._event(kind, response=self._final)]
 
     def failing(self, error: APIError) -> list[dict[str, Any]]:
         """The events that end a response whose backend failed."""
         self._status = "failed"
         self._error = response_error(error)
-        return [self._event("response.failed", response=self.response())]
+        self._final = None  # closing made it, then its store or its last write failed
+        self._final = self.response()
+        return [self._event("response.failed", response=self._final)]
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self._sequence, **fields}
@@ -202,6 +211,8 @@ class ResponseEncoder:
         if item is None or not item.is_message:
             item, events = self._open_message()
         item.fragments.append(text)
+        if not self._streaming:  # only the response is sent: no event for each token
+            return events
         # As _event with _where would make it, written out: one for each token streamed.
         sequence = self._sequence
         self._sequence = sequence + 1
