@@ -1,5 +1,11 @@
 """An HTTP request as an ASGI server hands it to the application."""
 
+import orjson
+from asgiref.testing import ApplicationCommunicator
+from django.core.asgi import get_asgi_application
+
+from chatparity.asgi import FastPath
+
 
 def http_scope(
     method, path, headers=(), *, query_string="", root_path="", client=("127.0.0.1", 50000)
@@ -19,3 +25,28 @@ def http_scope(
         "client": client,
         "server": ("testserver", 80),
     }
+
+
+async def ask_fast_path(plaintext):
+    """POST a chat completion of model ``echo`` through the ASGI fast path; its status and
+    body, once the application returned (its row written, or spooled)."""
+    headers = [("authorization", f"Bearer {plaintext}"), ("content-type", "application/json")]
+    communicator = ApplicationCommunicator(
+        FastPath(get_asgi_application()), http_scope("POST", "/v1/chat/completions", headers)
+    )
+    body = {"model": "echo", "messages": [{"role": "user", "content": "Hi"}]}
+    await communicator.send_input({"type": "http.request", "body": orjson.dumps(body)})
+    start = await communicator.receive_output(timeout=10)
+    answer = await communicator.receive_output(timeout=10)
+    await communicator.wait(timeout=10)
+    return start["status"], orjson.loads(answer["body"])
+
+
+async def reply_body(communicator):
+    """The body messages of a reply whose start was received, joined."""
+    parts = []
+    while True:
+        message = await communicator.receive_output(timeout=10)
+        parts.append(message["body"])
+        if not message.get("more_body"):
+            return b"".join(parts)

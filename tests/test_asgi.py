@@ -15,7 +15,7 @@ from chatparity import usage
 from chatparity.asgi import FastPath
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.signals import request_logged
-from tests.asgi import http_scope
+from tests.asgi import http_scope, reply_body
 from tests.scripted import SCRIPTED
 
 # The production settings of SecurityMiddleware, behind a proxy that says the scheme.
@@ -72,13 +72,7 @@ class FastPathTestCase(TestCase):
         communicator = self.communicator(method, path, headers, query_string, root_path)
         await communicator.send_input({"type": "http.request", "body": body})
         start = await communicator.receive_output(timeout=10)
-        parts = []
-        while True:
-            message = await communicator.receive_output(timeout=10)
-            parts.append(message["body"])
-            if not message.get("more_body"):
-                break
-        return start, b"".join(parts), communicator
+        return start, await reply_body(communicator), communicator
 
     async def ask(self, **body):
         request = {"model": "echo", "messages": [{"role": "user", "content": "Hi"}], **body}

@@ -9,17 +9,13 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-import orjson
 import pytest
-from asgiref.testing import ApplicationCommunicator
 from django.conf import settings
-from django.core.asgi import get_asgi_application
 from django.db import DatabaseError, OperationalError, connections
 
-from chatparity.asgi import FastPath
 from chatparity.db import OncePerInterval, reconnecting
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
-from tests.asgi import http_scope
+from tests.asgi import ask_fast_path
 from tests.scripted import SCRIPTED
 
 OTHER = "other"
@@ -55,19 +51,8 @@ def chatparity_elsewhere(settings):
 
 def ask(plaintext):
     """POST a completion through the ASGI fast path; the status."""
-
-    async def exchange():
-        headers = [("authorization", f"Bearer {plaintext}"), ("content-type", "application/json")]
-        communicator = ApplicationCommunicator(
-            FastPath(get_asgi_application()), http_scope("POST", "/v1/chat/completions", headers)
-        )
-        body = {"model": "echo", "messages": [{"role": "user", "content": "Hi"}]}
-        await communicator.send_input({"type": "http.request", "body": orjson.dumps(body)})
-        start = await communicator.receive_output(timeout=10)
-        await communicator.wait(timeout=10)  # the row is written once the reply is sent
-        return start["status"]
-
-    return asyncio.run(exchange())
+    status, _ = asyncio.run(ask_fast_path(plaintext))
+    return status
 
 
 def test_a_request_reads_and_writes_chatparitys_tables_where_the_routers_send_them():

@@ -17,7 +17,7 @@ from chatparity.gateway import KEEPALIVE
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, Usage
-from tests.asgi import http_scope
+from tests.asgi import http_scope, reply_body
 from tests.backends import faulty_upstream
 
 
@@ -87,14 +87,9 @@ class GatewayTestCase(TestCase):
         communicator = await self.send(model, **body)
         start = await communicator.receive_output(timeout=10)
         started = time.perf_counter() - sent
-        parts = []
-        while True:
-            message = await communicator.receive_output(timeout=10)
-            parts.append(message["body"])
-            if not message.get("more_body"):
-                break
+        body = await reply_body(communicator)
         await communicator.wait(timeout=10)
-        return start, started, b"".join(parts)
+        return start, started, body
 
     async def row(self):
         return await RequestLog.objects.aget()

@@ -12,22 +12,18 @@ from pathlib import Path
 from unittest import mock
 
 import dj_database_url
-import orjson
 import pytest
-from asgiref.testing import ApplicationCommunicator
 from django.apps import apps
 from django.conf import settings as django_settings
-from django.core.asgi import get_asgi_application
 from django.core.management import call_command
 from django.db import OperationalError, connections
 
 from chatparity import journal, spool, usage
-from chatparity.asgi import FastPath
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.events import Usage
 from chatparity.usage import UsageRecord
 from tests import services
-from tests.asgi import http_scope
+from tests.asgi import ask_fast_path as ask
 from tests.scripted import SCRIPTED
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,20 +227,6 @@ def postgres_we_may_stop(django_db_blocker):
         finally:
             connections[OUTAGE].close()
             del django_settings.DATABASES[OUTAGE]
-
-
-async def ask(plaintext):
-    """POST a completion through the ASGI fast path; its status and body."""
-    headers = [("authorization", f"Bearer {plaintext}"), ("content-type", "application/json")]
-    communicator = ApplicationCommunicator(
-        FastPath(get_asgi_application()), http_scope("POST", "/v1/chat/completions", headers)
-    )
-    body = {"model": "echo", "messages": [{"role": "user", "content": "Hi"}]}
-    await communicator.send_input({"type": "http.request", "body": orjson.dumps(body)})
-    start = await communicator.receive_output(timeout=10)
-    answer = await communicator.receive_output(timeout=10)
-    await communicator.wait(timeout=10)  # the row is written (or spooled) once it is sent
-    return start["status"], orjson.loads(answer["body"])
 
 
 def test_no_row_is_lost_over_a_postgresql_outage(
