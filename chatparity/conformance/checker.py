@@ -662,15 +662,26 @@ def judge_stream(*inspect: Callable[[Stream, str], list[str]]) -> Judge:
     return judge_parsed(stream_body, *inspect)
 
 
-def _models(model: str, responses: Sequence[httpx.Response]) -> list[str]:
-    body, problems = json_body(responses[0])
+def listed(
+    response: httpx.Response, expected: str
+) -> tuple[dict[str, Any], list[Any] | None, list[str]]:
+    """An OpenAI list object (``object: "list"``), its ``data`` and its problems; the data
+    None when there is none to look at: no JSON, or not the ``expected`` non-empty list."""
+    body, problems = json_body(response)
     if body is None:
-        return problems
+        return {}, None, problems
     if body.get("object") != "list":
         problems.append(f"object is {short(body.get('object'))}, expected 'list'")
     data = body.get("data")
     if not isinstance(data, list) or not data:
-        return [*problems, f"data is {short(data)}, expected a non-empty list"]
+        return body, None, [*problems, f"data is {short(data)}, expected {expected}"]
+    return body, data, problems
+
+
+def _models(model: str, responses: Sequence[httpx.Response]) -> list[str]:
+    _, data, problems = listed(responses[0], "a non-empty list")
+    if data is None:
+        return problems
     for position, entry in enumerate(data):
         entry = entry if isinstance(entry, dict) else {}
         expected = {"id": str, "object": str, "created": int, "owned_by": str}

@@ -44,6 +44,7 @@ from .checker import (
     judge_completion,
     judge_error,
     judge_parsed,
+    listed,
     short,
 )
 from .checker import WEATHER_TOOL as CHAT_WEATHER_TOOL
@@ -517,24 +518,19 @@ def lifecycle_problems(model: str, responses: Sequence[httpx.Response]) -> list[
 
 def input_items_problems(model: str, responses: Sequence[httpx.Response]) -> list[str]:
     """The input of a stored response: a list with ids, ``first_id``, ``last_id``, ``has_more``."""
-    listed, problems = json_body(responses[1])
-    if listed is None:
+    page, data, problems = listed(responses[1], "the input message")
+    if data is None:
         return problems
-    if listed.get("object") != "list":
-        problems.append(f"object is {short(listed.get('object'))}, expected 'list'")
-    data = listed.get("data")
-    if not isinstance(data, list) or not data:
-        return [*problems, f"data is {short(data)}, expected the input message"]
     ids = [item.get("id") if isinstance(item, dict) else None for item in data]
     if not all(isinstance(item_id, str) and item_id for item_id in ids):
         problems.append(f"item ids are {short(ids)}, expected strings")
-    if (listed.get("first_id"), listed.get("last_id")) != (ids[0], ids[-1]):
+    if (page.get("first_id"), page.get("last_id")) != (ids[0], ids[-1]):
         problems.append(
-            f"first_id, last_id are {short([listed.get('first_id'), listed.get('last_id')])},"
+            f"first_id, last_id are {short([page.get('first_id'), page.get('last_id')])},"
             f" expected {short([ids[0], ids[-1]])}"
         )
-    if listed.get("has_more") is not False:
-        problems.append(f"has_more is {short(listed.get('has_more'))}, expected false")
+    if page.get("has_more") is not False:
+        problems.append(f"has_more is {short(page.get('has_more'))}, expected false")
     message = data[-1] if isinstance(data[-1], dict) else {}
     content = message.get("content")
     part = content[0] if isinstance(content, list) and content else {}
