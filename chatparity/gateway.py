@@ -523,12 +523,7 @@ async def _requested(
 
 
 def first_byte_timeout() -> APIError:
-    return APIError(
-        "The model did not start answering in time.",
-        status=504,
-        type="timeout_error",
-        code="request_timeout",
-    )
+    return errors.timed_out("The model did not start answering in time.")
 
 
 async def _answer(

@@ -110,6 +110,7 @@ from typing import Any, Literal, TypeGuard
 from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import app_settings
+from ..protocol import errors
 from ..protocol.errors import APIError
 from ..protocol.events import Event, Finish, TextDelta, Usage
 from ..protocol.request import ChatRequest, Message
@@ -775,11 +776,8 @@ class CommandBackend:
             async with asyncio.timeout_at(deadline):
                 return await queue.get()
         except TimeoutError:
-            raise APIError(
-                f"The command did not finish within {self.options.max_seconds:g} seconds.",
-                status=504,
-                type="timeout_error",
-                code="request_timeout",
+            raise errors.timed_out(
+                f"The command did not finish within {self.options.max_seconds:g} seconds."
             ) from None
 
 

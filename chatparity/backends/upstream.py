@@ -59,6 +59,7 @@ import orjson
 
 from .. import signals
 from ..conf import app_settings
+from ..protocol import errors
 from ..protocol.errors import APIError
 from ..protocol.events import Event, Usage
 from ..protocol.request import CHAT_COMPLETION_REQUEST, ChatRequest, functions_as_tools
@@ -166,12 +167,7 @@ def _is_stream(content_type: str, asked: bool) -> bool:
 
 
 def timeout_error() -> APIError:
-    return APIError(
-        "The upstream did not answer in time.",
-        status=504,
-        type="timeout_error",
-        code="request_timeout",
-    )
+    return errors.timed_out("The upstream did not answer in time.")
 
 
 WIRE_APIS = ("chat", "responses")

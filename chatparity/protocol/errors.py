@@ -99,6 +99,11 @@ def server_error(
     return APIError(message, status=500, type="server_error", code=code)
 
 
+def timed_out(message: str) -> APIError:
+    """A 504: a backend (an upstream, a program, the model) did not answer in time."""
+    return APIError(message, status=504, type="timeout_error", code="request_timeout")
+
+
 def service_unavailable(message: str) -> APIError:
     """A 503: something the gateway needs (its database, its counters) is away for now."""
     return APIError(message, status=503, type="server_error", code="service_unavailable")
