@@ -17,9 +17,11 @@ import httpx
 import pytest
 from django.core.management import CommandError, call_command
 
-from chatparity.conformance import checker
-from chatparity.conformance.checker import CHECKS, Runner, parse_stream
+from chatparity.conformance import framework, suite
+from chatparity.conformance.chat import MODELS, parse_stream
+from chatparity.conformance.framework import Check, Runner, select
 from chatparity.conformance.responses import parse_event_stream
+from chatparity.conformance.suite import CHECKS
 from chatparity.cors import CorsPolicy, is_preflight
 from chatparity.protocol import errors
 from chatparity.protocol.completion import CompletionAccumulator
@@ -39,7 +41,7 @@ KEY = "sk-test"
 BASE_URL = "http://testserver/v1"
 WORDS = ["Once", " upon", " a", " time", ",", " a", " dragon", " slept", "."]
 BY_NAME = {check.name: check for check in CHECKS}
-CLIENT = checker.client
+CLIENT = framework.client
 
 
 def events(chat: ChatRequest) -> list[Event]:
@@ -213,7 +215,7 @@ def test_the_canonical_server_passes_every_check_sending_each_probe_once():
         sent.append(request)
         return canonical_server(request)
 
-    results = Runner(http(counting), MODEL).run_all()
+    results = Runner(http(counting), MODEL).run_all(CHECKS)
     assert [(r.name, r.problems) for r in results if not r.ok] == []
     assert [r.name for r in results] == [check.name for check in CHECKS]
     assert len(sent) == len({probe.cache_key(MODEL) for check in CHECKS for probe in check.probes})
@@ -614,7 +616,7 @@ def test_a_failed_request_fails_only_the_checks_that_need_it():
             raise httpx.ReadTimeout("timed out", request=request)
         return canonical_server(request)
 
-    results = {r.name: r for r in Runner(http(no_streams), MODEL).run_all()}
+    results = {r.name: r for r in Runner(http(no_streams), MODEL).run_all(CHECKS)}
     failed = {name for name, result in results.items() if not result.ok}
     assert failed == {c.name for c in CHECKS if any(p.body.get("stream") for p in c.probes)}
     assert {"parity.stream-vs-nonstream", "errors.stream-status"} < failed
@@ -625,7 +627,7 @@ def test_a_judge_that_crashes_fails_its_own_row_only():
     def broken(model, responses):
         raise KeyError("x")
 
-    check = checker.Check("broken", "", (checker.MODELS,), broken)
+    check = Check("broken", "", (MODELS,), broken)
     runner = Runner(http(), MODEL)
     assert runner.run(check).reason() == "could not judge the response: KeyError('x')"
     assert runner.run(BY_NAME["models.list"]).ok
@@ -640,7 +642,7 @@ def test_a_judge_that_crashes_fails_its_own_row_only():
     ],
 )
 def test_only_and_skip_match_substrings(only, skip, expected):
-    assert [check.name for check in checker.select(only=only, skip=skip)] == expected
+    assert [check.name for check in select(CHECKS, only=only, skip=skip)] == expected
 
 
 @pytest.fixture
@@ -652,7 +654,7 @@ def served_by(monkeypatch):
             assert (base_url, key, seconds) == (BASE_URL, KEY, timeout)
             return http(handler)
 
-        monkeypatch.setattr(checker, "client", fake_client)
+        monkeypatch.setattr(suite, "client", fake_client)
 
     return serve
 

@@ -2,5 +2,6 @@
 
 Opt-in (``pip install 'django-chatparity[conformance]'``, which brings httpx): add
 ``"chatparity.conformance"`` to ``INSTALLED_APPS`` for ``manage.py chatparity_conformance``.
-The checks themselves are :mod:`chatparity.conformance.checker`.
+The checks are one module per API (:mod:`.chat`, :mod:`.responses`) built on
+:mod:`.framework`; :mod:`.suite` lists them and runs them.
 """

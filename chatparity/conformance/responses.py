@@ -1,6 +1,6 @@
 """Conformance checks of the Responses API (``POST /v1/responses`` and the stored responses).
 
-Rows for :data:`chatparity.conformance.checker.CHECKS`, built the same way: raw
+Rows of :data:`CHECKS`, built on :mod:`.framework` as the chat checks are: raw
 httpx probes and pure judges. What OpenAI's Responses API does, as openai-python's
 types and the API reference describe it:
 
@@ -17,47 +17,44 @@ types and the API reference describe it:
 - ``GET /responses/{id}``, ``GET /responses/{id}/input_items`` (a list with
   ``first_id``, ``last_id``, ``has_more``) and ``DELETE /responses/{id}``
   (``{"id", "object": "response", "deleted": true}``); then 404 in the error envelope.
-
-This module builds on :mod:`~chatparity.conformance.checker`, which imports it to
-register :data:`CHECKS`: import that one first.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any, ClassVar, TypeGuard
 
 import httpx
 
-from .checker import (
+from .framework import (
+    GET_WEATHER,
+    HELLO_PROMPT,
+    INVALID,
     OMIT,
+    STORY_PROMPT,
     UNKNOWN_ARGUMENT,
+    WEATHER_PROMPT,
     Check,
     Judge,
     Probe,
     Problems,
-    _status,
     json_body,
-    judge_completion,
     judge_error,
+    judge_json,
     judge_parsed,
     listed,
     short,
+    status_code_problems,
 )
-from .checker import WEATHER_TOOL as CHAT_WEATHER_TOOL
 
 if TYPE_CHECKING:
-    from .checker import Runner
+    from .framework import Runner
 
-INVALID = "invalid_request_error"
-HELLO = "Say hello in one short sentence."
-STORY = "Tell me a long story about a dragon."
-WEATHER = "What is the weather like in Paris today?"
-# The chat checks' tool, in the Responses shape (its function's fields at the top).
-WEATHER_TOOL: dict[str, Any] = {"type": "function", **CHAT_WEATHER_TOOL["function"]}
+# The function tool in the Responses shape (its fields at the top).
+WEATHER_TOOL: dict[str, Any] = {"type": "function", **GET_WEATHER}
 # OpenAI's smallest max_output_tokens: a long story stops there, incomplete.
 MIN_OUTPUT_TOKENS = 16
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
@@ -75,19 +72,22 @@ ECHOED = (
 # Requests.
 
 
+@dataclass(frozen=True)
+class ResponsesProbe(Probe):
+    """A ``POST /responses`` request: greedy, not stored, unless ``body`` says otherwise."""
+
+    path: str = "/responses"
+    defaults: ClassVar[Mapping[str, Any]] = {"temperature": 0, "store": False}
+
+
 def _responses(body: dict[str, Any], *, stream: bool = False, bad_key: bool = False) -> Probe:
-    """A ``POST /responses`` probe: the checker's default body without its chat keys."""
-    return Probe(
-        {"messages": OMIT, "max_tokens": OMIT, "store": False, **body, "stream": stream},
-        path="/responses",
-        bad_key=bad_key,
-    )
+    return ResponsesProbe({**body, "stream": stream}, bad_key=bad_key)
 
 
-ANSWER = {"input": HELLO, "max_output_tokens": 64}
-INCOMPLETE = {"input": STORY, "max_output_tokens": MIN_OUTPUT_TOKENS}
+ANSWER = {"input": HELLO_PROMPT, "max_output_tokens": 64}
+INCOMPLETE = {"input": STORY_PROMPT, "max_output_tokens": MIN_OUTPUT_TOKENS}
 FUNCTION_CALL = {
-    "input": WEATHER,
+    "input": WEATHER_PROMPT,
     "tools": [WEATHER_TOOL],
     "tool_choice": "required",
     "max_output_tokens": 64,
@@ -186,7 +186,7 @@ def parse_event_stream(body: bytes) -> EventStream:
 
 def event_stream(response: httpx.Response) -> tuple[EventStream | None, list[str]]:
     """A 200 Responses stream, parsed, or the problems that stop it being judged."""
-    problems = _status(response)
+    problems = status_code_problems(response)
     if problems:
         return None, problems
     kind = response.headers.get("content-type", "")
@@ -535,7 +535,7 @@ def input_items_problems(model: str, responses: Sequence[httpx.Response]) -> lis
     content = message.get("content")
     part = content[0] if isinstance(content, list) and content else {}
     if (message.get("type"), message.get("role"), part) != (
-        "message", "user", {"type": "input_text", "text": HELLO}
+        "message", "user", {"type": "input_text", "text": HELLO_PROMPT}
     ):  # fmt: skip
         problems.append(f"the input message is {short(message, 120)}")
     return problems
@@ -582,13 +582,13 @@ CHECKS: tuple[Check, ...] = (
         "responses.object",
         "id resp_..., object response, created_at, model echoed, settings echoed, messages",
         (RESPONSE,),
-        judge_completion(answer_problems),
+        judge_json(answer_problems),
     ),
     Check(
         "responses.usage",
         "input/output/total tokens add up, with cached_tokens and reasoning_tokens",
         (RESPONSE,),
-        judge_completion(lambda body, model: usage_problems(body.get("usage"))),
+        judge_json(lambda body, model: usage_problems(body.get("usage"))),
     ),
     Check(
         "responses.stream.framing",
@@ -624,7 +624,7 @@ CHECKS: tuple[Check, ...] = (
         "responses.incomplete",
         f"max_output_tokens {MIN_OUTPUT_TOKENS}: incomplete, reason max_output_tokens",
         (_responses(INCOMPLETE),),
-        judge_completion(incomplete_problems),
+        judge_json(incomplete_problems),
     ),
     Check(
         "responses.incomplete.stream",
@@ -636,7 +636,7 @@ CHECKS: tuple[Check, ...] = (
         "responses.function-call",
         "tool_choice required: a function_call item with call_id, name, JSON arguments",
         (_responses(FUNCTION_CALL),),
-        judge_completion(called_problems),
+        judge_json(called_problems),
     ),
     Check(
         "responses.function-call.stream",
@@ -683,4 +683,4 @@ CHECKS: tuple[Check, ...] = (
 )
 """The Responses API's rows of the conformance table."""
 
-__all__ = ["CHECKS", "EventStream", "FollowUp", "parse_event_stream"]
+__all__ = ["CHECKS", "EventStream", "FollowUp", "ResponsesProbe", "parse_event_stream"]

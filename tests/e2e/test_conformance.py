@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from chatparity.conformance.checker import CHECKS
 from chatparity.conformance.responses import CHECKS as RESPONSES_CHECKS
+from chatparity.conformance.suite import CHECKS
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from chatparity.conformance.checker import CHECKS
+from chatparity.conformance.suite import CHECKS
 
 pytestmark = pytest.mark.e2e
 

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from chatparity.conformance import checker
+from chatparity.conformance import framework, suite
 
 
 class Command(BaseCommand):
@@ -43,7 +43,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["list"]:
-            for check in checker.select(only=options["only"], skip=options["skip"]):
+            for check in framework.select(suite.CHECKS, only=options["only"], skip=options["skip"]):
                 self.stdout.write(f"{check.name:<28} {check.description}")
             return
         base_url: str | None = options["base_url"]
@@ -52,7 +52,7 @@ class Command(BaseCommand):
         if not options["key"]:
             raise CommandError("pass --key or set OPENAI_API_KEY")
         try:
-            model, results = checker.run(
+            model, results = suite.run(
                 base_url,
                 options["key"],
                 model=options["model"],
@@ -60,15 +60,15 @@ class Command(BaseCommand):
                 only=options["only"],
                 skip=options["skip"],
             )
-        except checker.ConformanceError as exc:
+        except framework.ConformanceError as exc:
             raise CommandError(str(exc), returncode=2) from exc
         if not results:
             raise CommandError("no check matches --only/--skip", returncode=2)
         if options["json"]:
-            self.stdout.write(json.dumps(checker.as_json(base_url, model, results), indent=2))
+            self.stdout.write(json.dumps(framework.as_json(base_url, model, results), indent=2))
         else:
             self.stdout.write(f"{base_url}  model {model!r}\n")
-            self.stdout.write(checker.format_table(results))
+            self.stdout.write(framework.format_table(results))
         failed = [result.name for result in results if not result.ok]
         if failed:
             raise CommandError(f"{len(failed)} of {len(results)} checks failed", returncode=1)

@@ -1,29 +1,46 @@
-"""Conformance checks: does a server speak OpenAI's Chat Completions wire format?
+"""The Chat Completions API's checks: does a server speak OpenAI's wire format?
 
-Any OpenAI-compatible server (``BASE_URL`` like ``http://127.0.0.1:8000/v1``)
-is probed with raw httpx, so defects an SDK would paper over stay visible, and
-judged against the canonical contract (see ``DESIGN.md``). This module has no
-Django imports; ``manage.py chatparity_conformance`` is a thin wrapper.
-
-Every check is a row of :data:`CHECKS`: the requests (:class:`Probe`) it needs
-and a pure *judge* that turns the responses into a list of problems (empty
-means PASS). Identical probes are sent once per run, and judges never touch
-the network, so they can be fed recorded or handcrafted responses.
+``POST /chat/completions`` (stream and not, tools, the deprecated functions, errors,
+CORS) and ``GET /models``, judged against the canonical contract (see ``DESIGN.md``):
+rows of :data:`CHECKS`, built on :mod:`.framework`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard, TypeVar
+from typing import Any, ClassVar
 
 import httpx
 
 from ..protocol.enums import FINISH_REASONS
+from .framework import (
+    GET_WEATHER,
+    HELLO_PROMPT,
+    INVALID,
+    OMIT,
+    STORY_PROMPT,
+    UNKNOWN_ARGUMENT,
+    WEATHER_PROMPT,
+    Check,
+    Judge,
+    Probe,
+    Problems,
+    field_is,
+    is_int,
+    json_body,
+    judge_all,
+    judge_error,
+    judge_json,
+    judge_parsed,
+    keys_of,
+    listed,
+    short,
+    status_code_problems,
+)
 
 CHOICE_KEYS = frozenset({"index", "delta", "logprobs", "finish_reason"})
-ERROR_KEYS = frozenset({"message", "type", "param", "code"})
 TEXT_ROLE_DELTA: dict[str, Any] = {"role": "assistant", "content": "", "refusal": None}
 USAGE_DETAILS: dict[str, tuple[str, ...]] = {
     "prompt_tokens_details": ("cached_tokens", "audio_tokens"),
@@ -35,96 +52,53 @@ USAGE_DETAILS: dict[str, tuple[str, ...]] = {
     ),
 }
 
-HELLO = [{"role": "user", "content": "Say hello in one short sentence."}]
-STORY = [{"role": "user", "content": "Tell me a long story about a dragon."}]
-WEATHER = [{"role": "user", "content": "What is the weather like in Paris today?"}]
-WEATHER_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+HELLO = [{"role": "user", "content": HELLO_PROMPT}]
+STORY = [{"role": "user", "content": STORY_PROMPT}]
+WEATHER = [{"role": "user", "content": WEATHER_PROMPT}]
+WEATHER_TOOL: dict[str, Any] = {"type": "function", "function": GET_WEATHER}
 LENGTH_TOKENS = 5
 UNKNOWN_MODEL = "chatparity-conformance-no-such-model"
-UNKNOWN_ARGUMENT = "chatparity_conformance_bogus"
-BAD_KEY = "sk-chatparity-conformance-invalid-0000"
-
-
-class _Omit:
-    def __repr__(self) -> str:
-        return "OMIT"
-
-
-OMIT: Any = _Omit()
-"""A probe body value that removes the key from the default request body."""
 
 
 # Requests.
 
 
 @dataclass(frozen=True)
-class Probe:
-    """One request a check needs. ``body`` is merged over a short, greedy default."""
+class ChatProbe(Probe):
+    """A chat completion request: a short, greedy question unless ``body`` says otherwise."""
 
-    body: Mapping[str, Any] = field(default_factory=dict)
-    method: str = "POST"
     path: str = "/chat/completions"
-    bad_key: bool = False
-    headers: tuple[tuple[str, str], ...] = ()
-    """Sent besides the key (a browser's ``Origin``, say)."""
-
-    def request_body(self, model: str) -> dict[str, Any] | None:
-        if self.method in ("GET", "OPTIONS"):
-            return None
-        base = {"model": model, "messages": HELLO, "temperature": 0, "max_tokens": 16}
-        return {key: value for key, value in {**base, **self.body}.items() if value is not OMIT}
-
-    def cache_key(self, model: str) -> str:
-        body = json.dumps(self.request_body(model), sort_keys=True)
-        return f"{self.method} {self.path} {self.bad_key} {self.headers} {body}"
-
-    def send(self, runner: Runner) -> httpx.Response:
-        """Make the request; a probe that needs another's response first asks ``runner``."""
-        headers = dict(self.headers)
-        if self.bad_key:
-            headers["Authorization"] = f"Bearer {BAD_KEY}"
-        body = self.request_body(runner.model)
-        request = runner.http.build_request(self.method, self.path, json=body, headers=headers)
-        if self.method == "OPTIONS":
-            del request.headers["authorization"]  # a browser's preflight carries no key
-        return runner.http.send(request)
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "messages": HELLO,
+        "temperature": 0,
+        "max_tokens": 16,
+    }
 
 
 MODELS = Probe(method="GET", path="/models")
-COMPLETION = Probe()
-STREAM = Probe({"stream": True})
-STREAM_USAGE = Probe({"stream": True, "stream_options": {"include_usage": True}})
-LENGTH = Probe({"messages": STORY, "max_tokens": LENGTH_TOKENS})
-LENGTH_STREAM = Probe({**LENGTH.body, **STREAM_USAGE.body})
-N2 = Probe({"n": 2})
-N2_STREAM = Probe({"n": 2, "stream": True})
+COMPLETION = ChatProbe()
+STREAM = ChatProbe({"stream": True})
+STREAM_USAGE = ChatProbe({"stream": True, "stream_options": {"include_usage": True}})
+LENGTH = ChatProbe({"messages": STORY, "max_tokens": LENGTH_TOKENS})
+LENGTH_STREAM = ChatProbe({**LENGTH.body, **STREAM_USAGE.body})
+N2 = ChatProbe({"n": 2})
+N2_STREAM = ChatProbe({"n": 2, "stream": True})
 NAMED_TOOL = {"type": "function", "function": {"name": "get_weather"}}
 
 
 def _tools(tool_choice: Any, *, stream: bool) -> Probe:
     body = {"messages": WEATHER, "tools": [WEATHER_TOOL], "tool_choice": tool_choice}
-    return Probe({**body, "max_tokens": 64, "stream": stream})
+    return ChatProbe({**body, "max_tokens": 64, "stream": stream})
 
 
 def _functions(function_call: Any, *, stream: bool = False) -> Probe:
     """The deprecated ``functions`` and ``function_call`` in place of tools."""
-    body = {"messages": WEATHER, "functions": [WEATHER_TOOL["function"]]}
-    return Probe({**body, "function_call": function_call, "max_tokens": 64, "stream": stream})
+    body = {"messages": WEATHER, "functions": [GET_WEATHER]}
+    return ChatProbe({**body, "function_call": function_call, "max_tokens": 64, "stream": stream})
 
 
 ORDER = [{"role": "user", "content": "Order 25 apples. Answer with the order as JSON."}]
-BOUNDED_ORDER = Probe(
+BOUNDED_ORDER = ChatProbe(
     {
         "messages": ORDER,
         "max_tokens": 40,
@@ -145,7 +119,7 @@ BOUNDED_ORDER = Probe(
 )
 # A browser page of another origin, and what it asks before calling the API with a key.
 ORIGIN = "https://chatparity-conformance.example"
-PREFLIGHT = Probe(
+PREFLIGHT = ChatProbe(
     method="OPTIONS",
     headers=(
         ("Origin", ORIGIN),
@@ -153,7 +127,7 @@ PREFLIGHT = Probe(
         ("Access-Control-Request-Headers", "authorization,content-type"),
     ),
 )
-FROM_A_PAGE = Probe(headers=(("Origin", ORIGIN),))
+FROM_A_PAGE = ChatProbe(headers=(("Origin", ORIGIN),))
 REFUSAL_WITHOUT_TEXT = [
     *HELLO,
     {"role": "assistant", "content": [{"type": "refusal"}]},
@@ -162,79 +136,6 @@ REFUSAL_WITHOUT_TEXT = [
 
 
 # Reading responses.
-
-
-class Problems:
-    """Problems found in one response; a problem seen in many chunks is reported once."""
-
-    def __init__(self) -> None:
-        self._where: dict[str, list[int]] = {}
-
-    def add(self, message: str, chunk: int | None = None) -> None:
-        self._where.setdefault(message, [])
-        if chunk is not None:
-            self._where[message].append(chunk)
-
-    def extend(self, messages: Iterable[str]) -> None:
-        for message in messages:
-            self.add(message)
-
-    def render(self) -> list[str]:
-        rendered = []
-        for message, where in self._where.items():
-            if len(where) == 1:
-                message += f" (chunk #{where[0]})"
-            elif where:
-                message += f" ({len(where)} chunks, first #{where[0]})"
-            rendered.append(message)
-        return rendered
-
-
-def short(value: Any, limit: int = 60) -> str:
-    """``value`` as compact JSON, cut to ``limit`` characters."""
-    try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _is_int(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _keys(value: Any) -> str:
-    return ", ".join(sorted(value)) if isinstance(value, dict) else type(value).__name__
-
-
-def _got(obj: dict[str, Any], key: str, where: str) -> str:
-    """``where.key is <value>``, or ``where lacks key``."""
-    return f"{where}.{key} is {short(obj[key])}" if key in obj else f"{where} lacks {key}"
-
-
-def _status(response: httpx.Response, expected: int = 200) -> list[str]:
-    if response.status_code == expected:
-        return []
-    kind = response.headers.get("content-type", "no content-type").split(";")[0]
-    body = response.content[:80].decode("utf-8", "replace")
-    return [f"HTTP {response.status_code} ({kind}), expected {expected}: {body}"]
-
-
-def json_body(response: httpx.Response, status: int = 200) -> tuple[Any, list[str]]:
-    """The JSON object a response with ``status`` carries, or the problems that
-    stop it being judged; a wrong Content-Type is a problem but not a stopper."""
-    problems = _status(response, status)
-    if problems:
-        return None, problems
-    if not response.headers.get("content-type", "").startswith("application/json"):
-        problems.append(f"Content-Type is {response.headers.get('content-type')!r}")
-    try:
-        body = json.loads(response.content)
-    except ValueError:
-        return None, [*problems, f"body is not JSON: {short(response.text)}"]
-    if not isinstance(body, dict):
-        return None, [*problems, f"body is not a JSON object: {short(body)}"]
-    return body, problems
 
 
 @dataclass
@@ -294,7 +195,7 @@ def parse_stream(body: bytes) -> Stream:
 
 def stream_body(response: httpx.Response) -> tuple[Stream | None, list[str]]:
     """A 200 stream, parsed, or the problems that stop it being judged."""
-    problems = _status(response)
+    problems = status_code_problems(response)
     return (None, problems) if problems else (parse_stream(response.content), [])
 
 
@@ -347,7 +248,7 @@ def usage_problems(usage: Any) -> list[str]:
     problems = [
         f"usage.{key} is {short(usage.get(key))}, expected an integer"
         for key in ("prompt_tokens", "completion_tokens", "total_tokens")
-        if not _is_int(usage.get(key))
+        if not is_int(usage.get(key))
     ]
     if (
         not problems
@@ -362,7 +263,7 @@ def usage_problems(usage: Any) -> list[str]:
         if not isinstance(details, dict):
             problems.append(f"usage.{name} is {short(details)}, expected an object")
             continue
-        missing = [key for key in keys if not _is_int(details.get(key))]
+        missing = [key for key in keys if not is_int(details.get(key))]
         if missing:
             problems.append(f"usage.{name} lacks integer {', '.join(missing)}")
     return problems
@@ -375,7 +276,7 @@ def completion_envelope_problems(body: dict[str, Any], model: str) -> list[str]:
         problems.append(f"id is {short(body.get('id'))}, expected a string")
     if body.get("object") != "chat.completion":
         problems.append(f"object is {short(body.get('object'))}, expected 'chat.completion'")
-    if not _is_int(body.get("created")):
+    if not is_int(body.get("created")):
         problems.append(f"created is {short(body.get('created'))}, expected an integer")
     if body.get("model") != model:
         problems.append(f"model is {short(body.get('model'))}, expected the requested {model!r}")
@@ -409,16 +310,20 @@ def completion_choice_problems(body: dict[str, Any], *, tools: bool = False) -> 
             continue
         expected: dict[str, Any] = {"role": "assistant", "refusal": None, "annotations": []}
         problems += [
-            f"{_got(message, key, where + '.message')}, expected {short(value)}"
+            f"{field_is(message, key, where + '.message')}, expected {short(value)}"
             for key, value in expected.items()
             if key not in message or message[key] != value
         ]
         if tools:
             if message.get("content", OMIT) is not None:
-                problems.append(f"{_got(message, 'content', where + '.message')}, expected null")
+                problems.append(
+                    f"{field_is(message, 'content', where + '.message')}, expected null"
+                )
             problems += tool_call_problems(message.get("tool_calls"), where=f"{where}.message")
         elif not isinstance(message.get("content"), str):
-            problems.append(f"{_got(message, 'content', where + '.message')}, expected a string")
+            problems.append(
+                f"{field_is(message, 'content', where + '.message')}, expected a string"
+            )
     return problems
 
 
@@ -463,7 +368,7 @@ def stream_envelope_problems(stream: Stream, model: str) -> list[str]:
     first = stream.chunks[0]
     if not isinstance(first.get("id"), str) or not first["id"]:
         problems.add(f"id is {short(first.get('id'))}, expected a string", 0)
-    if not _is_int(first.get("created")):
+    if not is_int(first.get("created")):
         problems.add(f"created is {short(first.get('created'))}, expected an integer", 0)
     for number, chunk in enumerate(stream.chunks):
         if chunk.get("object") != "chat.completion.chunk":
@@ -500,13 +405,13 @@ def stream_choice_problems(stream: Stream) -> list[str]:
                 continue
             if choice.keys() != CHOICE_KEYS:
                 problems.add(
-                    f"choice keys are {_keys(choice)}, expected delta, finish_reason, index,"
+                    f"choice keys are {keys_of(choice)}, expected delta, finish_reason, index,"
                     " logprobs",
                     number,
                 )
             index, delta = choice.get("index"), choice.get("delta")
             reason = choice.get("finish_reason")
-            if not _is_int(index) or not isinstance(delta, dict):
+            if not is_int(index) or not isinstance(delta, dict):
                 problems.add(f"choice has index {short(index)}, delta {short(delta)}", number)
                 continue
             label = f"choice {index}"
@@ -602,7 +507,7 @@ def streamed_tool_call_problems(stream: Stream) -> list[str]:
         if index not in arguments:
             arguments[index] = ""
             if entry.keys() != {"index", "id", "type", "function"}:
-                problems.add(f"first delta of call {index} has keys {_keys(entry)}")
+                problems.add(f"first delta of call {index} has keys {keys_of(entry)}")
             if not isinstance(entry.get("id"), str) or entry.get("type") != "function":
                 problems.add(f"first delta of call {index} has id/type {short(entry)}")
             if function != {"name": "get_weather", "arguments": ""}:
@@ -624,58 +529,10 @@ def streamed_tool_call_problems(stream: Stream) -> list[str]:
 
 # Judges: responses -> problems.
 
-Judge = Callable[[str, Sequence[httpx.Response]], list[str]]
-Parsed = TypeVar("Parsed")
-"""Takes the requested model and the responses to a check's probes, in order."""
-
-
-def judge_completion(*inspect: Callable[[dict[str, Any], str], list[str]]) -> Judge:
-    """Judge one non-stream response with ``inspect``."""
-
-    def judge(model: str, responses: Sequence[httpx.Response]) -> list[str]:
-        body, problems = json_body(responses[0])
-        if body is None:
-            return problems
-        return problems + [problem for check in inspect for problem in check(body, model)]
-
-    return judge
-
-
-def judge_parsed(
-    parse: Callable[[httpx.Response], tuple[Parsed | None, list[str]]],
-    *inspect: Callable[[Parsed, str], list[str]],
-) -> Judge:
-    """Judge one response as ``parse`` reads it (its problems alone when it cannot),
-    then with ``inspect``."""
-
-    def judge(model: str, responses: Sequence[httpx.Response]) -> list[str]:
-        parsed, problems = parse(responses[0])
-        if parsed is None:
-            return problems
-        return [problem for check in inspect for problem in check(parsed, model)]
-
-    return judge
-
 
 def judge_stream(*inspect: Callable[[Stream, str], list[str]]) -> Judge:
     """Judge one streamed response with ``inspect``."""
     return judge_parsed(stream_body, *inspect)
-
-
-def listed(
-    response: httpx.Response, expected: str
-) -> tuple[dict[str, Any], list[Any] | None, list[str]]:
-    """An OpenAI list object (``object: "list"``), its ``data`` and its problems; the data
-    None when there is none to look at: no JSON, or not the ``expected`` non-empty list."""
-    body, problems = json_body(response)
-    if body is None:
-        return {}, None, problems
-    if body.get("object") != "list":
-        problems.append(f"object is {short(body.get('object'))}, expected 'list'")
-    data = body.get("data")
-    if not isinstance(data, list) or not data:
-        return body, None, [*problems, f"data is {short(data)}, expected {expected}"]
-    return body, data, problems
 
 
 def _models(model: str, responses: Sequence[httpx.Response]) -> list[str]:
@@ -700,13 +557,6 @@ def _content_type(model: str, responses: Sequence[httpx.Response]) -> list[str]:
     if responses[0].status_code == 200 and not kind.startswith("text/event-stream"):
         return [f"Content-Type is {kind!r}, expected text/event-stream"]
     return []
-
-
-def _all(*judges: Judge) -> Judge:
-    def judge(model: str, responses: Sequence[httpx.Response]) -> list[str]:
-        return [problem for each in judges for problem in each(model, responses)]
-
-    return judge
 
 
 def _finish(reason: Any, expected: str) -> list[str]:
@@ -813,7 +663,7 @@ def _bounded_order(body: dict[str, Any], model: str) -> list[str]:
     except ValueError:
         answer = None
     quantity = answer.get("qty") if isinstance(answer, dict) else None
-    if not _is_int(quantity):
+    if not is_int(quantity):
         return [f"content is {short(content)}, expected JSON with an integer qty"]
     return [] if 1 <= quantity <= 9 else [f"qty is {quantity}, outside the schema's 1 to 9"]
 
@@ -825,12 +675,15 @@ def function_call_problems(message: Any, *, where: str) -> list[str]:
         return [f"{where} is {short(message)}, expected an object"]
     problems = []
     if message.get("content", OMIT) is not None:
-        problems.append(f"{_got(message, 'content', where)}, expected null")
+        problems.append(f"{field_is(message, 'content', where)}, expected null")
     if message.get("tool_calls") is not None:
         problems.append(f"{where}.tool_calls is {short(message['tool_calls'])}, expected none")
     call = message.get("function_call")
     if not isinstance(call, dict) or call.keys() != {"name", "arguments"}:
-        return [*problems, f"{_got(message, 'function_call', where)}, expected {{name, arguments}}"]
+        return [
+            *problems,
+            f"{field_is(message, 'function_call', where)}, expected {{name, arguments}}",
+        ]
     if call["name"] != "get_weather":
         problems.append(f"{where}.function_call.name is {short(call['name'])}")
     return problems + _arguments_problems(call["arguments"], at=f"{where}.function_call")
@@ -935,7 +788,7 @@ def _preflight(model: str, responses: Sequence[httpx.Response]) -> list[str]:
 
 def _from_a_page(model: str, responses: Sequence[httpx.Response]) -> list[str]:
     """A completion asked from another origin's page says the page may read it."""
-    return _status(responses[0]) + _allowed_origin(responses[0])
+    return status_code_problems(responses[0]) + _allowed_origin(responses[0])
 
 
 def _allowed_origin(response: httpx.Response) -> list[str]:
@@ -949,74 +802,37 @@ def _header_list(response: httpx.Response, name: str) -> set[str]:
     return {part.strip().lower() for part in response.headers.get(name, "").split(",") if part}
 
 
-def judge_error(status: int, **expected: Any) -> Judge:
-    """An error before the first byte: HTTP ``status``, JSON, and exactly
-    ``{"error": {message, type, param, code}}`` with the ``expected`` values."""
-
-    def judge(model: str, responses: Sequence[httpx.Response]) -> list[str]:
-        body, problems = json_body(responses[0], status)
-        if body is None:
-            return problems
-        error = body.get("error")
-        if body.keys() != {"error"} or not isinstance(error, dict):
-            return [*problems, f'body is {short(body)}, expected {{"error": {{...}}}}']
-        if error.keys() != ERROR_KEYS:
-            problems.append(f"error keys are {_keys(error)}, expected code, message, param, type")
-        if not isinstance(error.get("message"), str) or not error["message"]:
-            problems.append(f"error.message is {short(error.get('message'))}")
-        problems += [
-            f"{_got(error, key, 'error')}, expected {short(value)}"
-            for key, value in expected.items()
-            if error.get(key, OMIT) != value
-        ]
-        return problems
-
-    return judge
-
-
 # The table.
-
-
-@dataclass(frozen=True)
-class Check:
-    """One row of the report: what to send, and how to judge what comes back."""
-
-    name: str
-    description: str
-    probes: tuple[Probe, ...]
-    judge: Judge
 
 
 def _check(name: str, description: str, judge: Judge, *probes: Probe) -> Check:
     return Check(name, description, probes, judge)
 
 
-_INVALID = "invalid_request_error"
-
 CHECKS: tuple[Check, ...] = (
     _check("models.list", "GET /models lists model objects", _models, MODELS),
     _check(
         "nonstream.envelope",
         "id, object, created, model echoed, system_fingerprint",
-        judge_completion(completion_envelope_problems),
+        judge_json(completion_envelope_problems),
         COMPLETION,
     ),
     _check(
         "nonstream.message",
         "choices[i]: index, message{role, content, refusal, annotations}, logprobs, finish_reason",
-        judge_completion(lambda body, model: completion_choice_problems(body)),
+        judge_json(lambda body, model: completion_choice_problems(body)),
         COMPLETION,
     ),
     _check(
         "nonstream.usage",
         "usage counts add up, with both details objects",
-        judge_completion(lambda body, model: usage_problems(body.get("usage"))),
+        judge_json(lambda body, model: usage_problems(body.get("usage"))),
         COMPLETION,
     ),
     _check(
         "stream.framing",
         "text/event-stream; data: <json> events; data: [DONE] last",
-        _all(_content_type, judge_stream(_framing)),
+        judge_all(_content_type, judge_stream(_framing)),
         STREAM,
     ),
     _check(
@@ -1053,7 +869,7 @@ CHECKS: tuple[Check, ...] = (
     _check(
         "length.nonstream",
         f"max_tokens {LENGTH_TOKENS}: finish_reason length, {LENGTH_TOKENS} completion tokens",
-        judge_completion(_length_completion),
+        judge_json(_length_completion),
         LENGTH,
     ),
     _check(
@@ -1062,7 +878,7 @@ CHECKS: tuple[Check, ...] = (
         judge_stream(_length_stream),
         LENGTH_STREAM,
     ),
-    _check("n.nonstream", "n 2: choices 0 and 1", judge_completion(_two_completions), N2),
+    _check("n.nonstream", "n 2: choices 0 and 1", judge_json(_two_completions), N2),
     _check(
         "n.stream",
         "n 2: both indices, each with a role chunk and one finisher",
@@ -1084,59 +900,59 @@ CHECKS: tuple[Check, ...] = (
     _check(
         "tools.required.nonstream",
         "tool_choice required: message.tool_calls, content null, finish_reason tool_calls",
-        judge_completion(_completed_tools),
+        judge_json(_completed_tools),
         _tools("required", stream=False),
     ),
     _check(
         "errors.missing-messages",
         "no messages: 400, param messages",
-        judge_error(400, type=_INVALID, param="messages"),
-        Probe({"messages": OMIT, "max_tokens": 1}),
+        judge_error(400, type=INVALID, param="messages"),
+        ChatProbe({"messages": OMIT, "max_tokens": 1}),
     ),
     _check(
         "errors.bad-key",
         "a bad key: 401 invalid_api_key",
-        judge_error(401, type=_INVALID, code="invalid_api_key"),
-        Probe({"max_tokens": 1}, bad_key=True),
+        judge_error(401, type=INVALID, code="invalid_api_key"),
+        ChatProbe({"max_tokens": 1}, bad_key=True),
     ),
     _check(
         "errors.unknown-model",
         "an unknown model: 404 model_not_found",
-        judge_error(404, type=_INVALID, code="model_not_found"),
-        Probe({"model": UNKNOWN_MODEL, "max_tokens": 1}),
+        judge_error(404, type=INVALID, code="model_not_found"),
+        ChatProbe({"model": UNKNOWN_MODEL, "max_tokens": 1}),
     ),
     _check(
         "errors.stream-status",
         "stream: true with a bad request: a real 400, not a 200 stream",
-        judge_error(400, type=_INVALID),
-        Probe({"stream": True, "temperature": 3, "max_tokens": 1}),
+        judge_error(400, type=INVALID),
+        ChatProbe({"stream": True, "temperature": 3, "max_tokens": 1}),
     ),
     _check(
         "errors.unknown-argument",
         "an unknown argument: 400 Unrecognized request argument",
         judge_error(
             400,
-            type=_INVALID,
+            type=INVALID,
             message=f"Unrecognized request argument supplied: {UNKNOWN_ARGUMENT}",
         ),
-        Probe({UNKNOWN_ARGUMENT: True, "max_tokens": 1}),
+        ChatProbe({UNKNOWN_ARGUMENT: True, "max_tokens": 1}),
     ),
     _check(
         "errors.temperature",
         "temperature 3: 400, param temperature",
-        judge_error(400, type=_INVALID, param="temperature"),
-        Probe({"temperature": 3, "max_tokens": 1}),
+        judge_error(400, type=INVALID, param="temperature"),
+        ChatProbe({"temperature": 3, "max_tokens": 1}),
     ),
     _check(
         "schema.numeric-bounds",
         "strict json_schema: an integer keeps to its minimum and maximum",
-        judge_completion(_bounded_order),
+        judge_json(_bounded_order),
         BOUNDED_ORDER,
     ),
     _check(
         "functions.named.nonstream",
         "deprecated function_call named: message.function_call, content null, finish stop",
-        judge_completion(_completed_function_call("stop")),
+        judge_json(_completed_function_call("stop")),
         _functions({"name": "get_weather"}),
     ),
     _check(
@@ -1148,13 +964,13 @@ CHECKS: tuple[Check, ...] = (
     _check(
         "functions.auto.nonstream",
         "deprecated function_call auto: a call finishes with function_call, text with stop",
-        judge_completion(_chosen_function_call),
+        judge_json(_chosen_function_call),
         _functions("auto"),
     ),
     _check(
         "functions.none.nonstream",
         "deprecated function_call none: a text answer",
-        judge_completion(_no_function_call),
+        judge_json(_no_function_call),
         _functions("none"),
     ),
     _check(
@@ -1172,238 +988,81 @@ CHECKS: tuple[Check, ...] = (
     _check(
         "stop.empty-list",
         "stop []: accepted",
-        judge_completion(completion_envelope_problems),
-        Probe({"stop": [], "max_tokens": 1}),
+        judge_json(completion_envelope_problems),
+        ChatProbe({"stop": [], "max_tokens": 1}),
     ),
     _check(
         "errors.metadata-without-store",
         "metadata without store: 400, param metadata",
         judge_error(
             400,
-            type=_INVALID,
+            type=INVALID,
             param="metadata",
             message="The 'metadata' parameter is only allowed when 'store' is enabled.",
         ),
-        Probe({"metadata": {"run": "1"}, "max_tokens": 1}),
+        ChatProbe({"metadata": {"run": "1"}, "max_tokens": 1}),
     ),
     _check(
         "errors.metadata-long-key",
         "a metadata key of 65 characters: 400",
-        judge_error(400, type=_INVALID),
-        Probe({"store": True, "metadata": {"k" * 65: "v"}, "max_tokens": 1}),
+        judge_error(400, type=INVALID),
+        ChatProbe({"store": True, "metadata": {"k" * 65: "v"}, "max_tokens": 1}),
     ),
     _check(
         "errors.logit-bias-range",
         "a logit_bias of 200: 400, param logit_bias, code null",
-        judge_error(400, type=_INVALID, param="logit_bias", code=None),
-        Probe({"logit_bias": {"12345": 200}, "max_tokens": 1}),
+        judge_error(400, type=INVALID, param="logit_bias", code=None),
+        ChatProbe({"logit_bias": {"12345": 200}, "max_tokens": 1}),
     ),
     _check(
         "errors.modalities",
         "modalities ['UNKNOWN']: 400 invalid_value",
-        judge_error(400, type=_INVALID, code="invalid_value"),
-        Probe({"modalities": ["UNKNOWN"], "max_tokens": 1}),
+        judge_error(400, type=INVALID, code="invalid_value"),
+        ChatProbe({"modalities": ["UNKNOWN"], "max_tokens": 1}),
     ),
     _check(
         "errors.audio-format",
         "an unknown audio.format: 400 invalid_value, param audio.format",
-        judge_error(400, type=_INVALID, param="audio.format", code="invalid_value"),
-        Probe({"audio": {"voice": "alloy", "format": "bogus"}, "max_tokens": 1}),
+        judge_error(400, type=INVALID, param="audio.format", code="invalid_value"),
+        ChatProbe({"audio": {"voice": "alloy", "format": "bogus"}, "max_tokens": 1}),
     ),
     _check(
         "errors.max-tokens-combination",
         "max_tokens and max_completion_tokens: 400 invalid_parameter_combination",
-        judge_error(400, type=_INVALID, code="invalid_parameter_combination"),
-        Probe({"max_tokens": 1, "max_completion_tokens": 1}),
+        judge_error(400, type=INVALID, code="invalid_parameter_combination"),
+        ChatProbe({"max_tokens": 1, "max_completion_tokens": 1}),
     ),
     _check(
         "errors.empty-model-first",
         "model '' and no messages: the model is reported first",
-        judge_error(400, type=_INVALID, message="you must provide a model parameter"),
-        Probe({"model": "", "messages": OMIT}),
+        judge_error(400, type=INVALID, message="you must provide a model parameter"),
+        ChatProbe({"model": "", "messages": OMIT}),
     ),
     _check(
         "errors.unknown-model-first",
         "an unknown model and no messages: 404 model_not_found first",
-        judge_error(404, type=_INVALID, code="model_not_found"),
-        Probe({"model": UNKNOWN_MODEL, "messages": OMIT}),
+        judge_error(404, type=INVALID, code="model_not_found"),
+        ChatProbe({"model": UNKNOWN_MODEL, "messages": OMIT}),
     ),
     _check(
         "errors.check-order",
         "top_logprobs without logprobs before stream_options without stream",
-        judge_error(400, type=_INVALID, param="top_logprobs"),
-        Probe({"top_logprobs": 2, "stream_options": {"include_usage": True}, "max_tokens": 1}),
+        judge_error(400, type=INVALID, param="top_logprobs"),
+        ChatProbe({"top_logprobs": 2, "stream_options": {"include_usage": True}, "max_tokens": 1}),
     ),
     _check(
         "errors.refusal-part",
         "an assistant refusal part without its text: 400 missing_required_parameter",
         judge_error(
             400,
-            type=_INVALID,
+            type=INVALID,
             param="messages[1].content[0].refusal",
             code="missing_required_parameter",
         ),
-        Probe({"messages": REFUSAL_WITHOUT_TEXT, "max_tokens": 1}),
+        ChatProbe({"messages": REFUSAL_WITHOUT_TEXT, "max_tokens": 1}),
     ),
 )
 
-# The Responses API's rows, built on the helpers above.
-from .responses import CHECKS as RESPONSES_CHECKS  # noqa: E402
+"""The Chat Completions API's rows of the conformance table."""
 
-CHECKS += RESPONSES_CHECKS
-
-
-def select(
-    checks: Sequence[Check] = CHECKS, *, only: Sequence[str] = (), skip: Sequence[str] = ()
-) -> list[Check]:
-    """The checks whose name contains one of ``only`` (all when empty) and none of ``skip``."""
-    return [
-        check
-        for check in checks
-        if (not only or any(part in check.name for part in only))
-        and not any(part in check.name for part in skip)
-    ]
-
-
-# Running.
-
-
-@dataclass(frozen=True)
-class Result:
-    name: str
-    problems: tuple[str, ...] = ()
-    description: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def reason(self, limit: int = 3) -> str:
-        """The first ``limit`` problems, joined."""
-        shown = "; ".join(self.problems[:limit])
-        more = len(self.problems) - limit
-        return shown + (f" (+{more} more)" if more > 0 else "")
-
-
-class ConformanceError(Exception):
-    """The run cannot start (no model to test)."""
-
-
-def client(base_url: str, key: str, timeout: float = 60.0, **options: Any) -> httpx.Client:
-    """An httpx client for ``base_url`` (``.../v1``) sending ``key`` as a bearer token."""
-    return httpx.Client(
-        base_url=base_url.rstrip("/"),
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=timeout,
-        **options,
-    )
-
-
-class Runner:
-    """Sends each distinct probe once and judges every check on the responses."""
-
-    def __init__(self, http: httpx.Client, model: str) -> None:
-        self.http = http
-        self.model = model
-        self._sent: dict[str, httpx.Response | httpx.HTTPError] = {}
-
-    def send(self, probe: Probe) -> httpx.Response:
-        key = probe.cache_key(self.model)
-        if key not in self._sent:
-            try:
-                self._sent[key] = probe.send(self)
-            except httpx.HTTPError as exc:
-                self._sent[key] = exc
-        sent = self._sent[key]
-        if isinstance(sent, httpx.HTTPError):
-            raise sent
-        return sent
-
-    def run(self, check: Check) -> Result:
-        try:
-            responses = [self.send(probe) for probe in check.probes]
-        except httpx.HTTPError as exc:
-            problems = [f"request failed: {type(exc).__name__}: {exc}"]
-            return Result(check.name, tuple(problems), check.description)
-        try:
-            problems = check.judge(self.model, responses)
-        except Exception as exc:  # a judge bug must not hide the other rows
-            problems = [f"could not judge the response: {exc!r}"]
-        return Result(check.name, tuple(problems), check.description)
-
-    def run_all(self, checks: Iterable[Check] = CHECKS) -> list[Result]:
-        return [self.run(check) for check in checks]
-
-
-def first_model(http: httpx.Client) -> str:
-    """The first model id GET /models lists."""
-    try:
-        response = http.get("/models")
-        response.raise_for_status()
-        return str(response.json()["data"][0]["id"])
-    except (httpx.HTTPError, ValueError, AttributeError, LookupError, TypeError):
-        raise ConformanceError("could not read a model id from GET /models; pass --model") from None
-
-
-def run(
-    base_url: str,
-    key: str,
-    *,
-    model: str | None = None,
-    timeout: float = 60.0,
-    only: Sequence[str] = (),
-    skip: Sequence[str] = (),
-    **client_options: Any,
-) -> tuple[str, list[Result]]:
-    """Run the selected checks against ``base_url``; returns the model tested and the results."""
-    with client(base_url, key, timeout, **client_options) as http:
-        model = model or first_model(http)
-        return model, Runner(http, model).run_all(select(only=only, skip=skip))
-
-
-def format_table(results: Sequence[Result]) -> str:
-    """One row per check (name, PASS/FAIL, reason), then a summary line."""
-    width = max((len(result.name) for result in results), default=5)
-    lines = [f"{'CHECK':<{width}}  RESULT  REASON"]
-    lines += [
-        f"{result.name:<{width}}  {'PASS' if result.ok else 'FAIL':<6}  {result.reason()}".rstrip()
-        for result in results
-    ]
-    failed = sum(not result.ok for result in results)
-    lines.append(f"{len(results)} checks: {len(results) - failed} passed, {failed} failed")
-    return "\n".join(lines)
-
-
-def as_json(base_url: str, model: str, results: Sequence[Result]) -> dict[str, Any]:
-    """The results as a JSON-ready object."""
-    return {
-        "base_url": base_url,
-        "model": model,
-        "passed": all(result.ok for result in results),
-        "checks": [
-            {
-                "name": r.name,
-                "description": r.description,
-                "ok": r.ok,
-                "reason": r.reason(),
-                "problems": list(r.problems),
-            }
-            for r in results
-        ],
-    }
-
-
-__all__ = [
-    "CHECKS",
-    "Check",
-    "ConformanceError",
-    "Probe",
-    "Result",
-    "Runner",
-    "Stream",
-    "as_json",
-    "format_table",
-    "parse_stream",
-    "run",
-    "select",
-]
+__all__ = ["CHECKS", "ChatProbe", "Stream", "parse_stream"]
