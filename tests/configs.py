@@ -34,6 +34,16 @@ BAD_BACKENDS = cases(
             "base_url",
             "no query or fragment",
         ),
+        "a bare ? ending the URL": (
+            {**UPSTREAM, "base_url": "https://example.com/v1?"},
+            "base_url",
+            "no query or fragment",
+        ),
+        "a bare # ending the URL": (
+            {**UPSTREAM, "base_url": "https://example.com/v1#"},
+            "base_url",
+            "no query or fragment",
+        ),
         "local with a URL": (
             {"kind": "local", "base_url": "https://example.com/v1"},
             "base_url",

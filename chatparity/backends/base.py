@@ -103,7 +103,9 @@ def http_base_url(base_url: str) -> None:
         raise ValueError(f"Not a valid URL: {exc}.") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("Use an http:// or https:// URL with a host.")
-    if parts.query or parts.fragment:
+    # Not parts.query: a bare "?" or "#" leaves it empty, and would still turn the
+    # path added after it into a query or a fragment.
+    if "?" in base_url or "#" in base_url:
         raise ValueError("Paths are added to this URL: give it no query or fragment.")
     if parts.username is not None or parts.password is not None:
         raise ValueError(

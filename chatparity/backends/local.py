@@ -3,6 +3,8 @@
 Generation runs in worker threads, one model context each, so the event loop
 never blocks and two requests never share a context. Each worker checks a
 stop flag between tokens: closing the event stream stops the CPU work at once.
+Choices wait for a context in a queue that takes turns among callers (API keys):
+a key asking for many choices does not make another key wait behind all of them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import queue
 import secrets
 import string
 import threading
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
@@ -93,6 +96,43 @@ class _Job:
     cached_tokens: int = 0
 
 
+class _TakingTurns:
+    """Choices waiting for a context, handed out fairly among their callers: the next
+    goes to the caller with the fewest choices running, of those to the one whose
+    first waiting choice came first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._arrivals = itertools.count()
+        self._waiting: dict[str, deque[tuple[int, _Job]]] = {}
+        self._running: Counter[str] = Counter()
+
+    def put(self, job: _Job) -> None:
+        with self._lock:
+            caller = job.request.caller
+            self._waiting.setdefault(caller, deque()).append((next(self._arrivals), job))
+
+    def take(self) -> _Job:
+        """The next job to run (one was put for each take)."""
+        with self._lock:
+            caller = min(
+                self._waiting, key=lambda name: (self._running[name], self._waiting[name][0][0])
+            )
+            queued = self._waiting[caller]
+            _, job = queued.popleft()
+            if not queued:
+                del self._waiting[caller]
+            self._running[caller] += 1
+            return job
+
+    def done(self, job: _Job) -> None:
+        with self._lock:
+            caller = job.request.caller
+            self._running[caller] -= 1
+            if not self._running[caller]:
+                del self._running[caller]
+
+
 class LocalModel:
     """One GGUF file loaded once per process, with a pool of contexts."""
 
@@ -110,6 +150,7 @@ class LocalModel:
         self._pool_lock = threading.Lock()
         self._contexts = contexts
         self.executor = ThreadPoolExecutor(contexts, thread_name_prefix="chatparity-llama")
+        self._turns = _TakingTurns()
         vocab_model = self._vocab._model
         self._formatter = Jinja2ChatFormatter(
             template=self._vocab.metadata["tokenizer.chat_template"],
@@ -201,7 +242,19 @@ class LocalModel:
                 )
         return self._free.get()
 
-    def run(self, job: _Job) -> None:
+    def submit(self, job: _Job) -> None:
+        """Queue one choice; it runs when a context is free and its caller's turn came."""
+        self._turns.put(job)
+        self.executor.submit(self._run_next)
+
+    def _run_next(self) -> None:
+        job = self._turns.take()
+        try:
+            self._generate(job)
+        finally:
+            self._turns.done(job)
+
+    def _generate(self, job: _Job) -> None:
         """Generate one choice on a free context (runs in a worker thread)."""
         try:
             if job.stop.is_set():
@@ -575,7 +628,7 @@ class LocalBackend:
                 stop=stop,
                 emit=emit,
             )
-            local.executor.submit(local.run, job)
+            local.submit(job)
         try:
             done: list[_ChoiceDone] = []
             while len(done) < request.n:

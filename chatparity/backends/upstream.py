@@ -20,8 +20,8 @@ Before the first event, refused or reset connections and 5xx answers are
 retried with backoff; the view then falls over to the alias's fallbacks.
 
 Only the conversation and the parameters that shape sampling and format
-(:data:`FORWARDED`) reach the upstream; others, those that cost money or
-store data upstream (``service_tier``, ``store``, ``metadata``,
+(:data:`chatparity.protocol.upstream.FORWARDED`) reach the upstream; others, those
+that cost money or store data upstream (``service_tier``, ``store``, ``metadata``,
 ``web_search_options``, ``audio``, ``prediction``, ...), only when the alias
 lists them in ``ModelAlias.forwarded_params``.
 
@@ -62,10 +62,11 @@ from ..conf import app_settings
 from ..protocol import errors
 from ..protocol.errors import APIError
 from ..protocol.events import Event, Usage
-from ..protocol.request import CHAT_COMPLETION_REQUEST, ChatRequest, functions_as_tools
+from ..protocol.request import ChatRequest, functions_as_tools
 from ..protocol.responses_upstream import ResponsesEventReader, upstream_request
 from ..protocol.tokens import approximate_prompt_tokens
 from ..protocol.upstream import (
+    FORWARDED,
     ChunkReader,
     SSEReader,
     UpstreamError,
@@ -85,41 +86,6 @@ MAX_ANSWER_BYTES = 64 * 1024 * 1024
 MAX_ERROR_BYTES = 64 * 1024
 """The most of an upstream's error answer read: only its start is logged."""
 
-# The request parameters an upstream gets whatever the alias: the conversation and
-# what shapes sampling and format, billed by nothing but the tokens they shape.
-# (model, stream and stream_options are the backend's own.) Not here, so only when
-# an alias forwards them: service_tier (a dearer tier), store and metadata (the
-# conversation kept upstream), web_search_options (paid searches), audio and
-# modalities (audio output), prediction (rejected predicted tokens are billed),
-# user, safety_identifier and prompt_cache_key (claims the gateway cannot check,
-# made in the name of the upstream's account).
-FORWARDED = frozenset(
-    {
-        "messages",
-        "temperature",
-        "top_p",
-        "max_tokens",
-        "max_completion_tokens",
-        "stop",
-        "n",
-        "presence_penalty",
-        "frequency_penalty",
-        "logit_bias",
-        "logprobs",
-        "top_logprobs",
-        "seed",
-        "response_format",
-        "tools",
-        "tool_choice",
-        "parallel_tool_calls",
-        "functions",
-        "function_call",
-        "reasoning_effort",
-        "verbosity",
-    }
-)
-
-
 OPTIONS = frozenset(
     {"retries", "backoff", "headers", "connect_timeout", "pass_error_text", "wire_api"}
 )
@@ -130,26 +96,6 @@ _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _HEADER_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
 # The request's framing, which the HTTP client sets whatever the headers say.
 _FRAMING_HEADERS = frozenset({"content-length", "transfer-encoding"})
-
-
-_REQUEST_PARAMETERS = frozenset(member.name for member in CHAT_COMPLETION_REQUEST.members)
-# Parameters an alias cannot forward: those the backend sets itself.
-_BACKENDS_OWN = frozenset({"model", "stream", "stream_options"})
-
-
-def check_forwarded_params(names: Any) -> None:
-    """Raise ValueError unless ``names`` (an alias's ``forwarded_params``) lists request
-    parameters an upstream would not get otherwise: neither in :data:`FORWARDED` nor
-    the backend's own."""
-    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
-        raise ValueError('List the names of request parameters, e.g. ["service_tier"].')
-    for name in names:
-        if name in FORWARDED:
-            raise ValueError(f"{name!r} is always forwarded: leave it out.")
-        if name in _BACKENDS_OWN:
-            raise ValueError(f"{name!r} is set by the backend itself.")
-        if name not in _REQUEST_PARAMETERS:
-            raise ValueError(f"{name!r} is not a Chat Completions request parameter.")
 
 
 def _is_stream(content_type: str, asked: bool) -> bool:
@@ -185,6 +131,7 @@ class UpstreamBackend:
 
     def __init__(self, config: BackendConfig) -> None:
         self.check_options(config.options)
+        self.check_base_url(config.base_url)  # a row written past the admin and the API
         self.config = config
         self.native_responses = config.options.get("wire_api") == "responses"
         path = "/responses" if self.native_responses else "/chat/completions"

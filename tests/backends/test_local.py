@@ -368,6 +368,34 @@ def test_tokenizing_a_long_prompt_does_not_hold_up_another_request(backend, monk
     long_prompt.join()
 
 
+def test_a_key_asking_for_many_choices_does_not_make_another_key_wait_behind_them(backend):
+    # Two contexts, four long choices for one key: the other key's one-token request
+    # takes the first context freed, before the many-choice key's last two begin.
+    story = ask("Tell me a long story about a dragon.", n=4, max_tokens=64, caller="key-many")
+    quick = ask(max_tokens=1, caller="key-one")
+    began: list[int] = []
+
+    async def race():
+        both_running = asyncio.Event()
+
+        async def many():
+            async for event in backend.stream(story, "x"):
+                if isinstance(event, TextDelta) and event.index not in began:
+                    began.append(event.index)
+                    if len(began) == 2:  # both contexts taken
+                        both_running.set()
+
+        asking = asyncio.create_task(many())
+        await both_running.wait()
+        [event async for event in backend.stream(quick, "x")]
+        before_quick = list(began)
+        await asking
+        return before_quick
+
+    before_quick = asyncio.run(race())
+    assert len(before_quick) < 4, f"choices {before_quick} all began before the other key's"
+
+
 def test_a_logit_bias_token_past_the_vocabulary_is_a_400(backend):
     with pytest.raises(APIError) as refused:
         run(backend, ask(max_tokens=1, logit_bias={49152: -100}))
