@@ -49,7 +49,7 @@ def codex_alias(daphne_server):
 
 
 def provider_config(base_url: str, instructions: str) -> str:
-    """The README's Codex configuration: chatparity as a provider on the Responses API."""
+    """docs/responses.md's Codex configuration: chatparity as a provider on the Responses API."""
     return f"""\
 model = "{ALIAS}"
 model_provider = "chatparity"
