@@ -144,6 +144,9 @@ class ChatRequest:
     reasoning_effort: ReasoningEffort | None = None
     service_tier: ServiceTier | None = None
     user: str | None = None
+    hosted_tools: tuple[dict[str, Any], ...] = ()
+    """Not in a chat body: the Responses API's hosted tools (``web_search``, ...) asked
+    for, as sent, for an upstream that speaks that API to run."""
     # Not the client's: what the serving alias lets an upstream receive beyond the
     # sampling and format parameters (ModelAlias.forwarded_params).
     forwarded_params: frozenset[str] = frozenset()

@@ -12,7 +12,10 @@ conversation and the input into the ``messages`` of an equivalent
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+import hashlib
+import itertools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal, get_args
@@ -87,18 +90,43 @@ INPUT_PART_TYPES: tuple[InputPartType, ...] = get_args(InputPartType)
 
 ResponsesToolType = Literal[
     "function",
+    "namespace",
     "file_search",
+    "computer",
     "computer_use_preview",
     "web_search",
+    "web_search_2025_08_26",
     "web_search_preview",
+    "web_search_preview_2025_03_11",
     "mcp",
     "code_interpreter",
     "image_generation",
     "local_shell",
+    "shell",
+    "apply_patch",
     "custom",
+    "tool_search",
+    "programmatic_tool_calling",
 ]
 RESPONSES_TOOL_TYPES: tuple[ResponsesToolType, ...] = get_args(ResponsesToolType)
-"""Every tool type OpenAI knows; only function tools are served."""
+"""Every tool type OpenAI knows. Function tools are served, and those of a namespace;
+hosted tools are the serving alias's to run, pass on or refuse; the others (run by
+the client on calls no backend makes) are refused."""
+
+HostedToolType = Literal[
+    "web_search",
+    "web_search_2025_08_26",
+    "web_search_preview",
+    "web_search_preview_2025_03_11",
+    "file_search",
+    "code_interpreter",
+    "image_generation",
+    "mcp",
+]
+HOSTED_TOOL_TYPES: tuple[HostedToolType, ...] = get_args(HostedToolType)
+"""The tools OpenAI runs itself, whose results come back in the answer: an upstream
+that speaks the Responses API may run them; for other backends the alias's policy
+(``CHATPARITY["HOSTED_TOOLS"]``) leaves them out or refuses them."""
 
 Includable = Literal[
     "code_interpreter_call.outputs",
@@ -123,6 +151,71 @@ MIN_OUTPUT_TOKENS = 16
 """OpenAI's smallest ``max_output_tokens``."""
 
 
+MAX_NAME_LENGTH = 64
+"""The longest function name OpenAI takes, in either API."""
+NAMESPACE_SEPARATOR = "__"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolNames:
+    """The names backends know the functions of namespaces by, and back.
+
+    A backend is offered one flat list of functions: a namespace's function is
+    ``<namespace>__<name>``, unless that is longer than a function name may be or
+    is already the name of another function of the request (a client's own
+    function of that name, or another namespace's), when it is shortened and ends
+    with ``_`` and a digest of both names (and a count, until it is free). A call
+    of the model by a flat name is the namespace's function again: names are
+    looked up, never split, so no name can be taken for another.
+    """
+
+    flat: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(namespace, name) -> the flat name a backend knows the function by."""
+    nested: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """The inverse of :attr:`flat`."""
+
+    @classmethod
+    def of(cls, functions: Iterable[str], namespaces: Iterable[tuple[str, list[str]]]) -> ToolNames:
+        """The flat names of the functions of ``namespaces`` (each its name and its
+        functions' names) among top-level ``functions``."""
+        names = cls()
+        taken = set(functions)
+        for namespace, members in namespaces:
+            for name in members:
+                if (namespace, name) not in names.flat:
+                    flat = _free_name(namespace, name, taken)
+                    taken.add(flat)
+                    names.flat[namespace, name] = flat
+                    names.nested[flat] = (namespace, name)
+        return names
+
+    def flat_name(self, namespace: str, name: str) -> str:
+        """How a backend knows ``name`` of ``namespace``: an earlier call of a namespace
+        this request does not offer keeps the plain joined name."""
+        return self.flat.get((namespace, name)) or f"{namespace}{NAMESPACE_SEPARATOR}{name}"
+
+    def called(self, flat_name: str) -> dict[str, str]:
+        """The ``name`` (and ``namespace``, for a namespace's function) of a call a
+        backend made by ``flat_name``."""
+        nested = self.nested.get(flat_name)
+        if nested is None:
+            return {"name": flat_name}
+        return {"name": nested[1], "namespace": nested[0]}
+
+
+NO_NAMESPACES = ToolNames()
+
+
+def _free_name(namespace: str, name: str, taken: set[str]) -> str:
+    joined = f"{namespace}{NAMESPACE_SEPARATOR}{name}"
+    if len(joined) <= MAX_NAME_LENGTH and joined not in taken:
+        return joined
+    digest = hashlib.sha256(f"{namespace}/{name}".encode()).hexdigest()[:8]
+    suffixes = (f"_{digest}{count or ''}" for count in itertools.count())
+    shortened = (joined[: MAX_NAME_LENGTH - len(suffix)] + suffix for suffix in suffixes)
+    return next(flat for flat in shortened if flat not in taken)
+
+
 @dataclass(frozen=True, slots=True)
 class ResponsesRequest:
     """A validated ``POST /v1/responses`` request. ``body`` keeps the JSON object as sent."""
@@ -139,6 +232,10 @@ class ResponsesRequest:
     """The Chat Completions parameters this request asks for, but ``messages``."""
     settings: dict[str, Any] = field(default_factory=dict)
     """The request's settings as the response object repeats them."""
+    names: ToolNames = NO_NAMESPACES
+    """The flat names of the functions of the request's namespaces."""
+    hosted_tools: tuple[dict[str, Any], ...] = ()
+    """The hosted tools asked for (:data:`HOSTED_TOOL_TYPES`), as sent."""
 
 
 # Errors, in OpenAI's words.
@@ -181,6 +278,14 @@ def _unserved(what: str) -> Callable[[str, str], APIError]:
         )
 
     return refuse
+
+
+def hosted_tool_refused(request: ResponsesRequest) -> APIError:
+    """The 400 for the first hosted tool ``request`` asks for, on a backend that cannot
+    run it, as any tool this server does not serve is refused."""
+    tools: list[dict[str, Any]] = request.settings["tools"]
+    index = next(i for i, tool in enumerate(tools) if tool["type"] in HOSTED_TOOL_TYPES)
+    return _unserved("Tool type")(tools[index]["type"], f"tools[{index}].type")
 
 
 # The schema. Items are read into the shape input_items lists them in.
@@ -238,7 +343,7 @@ def _message_item(members: dict[str, Any], path: str) -> dict[str, Any]:
 
 
 def _call_item(members: dict[str, Any], path: str) -> dict[str, Any]:
-    return {
+    item = {
         "id": members["id"],
         "type": "function_call",
         "status": members["status"] or "completed",
@@ -246,6 +351,9 @@ def _call_item(members: dict[str, Any], path: str) -> dict[str, Any]:
         "name": members["name"],
         "arguments": members["arguments"],
     }
+    if members["namespace"] is not None:
+        item["namespace"] = members["namespace"]
+    return item
 
 
 def _output_item(members: dict[str, Any], path: str) -> dict[str, Any]:
@@ -283,6 +391,7 @@ _ITEMS = Tagged(
             Member("call_id", String(), REQUIRED),
             Member("name", String(), REQUIRED),
             Member("arguments", String(), REQUIRED),
+            Member("namespace", String(), description="The namespace of the function called."),
         ),
         "function_call_output": _item_of(
             "FunctionCallOutput",
@@ -342,20 +451,61 @@ def _function_tool(members: dict[str, Any], path: str) -> dict[str, Any]:
     return tool
 
 
+_FUNCTION_TOOL = Object(
+    (
+        Member("name", _NAME, REQUIRED),
+        Member("description", String()),
+        Member("parameters", Object(description="A JSON Schema.")),
+        Member("strict", Boolean(), description="Default true, as OpenAI's."),
+    ),
+    build=_function_tool,
+    name="FunctionTool",
+)
+_NAMESPACE_TOOL = Object(
+    (
+        Member("name", _NAME, REQUIRED),
+        Member("description", String(), REQUIRED),
+        Member(
+            "tools",
+            Array(
+                Tagged(
+                    "type",
+                    ("function", "custom"),
+                    {"function": _FUNCTION_TOOL},
+                    refuse=_unserved("Tool type"),
+                ),
+                max_length=128,
+            ),
+            REQUIRED,
+        ),
+    ),
+    build=lambda members, path: {"type": "namespace", **members},
+    name="NamespaceTool",
+    description=(
+        "Functions grouped under a name. Backends are offered them as functions named"
+        " <namespace>__<name> (shortened with a digest when that is too long or taken);"
+        " their calls come back as function_call items with the namespace."
+    ),
+)
+
+
+def _hosted_tool(kind: str) -> Object:
+    return Object(
+        name="".join(word.title() for word in kind.split("_")) + "Tool",
+        description=(
+            "A tool OpenAI runs itself, taken as sent: passed to an upstream that speaks"
+            " the Responses API, else left out or refused as the alias says."
+        ),
+    )
+
+
 _TOOL = Tagged(
     "type",
     RESPONSES_TOOL_TYPES,
     {
-        "function": Object(
-            (
-                Member("name", _NAME, REQUIRED),
-                Member("description", String()),
-                Member("parameters", Object(description="A JSON Schema.")),
-                Member("strict", Boolean(), description="Default true, as OpenAI's."),
-            ),
-            build=_function_tool,
-            name="FunctionTool",
-        )
+        "function": _FUNCTION_TOOL,
+        "namespace": _NAMESPACE_TOOL,
+        **{kind: _hosted_tool(kind) for kind in HOSTED_TOOL_TYPES},
     },
     refuse=_unserved("Tool type"),
 )
@@ -506,8 +656,19 @@ def parse_responses_request(body: Any, limits: Limits, new_id: NewId) -> Respons
         if item is not None  # a reasoning item, passed over
     ]
     tools: list[dict[str, Any]] = given.get("tools", [])
+    names = ToolNames.of(
+        (tool["name"] for tool in tools if tool["type"] == "function"),
+        (
+            (tool["name"], [function["name"] for function in tool["tools"]])
+            for tool in tools
+            if tool["type"] == "namespace"
+        ),
+    )
+    functions = _offered(tools, names)
     choice = given.get("tool_choice", "auto")
-    if isinstance(choice, dict) and all(tool["name"] != choice["name"] for tool in tools):
+    if isinstance(choice, dict) and all(
+        tool["type"] != "function" or tool["name"] != choice["name"] for tool in tools
+    ):
         raise APIError(
             f"Tool choice '{choice['name']}' not found in 'tools' parameter.", param="tool_choice"
         )
@@ -521,7 +682,7 @@ def parse_responses_request(body: Any, limits: Limits, new_id: NewId) -> Respons
         stream=given.get("stream", False),
         store=given.get("store", True),
         previous_response_id=given.get("previous_response_id"),
-        chat=_chat_parameters(given, tools, choice, text, reasoning),
+        chat=_chat_parameters(given, functions, choice, text, reasoning),
         settings={
             "instructions": given.get("instructions"),
             "max_output_tokens": given.get("max_output_tokens"),
@@ -545,7 +706,24 @@ def parse_responses_request(body: Any, limits: Limits, new_id: NewId) -> Respons
             "truncation": given.get("truncation", "disabled"),
             "user": given.get("user"),
         },
+        names=names,
+        hosted_tools=tuple(tool for tool in tools if tool["type"] in HOSTED_TOOL_TYPES),
     )
+
+
+def _offered(tools: list[dict[str, Any]], names: ToolNames) -> list[dict[str, Any]]:
+    """The functions a backend is offered: the client's, and those of its namespaces
+    by their flat names."""
+    functions: list[dict[str, Any]] = []
+    for tool in tools:
+        if tool["type"] == "function":
+            functions.append(tool)
+        elif tool["type"] == "namespace":
+            functions += [
+                {**function, "name": names.flat[tool["name"], function["name"]]}
+                for function in tool["tools"]
+            ]
+    return functions
 
 
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
@@ -563,12 +741,13 @@ def _user(text: str) -> dict[str, Any]:
 
 def _chat_parameters(
     given: dict[str, Any],
-    tools: list[dict[str, Any]],
+    functions: list[dict[str, Any]],
     choice: str | dict[str, Any],
     text: dict[str, Any],
     reasoning: dict[str, Any],
 ) -> dict[str, Any]:
-    """The Chat Completions parameters the Responses parameters ``given`` stand for."""
+    """The Chat Completions parameters the Responses parameters ``given`` stand for,
+    ``functions`` the functions offered."""
     chat: dict[str, Any] = {"model": given["model"], "stream": given.get("stream", False)}
     for name in ("temperature", "top_p", "user", "service_tier"):
         if name in given:
@@ -581,7 +760,7 @@ def _chat_parameters(
         chat["reasoning_effort"] = reasoning["effort"]
     if "verbosity" in (given.get("text") or {}):
         chat["verbosity"] = text["verbosity"]
-    if tools:
+    if functions:
         chat["tools"] = [
             {
                 "type": "function",
@@ -591,10 +770,10 @@ def _chat_parameters(
                     if tool[key] is not None
                 },
             }
-            for tool in tools
+            for tool in functions
         ]
         chat["parallel_tool_calls"] = given.get("parallel_tool_calls", True)
-    if tools or choice not in ("auto", "none"):
+    if functions or choice not in ("auto", "none"):
         chat["tool_choice"] = (
             choice if isinstance(choice, str) else {"type": "function", "function": choice}
         )
@@ -616,11 +795,14 @@ def _joined(parts: list[dict[str, Any]]) -> str:
     return "".join(part["text"] for part in parts)
 
 
-def conversation(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def conversation(
+    items: list[dict[str, Any]], names: ToolNames = NO_NAMESPACES
+) -> list[dict[str, Any]]:
     """``items`` (input items and earlier output items, oldest first) as Chat Completions
     messages: a run of function calls is one assistant message with ``tool_calls``
-    (the text message just before it, if any), each output a tool message. OpenAI's
-    400 for a call without its output or an output without its call."""
+    (the text message just before it, if any), each output a tool message; a call of
+    a namespace's function by the flat name ``names`` give it. OpenAI's 400 for a
+    call without its output or an output without its call."""
     messages: list[dict[str, Any]] = []
     unanswered: list[str] = []
     calling: dict[str, Any] | None = None  # the assistant message of the current run of calls
@@ -637,7 +819,9 @@ def conversation(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     calling = {"role": "assistant", "content": None}
                     messages.append(calling)
                 calling["tool_calls"] = []
-            function = {"name": item["name"], "arguments": item["arguments"]}
+            namespace = item.get("namespace")
+            name = item["name"] if namespace is None else names.flat_name(namespace, item["name"])
+            function = {"name": name, "arguments": item["arguments"]}
             calling["tool_calls"].append(
                 {"id": item["call_id"], "type": "function", "function": function}
             )
@@ -666,7 +850,7 @@ def as_chat_request(
     """The Chat Completions request that serves ``request``, continuing ``history`` (the
     items of the responses before it, oldest first); OpenAI's 400 if there is nothing
     to answer, or the conversation breaks a rule."""
-    messages = conversation([*history, *request.input])
+    messages = conversation([*history, *request.input], request.names)
     if request.instructions is not None:
         messages.insert(0, {"role": "system", "content": request.instructions})
     if not messages:
@@ -680,9 +864,10 @@ def as_chat_request(
             param="input",
         )
     try:
-        return parse_chat_request({**request.chat, "messages": messages}, limits)
+        chat = parse_chat_request({**request.chat, "messages": messages}, limits)
     except APIError as error:
         if error.param is not None and error.param.startswith("messages"):
             # The conversation as a whole (earlier responses with it) is over a limit.
             error.param = "input"
         raise
+    return dataclasses.replace(chat, hosted_tools=request.hosted_tools)

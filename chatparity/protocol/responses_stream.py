@@ -15,8 +15,8 @@ from typing import Any, Literal, get_args
 import orjson
 
 from .errors import APIError
-from .events import Event, Finish, TextDelta, ToolCallDelta, Usage
-from .responses import NewId
+from .events import Event, Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from .responses import NO_NAMESPACES, NewId, ToolNames
 
 ResponseStatus = Literal["completed", "incomplete", "failed", "in_progress"]
 RESPONSE_STATUSES: tuple[ResponseStatus, ...] = get_args(ResponseStatus)
@@ -110,6 +110,8 @@ class ResponseEncoder:
     ``response.incomplete``) and :meth:`failing` a failure (``response.failed``).
     An output item is done when the next one begins, or the choice finishes.
     Not ``streaming``, it makes no event of each delta: only the response is sent.
+    A call of a function by the flat name ``names`` gave it is a call of the
+    namespace's function, with its ``namespace``.
     """
 
     def __init__(
@@ -121,8 +123,10 @@ class ResponseEncoder:
         settings: dict[str, Any],
         new_id: NewId,
         streaming: bool = True,
+        names: ToolNames = NO_NAMESPACES,
     ) -> None:
         self._new_id = new_id
+        self._names = names
         self._streaming = streaming
         self._base = {"id": response_id, "object": "response", "created_at": created_at}
         self._model = model
@@ -167,8 +171,10 @@ class ResponseEncoder:
         if isinstance(event, Usage):
             self._usage = usage_object(event)
             return []
-        if event.index != 0:
-            return []  # an alias's default n above 1: a response has one choice
+        if event.index != 0 or isinstance(event, ReasoningDelta):
+            # An alias's default n above 1: a response has one choice. Reasoning: its
+            # items carry no text here.
+            return []
         if isinstance(event, ToolCallDelta):
             return self._call(event)
         return self._finish(event)
@@ -244,7 +250,7 @@ class ResponseEncoder:
                 "id": self._new_id("fc"),
                 "type": "function_call",
                 "call_id": delta.id or self._new_id("call"),
-                "name": delta.name or "",
+                **self._names.called(delta.name or ""),
                 "arguments": "",
             }
             item, events = self._open(call)

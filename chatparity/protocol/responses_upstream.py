@@ -30,9 +30,10 @@ _FINISH = {"max_output_tokens": "length", "content_filter": "content_filter"}
 
 
 def upstream_request(request: ChatRequest, model: str, forwarded: dict[str, Any]) -> dict[str, Any]:
-    """The ``/responses`` body asking ``model`` what ``request`` asks, streamed and not
-    stored upstream. ``forwarded``: the chat parameters the backend passes on (its
-    sampling and format ones, and those the alias forwards), read from here."""
+    """The ``/responses`` body asking ``model`` what ``request`` asks (the hosted tools
+    of a Responses request with it), streamed and not stored upstream. ``forwarded``:
+    the chat parameters the backend passes on (its sampling and format ones, and those
+    the alias forwards), read from here."""
     body: dict[str, Any] = {
         "model": model or request.model,
         "input": [item for message in request.messages for item in _items(message)],
@@ -64,6 +65,8 @@ def upstream_request(request: ChatRequest, model: str, forwarded: dict[str, Any]
         body["tool_choice"] = (
             {"type": "function", "name": choice.name} if choice.mode == "function" else choice.mode
         )
+    if request.hosted_tools:  # the upstream runs them: its answer says what they found
+        body["tools"] = [*body.get("tools", ()), *request.hosted_tools]
     spec = request.response_format
     if spec is not None and "response_format" in forwarded:
         text_format: dict[str, Any] = {"type": spec.type}

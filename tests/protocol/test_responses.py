@@ -10,6 +10,7 @@ from chatparity.protocol.request import Limits, ResponseFormat, Tool, ToolChoice
 from chatparity.protocol.responses import (
     as_chat_request,
     conversation,
+    hosted_tool_refused,
     parse_responses_request,
 )
 
@@ -209,6 +210,113 @@ def test_reasoning_items_of_another_model_are_passed_over():
     assert request.input == []
 
 
+# Namespaces: functions grouped under a name (Codex's multi_agent_v1).
+
+AGENTS = {
+    "type": "namespace",
+    "name": "agents",
+    "description": "Sub-agents.",
+    "tools": [
+        {**WEATHER, "name": "spawn", "strict": False},
+        {**WEATHER, "name": "close", "description": None},
+    ],
+}
+
+
+def test_a_namespaces_functions_are_offered_flat_in_its_place_among_the_tools():
+    served = chat(input="Hi", tools=[WEATHER, AGENTS, {**WEATHER, "name": "later"}])
+    assert [tool.name for tool in served.tools] == [
+        "get_weather",
+        "agents__spawn",
+        "agents__close",
+        "later",
+    ]
+    spawn = served.tools[1]
+    assert (spawn.description, spawn.parameters, spawn.strict) == (
+        "The weather in a city.",
+        WEATHER["parameters"],
+        False,
+    )
+
+
+def test_the_response_repeats_the_namespace_as_sent():
+    (namespace,) = parse(input="Hi", tools=[AGENTS]).settings["tools"]
+    assert (namespace["type"], namespace["name"], namespace["description"]) == (
+        "namespace",
+        "agents",
+        "Sub-agents.",
+    )
+    assert [tool["name"] for tool in namespace["tools"]] == ["spawn", "close"]
+    assert namespace["tools"][1]["strict"] is True  # OpenAI's default, as for any function
+
+
+def test_a_flat_name_never_takes_a_name_already_used():
+    taken = {**WEATHER, "name": "agents__spawn"}
+    names = parse(input="Hi", tools=[taken, AGENTS]).names
+    flat = names.flat_name("agents", "spawn")
+    assert flat != "agents__spawn"
+    assert flat.startswith("agents__spawn_")
+    assert len(flat) <= 64
+    assert names.called(flat) == {"name": "spawn", "namespace": "agents"}
+    assert names.called("agents__spawn") == {"name": "agents__spawn"}  # the client's own
+
+
+def test_a_flat_name_too_long_is_shortened_and_stays_apart_from_its_neighbours():
+    long_namespace = {**AGENTS, "name": "n" * 60}
+    names = parse(input="Hi", tools=[long_namespace]).names
+    spawn, close = names.flat_name("n" * 60, "spawn"), names.flat_name("n" * 60, "close")
+    assert len(spawn) == len(close) == 64
+    assert spawn != close
+    assert names.called(close) == {"name": "close", "namespace": "n" * 60}
+
+
+def test_the_same_tools_give_the_same_flat_names_on_every_turn():
+    tools = [{**WEATHER, "name": "agents__spawn"}, AGENTS, {**AGENTS, "name": "more"}]
+    assert parse(input="Hi", tools=tools).names == parse(input="Again", tools=tools).names
+
+
+def test_a_call_of_a_namespaces_function_is_in_the_conversation_by_its_flat_name():
+    call = {**CALL, "name": "close", "namespace": "agents"}
+    request = parse(input=[{"role": "user", "content": "Go"}, call, OUTPUT], tools=[AGENTS])
+    assert request.input[1]["namespace"] == "agents"  # as input_items lists it
+    served = as_chat_request(request, [], NO_LIMITS)
+    assert served.messages[1].tool_calls[0]["function"]["name"] == "agents__close"
+
+
+def test_an_earlier_call_of_a_namespace_no_longer_offered_keeps_the_joined_name():
+    call = {**CALL, "id": "fc_1", "name": "close", "namespace": "gone"}
+    messages = conversation([call, {**OUTPUT, "id": "fco_1"}])
+    assert messages[0]["tool_calls"][0]["function"]["name"] == "gone__close"
+
+
+# Hosted tools: for the serving alias to pass on, leave out or refuse.
+
+
+def test_hosted_tools_are_kept_as_sent_and_not_offered_as_functions():
+    search = {"type": "web_search", "external_web_access": False}
+    request = parse(input="Hi", tools=[WEATHER, search, {"type": "file_search", "x": 1}])
+    assert request.hosted_tools == (search, {"type": "file_search", "x": 1})
+    served = as_chat_request(request, [], NO_LIMITS)
+    assert [tool.name for tool in served.tools] == ["get_weather"]
+    assert served.hosted_tools == request.hosted_tools
+    assert request.settings["tools"][1] == search
+
+
+def test_hosted_tools_alone_offer_no_function():
+    served = chat(input="Hi", tools=[{"type": "web_search_preview"}])
+    assert (served.tools, served.tool_choice) == ([], ToolChoice("none"))
+
+
+def test_a_refused_hosted_tool_is_named_where_it_was_sent():
+    request = parse(input="Hi", tools=[WEATHER, AGENTS, {"type": "code_interpreter"}])
+    error = hosted_tool_refused(request)
+    assert (error.status, error.param, error.code) == (400, "tools[2].type", "unsupported_value")
+    assert error.message == (
+        "Invalid value: 'code_interpreter'. Tool type 'code_interpreter' is not supported by"
+        " this server."
+    )
+
+
 # Refused requests.
 
 
@@ -239,9 +347,10 @@ def test_reasoning_items_of_another_model_are_passed_over():
             "unsupported_value",
         ),
         (
-            {"input": "Hi", "tools": [{"type": "web_search"}]},
-            "Invalid value: 'web_search'. Tool type 'web_search' is not supported by this server.",
-            "tools[0].type",
+            {"input": "Hi", "tools": [WEATHER, {"type": "local_shell"}]},
+            "Invalid value: 'local_shell'. Tool type 'local_shell' is not supported by this"
+            " server.",
+            "tools[1].type",
             "unsupported_value",
         ),
         (
@@ -282,6 +391,30 @@ def test_reasoning_items_of_another_model_are_passed_over():
             "input",
             None,
         ),
+        (
+            {"input": "Hi", "tools": [{**AGENTS, "tools": [{"type": "custom", "name": "x"}]}]},
+            "Invalid value: 'custom'. Tool type 'custom' is not supported by this server.",
+            "tools[0].tools[0].type",
+            "unsupported_value",
+        ),
+        (
+            {"input": "Hi", "tools": [{"type": "namespace", "name": "agents", "tools": []}]},
+            "Missing required parameter: 'tools[0].description'.",
+            "tools[0].description",
+            "missing_required_parameter",
+        ),
+        (
+            {"input": "Hi", "tools": [{**AGENTS, "name": "a.b"}]},
+            None,
+            "tools[0].name",
+            "invalid_value",
+        ),
+        (
+            {"input": "Hi", "tools": [{**AGENTS, "tools": []}]},
+            None,
+            "tools[0].tools",
+            "empty_array",
+        ),
         ({}, "Missing required parameter: 'input'.", "input", "missing_required_parameter"),
         (
             {"input": "Hi", "background": True},
@@ -294,7 +427,9 @@ def test_reasoning_items_of_another_model_are_passed_over():
 def test_refused_with_openais_error(body, message, param, code):
     error = refused(**body)
     assert (error.status, error.type) == (400, "invalid_request_error")
-    assert (error.message, error.param) == (message, param)
+    assert error.param == param
+    if message is not None:
+        assert error.message == message
     if code is not None:
         assert error.code == code
 

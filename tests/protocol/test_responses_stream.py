@@ -12,6 +12,7 @@ import pytest
 
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
+from chatparity.protocol.responses import ToolNames
 from chatparity.protocol.responses_stream import ResponseEncoder, sse_event
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -25,7 +26,7 @@ WEATHER_CALL = [
 ]
 
 
-def encoder():
+def encoder(**options):
     counter = itertools.count()
     return ResponseEncoder(
         response_id="resp_golden",
@@ -33,12 +34,13 @@ def encoder():
         model="SmolLM2",
         settings=SETTINGS,
         new_id=lambda prefix: f"{prefix}_{next(counter)}",
+        **options,
     )
 
 
-def events_of(backend_events, *, failure=None):
+def events_of(backend_events, *, failure=None, **options):
     """Every event a stream carries for ``backend_events``, and the encoder."""
-    enc = encoder()
+    enc = encoder(**options)
     events = enc.opening()
     for event in backend_events:
         events += enc.encode(event)
@@ -146,6 +148,40 @@ def test_a_tool_call_streams_its_arguments_then_is_done_with_its_name():
         "arguments": '{"city": "Paris"}',
         "status": "completed",
     }
+
+
+AGENTS = ToolNames.of(["close"], [("agents", ["close", "spawn"])])
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_a_call_of_a_namespaces_function_is_given_back_with_its_namespace(streaming):
+    events, enc = events_of(
+        [
+            ToolCallDelta(0, 0, '{"id":', id="call_1", name="agents__close"),
+            ToolCallDelta(0, 0, "1}"),
+            ToolCallDelta(0, 1, "{}", id="call_2", name="close"),
+            Finish(0, "tool_calls"),
+        ],
+        names=AGENTS,
+        streaming=streaming,
+    )
+    namespaced, own = enc.response()["output"]
+    assert namespaced == {
+        "id": "fc_0",
+        "type": "function_call",
+        "call_id": "call_1",
+        "name": "close",
+        "namespace": "agents",
+        "arguments": '{"id":1}',
+        "status": "completed",
+    }
+    assert (own["name"], "namespace" in own) == ("close", False)  # the client's own close
+    added, done = (
+        [event["item"] for event in events if event["type"] == kind and event["output_index"] == 0]
+        for kind in ("response.output_item.added", "response.output_item.done")
+    )
+    assert [(item["name"], item["namespace"]) for item in added + done] == [("close", "agents")] * 2
+    assert events[-1]["response"]["output"][0] == namespaced
 
 
 def test_text_then_two_calls_are_three_items_each_done_before_the_next():
