@@ -80,14 +80,31 @@ def model_not_found(model: str) -> APIError:
     )
 
 
-def context_length_exceeded(limit: int, prompt_tokens: int, completion_tokens: int) -> APIError:
-    return APIError(
+class ContextLengthExceeded(APIError):
+    """OpenAI's ``context_length_exceeded``, with its numbers (other wires word it their
+    way): ``limit`` tokens in all, ``prompt_tokens`` in the prompt (at least), and
+    ``completion_tokens`` asked for (0: none)."""
+
+    def __init__(
+        self, message: str, *, limit: int, prompt_tokens: int, completion_tokens: int
+    ) -> None:
+        super().__init__(message, param="messages", code="context_length_exceeded")
+        self.limit = limit
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+
+
+def context_length_exceeded(
+    limit: int, prompt_tokens: int, completion_tokens: int
+) -> ContextLengthExceeded:
+    return ContextLengthExceeded(
         f"This model's maximum context length is {limit} tokens. However, you requested"
         f" {prompt_tokens + completion_tokens} tokens ({prompt_tokens} in the messages,"
         f" {completion_tokens} in the completion). Please reduce the length of the messages"
         " or completion.",
-        param="messages",
-        code="context_length_exceeded",
+        limit=limit,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
     )
 
 

@@ -48,10 +48,22 @@ class ToolCallDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    """A fragment of the model's reasoning (its thinking) for choice ``index``, before
+    its answer; only wires that show thinking send it on."""
+
+    index: int
+    text: str
+    tokens: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class Finish:
     index: int
     reason: str
     """One of :data:`~chatparity.protocol.enums.FINISH_REASONS`."""
+    stop_sequence: str | None = None
+    """Which of the request's stop sequences ended the choice, when the backend says."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,4 +83,4 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
-Event = TextDelta | ToolCallDelta | Finish | Usage
+Event = TextDelta | ToolCallDelta | ReasoningDelta | Finish | Usage

@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from .enums import FINISH_REASONS, REASONING_EFFORTS, SERVICE_TIERS, TOOL_TYPES
+from .messages import ERROR_TYPES, STOP_REASONS, count_tokens_request, messages_request
+from .messages_stream import EVENT_TYPES as MESSAGE_EVENT_TYPES
 from .request import NO_LIMITS, TOOL_CALL, Limits, chat_completion_request
 from .responses import ITEM_STATUSES, TRUNCATIONS, responses_request
 from .responses_stream import EVENT_TYPES, RESPONSE_STATUSES
@@ -353,6 +355,87 @@ _INPUT_ITEM_LIST = Object(
     name="InputItemList",
 )
 
+# Anthropic's Messages API's answers.
+
+_CONTENT_BLOCK = Tagged(
+    "type",
+    ("text", "thinking", "tool_use"),
+    {
+        "text": Object((_always("text", String()),), name="TextContentBlock"),
+        "thinking": Object(
+            (_always("thinking", String()), _always("signature", String())),
+            name="ThinkingContentBlock",
+        ),
+        "tool_use": Object(
+            (
+                _always("id", String()),
+                _always("name", String()),
+                _always("input", Map(), "The call's arguments (streamed: {} at its start)."),
+            ),
+            name="ToolUseContentBlock",
+        ),
+    },
+    name="ContentBlock",
+)
+_MESSAGE_USAGE = (
+    _sometimes("input_tokens", Integer(), "Not counting those read from a cache."),
+    _sometimes("cache_creation_input_tokens", Integer()),
+    _sometimes("cache_read_input_tokens", Integer()),
+    _always("output_tokens", Integer()),
+)
+_MESSAGE = Object(
+    (
+        _always("id", String(), "msg_ and 50 hex digits."),
+        _always("type", _const("message")),
+        _always("role", _const("assistant")),
+        _always("model", String(), "The model id as the client sent it."),
+        _always("content", _list(_CONTENT_BLOCK)),
+        _always("stop_reason", Nullable(Enum(STOP_REASONS)), "Null only in message_start."),
+        _always("stop_sequence", Nullable(String())),
+        _sometimes("stop_details", Nullable(ANYTHING)),
+        _always(
+            "usage",
+            Object((*_MESSAGE_USAGE, _sometimes("service_tier", String())), name="MessageUsage"),
+        ),
+    ),
+    name="Message",
+)
+_MESSAGE_DELTA = Object(
+    (
+        _sometimes("type", Enum(("text_delta", "input_json_delta", "thinking_delta"))),
+        _sometimes("text", String()),
+        _sometimes("partial_json", String()),
+        _sometimes("thinking", String()),
+        _sometimes("stop_reason", Nullable(Enum(STOP_REASONS))),
+        _sometimes("stop_sequence", Nullable(String())),
+    )
+)
+_ANTHROPIC_ERROR = Object(
+    (
+        _always("type", _const("error")),
+        _always(
+            "error",
+            Object((_always("type", Enum(ERROR_TYPES)), _always("message", String()))),
+        ),
+        _sometimes("request_id", String(), "As the request-id header says."),
+    ),
+    name="AnthropicError",
+)
+_MESSAGE_EVENT = Object(
+    (
+        _always("type", Enum(MESSAGE_EVENT_TYPES), "Also the event's `event:` line."),
+        _sometimes("message", _MESSAGE, "message_start: the message, its content empty."),
+        _sometimes("index", Integer(), "The content block's index."),
+        _sometimes("content_block", _CONTENT_BLOCK, "content_block_start: the block, empty."),
+        _sometimes("delta", _MESSAGE_DELTA, "A block's fragment, or the stop reason."),
+        _sometimes("usage", Object(_MESSAGE_USAGE), "message_delta: the cumulative usage."),
+        _sometimes("error", ANYTHING, "error: as in an error answer."),
+        _sometimes("request_id", String()),
+    ),
+    name="MessageStreamEvent",
+)
+_TOKEN_COUNT = Object((_always("input_tokens", Integer()),), name="MessageTokensCount")
+
 _ERRORS = {
     "400": "Invalid request, in OpenAI's words; `param` names the offending field.",
     "401": "No API key, or an unknown, revoked or expired one.",
@@ -364,14 +447,24 @@ _ERRORS = {
     "503": "The backend is unavailable.",
     "504": "The backend did not answer in time.",
 }
+_ANTHROPIC_ERRORS = {
+    "400": "Invalid request (`invalid_request_error`).",
+    "401": "No API key, or an unknown, revoked or expired one (`authentication_error`).",
+    "404": "No such model, or the key may not use it (`not_found_error`).",
+    "413": "The body is larger than the server accepts (`request_too_large`).",
+    "429": "A rate limit or budget of the key was reached (`rate_limit_error`, retry-after).",
+    "500": "The server or its backend failed (`api_error`).",
+    "502": "The backend answered with an error (`api_error`).",
+    "504": "The backend did not answer in time (`timeout_error`).",
+    "529": "Something the server needs is away for now (`overloaded_error`).",
+}
 
 
-def _answer(description: str, content: Schema) -> Schema:
-    return {
-        "description": description,
-        "headers": {"x-request-id": {"$ref": "#/components/headers/RequestId"}},
-        "content": content,
-    }
+def _answer(description: str, content: Schema, *, anthropic: bool = False) -> Schema:
+    headers = {"x-request-id": {"$ref": "#/components/headers/RequestId"}}
+    if anthropic:
+        headers["request-id"] = {"$ref": "#/components/headers/RequestId"}
+    return {"description": description, "headers": headers, "content": content}
 
 
 def _json(schema: Schema) -> Schema:
@@ -391,6 +484,38 @@ def openapi_document(
 
     def errors(*statuses: str) -> dict[str, Schema]:
         return {status: _answer(_ERRORS[status], _json(error)) for status in statuses}
+
+    anthropic_error = components.describe(_ANTHROPIC_ERROR)
+
+    def anthropic_errors(*statuses: str) -> dict[str, Schema]:
+        return {
+            status: _answer(_ANTHROPIC_ERRORS[status], _json(anthropic_error), anthropic=True)
+            for status in statuses
+        }
+
+    components.schemas["MessageEvent"] = {
+        "type": "object",
+        "properties": {
+            "event": {"type": "string", "description": "The event's type."},
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": components.describe(_MESSAGE_EVENT),
+            },
+        },
+        "required": ["event", "data"],
+        "description": (
+            "One named event; the last is message_stop, or error (a failure after the first"
+            " byte). A ping may come at any time."
+        ),
+    }
+    anthropic_security: list[dict[str, list[str]]] = [{"apiKey": []}, {"bearerAuth": []}]
+    beta = {
+        "name": "beta",
+        "in": "query",
+        "schema": {"type": "string"},
+        "description": "Accepted (Claude Code sends beta=true); the same endpoint.",
+    }
 
     components.schemas["ResponseEvent"] = {
         "type": "object",
@@ -438,7 +563,10 @@ def openapi_document(
         "info": {
             "title": "chatparity",
             "version": "1",
-            "description": "An OpenAI-compatible Chat Completions and Responses API.",
+            "description": (
+                "An OpenAI-compatible Chat Completions and Responses API, and Anthropic's"
+                " Messages API."
+            ),
         },
         "servers": [{"url": server_url}],
         "security": [{"bearerAuth": []}],
@@ -536,6 +664,56 @@ def openapi_document(
                     },
                 }
             },
+            "/messages": {
+                "post": {
+                    "operationId": "createMessage",
+                    "summary": "Create a message (Anthropic's Messages API), streamed or not.",
+                    "security": anthropic_security,
+                    "parameters": [beta],
+                    "requestBody": {
+                        "required": True,
+                        "description": f"A JSON object.{body_note}",
+                        "content": _json(components.describe(messages_request(limits))),
+                    },
+                    "responses": {
+                        "200": _answer(
+                            "A message, or with stream: true an event stream of named events.",
+                            {
+                                **_json(components.describe(_MESSAGE)),
+                                "text/event-stream": {"schema": ref("MessageEvent")},
+                            },
+                            anthropic=True,
+                        ),
+                        **anthropic_errors(
+                            "400", "401", "404", "413", "429", "500", "502", "504", "529"
+                        ),
+                    },
+                }
+            },
+            "/messages/count_tokens": {
+                "post": {
+                    "operationId": "countMessageTokens",
+                    "summary": (
+                        "The input tokens of a Messages request: by the backend's tokenizer"
+                        " where it has one, else estimated as the limits estimate them."
+                    ),
+                    "security": anthropic_security,
+                    "parameters": [beta],
+                    "requestBody": {
+                        "required": True,
+                        "description": f"A JSON object.{body_note}",
+                        "content": _json(components.describe(count_tokens_request(limits))),
+                    },
+                    "responses": {
+                        "200": _answer(
+                            "The count.",
+                            _json(components.describe(_TOKEN_COUNT)),
+                            anthropic=True,
+                        ),
+                        **anthropic_errors("400", "401", "404", "413", "429", "500", "529"),
+                    },
+                }
+            },
             "/models": {
                 "get": {
                     "operationId": "listModels",
@@ -573,7 +751,13 @@ def openapi_document(
                     "type": "http",
                     "scheme": "bearer",
                     "description": "An API key: `Authorization: Bearer <key>`.",
-                }
+                },
+                "apiKey": {
+                    "type": "apiKey",
+                    "in": "header",
+                    "name": "x-api-key",
+                    "description": "An API key, as Anthropic's clients send it (/messages).",
+                },
             },
             "headers": {
                 "RequestId": {

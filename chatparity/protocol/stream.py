@@ -8,7 +8,7 @@ import orjson
 
 from .enums import ServiceTier
 from .errors import APIError
-from .events import Event, Finish, TextDelta, TokenLogprob, ToolCallDelta, Usage
+from .events import Event, Finish, ReasoningDelta, TextDelta, TokenLogprob, ToolCallDelta, Usage
 
 DONE = b"data: [DONE]\n\n"
 
@@ -96,6 +96,8 @@ class ChunkEncoder:
         """The chunks for one event, opening its choice first if needed."""
         if isinstance(event, Usage):
             return [self.usage_chunk(event)] if self.include_usage else []
+        if isinstance(event, ReasoningDelta):
+            return []  # OpenAI's chat completions show no reasoning
         chunks: list[dict[str, Any]] = []
         opening = event.index not in self._opened
         self._opened.add(event.index)

@@ -153,11 +153,12 @@ def malformed(problem: str, sent: str | bytes = "") -> UpstreamError:
 
 @contextmanager
 def well_shaped(sent: str | bytes) -> Iterator[None]:
-    """Where what an upstream ``sent`` is taken apart: a part of the wrong type (a delta
-    that is not an object, a logprob that is not a number, ...) makes it malformed."""
+    """Where what an upstream ``sent`` is taken apart: a part missing or of the wrong type
+    (a delta that is not an object, a logprob that is not a number, ...) makes it
+    malformed."""
     try:
         yield
-    except (AttributeError, TypeError, ValueError):
+    except (AttributeError, LookupError, TypeError, ValueError):
         raise malformed("a part of it is of the wrong type", sent) from None
 
 

@@ -1,0 +1,324 @@
+"""Calling an upstream that speaks Anthropic's Messages API natively (``wire_api: messages``).
+
+:func:`upstream_request` writes a chat request (whichever endpoint it came
+from) as a ``POST /messages`` body, and :class:`MessagesEventReader` reads the
+named events (or the whole message) the upstream answers back into normalized
+backend events. The reader is a :class:`~chatparity.protocol.upstream.ChunkReader`:
+each event is read as the chat delta it stands for, so every repair and every
+distrust of the chat path applies (ids, finishers, usage not believed, errors
+not passed on); thinking is read as reasoning.
+
+Thinking is asked for only when the request has a ``reasoning_effort`` (an
+alias's default, or a chat client's) and Anthropic's rules allow it: no forced
+tool, ``temperature`` 1 or unset, ``top_p`` unset or at least 0.95, a budget of
+at least :data:`~chatparity.protocol.messages.MIN_THINKING_BUDGET` below
+``max_tokens``, and not inside a run of tool calls (Anthropic wants the
+thinking of such a turn back, which chat messages do not keep).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+from .events import Event, Finish, ReasoningDelta
+from .messages import MIN_THINKING_BUDGET
+from .messages_stream import tool_input
+from .request import ChatRequest, Message
+from .tokens import approximate_tokens
+from .upstream import ChunkReader, ServerSentEvent, believable_usage, well_shaped
+
+ANTHROPIC_VERSION = "2023-06-01"
+"""The ``anthropic-version`` header an upstream is called with."""
+DEFAULT_MAX_TOKENS = 4096
+"""``max_tokens`` for a request that sets none (Anthropic requires one; every Claude
+model allows this many)."""
+THINKING_BUDGETS = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 16384}
+"""The thinking budget a ``reasoning_effort`` asks for (``none``: no thinking)."""
+
+# Why an upstream's message stopped -> the finish reason it stands for.
+_FINISH = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "pause_turn": "stop",
+    "tool_use": "tool_calls",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "refusal": "content_filter",
+}
+
+
+def upstream_request(request: ChatRequest, model: str, forwarded: dict[str, Any]) -> dict[str, Any]:
+    """The ``/messages`` body asking ``model`` what ``request`` asks, streamed.
+    ``forwarded``: the chat parameters the backend passes on (its sampling and format
+    ones, and those the alias forwards), read from here."""
+    system = [
+        message.content
+        for message in request.messages
+        if message.role in ("system", "developer") and message.content
+    ]
+    body: dict[str, Any] = {
+        "model": model or request.model,
+        "max_tokens": request.max_tokens or DEFAULT_MAX_TOKENS,
+        "messages": list(_turns(request.messages)),
+        "stream": True,
+    }
+    if system:
+        body["system"] = "\n\n".join(system)
+    if "temperature" in forwarded:
+        body["temperature"] = min(forwarded["temperature"], 1.0)  # Anthropic's most
+    if "top_p" in forwarded:
+        body["top_p"] = forwarded["top_p"]
+    if request.stop and "stop" in forwarded:
+        body["stop_sequences"] = request.stop
+    if request.user is not None and "user" in forwarded:
+        body["metadata"] = {"user_id": request.user}
+    if "service_tier" in forwarded:
+        body["service_tier"] = "auto" if forwarded["service_tier"] == "auto" else "standard_only"
+    if request.tools and "tools" in forwarded:
+        body["tools"] = [
+            _tool(tool.name, tool.description, tool.parameters, tool.strict)
+            for tool in request.tools
+        ]
+        body["tool_choice"] = _tool_choice(request)
+    spec = request.response_format
+    if spec is not None and spec.type == "json_schema" and "response_format" in forwarded:
+        body["output_config"] = {"format": {"type": "json_schema", "schema": spec.schema}}
+    if "reasoning_effort" in forwarded:
+        thinking = _thinking(request, body)
+        if thinking is not None:
+            body["thinking"] = thinking
+    return body
+
+
+def _tool(
+    name: str, description: str | None, parameters: dict[str, Any] | None, strict: bool
+) -> dict[str, Any]:
+    schema = parameters if parameters and parameters.get("type") == "object" else None
+    tool: dict[str, Any] = {
+        "name": name,
+        "input_schema": schema or {"type": "object", "properties": {}},
+    }
+    if description is not None:
+        tool["description"] = description
+    if strict:
+        tool["strict"] = True
+    return tool
+
+
+def _tool_choice(request: ChatRequest) -> dict[str, Any]:
+    choice = request.tool_choice
+    if choice.mode == "none":
+        return {"type": "none"}
+    if choice.mode == "function":
+        anthropic: dict[str, Any] = {"type": "tool", "name": choice.name}
+    else:
+        anthropic = {"type": "any" if choice.mode == "required" else "auto"}
+    if not request.parallel_tool_calls:
+        anthropic["disable_parallel_tool_use"] = True
+    return anthropic
+
+
+def _thinking(request: ChatRequest, body: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``thinking`` the request's effort asks for, where Anthropic's rules allow it."""
+    budget = THINKING_BUDGETS.get(request.reasoning_effort or "none")
+    if budget is None or body.get("tool_choice", {}).get("type") in ("any", "tool"):
+        return None
+    if body.get("temperature", 1.0) != 1.0 or body.get("top_p", 1.0) < 0.95:
+        return None
+    budget = min(budget, body["max_tokens"] - 1)
+    last = body["messages"][-1] if body["messages"] else None
+    calling = last is not None and any(block["type"] == "tool_result" for block in last["content"])
+    if budget < MIN_THINKING_BUDGET or calling:
+        return None
+    return {"type": "enabled", "budget_tokens": budget}
+
+
+def _blocks(message: Message) -> list[dict[str, Any]]:
+    """One chat message's content blocks (an empty text is no block: Anthropic refuses one)."""
+    if message.role == "tool":
+        result = {"type": "tool_result", "tool_use_id": message.tool_call_id}
+        return [{**result, "content": message.content or ""}]
+    blocks: list[dict[str, Any]] = []
+    if message.content:
+        blocks.append({"type": "text", "text": message.content})
+    for call in message.tool_calls or ():
+        function = call["function"]
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": call["id"],
+                "name": function["name"],
+                "input": tool_input(function["arguments"]),
+            }
+        )
+    return blocks
+
+
+def _turns(messages: list[Message]) -> Iterator[dict[str, Any]]:
+    """The conversation as Anthropic's turns: system messages left for ``system``, tool
+    results and deprecated function results in user turns, consecutive turns of one
+    role merged, empty ones left out."""
+    turn: dict[str, Any] | None = None
+    for message in messages:
+        if message.role in ("system", "developer"):
+            continue
+        role = "assistant" if message.role == "assistant" else "user"
+        blocks = _blocks(message)
+        if not blocks:
+            continue
+        if turn is not None and turn["role"] == role:
+            turn["content"] += blocks
+            continue
+        if turn is not None:
+            yield turn
+        turn = {"role": role, "content": blocks}
+    if turn is not None:
+        yield turn
+
+
+class MessagesEventReader(ChunkReader):
+    """Normalized events from one upstream message (one choice: ``n`` is 1), read from
+    its named stream events or its whole message object."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._slots: dict[int, int] = {}  # a tool use's block index -> its call index
+        self._usage: dict[str, Any] = {}  # the upstream's usage so far, in its names
+        self._stop_sequence: str | None = None
+        self._whole = False  # reading a whole message: its parts count by their length
+
+    def read(self, sse: ServerSentEvent) -> list[Event]:
+        if sse.data.strip() == "[DONE]":
+            self.done = True
+            return []
+        # An error event is an error envelope; a message_delta's usage, in Anthropic's
+        # names, is read by _end (ChunkReader's reading of it is replaced there).
+        event = self._payload(sse.data, "an event", error_event=sse.event == "error")
+        with well_shaped(sse.data):
+            return self._event(event)
+
+    def read_completion(self, body: bytes) -> list[Event]:
+        """The events of a whole message object (an upstream that did not stream)."""
+        self.done = self._whole = True
+        message = self._payload(body, "the message")
+        with well_shaped(body):
+            events = [
+                event
+                for index, block in enumerate(message.get("content") or ())
+                for event in self._start(index, block)
+            ]
+            self._note_usage(message.get("usage"))
+            return events + self._end(message)
+
+    def _event(self, event: dict[str, Any]) -> list[Event]:
+        kind = event.get("type")
+        if kind == "content_block_delta":
+            return self._delta(event["index"], event["delta"])
+        if kind == "content_block_start":
+            return self._start(event["index"], event["content_block"])
+        if kind == "message_start":
+            self._note_usage(event["message"].get("usage"))
+            return []
+        if kind == "message_delta":
+            self._note_usage(event.get("usage"))
+            return self._end(event["delta"])
+        if kind == "message_stop":
+            self.done = True
+        return []  # content_block_stop, ping, and what newer APIs add
+
+    def _start(self, index: int, block: dict[str, Any]) -> list[Event]:
+        kind = block.get("type")
+        if kind == "text":
+            return self._text(block.get("text") or "")
+        if kind == "thinking":
+            return self._thinking(block.get("thinking") or "")
+        if kind != "tool_use":
+            return []  # redacted thinking, server tools' blocks: nothing to pass on
+        if index in self._slots:
+            return []
+        slot = self._slots[index] = len(self._slots)
+        call = {"index": slot, "id": block.get("id"), "function": {"name": block.get("name")}}
+        events = self._choice({"index": 0, "delta": {"tool_calls": [call]}})
+        given = block.get("input")
+        if isinstance(given, dict) and given:  # a whole message's, or a stream's given at once
+            events += self._arguments(index, orjson.dumps(given).decode())
+        return events
+
+    def _delta(self, index: int, delta: dict[str, Any]) -> list[Event]:
+        kind = delta.get("type")
+        if kind == "text_delta":
+            return self._text(delta["text"])
+        if kind == "input_json_delta":
+            return self._arguments(index, delta["partial_json"])
+        if kind == "thinking_delta":
+            return self._thinking(delta["thinking"])
+        return []  # signatures, citations
+
+    def _text(self, text: str) -> list[Event]:
+        if not isinstance(text, str):
+            raise TypeError("text is not a string")
+        if not text:
+            return []
+        return self._choice({"index": 0, "delta": {"content": text}}, whole=self._whole)
+
+    def _thinking(self, text: str) -> list[Event]:
+        if not isinstance(text, str):
+            raise TypeError("thinking is not a string")
+        index = self.indices.start
+        if not text or index in self._finished:
+            return []
+        self._seen.add(index)
+        tokens = approximate_tokens(len(text)) if self._whole else 1
+        self.completion_tokens += tokens
+        return [ReasoningDelta(index, text, tokens)]
+
+    def _arguments(self, index: int, arguments: str) -> list[Event]:
+        if not isinstance(arguments, str):
+            raise TypeError("arguments are not a string")
+        if not arguments or index not in self._slots:
+            return []
+        call = {"index": self._slots[index], "function": {"arguments": arguments}}
+        return self._choice({"index": 0, "delta": {"tool_calls": [call]}}, whole=self._whole)
+
+    def _end(self, delta: dict[str, Any]) -> list[Event]:
+        reason = _FINISH.get(str(delta.get("stop_reason")), "stop")
+        sequence = delta.get("stop_sequence")
+        self._stop_sequence = sequence if isinstance(sequence, str) else None
+        return [
+            dataclasses.replace(event, stop_sequence=self._stop_sequence)
+            if isinstance(event, Finish) and event.reason == "stop"
+            else event
+            for event in self._choice({"index": 0, "delta": {}, "finish_reason": reason})
+        ]
+
+    def _note_usage(self, usage: Any) -> None:
+        """Take the counts of ``usage`` (a message's, or a delta's cumulative ones) and
+        believe the whole so far if it can be."""
+        if not isinstance(usage, dict):
+            return
+        self._usage.update((key, value) for key, value in usage.items() if value is not None)
+        seen = self._usage
+        details = seen.get("output_tokens_details")
+        thinking = details.get("thinking_tokens") if isinstance(details, dict) else 0
+        read = seen.get("cache_read_input_tokens", 0)
+        chat_usage = {
+            "prompt_tokens": _total(
+                seen.get("input_tokens"), seen.get("cache_creation_input_tokens", 0), read
+            ),
+            "completion_tokens": seen.get("output_tokens"),
+            "prompt_tokens_details": {"cached_tokens": read},
+            "completion_tokens_details": {"reasoning_tokens": thinking},
+        }
+        self.upstream_usage = believable_usage(chat_usage, self.most_completion_tokens)
+        self.refused_usage = None if self.upstream_usage else usage
+
+
+def _total(*counts: Any) -> Any:
+    """The counts added up when each is a JSON integer, else None (which is not believed)."""
+    if all(isinstance(count, int) and not isinstance(count, bool) for count in counts):
+        return sum(counts)
+    return None

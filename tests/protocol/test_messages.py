@@ -1,0 +1,474 @@
+"""parse_messages_request and as_chat_request: Anthropic's Messages request, validated
+in Anthropic's words, and the chat request that serves it; Anthropic's error envelope."""
+
+import pytest
+
+from chatparity.protocol import errors
+from chatparity.protocol.errors import APIError
+from chatparity.protocol.messages import (
+    IGNORED,
+    MESSAGES_REQUEST,
+    REFUSED,
+    as_chat_request,
+    error_body,
+    error_status,
+    parse_messages_request,
+)
+from chatparity.protocol.request import Limits, ResponseFormat, Tool, ToolChoice
+
+NO_LIMITS = Limits()
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+CALL = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
+RESULT = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny"}
+HI = [{"role": "user", "content": "Hi"}]
+
+
+def parse(limits=NO_LIMITS, counting=False, **body):
+    body = {"model": "claude-sonnet", "messages": HI, **body}
+    if not counting:
+        body.setdefault("max_tokens", 64)
+    return parse_messages_request(body, limits, counting=counting)
+
+
+def chat(limits=NO_LIMITS, **body):
+    return as_chat_request(parse(limits, **body), limits)
+
+
+def refused(**body):
+    with pytest.raises(APIError) as caught:
+        chat(**body)
+    assert caught.value.status == 400
+    return caught.value
+
+
+def sent(request):
+    """The chat messages as sent: roles and contents (and calls, tool results' ids)."""
+    return [
+        {
+            key: value
+            for key, value in (
+                ("role", message.role),
+                ("content", message.content),
+                ("tool_calls", message.tool_calls),
+                ("tool_call_id", message.tool_call_id),
+            )
+            if value is not None
+        }
+        for message in request.messages
+    ]
+
+
+# The conversation.
+
+
+def test_a_string_content_is_one_user_message():
+    request = chat()
+    assert sent(request) == [{"role": "user", "content": "Hi"}]
+    assert request.model == "claude-sonnet"
+    assert request.max_tokens == 64
+
+
+def test_system_as_a_string_or_text_blocks_goes_first():
+    assert sent(chat(system="Be brief."))[0] == {"role": "system", "content": "Be brief."}
+    blocks = [
+        {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": " Be brief."},
+    ]
+    request = chat(system=blocks)
+    assert request.messages[0].role == "system"
+    assert request.messages[0].content == "You are Claude Code. Be brief."
+    assert request.body["messages"][0]["content"] == [
+        {"type": "text", "text": "You are Claude Code."},
+        {"type": "text", "text": " Be brief."},
+    ], "an upstream gets the blocks as text parts"
+
+
+def test_a_tool_round_trip_is_an_assistant_call_and_a_tool_message():
+    request = chat(
+        messages=[
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Looking."}, CALL]},
+            {"role": "user", "content": [RESULT]},
+        ],
+        tools=[WEATHER],
+    )
+    assert sent(request) == [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "Looking.",
+            "tool_calls": [
+                {
+                    "id": "toolu_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "content": "Sunny", "tool_call_id": "toolu_1"},
+    ]
+
+
+def test_tool_results_come_before_the_rest_of_their_user_turn():
+    results = [
+        {"type": "text", "text": "And tomorrow?"},
+        {**RESULT, "content": [{"type": "text", "text": "Sunny"}, {"type": "text", "text": "22C"}]},
+    ]
+    request = chat(
+        messages=[
+            *HI,
+            {"role": "assistant", "content": [CALL]},
+            {"role": "user", "content": results},
+        ],
+        tools=[WEATHER],
+    )
+    assert [(m.role, m.content) for m in request.messages[2:]] == [
+        ("tool", "Sunny\n22C"),
+        ("user", "And tomorrow?"),
+    ]
+
+
+def test_an_error_result_and_an_empty_one_are_served():
+    request = chat(
+        messages=[
+            *HI,
+            {"role": "assistant", "content": [CALL, {**CALL, "id": "toolu_2"}]},
+            {
+                "role": "user",
+                "content": [
+                    {**RESULT, "is_error": True, "content": "<tool_use_error>No.</tool_use_error>"},
+                    {"type": "tool_result", "tool_use_id": "toolu_2"},
+                ],
+            },
+        ],
+        tools=[WEATHER],
+    )
+    assert [m.content for m in request.messages[2:]] == ["<tool_use_error>No.</tool_use_error>", ""]
+
+
+def test_earlier_thinking_is_passed_over():
+    thinking = [
+        {"type": "thinking", "thinking": "The user greets me.", "signature": "c2ln"},
+        {"type": "redacted_thinking", "data": "ZW5j"},
+        {"type": "text", "text": "Hello!"},
+    ]
+    request = chat(messages=[*HI, {"role": "assistant", "content": thinking}, *HI])
+    assert sent(request)[1] == {"role": "assistant", "content": "Hello!"}
+
+
+def test_consecutive_turns_of_one_role_are_one_turn():
+    request = chat(
+        messages=[
+            {"role": "user", "content": "Hi"},
+            {"role": "user", "content": [{"type": "text", "text": "there"}]},
+            {"role": "assistant", "content": "Hello"},
+        ]
+    )
+    assert request.body["messages"] == [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}],
+        },
+        {"role": "assistant", "content": "Hello"},
+    ]
+
+
+def test_an_assistant_turn_of_thinking_only_is_an_empty_answer():
+    thinking = [{"type": "thinking", "thinking": "Hm.", "signature": ""}]
+    assert sent(chat(messages=[*HI, {"role": "assistant", "content": thinking}]))[1] == {
+        "role": "assistant",
+        "content": "",
+    }
+
+
+# Parameters.
+
+
+def test_sampling_and_stopping_are_the_chat_parameters():
+    request = chat(temperature=0.5, top_p=0.9, stop_sequences=["END"], max_tokens=100, stream=True)
+    assert (request.temperature, request.top_p, request.stop) == (0.5, 0.9, ["END"])
+    assert request.max_tokens == 100
+    assert request.stream
+
+
+def test_tools_are_functions_whose_parameters_are_their_input_schema():
+    request = chat(tools=[{**WEATHER, "strict": True, "cache_control": {"type": "ephemeral"}}])
+    assert request.tools == [
+        Tool("get_weather", "The weather in a city.", WEATHER["input_schema"], strict=True)
+    ]
+    assert request.tool_choice == ToolChoice("auto")
+    assert request.parallel_tool_calls
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected"),
+    [
+        ({"type": "auto"}, ToolChoice("auto")),
+        ({"type": "any"}, ToolChoice("required")),
+        ({"type": "none"}, ToolChoice("none")),
+        ({"type": "tool", "name": "get_weather"}, ToolChoice("function", "get_weather")),
+    ],
+)
+def test_tool_choices(choice, expected):
+    assert chat(tools=[WEATHER], tool_choice=choice).tool_choice == expected
+
+
+def test_disabling_parallel_tool_use_allows_one_call():
+    request = chat(tools=[WEATHER], tool_choice={"type": "any", "disable_parallel_tool_use": True})
+    assert not request.parallel_tool_calls
+
+
+def test_tool_choice_none_without_tools_is_no_tools():
+    request = chat(tool_choice={"type": "none"})
+    assert request.tools == []
+    assert request.tool_choice == ToolChoice("none")
+
+
+def test_metadata_user_id_is_the_user_and_service_tiers_map():
+    request = chat(metadata={"user_id": "user_abc"}, service_tier="standard_only")
+    assert request.user == "user_abc"
+    assert request.service_tier == "default"
+    assert chat(service_tier="auto").service_tier == "auto"
+
+
+def test_an_output_format_is_a_json_schema_response_format():
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}}
+    expected = ResponseFormat("json_schema", schema=schema, name="output", strict=True)
+    config = {"format": {"type": "json_schema", "schema": schema}, "effort": "high"}
+    assert chat(output_config=config).response_format == expected
+    assert chat(output_format={"type": "json_schema", "schema": schema}).response_format == expected
+
+
+def test_what_claude_code_sends_is_accepted():
+    body = {
+        "system": [
+            {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}
+        ],
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "<system-reminder>Be careful.</system-reminder>"},
+                    {"type": "text", "text": "Say hi", "cache_control": {"type": "ephemeral"}},
+                ],
+            }
+        ],
+        "tools": [
+            {
+                **WEATHER,
+                "input_schema": {
+                    "$schema": "http://json-schema.org/draft-07/schema#",
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                    "additionalProperties": False,
+                },
+            }
+        ],
+        "metadata": {"user_id": "user_0123_account__session_4567"},
+        "max_tokens": 32000,
+        "thinking": {"type": "adaptive"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "medium"},
+        "stream": True,
+        "temperature": 1,
+    }
+    request = chat(**body)
+    assert request.messages[0].content == "You are Claude Code."
+    assert request.messages[1].content == "<system-reminder>Be careful.</system-reminder>Say hi"
+    assert request.reasoning_effort is None, "thinking is the alias's to set"
+    assert request.stream
+    assert request.max_tokens == 32000
+
+
+def test_parameters_accepted_and_ignored_are_not_sent_on():
+    request = chat(
+        top_k=5,
+        container="container_1",
+        inference_geo="us",
+        speed="fast",
+        diagnostics={},
+        fallbacks="default",
+        fallback_credit_token="tok",
+        cache_control={"type": "ephemeral", "ttl": "1h"},
+        mcp_servers=[],
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        max_tokens=2048,
+    )
+    assert set(request.body) == {"model", "messages", "max_tokens", "stream"}
+
+
+def test_the_written_policy_names_only_parameters_of_the_table():
+    names = {member.name for member in MESSAGES_REQUEST.members}
+    assert names >= IGNORED
+    assert names >= REFUSED
+
+
+def test_counting_tokens_takes_no_max_tokens_and_refuses_it():
+    request = as_chat_request(parse(counting=True, system="Be brief."), NO_LIMITS)
+    assert request.max_tokens is None
+    assert [m.role for m in request.messages] == ["system", "user"]
+    with pytest.raises(APIError, match="max_tokens: Extra inputs are not permitted"):
+        parse(counting=True, max_tokens=5)
+
+
+# Refusals.
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"max_tokens": None}, "Missing required parameter: 'max_tokens'."),
+        ({"messages": []}, "Invalid 'messages': empty array."),
+        ({"system_prompt": "x"}, "system_prompt: Extra inputs are not permitted"),
+        ({"temperature": 1.5}, "Invalid 'temperature': decimal above maximum value."),
+        ({"messages": [{"role": "system", "content": "x"}]}, "Invalid value: 'system'."),
+        (
+            {"stop_sequences": ["a", "b", "c", "d", "e"]},
+            "Invalid 'stop_sequences': array too long.",
+        ),
+        ({"max_tokens": 0}, "Invalid 'max_tokens': integer below minimum value."),
+        (
+            {"thinking": {"type": "enabled", "budget_tokens": 512}},
+            "Invalid 'thinking.budget_tokens': integer below minimum value.",
+        ),
+        (
+            {"thinking": {"type": "enabled", "budget_tokens": 2048}, "max_tokens": 2048},
+            "`max_tokens` must be greater than `thinking.budget_tokens`.",
+        ),
+        (
+            {"mcp_servers": [{"type": "url", "url": "https://mcp.example", "name": "x"}]},
+            "mcp_servers: MCP servers are not supported by this server.",
+        ),
+        (
+            {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+            "tools.0.type: 'web_search_20250305' tools run on Anthropic's servers and are not"
+            " supported by this server.",
+        ),
+        ({"tools": [{"name": "x"}]}, "Missing required parameter: 'tools[0].input_schema'."),
+        (
+            {"tools": [{"name": "x", "input_schema": {"type": "string"}}]},
+            "Invalid value: 'string'.",
+        ),
+        ({"tools": [WEATHER, WEATHER]}, "tools: Tool names must be unique: 'get_weather'."),
+        ({"tool_choice": {"type": "any"}}, "tool_choice: tool_choice.type 'any' requires tools"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "get_time"}},
+            "tool_choice.name: Tool 'get_time' not found in tools.",
+        ),
+    ],
+)
+def test_invalid_parameters_are_refused(body, message):
+    assert refused(**body).message.startswith(message)
+
+
+def test_images_and_documents_are_refused_where_they_are():
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "x"}}
+    error = refused(messages=[{"role": "user", "content": [{"type": "text", "text": "?"}, image]}])
+    assert error.message == (
+        "messages.0.content.1.type: 'image' content blocks are not supported by this server."
+    )
+    document = {"type": "document", "source": {"type": "text", "data": "x"}}
+    error = refused(
+        messages=[
+            *HI,
+            {"role": "assistant", "content": [CALL]},
+            {"role": "user", "content": [{**RESULT, "content": [document]}]},
+        ],
+        tools=[WEATHER],
+    )
+    assert error.message.startswith("messages.2.content.0.content.0.type: 'document'")
+
+
+def test_a_call_must_be_answered_in_the_next_turn():
+    error = refused(messages=[*HI, {"role": "assistant", "content": [CALL]}, *HI], tools=[WEATHER])
+    assert error.message == (
+        "messages.1: `tool_use` ids were found without `tool_result` blocks immediately after:"
+        " toolu_1. Each `tool_use` block must have a corresponding `tool_result` block in the"
+        " next message."
+    )
+    last = refused(messages=[*HI, {"role": "assistant", "content": [CALL]}], tools=[WEATHER])
+    assert last.message.startswith("messages.1: `tool_use` ids were found without")
+
+
+def test_a_result_must_answer_a_call_of_the_turn_before():
+    error = refused(messages=[{"role": "user", "content": [RESULT]}])
+    assert error.message.startswith(
+        "messages.0.content: unexpected `tool_use_id` found in `tool_result` blocks: toolu_1."
+    )
+
+
+def test_calls_belong_to_the_assistant_and_results_to_the_user():
+    assert refused(messages=[{"role": "user", "content": [CALL]}]).message == (
+        "messages.0.content: `tool_use` blocks are only allowed in `assistant` messages."
+    )
+    error = refused(messages=[*HI, {"role": "assistant", "content": [RESULT]}])
+    assert error.message.startswith("messages.1.content: `tool_result` blocks are only allowed")
+
+
+def test_call_ids_are_unique():
+    calls = {"role": "assistant", "content": [CALL, CALL]}
+    error = refused(messages=[*HI, calls, {"role": "user", "content": [RESULT]}], tools=[WEATHER])
+    assert error.message == "messages.1.content: `tool_use` ids must be unique."
+
+
+def test_the_servers_limits_apply():
+    limits = Limits(max_messages=2, max_content_chars=5)
+    with pytest.raises(APIError, match="Invalid 'messages': array too long"):
+        parse(limits, messages=HI * 3)
+    with pytest.raises(APIError, match=r"Invalid 'messages\[0\].content': string too long"):
+        parse(limits, messages=[{"role": "user", "content": "Hello, world"}])
+    with pytest.raises(APIError, match="Invalid 'messages': array too long"):
+        # The system prompt is a chat message too.
+        chat(limits, system="Hi", messages=[*HI, {"role": "assistant", "content": "Hi"}])
+
+
+def test_a_body_that_is_not_an_object_is_invalid_json():
+    with pytest.raises(APIError, match="We could not parse the JSON body"):
+        parse_messages_request([], NO_LIMITS)
+
+
+# Anthropic's error envelope.
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "kind"),
+    [
+        (APIError("bad"), 400, "invalid_request_error"),
+        (errors.invalid_api_key("sk-abcdefghijkl"), 401, "authentication_error"),
+        (APIError("no", status=403), 403, "permission_error"),
+        (errors.model_not_found("x"), 404, "not_found_error"),
+        (errors.request_too_large(10), 413, "request_too_large"),
+        (APIError("slow down", status=429, type="requests"), 429, "rate_limit_error"),
+        (errors.server_error(), 500, "api_error"),
+        (APIError("upstream", status=502, type="server_error"), 502, "api_error"),
+        (errors.service_unavailable("away"), 529, "overloaded_error"),
+        (errors.timed_out("late"), 504, "timeout_error"),
+    ],
+)
+def test_errors_take_anthropics_status_and_type(error, status, kind):
+    assert error_status(error) == status
+    assert error_body(error, "req_1") == {
+        "type": "error",
+        "error": {"type": kind, "message": error.message},
+        "request_id": "req_1",
+    }
+
+
+def test_context_length_errors_are_worded_as_claude_code_reads_them():
+    asked = errors.context_length_exceeded(2048, 1500, 32000)
+    assert error_body(asked, "r")["error"]["message"] == (
+        "input length and `max_tokens` exceed context limit: 1500 + 32000 > 2048, decrease input"
+        " length or `max_tokens` and try again"
+    )
+    too_long = errors.context_length_exceeded(2048, 3000, 0)
+    assert (
+        error_body(too_long, "r")["error"]["message"]
+        == "prompt is too long: 3000 tokens > 2048 maximum"
+    )
+    upstreams = APIError("The upstream model returned an error.", code="context_length_exceeded")
+    assert error_body(upstreams, "r")["error"]["message"].startswith("prompt is too long: ")

@@ -1,0 +1,227 @@
+"""MessageEncoder: backend events -> Anthropic's Messages stream events, in Anthropic's
+order, and the message they add up to.
+
+Each case is compared with a golden transcript in ``golden/``. Run with
+``--update-golden`` to rewrite them after an intended change, and read the diff.
+The real ``anthropic`` SDK reads each stream (over an in-memory transport) into the
+very message the encoder answers without streaming.
+"""
+
+from pathlib import Path
+
+import anthropic
+import httpx2
+import pytest
+
+from chatparity.protocol import errors
+from chatparity.protocol.events import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from chatparity.protocol.messages_stream import PING, MessageEncoder, sse_event, tool_input
+
+GOLDEN = Path(__file__).parent / "golden"
+USAGE = Usage(prompt_tokens=9, completion_tokens=3, cached_tokens=2)
+HELLO = [TextDelta(0, "Hel"), TextDelta(0, "lo!"), Finish(0, "stop"), USAGE]
+WEATHER_CALL = [
+    ToolCallDelta(0, 0, "", id="toolu_golden", name="get_weather"),
+    ToolCallDelta(0, 0, '{"city": '),
+    ToolCallDelta(0, 0, '"Paris"}'),
+]
+CASES = {
+    "messages_text": HELLO,
+    "messages_tool_use": [
+        TextDelta(0, "Let me check."),
+        *WEATHER_CALL,
+        Finish(0, "tool_calls"),
+        USAGE,
+    ],
+    "messages_thinking": [
+        ReasoningDelta(0, "The user "),
+        ReasoningDelta(0, "greets me."),
+        *HELLO,
+    ],
+    "messages_stop_sequence": [TextDelta(0, "1, 2"), Finish(0, "stop", stop_sequence=", 3"), USAGE],
+}
+
+
+def encoder(streaming=True):
+    return MessageEncoder(
+        message_id="msg_golden",
+        model="claude-sonnet",
+        input_tokens=8,
+        request_id="req_golden",
+        streaming=streaming,
+    )
+
+
+def events_of(backend_events, *, failure=None, streaming=True):
+    """Every event a stream carries for ``backend_events``, and the encoder."""
+    enc = encoder(streaming)
+    events = enc.opening()
+    for event in backend_events:
+        events += enc.encode(event)
+    events += enc.closing() if failure is None else enc.failing(failure)
+    return events, enc
+
+
+def types(events):
+    return [event["type"] for event in events]
+
+
+def read_by_the_sdk(body: bytes):
+    """The message the real ``anthropic`` SDK makes of a stream ``body``."""
+    answer = httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+    client = anthropic.Anthropic(
+        api_key="key",
+        base_url="http://gateway",
+        http_client=httpx2.Client(transport=httpx2.MockTransport(lambda request: answer)),
+    )
+    with client.messages.stream(model="claude-sonnet", max_tokens=64, messages=[]) as stream:
+        return stream.get_final_message()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_stream_matches_golden_transcript(name, request):
+    events, _ = events_of(CASES[name])
+    produced = b"".join(sse_event(event) for event in events)
+    path = GOLDEN / f"{name}.sse"
+    if request.config.getoption("--update-golden"):
+        path.write_bytes(produced)
+    assert produced == path.read_bytes()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_sdk_reads_the_stream_as_the_message_not_streamed(name):
+    events, enc = events_of(CASES[name])
+    body = PING + b"".join(sse_event(event) for event in events)  # a ping before it all
+    _, whole = events_of(CASES[name], streaming=False)
+    assert read_by_the_sdk(body).to_dict() == whole.message() == enc.message()
+
+
+def test_the_order_of_a_text_answer():
+    events, _ = events_of(HELLO)
+    assert types(events) == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+
+
+def test_message_start_is_empty_with_the_estimated_input_and_the_delta_the_final_usage():
+    events, enc = events_of(HELLO)
+    start = events[0]["message"]
+    assert start["content"] == []
+    assert start["stop_reason"] is None
+    assert start["usage"]["input_tokens"] == 8
+    assert start["usage"]["output_tokens"] == 0
+    assert events[-2]["usage"] == {
+        "input_tokens": 7,  # 9 prompt tokens, 2 of them read from a cache
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 2,
+        "output_tokens": 3,
+    }
+    assert enc.message()["usage"] == {**events[-2]["usage"], "service_tier": "standard"}
+
+
+def test_the_model_is_the_one_the_client_named_and_ids_are_the_encoders():
+    _, enc = events_of(HELLO)
+    message = enc.message()
+    assert (message["id"], message["model"], message["type"], message["role"]) == (
+        "msg_golden",
+        "claude-sonnet",
+        "message",
+        "assistant",
+    )
+
+
+@pytest.mark.parametrize(
+    ("finish", "stop_reason"),
+    [
+        (Finish(0, "stop"), "end_turn"),
+        (Finish(0, "length"), "max_tokens"),
+        (Finish(0, "content_filter"), "refusal"),
+        (Finish(0, "stop", stop_sequence="END"), "stop_sequence"),
+    ],
+)
+def test_stop_reasons(finish, stop_reason):
+    _, enc = events_of([TextDelta(0, "x"), finish, USAGE])
+    assert enc.message()["stop_reason"] == stop_reason
+
+
+def test_a_call_stops_for_tool_use_even_when_the_tool_was_named():
+    _, enc = events_of([*WEATHER_CALL, Finish(0, "stop"), USAGE])
+    assert enc.message()["stop_reason"] == "tool_use"
+    assert enc.message()["content"] == [
+        {
+            "type": "tool_use",
+            "id": "toolu_golden",
+            "name": "get_weather",
+            "input": {"city": "Paris"},
+        }
+    ]
+    _, cut = events_of([*WEATHER_CALL, Finish(0, "length"), USAGE])
+    assert cut.message()["stop_reason"] == "max_tokens"
+
+
+def test_parallel_calls_are_blocks_in_order():
+    second = [
+        ToolCallDelta(0, 1, "", id="toolu_2", name="get_time"),
+        ToolCallDelta(0, 1, "{}"),
+    ]
+    events, enc = events_of([*WEATHER_CALL, *second, Finish(0, "tool_calls"), USAGE])
+    starts = [event for event in events if event["type"] == "content_block_start"]
+    assert [(s["index"], s["content_block"]["name"]) for s in starts] == [
+        (0, "get_weather"),
+        (1, "get_time"),
+    ]
+    assert [block["id"] for block in enc.message()["content"]] == ["toolu_golden", "toolu_2"]
+
+
+def test_an_empty_answer_has_no_blocks():
+    events, enc = events_of([Finish(0, "stop"), USAGE])
+    assert types(events) == ["message_start", "message_delta", "message_stop"]
+    assert enc.message()["content"] == []
+    assert enc.message()["stop_reason"] == "end_turn"
+
+
+def test_other_choices_are_not_the_messages():
+    _, enc = events_of([TextDelta(0, "a"), TextDelta(1, "b"), Finish(1, "stop"), *HELLO])
+    assert enc.message()["content"] == [{"type": "text", "text": "aHello!"}]
+
+
+def test_a_failure_after_the_first_byte_is_an_error_event_ending_the_stream():
+    events, _ = events_of([TextDelta(0, "Hel")], failure=errors.timed_out("Too slow."))
+    assert events[-1] == {
+        "type": "error",
+        "error": {"type": "timeout_error", "message": "Too slow."},
+        "request_id": "req_golden",
+    }
+    assert sse_event(events[-1]).startswith(b"event: error\ndata: ")
+
+
+def test_the_sdk_raises_the_error_event_by_its_type():
+    events, _ = events_of([TextDelta(0, "Hel")], failure=errors.service_unavailable("Away."))
+    with pytest.raises(anthropic.APIStatusError) as raised:
+        read_by_the_sdk(b"".join(sse_event(event) for event in events))
+    assert raised.value.body["error"] == {"type": "overloaded_error", "message": "Away."}
+
+
+def test_not_streaming_makes_no_delta_events():
+    events, _ = events_of(HELLO, streaming=False)
+    assert types(events) == ["message_start", "message_delta", "message_stop"]
+
+
+def test_no_finisher_from_the_backend_ends_the_turn():
+    _, enc = events_of([TextDelta(0, "Hi")])
+    assert enc.message()["stop_reason"] == "end_turn"
+    assert enc.message()["usage"]["output_tokens"] == 1, "counted when the backend said none"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [("", {}), ('{"a": 1}', {"a": 1}), ("[1]", {}), ('{"a": ', {})],
+)
+def test_a_calls_input_is_an_object(arguments, expected):
+    assert tool_input(arguments) == expected

@@ -1,0 +1,338 @@
+"""An upstream that speaks Anthropic's Messages API: the body it is asked with, and its
+named events (or its whole message) read back with the chat path's distrust."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from chatparity.protocol.events import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from chatparity.protocol.messages_upstream import (
+    DEFAULT_MAX_TOKENS,
+    MessagesEventReader,
+    upstream_request,
+)
+from chatparity.protocol.request import Limits, parse_chat_request
+from chatparity.protocol.upstream import SSEReader, UpstreamError
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+CALLING = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+]
+GOLDEN = Path(__file__).parent / "golden"
+EVERYTHING = frozenset({"tools", "temperature", "top_p", "stop", "response_format", "user"})
+
+
+def asked(forwarded=EVERYTHING, **body):
+    """The /messages body for a chat request of ``body``."""
+    body = {"model": "alias", "messages": [{"role": "user", "content": "Hi"}], **body}
+    request = parse_chat_request(body, Limits())
+    given = {name: value for name, value in body.items() if name in forwarded or name == "messages"}
+    if "reasoning_effort" in body:
+        given["reasoning_effort"] = body["reasoning_effort"]
+    return upstream_request(request, "claude-sonnet-4-5", given)
+
+
+# The request.
+
+
+def test_the_conversation_with_system_first_and_a_default_max_tokens():
+    body = asked(
+        messages=[
+            {"role": "system", "content": "Be brief."},
+            {"role": "developer", "content": "Answer in French."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Bonjour"},
+            {"role": "user", "content": [{"type": "text", "text": "Ça va?"}]},
+        ]
+    )
+    assert body == {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": DEFAULT_MAX_TOKENS,
+        "system": "Be brief.\n\nAnswer in French.",
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "Bonjour"}]},
+            {"role": "user", "content": [{"type": "text", "text": "Ça va?"}]},
+        ],
+        "stream": True,
+    }
+
+
+def test_calls_are_tool_uses_and_tool_messages_results_in_one_user_turn():
+    body = asked(
+        messages=[*CALLING, {"role": "user", "content": "And tomorrow?"}],
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=300,
+    )
+    assert body["messages"][1:] == [
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "call_1",
+                    "name": "get_weather",
+                    "input": {"city": "Paris"},
+                }
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "call_1", "content": "Sunny"},
+                {"type": "text", "text": "And tomorrow?"},
+            ],
+        },
+    ]
+    assert body["tools"] == [
+        {
+            "name": "get_weather",
+            "input_schema": WEATHER["function"]["parameters"],
+            "description": "The weather in a city.",
+        }
+    ]
+    assert body["tool_choice"] == {"type": "any", "disable_parallel_tool_use": True}
+    assert body["max_tokens"] == 300
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected"),
+    [
+        ("auto", {"type": "auto"}),
+        ("none", {"type": "none"}),
+        (
+            {"type": "function", "function": {"name": "get_weather"}},
+            {"type": "tool", "name": "get_weather"},
+        ),
+    ],
+)
+def test_tool_choices(choice, expected):
+    assert asked(tools=[WEATHER], tool_choice=choice)["tool_choice"] == expected
+
+
+def test_sampling_stops_user_and_format():
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    body = asked(
+        temperature=1.5,
+        top_p=0.9,
+        stop=["END"],
+        user="u1",
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+    )
+    assert body["temperature"] == 1.0, "Anthropic's most"
+    assert (body["top_p"], body["stop_sequences"]) == (0.9, ["END"])
+    assert body["metadata"] == {"user_id": "u1"}
+    assert body["output_config"] == {"format": {"type": "json_schema", "schema": schema}}
+
+
+def test_what_is_not_forwarded_is_not_sent():
+    body = asked(forwarded=frozenset(), temperature=0.5, user="u1", tools=[WEATHER])
+    assert set(body) == {"model", "max_tokens", "messages", "stream"}
+
+
+def test_an_effort_asks_for_thinking_where_anthropic_allows_it():
+    assert asked(reasoning_effort="high", max_tokens=32000)["thinking"] == {
+        "type": "enabled",
+        "budget_tokens": 16384,
+    }
+    assert asked(reasoning_effort="high", max_tokens=4000)["thinking"]["budget_tokens"] == 3999
+    for refused in (
+        {"reasoning_effort": "none"},
+        {"reasoning_effort": "low", "max_tokens": 1024},  # no room for the smallest budget
+        {"reasoning_effort": "low", "temperature": 0.2},
+        {"reasoning_effort": "low", "tools": [WEATHER], "tool_choice": "required"},
+        {"reasoning_effort": "low", "messages": CALLING, "tools": [WEATHER]},  # within a call
+    ):
+        assert "thinking" not in asked(**{"max_tokens": 8000, **refused}), refused
+
+
+# Reading the answer.
+
+# Streams as Anthropic sends them (the SDK's recorded fixtures' shape).
+TEXT_STREAM = (GOLDEN / "anthropic_text.sse").read_text()
+
+TOOL_STREAM = (GOLDEN / "anthropic_tool_use.sse").read_text()
+
+
+def frame(payload):
+    return f"event: {payload['type']}\ndata: {json.dumps(payload)}\n\n"
+
+
+def read(stream, reader=None):
+    reader = reader or MessagesEventReader(n=1, prompt_tokens=4)
+    sse = SSEReader()
+    events = []
+    for line in stream.splitlines():
+        event = sse.feed(line)
+        if event is not None:
+            events += reader.read(event)
+    return events, reader
+
+
+def test_a_stream_of_thinking_and_text():
+    events, reader = read(TEXT_STREAM)
+    assert events == [
+        ReasoningDelta(0, "A greeting."),
+        TextDelta(0, "Hello"),
+        TextDelta(0, " there!"),
+        Finish(0, "stop"),
+    ]
+    assert reader.done
+    assert reader.usage == Usage(19, 6, cached_tokens=5, reasoning_tokens=3)
+
+
+def test_a_stream_of_a_tool_use():
+    events, reader = read(TOOL_STREAM)
+    assert events == [
+        ToolCallDelta(0, 0, "", id="toolu_01", name="get_weather", tokens=0),
+        ToolCallDelta(0, 0, '{"city": "Par'),
+        ToolCallDelta(0, 0, 'is"}'),
+        Finish(0, "tool_calls"),
+    ]
+    assert reader.usage == Usage(377, 40)
+
+
+def test_a_named_tool_finishes_as_chat_does():
+    events, _ = read(TOOL_STREAM, MessagesEventReader(n=1, prompt_tokens=4, call_finish="stop"))
+    assert events[-1] == Finish(0, "stop")
+
+
+def test_the_stop_sequence_that_matched_is_kept():
+    stream = TEXT_STREAM.replace(
+        '"stop_reason":"end_turn","stop_sequence":null',
+        '"stop_reason":"stop_sequence","stop_sequence":"END"',
+    )
+    events, _ = read(stream)
+    assert events[-1] == Finish(0, "stop", stop_sequence="END")
+
+
+@pytest.mark.parametrize(
+    ("reason", "finish"),
+    [
+        ("max_tokens", "length"),
+        ("refusal", "content_filter"),
+        ("pause_turn", "stop"),
+        ("new", "stop"),
+    ],
+)
+def test_stop_reasons(reason, finish):
+    events, _ = read(TEXT_STREAM.replace('"stop_reason":"end_turn"', f'"stop_reason":"{reason}"'))
+    assert events[-1] == Finish(0, finish)
+
+
+def test_a_whole_message():
+    message = {
+        "id": "msg_3",
+        "type": "message",
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": "Weather.", "signature": "x"},
+            {"type": "text", "text": "Checking."},
+            {"type": "tool_use", "id": "toolu_9", "name": "get_weather", "input": {"city": "Oslo"}},
+        ],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 20, "output_tokens": 9},
+    }
+    reader = MessagesEventReader(n=1, prompt_tokens=4)
+    assert reader.read_completion(json.dumps(message).encode()) == [
+        ReasoningDelta(0, "Weather.", tokens=2),
+        TextDelta(0, "Checking.", tokens=3),
+        ToolCallDelta(0, 0, "", id="toolu_9", name="get_weather", tokens=0),
+        ToolCallDelta(0, 0, '{"city":"Oslo"}'),
+        Finish(0, "tool_calls"),
+    ]
+    assert reader.usage == Usage(20, 9)
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        '{"output_tokens":-1}',
+        '{"output_tokens":"many"}',
+        '{"output_tokens":99999999999}',
+        '{"output_tokens":1,"cache_read_input_tokens":true}',
+    ],
+)
+def test_usage_that_cannot_be_believed_is_counted_instead(usage):
+    stream = TEXT_STREAM.replace(
+        '"usage":{"output_tokens":6,"output_tokens_details":{"thinking_tokens":3}}',
+        f'"usage":{usage}',
+    )
+    _, reader = read(stream)
+    assert reader.usage == Usage(4, 3, counted=True)
+    assert reader.refused_usage is not None
+
+
+def test_an_error_event_is_the_upstreams_error_told_in_our_words():
+    error = {"type": "overloaded_error", "message": "Overloaded at host-7"}
+    stream = TEXT_STREAM.split("event: content_block_start")[0] + frame(
+        {"type": "error", "error": error}
+    )
+    with pytest.raises(UpstreamError) as raised:
+        read(stream)
+    assert raised.value.status == 502
+    assert raised.value.type == "overloaded_error"
+    assert "host-7" not in raised.value.message
+    assert raised.value.upstream_message == "Overloaded at host-7"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        "not json",
+        "[1, 2]",
+        '{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":5}}',
+        '{"type":"content_block_delta","index":0}',
+        '{"type":"content_block_start","index":0,"content_block":"text"}',
+        '{"type":"message_delta","delta":null}',
+    ],
+)
+def test_what_is_not_the_messages_wire_is_malformed(data):
+    with pytest.raises(UpstreamError) as raised:
+        read(f"event: x\ndata: {data}\n\n")
+    assert raised.value.status == 502
+
+
+def test_deltas_of_blocks_never_started_and_unknown_events_are_passed_over():
+    server_tool = {"type": "server_tool_use", "id": "s", "name": "web_search", "input": {}}
+    events, _ = read(
+        frame(
+            {
+                "type": "content_block_delta",
+                "index": 4,
+                "delta": {"type": "input_json_delta", "partial_json": "{"},
+            }
+        )
+        + frame({"type": "content_block_start", "index": 1, "content_block": server_tool})
+        + frame(
+            {
+                "type": "content_block_start",
+                "index": 2,
+                "content_block": {"type": "redacted_thinking", "data": "x"},
+            }
+        )
+        + frame({"type": "brand_new_event"})
+    )
+    assert events == []
