@@ -313,8 +313,11 @@ _PART = Tagged(
     },
     refuse=_unserved("Content type"),
 )
+# At most as many parts in one content as messages in a conversation: a message of
+# 240,000 empty parts costs nothing in tokens, and everything in its parse and storage.
+_PARTS = Array(_PART, may_be_empty=True, max_length=Limit("max_messages"))
 _CONTENT = OneOf(
-    (_TEXT, Array(_PART, may_be_empty=True)),
+    (_TEXT, _PARTS),
     description="A string, or text parts (input_text, output_text, refusal).",
 )
 
@@ -397,7 +400,7 @@ _ITEMS = Tagged(
             "FunctionCallOutput",
             _output_item,
             Member("call_id", String(), REQUIRED),
-            Member("output", OneOf((_TEXT, Array(_PART, may_be_empty=True))), REQUIRED),
+            Member("output", OneOf((_TEXT, _PARTS)), REQUIRED),
         ),
         "reasoning": Object(
             build=lambda item, path: None,

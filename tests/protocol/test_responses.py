@@ -447,6 +447,24 @@ def test_a_conversation_over_the_message_limit_is_refused_on_input():
     assert caught.value.param == "input"
 
 
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"role": "user", "content": [{"type": "input_text", "text": ""}] * 3},
+        {**OUTPUT, "output": [{"type": "input_text", "text": ""}] * 3},
+    ],
+    ids=["message", "function_call_output"],
+)
+def test_more_parts_in_one_content_than_messages_allowed_is_refused_before_they_are_read(item):
+    # Security round 3: 240,000 empty parts cost no token, but their parse and storage.
+    with pytest.raises(APIError) as caught:
+        parse(Limits(max_messages=2), input=[CALL, item] if "call_id" in item else [item])
+    error = caught.value
+    assert (error.status, error.code) == (400, "array_above_max_length")
+    assert error.param.endswith("content" if "role" in item else "output")
+    assert "maximum length 2, but got an array with length 3" in error.message
+
+
 def test_a_text_over_the_content_limit_is_refused_where_it_is():
     with pytest.raises(APIError) as caught:
         parse(Limits(max_content_chars=3), input=[{"role": "user", "content": "four"}])
