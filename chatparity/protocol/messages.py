@@ -14,8 +14,9 @@ statuses and types (:func:`error_status`, :func:`error_type`).
 What a gateway can and cannot honour (the written policy; :data:`IGNORED` and
 :data:`REFUSED` name the parameters):
 
-- Served: ``model``, ``messages`` (``text``, ``tool_use`` and ``tool_result``
-  blocks), ``system``, ``max_tokens``, ``stop_sequences``, ``temperature``,
+- Served: ``model``, ``messages`` (user, assistant and system turns; ``text``,
+  ``tool_use`` and ``tool_result`` blocks, a result's ``tool_reference`` read as
+  the tool's name), ``system``, ``max_tokens``, ``stop_sequences``, ``temperature``,
   ``top_p``, ``tools`` (custom tools: ``name``, ``description``,
   ``input_schema``, ``strict``), ``tool_choice`` (``auto``, ``any``, ``tool``,
   ``none``, ``disable_parallel_tool_use``), ``metadata.user_id`` (the chat
@@ -34,7 +35,8 @@ What a gateway can and cannot honour (the written policy; :data:`IGNORED` and
   (the features a beta unlocks are served, ignored or refused by the fields
   above).
 - Refused with a 400 naming the field: ``image``, ``document``,
-  ``search_result``, ``container_upload`` and server-tool blocks (the models
+  ``search_result``, ``container_upload``, ``mid_conv_system`` (a system turn
+  serves) and server-tool blocks (the models
   behind a gateway read text), server tools (``web_search_*``, ``bash_*``,
   ``code_execution_*``, ...: they run on Anthropic's servers), non-empty
   ``mcp_servers``, unknown body keys (as Anthropic refuses them).
@@ -75,8 +77,9 @@ from .schema import (
     wrong_type,
 )
 
-Role = Literal["user", "assistant"]
+Role = Literal["user", "assistant", "system"]
 ROLES: tuple[Role, ...] = get_args(Role)
+"""A ``system`` turn is instructions from there on (Claude Code sends its environment so)."""
 
 BlockType = Literal[
     "text",
@@ -103,7 +106,7 @@ results are served, earlier thinking is passed over, the rest refused."""
 
 ResultBlockType = Literal["text", "image", "search_result", "document", "tool_reference"]
 RESULT_BLOCK_TYPES: tuple[ResultBlockType, ...] = get_args(ResultBlockType)
-"""The block types of a ``tool_result``'s content; only text is served."""
+"""The block types of a ``tool_result``'s content; text and tool references are served."""
 
 ToolChoiceType = Literal["auto", "any", "tool", "none"]
 TOOL_CHOICE_TYPES: tuple[ToolChoiceType, ...] = get_args(ToolChoiceType)
@@ -274,12 +277,26 @@ _RESULT_CONTENT = OneOf(
         _TEXT,
         Array(
             Tagged(
-                "type", RESULT_BLOCK_TYPES, {"text": _TEXT_BLOCK}, refuse=_refused("content blocks")
+                "type",
+                RESULT_BLOCK_TYPES,
+                {
+                    "text": _TEXT_BLOCK,
+                    "tool_reference": Object(
+                        (
+                            Member("tool_name", String(), REQUIRED),
+                            Member("cache_control", _CACHE_CONTROL),
+                        ),
+                        build=lambda block, path: {"type": "text", "text": block["tool_name"]},
+                        name="ToolReferenceBlock",
+                        description="A tool found by a tool search: its name, as text.",
+                    ),
+                },
+                refuse=_refused("content blocks"),
             ),
             may_be_empty=True,
         ),
     ),
-    description="A string, or text blocks.",
+    description="A string, or text blocks (and tool references, read as the tool's name).",
 )
 
 
@@ -748,9 +765,12 @@ def _chat_messages(
     calls: list[str] = []  # the calls of the assistant turn just before
     calling: _Turn | None = None
     for turn in _merged(turns):
+        if calls and turn.role != "user":  # only the next user turn may answer them
+            raise _unanswered(calling, calls)
+        if turn.role == "system":
+            messages.append(_system(turn))
+            continue
         if turn.role == "assistant":
-            if calls:
-                raise _unanswered(calling, calls)
             message, calls = _assistant(turn)
             calling = turn
             messages.append(message)
@@ -777,6 +797,17 @@ def _chat_messages(
     if calls:
         raise _unanswered(calling, calls)
     return messages
+
+
+def _system(turn: _Turn) -> dict[str, Any]:
+    """A system turn as a chat system message: text only."""
+    for i, block in enumerate(turn.blocks):
+        if block["type"] != "text":
+            raise APIError(
+                f"{dotted(turn.path)}.content.{i}: `system` messages may only hold text blocks.",
+                param=f"{turn.path}.content[{i}]",
+            )
+    return {"role": "system", "content": _text(turn.blocks)}
 
 
 def _assistant(turn: _Turn) -> tuple[dict[str, Any], list[str]]:

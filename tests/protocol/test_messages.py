@@ -160,6 +160,29 @@ def test_earlier_thinking_is_passed_over():
     assert sent(request)[1] == {"role": "assistant", "content": "Hello!"}
 
 
+def test_a_system_turn_is_a_system_message_where_it_is():
+    request = chat(
+        messages=[*HI, {"role": "system", "content": [{"type": "text", "text": "Now be terse."}]}]
+    )
+    assert sent(request) == [
+        {"role": "user", "content": "Hi"},
+        {"role": "system", "content": "Now be terse."},
+    ]
+
+
+def test_a_tool_reference_in_a_result_is_the_tools_name():
+    found = [{"type": "tool_reference", "tool_name": "get_weather"}]
+    request = chat(
+        messages=[
+            *HI,
+            {"role": "assistant", "content": [CALL]},
+            {"role": "user", "content": [{**RESULT, "content": found}]},
+        ],
+        tools=[WEATHER],
+    )
+    assert request.messages[-1].content == "get_weather"
+
+
 def test_consecutive_turns_of_one_role_are_one_turn():
     request = chat(
         messages=[
@@ -244,6 +267,7 @@ def test_an_output_format_is_a_json_schema_response_format():
 
 
 def test_what_claude_code_sends_is_accepted():
+    """The shape of Claude Code 2.1.328's first request in print mode."""
     body = {
         "system": [
             {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}
@@ -255,7 +279,17 @@ def test_what_claude_code_sends_is_accepted():
                     {"type": "text", "text": "<system-reminder>Be careful.</system-reminder>"},
                     {"type": "text", "text": "Say hi", "cache_control": {"type": "ephemeral"}},
                 ],
-            }
+            },
+            {
+                "role": "system",
+                "content": [
+                    {
+                        "type": "text",
+                        "text": "# Environment",
+                        "cache_control": {"type": "ephemeral"},
+                    }
+                ],
+            },
         ],
         "tools": [
             {
@@ -267,11 +301,17 @@ def test_what_claude_code_sends_is_accepted():
                     "required": ["city"],
                     "additionalProperties": False,
                 },
-            }
+            },
+            {
+                "name": "DeferredToolPlaceholder",
+                "description": "Keeps deferred tool loading active.",
+                "input_schema": {"type": "object", "properties": {}},
+                "defer_loading": True,
+            },
         ],
-        "metadata": {"user_id": "user_0123_account__session_4567"},
-        "max_tokens": 32000,
-        "thinking": {"type": "adaptive"},
+        "metadata": {"user_id": '{"device_id":"cbc1","account_uuid":"","session_id":"0317"}'},
+        "max_tokens": 128000,
+        "thinking": {"type": "adaptive", "display": "omitted"},
         "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
         "output_config": {"effort": "medium"},
         "stream": True,
@@ -280,9 +320,11 @@ def test_what_claude_code_sends_is_accepted():
     request = chat(**body)
     assert request.messages[0].content == "You are Claude Code."
     assert request.messages[1].content == "<system-reminder>Be careful.</system-reminder>Say hi"
+    assert (request.messages[2].role, request.messages[2].content) == ("system", "# Environment")
     assert request.reasoning_effort is None, "thinking is the alias's to set"
     assert request.stream
-    assert request.max_tokens == 32000
+    assert request.max_tokens == 128000
+    assert [tool.name for tool in request.tools] == ["get_weather", "DeferredToolPlaceholder"]
 
 
 def test_parameters_accepted_and_ignored_are_not_sent_on():
@@ -326,7 +368,7 @@ def test_counting_tokens_takes_no_max_tokens_and_refuses_it():
         ({"messages": []}, "Invalid 'messages': empty array."),
         ({"system_prompt": "x"}, "system_prompt: Extra inputs are not permitted"),
         ({"temperature": 1.5}, "Invalid 'temperature': decimal above maximum value."),
-        ({"messages": [{"role": "system", "content": "x"}]}, "Invalid value: 'system'."),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "Invalid value: 'tool'."),
         (
             {"stop_sequences": ["a", "b", "c", "d", "e"]},
             "Invalid 'stop_sequences': array too long.",
@@ -408,6 +450,20 @@ def test_calls_belong_to_the_assistant_and_results_to_the_user():
     )
     error = refused(messages=[*HI, {"role": "assistant", "content": [RESULT]}])
     assert error.message.startswith("messages.1.content: `tool_result` blocks are only allowed")
+
+
+def test_a_system_turn_holds_text_and_answers_no_call():
+    error = refused(messages=[*HI, {"role": "system", "content": [CALL]}])
+    assert error.message == "messages.1.content.0: `system` messages may only hold text blocks."
+    between = [
+        *HI,
+        {"role": "assistant", "content": [CALL]},
+        {"role": "system", "content": "Careful."},
+        {"role": "user", "content": [RESULT]},
+    ]
+    assert refused(messages=between, tools=[WEATHER]).message.startswith(
+        "messages.1: `tool_use` ids were found without `tool_result` blocks immediately after"
+    )
 
 
 def test_call_ids_are_unique():
