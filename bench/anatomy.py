@@ -110,31 +110,31 @@ def statement(_cursor: Any, sql: str, *_: Any, **__: Any) -> str:
 
 
 HOPS = "sync_to_async hops (own cost: await minus work; with queueing for the thread)"
-LOAD_GRANT = "lookups._load_grant (key from the DB: cache miss)"
-LOAD_ALIASES = "lookups._load_aliases (aliases from the DB: cache miss)"
+LOAD_GRANT = "keys._load_grant (key from the DB: cache miss)"
+LOAD_ALIASES = "keys._load_aliases (aliases from the DB: cache miss)"
 DJANGO = "requests handed to Django's ASGI handler (not /v1)"
 
 # (module, attribute, label) of the coroutine functions timed as they are awaited. Each
-# is looked up through its module at call time (``lookups.grant(...)``, or a global of
+# is looked up through its module at call time (``keys.grant(...)``, or a global of
 # the module calling it), so replacing the module's attribute catches every call.
 ASYNC = (
-    ("asgi", "serve", "stage: asgi.serve (FastPath: the whole request, log row included)"),
-    ("gateway", "_authenticate", "stage: gateway._authenticate (lookups.grant)"),
-    ("lookups", "grant", "lookups.grant (key: cache hit, or load below)"),
-    ("gateway", "_resolve", "stage: gateway._resolve (lookups.aliases)"),
-    ("lookups", "aliases", "lookups.aliases (aliases: cache hit, or load below)"),
-    ("ratelimit", "admit", "stage: ratelimit.admit"),
-    ("gateway", "_begin", "stage: gateway._begin (admission, backend to its first event)"),
-    ("usage", "_insert_with_retries", "usage log batches (one sync_to_async hop each)"),
+    ("fastpath", "serve", "stage: fastpath.serve (FastPath: the whole request, log row included)"),
+    ("pipeline", "_authenticate", "stage: pipeline._authenticate (keys.grant)"),
+    ("keys", "grant", "keys.grant (key: cache hit, or load below)"),
+    ("pipeline", "_resolve", "stage: pipeline._resolve (keys.aliases)"),
+    ("keys", "aliases", "keys.aliases (aliases: cache hit, or load below)"),
+    ("limits", "admit", "stage: limits.admit"),
+    ("pipeline", "_begin", "stage: pipeline._begin (admission, backend to its first event)"),
+    ("writer", "_insert_with_retries", "usage log batches (one sync_to_async hop each)"),
     ("tail", "publish", "tail.publish (live tail, in-memory layer)"),
 )
 # The same for plain functions (those in threads: through sync_to_async).
 SYNC = (
-    ("asgi", "resolve", "FastPath: URL resolved (a path not seen before)"),
-    ("lookups", "_load_grant", LOAD_GRANT),
-    ("lookups", "_load_aliases", LOAD_ALIASES),
-    ("usage", "insert_rows", "usage.insert_rows (one executemany in one transaction)"),
-    ("usage", "_mark_used", "usage._mark_used (last_used_at, once a minute per key)"),
+    ("fastpath", "resolve", "FastPath: URL resolved (a path not seen before)"),
+    ("keys", "_load_grant", LOAD_GRANT),
+    ("keys", "_load_aliases", LOAD_ALIASES),
+    ("inserts", "insert_rows", "inserts.insert_rows (one executemany in one transaction)"),
+    ("inserts", "mark_used", "inserts.mark_used (last_used_at, once a minute per key)"),
 )
 
 
@@ -145,17 +145,21 @@ def instrument() -> None:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.sqlite3 import base as sqlite
 
-    from chatparity import accounting, asgi, gateway, lookups, ratelimit, usage
+    from chatparity.accounting import keys, ledger, limits, record, writer
     from chatparity.backends import _http1
     from chatparity.dashboard import tail
+    from chatparity.gateway import pipeline
+    from chatparity.transport import fastpath
 
     modules = {
-        "asgi": asgi,
-        "gateway": gateway,
-        "lookups": lookups,
-        "ratelimit": ratelimit,
+        "fastpath": fastpath,
+        "pipeline": pipeline,
+        "keys": keys,
+        "limits": limits,
         "tail": tail,
-        "usage": usage,
+        "record": record,
+        "writer": writer,
+        "inserts": inserts,
     }
     original_call = SyncToAsync.__call__
 
@@ -213,13 +217,13 @@ def instrument() -> None:
         lambda f: atimed("upstream: connections opened (_http1.Endpoint._connect)", f),
     )
     patch(
-        accounting.Accounting,
+        ledger.Accounting,
         "close",
         lambda f: atimed("stage: Accounting.close (after the reply: settle, log row, tail)", f),
     )
-    patch(usage.LogWriter, "write", lambda f: atimed("usage.LogWriter.write (rows)", f))
-    patch(usage.UsageRecord, "row", lambda f: timed("usage.UsageRecord.row (the log row)", f))
-    patch(ratelimit.Admission, "settle", lambda f: atimed("ratelimit Admission.settle", f))
+    patch(writer.LogWriter, "write", lambda f: atimed("writer.LogWriter.write (rows)", f))
+    patch(record.UsageRecord, "row", lambda f: timed("record.UsageRecord.row (the log row)", f))
+    patch(limits.Admission, "settle", lambda f: atimed("ratelimit Admission.settle", f))
     for module, name, label in ASYNC:
         patch(modules[module], name, functools.partial(atimed, label))
     for module, name, label in SYNC:

@@ -16,7 +16,8 @@ from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from . import probe, ratelimit
+from .accounting import limits
+from .gateway import probe
 from .models import ApiKey, Backend, ModelAlias, RequestLog, StoredResponse
 
 
@@ -61,7 +62,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.display(description="usage now")
     def usage_against_limits(self, key: ApiKey) -> str:
-        rows = async_to_sync(ratelimit.standing)(key)
+        rows = async_to_sync(limits.standing)(key)
         if not rows:
             return "No limits or budgets."
         return format_html_join("", "<div class='limit'>{}: <strong>{}</strong> of {}</div>", rows)

@@ -12,7 +12,7 @@ class ChatparityConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
-        from .lookups import forget
+        from .accounting.keys import forget
         from .models import ApiKey, Backend, ModelAlias
 
         # A change saved in this process applies to the very next request.
@@ -27,7 +27,7 @@ class ChatparityConfig(AppConfig):
     def _recover_journals(self) -> None:
         """Spool, as interrupted, the requests that workers killed on this machine left
         in flight (written to the log by the first batch this process writes)."""
-        from .journal import recover
+        from .accounting.journal import recover
 
         try:
             recover()

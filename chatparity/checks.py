@@ -16,7 +16,7 @@ from django.utils.module_loading import import_string
 
 from .backends.command import CommandConfigError, parse_declaration
 from .conf import DEFAULTS, app_settings
-from .cors import origin_problem
+from .transport.cors import origin_problem
 
 
 @register()

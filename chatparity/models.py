@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -13,12 +14,12 @@ from django.db import models
 from django.db.models.functions import Lower
 from django.utils import timezone
 
-from .backends import config_errors
-from .backends.upstream import check_forwarded_params
 from .conf import app_settings
 from .encryption import EncryptedTextField
+from .kinds import config_errors
 from .protocol.errors import APIError
 from .protocol.request import parse_chat_request
+from .protocol.upstream import check_forwarded_params
 
 
 class BudgetPeriod(models.TextChoices):
@@ -36,6 +37,9 @@ def refused(errors: dict[str, str]) -> ValidationError:
     return ValidationError(
         {field: ValidationError(message, code="refused") for field, message in errors.items()}
     )
+
+
+MILLION = Decimal(1_000_000)  # prices are per million tokens
 
 
 def hash_key(plaintext: str) -> str:
@@ -95,6 +99,7 @@ class ApiKey(models.Model):
 
     class Meta:
         verbose_name = "API key"
+        permissions = [("issue_key_for_others", "Can issue keys for other users")]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
@@ -114,13 +119,13 @@ class ApiKey(models.Model):
 class Backend(models.Model):
     """Where completions come from: the embedded model or an upstream."""
 
-    class Kind(models.TextChoices):
-        LOCAL = "local", "Local llama.cpp model"
-        OPENAI = "openai", "OpenAI-compatible upstream"
-        COMMAND = "command", "Command-line program"
-
     name = models.CharField(max_length=100, unique=True)
-    kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.LOCAL)
+    kind = models.CharField(
+        max_length=100,
+        default="local",
+        help_text='A kind in CHATPARITY["BACKEND_CLASSES"]: local, openai, command or the'
+        " site's own.",
+    )
     base_url = models.URLField(blank=True)
     secret = EncryptedTextField(blank=True, help_text="Encrypted at rest; never shown.")
     options = models.JSONField(default=dict, blank=True)
@@ -133,7 +138,7 @@ class Backend(models.Model):
 
     def clean(self) -> None:
         """A configured kind, its base URL and options as its class checks them
-        (:func:`chatparity.backends.config_errors`), a positive timeout."""
+        (:func:`chatparity.kinds.config_errors`), a positive timeout."""
         errors = config_errors(self.kind, self.base_url, self.options)
         if self.timeout is not None and not self.timeout > 0:
             errors["timeout"] = "Give the seconds a request may take, more than 0."
@@ -196,6 +201,12 @@ class ModelAlias(models.Model):
     listed = models.BooleanField(default=True, help_text="Shown in /v1/models.")
     owned_by = models.CharField(max_length=100, default="chatparity")
     context_window = models.PositiveIntegerField(null=True, blank=True)
+    max_output_tokens = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="The model's own cap on completion tokens per choice, reserved for a request"
+        " that sets none. Blank: the context window.",
+    )
     description = models.TextField(blank=True)
     requests_per_minute = _limit("For each key using this alias. Blank: no limit.")
     tokens_per_minute = _limit("For each key using this alias. Blank: no limit.")
@@ -216,6 +227,10 @@ class ModelAlias(models.Model):
 
     def __str__(self) -> str:
         return self.public_id
+
+    def cost_of(self, prompt_tokens: int, completion_tokens: int) -> Decimal:
+        """USD for these tokens at this alias's prices (per million tokens)."""
+        return (prompt_tokens * self.input_price + completion_tokens * self.output_price) / MILLION
 
     def clean(self) -> None:
         """Default parameters a request could carry, fallbacks naming other aliases,
@@ -267,6 +282,8 @@ class Endpoint(models.TextChoices):
 
     CHAT_COMPLETIONS = "chat.completions", "/v1/chat/completions"
     RESPONSES = "responses", "/v1/responses"
+    MESSAGES = "messages", "/v1/messages"
+    EMBEDDINGS = "embeddings", "/v1/embeddings"
 
 
 class RequestLog(models.Model):

@@ -9,8 +9,8 @@ from asgiref.sync import sync_to_async
 from django.dispatch import Signal
 
 if TYPE_CHECKING:
+    from .accounting.record import UsageRecord
     from .models import RequestLog
-    from .usage import UsageRecord
 
 logger = logging.getLogger(__name__)
 

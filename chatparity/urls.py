@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from . import health, views
+from .transport import health, views
 
 app_name = "chatparity"
 

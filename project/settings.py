@@ -179,7 +179,7 @@ DATABASES = {
         # Not persistent: under Django's ASGI handler each request queries from a
         # thread of its own, so kept connections pile up instead of being reused
         # (Django's docs: disable persistent connections under ASGI). The /v1 fast
-        # path (chatparity.asgi) keeps one connection per worker regardless.
+        # path (chatparity.transport.fastpath) keeps one connection per worker regardless.
         conn_max_age=0,
     )
 }

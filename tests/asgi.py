@@ -4,7 +4,7 @@ import orjson
 from asgiref.testing import ApplicationCommunicator
 from django.core.asgi import get_asgi_application
 
-from chatparity.asgi import FastPath
+from chatparity.transport.fastpath import FastPath
 
 
 def http_scope(

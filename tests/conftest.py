@@ -29,13 +29,13 @@ def _forget_lookups():
     requests from zero: the last test's data was rolled back."""
     from django.core.cache import cache
 
-    from chatparity import lookups, spool, usage
+    from chatparity.accounting import inserts, keys, spool
 
     cache.clear()
-    lookups.forget()
-    usage._stamped.clear()
+    keys.forget()
+    inserts._stamped.clear()
     yield
-    lookups.forget()
+    keys.forget()
     # Rows a test spooled are not the next test's to write: its database is new.
     for pattern in ("rows-*", "claimed-*"):
         for leftover in spool.folder(create=False).glob(pattern):

@@ -1,15 +1,23 @@
-"""A backend that replays a script from its options: the test double for failure paths.
+"""Scripted doubles: a backend that replays a script from its options (the test double
+for failure paths), and an upstream that answers a conversation turn by turn.
 
-Real backends are tested against the real model and real upstreams; this one
-makes a backend fail at an exact point, which real programs cannot be asked to.
+Real backends are tested against the real model and real upstreams; the
+backend makes a backend fail at an exact point, which real programs cannot be
+asked to, and the upstream makes a model call the function a test needs (a
+small model cannot be made to), for clients that run a task to its end.
 """
 
 import asyncio
+import json
+import threading
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from chatparity.backends.base import BackendConfig
 from chatparity.protocol.errors import APIError
-from chatparity.protocol.events import Event, Finish, TextDelta, Usage
+from chatparity.protocol.events import Event, Finish, TextDelta, ToolCallDelta, Usage
 from chatparity.protocol.request import ChatRequest
 
 # CHATPARITY settings that add the "scripted" backend kind.
@@ -17,7 +25,9 @@ SCRIPTED = {"BACKEND_CLASSES": {"scripted": "tests.scripted.ScriptedBackend"}}
 
 
 class ScriptedBackend:
-    """``options["script"]``: a list of text pieces, ``"<fail>"``, ``"<error>"`` or ``"<hang>"``."""
+    """``options["script"]``: a list of text pieces, ``"<fail>"``, ``"<error>"``,
+    ``"<hang>"``, function calls (``{"call": name, "arguments": json_text}``) or
+    ``"<call every tool>"`` (a call of each function offered, in order, with ``{}``)."""
 
     system_fingerprint = "fp_scripted"
 
@@ -25,8 +35,8 @@ class ScriptedBackend:
         self.config = config
 
     async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[Event]:
-        sent = 0
-        for step in self.config.options.get("script", []):
+        sent = calls = 0
+        for step in self._steps(request):
             if step == "<fail>":
                 raise RuntimeError("backend crashed")
             if step == "<error>":
@@ -34,6 +44,109 @@ class ScriptedBackend:
             if step == "<hang>":
                 await asyncio.Event().wait()
             sent += 1
-            yield TextDelta(0, step)
-        yield Finish(0, "stop")
+            if isinstance(step, dict):
+                yield ToolCallDelta(
+                    0, calls, step["arguments"], id=f"call_{calls}", name=step["call"]
+                )
+                calls += 1
+            else:
+                yield TextDelta(0, step)
+        yield Finish(0, "tool_calls" if calls else "stop")
         yield Usage(prompt_tokens=1, completion_tokens=sent)
+
+    def _steps(self, request: ChatRequest) -> list[Any]:
+        every_tool = [{"call": tool.name, "arguments": "{}"} for tool in request.tools]
+        return [
+            each
+            for step in self.config.options.get("script", [])
+            for each in (every_tool if step == "<call every tool>" else [step])
+        ]
+
+
+@dataclass(frozen=True)
+class Call:
+    """A turn in which the model calls function ``name`` with ``arguments``."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
+Turn = str | Call
+"""A turn of a script: an answer in text, or a function call."""
+
+
+class ScriptedUpstream:
+    """An OpenAI-compatible upstream on loopback (``/v1/chat/completions``) whose model
+    plays a script: ``scripts`` maps a model name to its turns, and a request is
+    answered with the turn after the model's earlier calls in its conversation (the
+    last turn once the script is played). Streamed as asked, with usage; every
+    request's body is kept in :attr:`requests`.
+    """
+
+    def __init__(self, scripts: dict[str, list[Turn]]) -> None:
+        self.scripts = scripts
+        self.requests: list[dict[str, Any]] = []
+        upstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                upstream.requests.append(body)
+                stream = bool(body.get("stream"))
+                answer = upstream.answer(body)
+                payload = (
+                    "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in answer)
+                    + "data: [DONE]\n\n"
+                    if stream
+                    else json.dumps(answer)
+                ).encode()
+                self.send_response(200)
+                kind = "text/event-stream" if stream else "application/json"
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(payload)))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                """Quiet: the tests read :attr:`requests`."""
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def turn(self, body: dict[str, Any]) -> Turn:
+        """The turn ``body``'s conversation has come to."""
+        script = self.scripts[body["model"]]
+        played = sum(1 for message in body["messages"] if message.get("tool_calls"))
+        return script[min(played, len(script) - 1)]
+
+    def answer(self, body: dict[str, Any]) -> Any:
+        """The chunks (streamed) or the completion of the turn ``body`` is at."""
+        turn = self.turn(body)
+        if isinstance(turn, Call):
+            function = {"name": turn.name, "arguments": json.dumps(turn.arguments)}
+            call = {"id": f"call_{len(self.requests)}", "type": "function", "function": function}
+            message, finish = {"content": None, "tool_calls": [call]}, "tool_calls"
+        else:
+            message, finish = {"content": turn}, "stop"
+        usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+        head = {"id": "chatcmpl-scripted", "created": 1, "model": body["model"]}
+        if not body.get("stream"):
+            choice = {"index": 0, "message": {"role": "assistant", **message}}
+            return {**head, "object": "chat.completion", "usage": usage,
+                    "choices": [{**choice, "finish_reason": finish}]}  # fmt: skip
+        if isinstance(turn, Call):
+            message["tool_calls"][0]["index"] = 0
+        chunk = {**head, "object": "chat.completion.chunk"}
+        return [
+            {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", **message}}]},
+            {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
+            {**chunk, "choices": [], "usage": usage},
+        ]

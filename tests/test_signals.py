@@ -2,10 +2,10 @@
 
 from django.test import TestCase
 
-from chatparity.accounting import Accounting
+from chatparity.accounting.ledger import Accounting
+from chatparity.accounting.record import UsageRecord
 from chatparity.models import ApiKey, RequestLog
 from chatparity.signals import request_logged
-from chatparity.usage import UsageRecord
 
 
 class RequestLoggedTests(TestCase):
@@ -70,7 +70,7 @@ class RequestLoggedTests(TestCase):
         self.addCleanup(request_logged.disconnect, receiver)
         accounting = self.accounting("req-lost")
         accounting.record.status_code = -1  # a row the database refuses
-        with self.assertLogs("chatparity.usage", "ERROR") as logs:
+        with self.assertLogs("chatparity.accounting.writer", "ERROR") as logs:
             await accounting.close()
         assert "the log row of req-lost was lost" in logs.output[0]
         assert received == []

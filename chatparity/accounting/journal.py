@@ -28,9 +28,9 @@ from typing import Any
 
 import orjson
 
+from ..models import Endpoint, RequestLog
 from . import spool
-from .models import Endpoint, RequestLog
-from .usage import UsageRecord, fit_columns, ip_address
+from .record import UsageRecord, fit_columns, ip_address
 
 logger = logging.getLogger(__name__)
 

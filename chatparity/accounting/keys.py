@@ -25,11 +25,11 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError
 
-from . import signals
-from .conf import app_settings
-from .db import OncePerInterval, detached, reconnecting
-from .models import ApiKey, ModelAlias
-from .protocol import errors
+from .. import signals
+from ..conf import app_settings
+from ..models import ApiKey, ModelAlias
+from ..protocol import errors
+from .batching import OncePerInterval, detached, reconnecting
 
 logger = logging.getLogger(__name__)
 

@@ -15,14 +15,16 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from . import journal, ratelimit, signals, usage
-from .models import ModelAlias, RequestLog
-from .protocol import errors
-from .protocol.errors import APIError
-from .protocol.events import Event, Finish, TextDelta, ToolCallDelta, Usage
-from .protocol.request import ChatRequest
-from .ratelimit import Admission
-from .usage import UsageRecord
+from .. import signals
+from ..models import ModelAlias, RequestLog
+from ..protocol import errors
+from ..protocol.errors import APIError
+from ..protocol.events import Event, Finish, TextDelta, ToolCallDelta, Usage
+from ..protocol.request import ChatRequest
+from . import journal, limits
+from .limits import Admission
+from .record import UsageRecord
+from .writer import log
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +33,7 @@ class Accounting:
     """What one request reserved and did, until its row is written.
 
     A request with no API key (an admin's trial) is admitted under the limits of
-    the alias alone: see :func:`chatparity.ratelimit.admit`.
+    the alias alone: see :func:`chatparity.accounting.limits.admit`.
     """
 
     def __init__(self, record: UsageRecord) -> None:
@@ -63,12 +65,12 @@ class Accounting:
     async def admit(self, alias: ModelAlias, chat: ChatRequest) -> None:
         """Reserve ``chat`` as ``alias`` serves it: its prompt and its completion cap in
         every limit (OpenAI's 429 when one refuses it)."""
-        estimate = ratelimit.Estimate.of(chat, alias)
+        estimate = limits.Estimate.of(chat, alias)
         observers = signals.observers
         for observer in observers:
             observer.admitting(self.record)
         try:
-            self.admission = await ratelimit.admit(self.record.api_key, alias, estimate)
+            self.admission = await limits.admit(self.record.api_key, alias, estimate)
         except BaseException as refusal:
             for observer in observers:
                 observer.admitted(self.record, refusal)
@@ -81,7 +83,7 @@ class Accounting:
         """Move the admitted request to ``alias``, a fallback, under its own limits, as
         ``chat`` (the request as ``alias`` serves it)."""
         assert self.admission is not None, "a request is admitted before it falls back"
-        await self.admission.switch(alias, ratelimit.Estimate.of(chat, alias))
+        await self.admission.switch(alias, limits.Estimate.of(chat, alias))
         for observer in signals.observers:
             observer.fallback(self.record.backend)
         self.served_by(alias)
@@ -183,7 +185,7 @@ class Accounting:
         try:
             await self.settle()
             try:
-                await usage.log(row)
+                await log(row)
             finally:  # cancelled, the row is written all the same
                 journal.end(row.request_id)
         finally:

@@ -55,12 +55,12 @@ from django.core.cache.backends.locmem import LocMemCache
 from django.db import DatabaseError
 from django.db.models import Sum
 
-from . import signals
-from .conf import app_settings
-from .models import ApiKey, ModelAlias, RequestLog
-from .protocol.errors import APIError
-from .protocol.request import ChatRequest
-from .protocol.tokens import approximate_prompt_tokens
+from .. import signals
+from ..conf import app_settings
+from ..models import ApiKey, ModelAlias, RequestLog
+from ..protocol.errors import APIError
+from ..protocol.request import ChatRequest
+from ..protocol.tokens import approximate_prompt_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -533,11 +533,6 @@ def _period(
     return start.strftime("%Y%m"), start, end
 
 
-def cost_of(alias: ModelAlias, prompt_tokens: int, completion_tokens: int) -> Decimal:
-    """USD for these tokens at ``alias``'s prices (per million tokens)."""
-    return (prompt_tokens * alias.input_price + completion_tokens * alias.output_price) / MICRO
-
-
 def completion_cap(alias: ModelAlias) -> int:
     """The completion tokens one choice may use on ``alias`` when the request sets no
     ``max_tokens`` (nor does the alias's defaults): the alias's context window, else the
@@ -638,7 +633,7 @@ class Admission:
         used = {
             "requests": 1,
             "tokens": prompt_tokens + completion_tokens,
-            "cost": int(cost_of(self.alias, prompt_tokens, completion_tokens) * MICRO),
+            "cost": int(self.alias.cost_of(prompt_tokens, completion_tokens) * MICRO),
         }
         amounts = [
             (charge.counter, used[charge.kind] - charge.reserved)
@@ -782,7 +777,7 @@ def _plan(key: ApiKey | None, alias: ModelAlias, estimate: Estimate) -> list[Cha
                 charges.append(Charge(kind, counter, limit, amount, _WINDOW_TTL,
                                       resets_in=reset_in))  # fmt: skip
     if key is not None:
-        cost = cost_of(alias, estimate.prompt_tokens, estimate.completion_tokens) * MICRO
+        cost = alias.cost_of(estimate.prompt_tokens, estimate.completion_tokens) * MICRO
         for budget in _budgets(key):
             amount = estimate.total if budget.kind == "tokens" else math.ceil(cost)
             charges.append(Charge(budget.kind, budget.counter, budget.limit, amount, budget.ttl,

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from django.db.models import Count, F, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce, TruncDate
 
-from .models import RequestLog
+from ..models import RequestLog
 
 Dimension = Literal["day", "key", "alias", "endpoint"]
 DIMENSIONS: tuple[Dimension, ...] = ("day", "key", "alias", "endpoint")

@@ -28,8 +28,9 @@ from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteWrapper
 from django.db.models import Field
 from django.utils import timezone
 
-from .conf import app_settings
-from .models import RequestLog
+from ..conf import app_settings
+from ..models import RequestLog
+from . import inserts
 
 logger = logging.getLogger(__name__)
 
@@ -204,8 +205,6 @@ def _drain_file(path: Path) -> int:
 
 
 def _insert_missing(rows: list[RequestLog]) -> int:
-    from .usage import insert_rows
-
     database = router.db_for_write(RequestLog)
     held: set[str] = set()
     for start in range(0, len(rows), _LOOKUP_CHUNK):
@@ -214,5 +213,5 @@ def _insert_missing(rows: list[RequestLog]) -> int:
         held.update(found.values_list("request_id", flat=True))
     missing = {row.request_id: row for row in rows if row.request_id not in held}
     if missing:
-        insert_rows(list(missing.values()))
+        inserts.insert_rows(list(missing.values()))
     return len(missing)

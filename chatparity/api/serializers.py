@@ -9,8 +9,8 @@ from django.db.models import QuerySet
 from rest_framework import serializers
 from rest_framework.validators import UniqueValidator
 
+from ..accounting.reports import DIMENSIONS, Dimension, LogFilter
 from ..models import ApiKey, Backend, Endpoint, ModelAlias, RequestLog, StoredResponse
-from ..reports import DIMENSIONS, Dimension, LogFilter
 
 
 class AliasField(serializers.SlugRelatedField[ModelAlias]):
@@ -223,7 +223,8 @@ class StoredResponseFilterSerializer(serializers.Serializer[Any]):
 
 
 class LogFilterSerializer(serializers.Serializer[LogFilter]):
-    """Query parameters choosing log rows, as :class:`~chatparity.reports.LogFilter` does."""
+    """Query parameters choosing log rows, as
+    :class:`~chatparity.accounting.reports.LogFilter` does."""
 
     since = serializers.DateField(required=False, help_text="First day (UTC), inclusive.")
     until = serializers.DateField(required=False, help_text="Last day (UTC), inclusive.")

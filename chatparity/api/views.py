@@ -1,4 +1,5 @@
-"""Views of the management API: thin viewsets over the serializers and :mod:`chatparity.reports`."""
+"""Views of the management API: thin viewsets over the serializers and
+:mod:`chatparity.accounting.reports`."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
-from .. import reports
+from ..accounting import reports
 from ..models import ApiKey, Backend, ModelAlias, RequestLog, StoredResponse
 from . import serializers
 
@@ -216,7 +217,7 @@ class ReportView(PermittedAPIView):
 
 
 class UsageView(ReportView):
-    """Usage totals from :func:`chatparity.reports.usage`."""
+    """Usage totals from :func:`chatparity.accounting.reports.usage`."""
 
     @extend_schema(
         parameters=[serializers.UsageFilterSerializer],
@@ -231,7 +232,7 @@ class UsageView(ReportView):
 
 
 class LatencyView(ReportView):
-    """Latency percentiles from :func:`chatparity.reports.latency_by_alias`."""
+    """Latency percentiles from :func:`chatparity.accounting.reports.latency_by_alias`."""
 
     @extend_schema(
         parameters=[serializers.LogFilterSerializer],

@@ -1,4 +1,5 @@
-"""The usage dashboard: the admin page of UsageDashboard, drawn from ``chatparity.reports``."""
+"""The usage dashboard: the admin page of UsageDashboard, drawn from
+``chatparity.accounting.reports``."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils import timezone
 
+from ..accounting.reports import LogFilter, latency_by_alias, usage
 from ..models import ApiKey, Endpoint, ModelAlias, RequestLog
-from ..reports import LogFilter, latency_by_alias, usage
 from .charts import grouped_bars, stacked_bars
 from .models import UsageDashboard
 from .tail import TAIL_PATH

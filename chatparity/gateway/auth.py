@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from . import lookups
-from .lookups import Grant
-from .models import hash_key
-from .protocol import errors
+from ..accounting import keys
+from ..accounting.keys import Grant
+from ..models import hash_key
+from ..protocol import errors
 
 
 async def authenticate(authorization: str) -> Grant:
@@ -14,7 +14,7 @@ async def authenticate(authorization: str) -> Grant:
     presented = presented.strip()
     if scheme.lower() != "bearer" or not presented:
         raise errors.missing_api_key()
-    grant = await lookups.grant(hash_key(presented))
+    grant = await keys.grant(hash_key(presented))
     if grant is None or grant.key.is_expired:
         raise errors.invalid_api_key(presented)
     return grant

@@ -2,14 +2,14 @@
 
 Each endpoint takes a :class:`Call` and returns a :class:`Reply`. Two thin
 transports hand calls over and send replies: Django views
-(:mod:`chatparity.views`) and the ASGI fast path (:mod:`chatparity.asgi`). A
+(:mod:`chatparity.transport.views`) and the ASGI fast path (:mod:`chatparity.transport.fastpath`). A
 transport tells the reply when the client left (:meth:`Reply.cancel`) and when
 it is done with it (:meth:`Reply.close`), which closes the request's
-:class:`~chatparity.accounting.Accounting`: after the client has its answer,
+:class:`~chatparity.accounting.ledger.Accounting`: after the client has its answer,
 and whether the reply was sent in full, failed or was cut short.
 
 :func:`start` is the pipeline of a chat completion, shared by the endpoint and
-the admin's trials (:mod:`chatparity.probe`).
+the admin's trials (:mod:`chatparity.gateway.probe`).
 """
 
 from __future__ import annotations
@@ -30,19 +30,19 @@ from typing import Any
 
 import orjson
 
-from . import lookups
-from .accounting import Accounting
-from .auth import authenticate
-from .backends import ChatBackend, get_backend
-from .conf import app_settings
-from .lookups import Grant
-from .models import ModelAlias
-from .protocol import errors
-from .protocol.completion import CompletionAccumulator
-from .protocol.errors import APIError
-from .protocol.events import Event
-from .protocol.openapi import openapi_document
-from .protocol.request import (
+from ..accounting import keys
+from ..accounting.keys import Grant
+from ..accounting.ledger import Accounting
+from ..accounting.record import UsageRecord
+from ..backends import ChatBackend, get_backend
+from ..conf import app_settings
+from ..models import ModelAlias
+from ..protocol import errors
+from ..protocol.completion import CompletionAccumulator
+from ..protocol.errors import APIError
+from ..protocol.events import Event
+from ..protocol.openapi import openapi_document
+from ..protocol.request import (
     ChatRequest,
     Limits,
     decode_body,
@@ -50,8 +50,8 @@ from .protocol.request import (
     parse_model,
     with_defaults,
 )
-from .protocol.stream import DONE, ChunkEncoder, sse
-from .usage import UsageRecord
+from ..protocol.stream import DONE, ChunkEncoder, sse
+from .auth import authenticate
 
 logger = logging.getLogger(__name__)
 
@@ -242,7 +242,7 @@ async def _authenticate(call: Call) -> Grant:
 
 async def _resolve(model: str, grant: Grant | None) -> ModelAlias:
     """The alias ``model`` names, if ``grant`` may use it; else OpenAI's 404."""
-    alias = (await lookups.aliases()).find(model, grant)
+    alias = (await keys.aliases()).find(model, grant)
     if alias is None:
         raise errors.model_not_found(model)
     return alias
@@ -691,14 +691,14 @@ def _model_object(alias: ModelAlias) -> dict[str, Any]:
 @endpoint("GET")
 async def list_models(call: Call) -> Reply:
     grant = await _authenticate(call)
-    listed = (await lookups.aliases()).listed(grant)
+    listed = (await keys.aliases()).listed(grant)
     return json_reply({"object": "list", "data": [_model_object(alias) for alias in listed]})
 
 
 @endpoint("GET")
 async def retrieve_model(call: Call, model: str) -> Reply:
     grant = await _authenticate(call)
-    alias = (await lookups.aliases()).find(model, grant, servable=False)
+    alias = (await keys.aliases()).find(model, grant, servable=False)
     if alias is None:
         raise APIError(
             f"The model '{model}' does not exist", status=404, param="model", code="model_not_found"

@@ -1,7 +1,7 @@
 """Short completions run from the admin: "try it" on an alias, "test connection" on a backend.
 
 They go through the gateway's pipeline as an API request does
-(:func:`chatparity.gateway.start`: validation with the alias's defaults,
+(:func:`chatparity.gateway.pipeline.start`: validation with the alias's defaults,
 admission under the alias's limits, the backend and its fallbacks, the chunks)
 and, since they may spend money upstream, each leaves a RequestLog row: with no
 API key, the key prefix :data:`KEY_PREFIX` and the admin user named in the user
@@ -14,10 +14,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from . import gateway
-from .accounting import Accounting
-from .models import Backend, ModelAlias
-from .usage import UsageRecord
+from ..accounting.ledger import Accounting
+from ..accounting.record import UsageRecord
+from ..models import Backend, ModelAlias
+from . import pipeline
 
 TRY_PROMPT = "Say hello in one short sentence."
 # In the log's key_prefix column, where an API request has its key's prefix.
@@ -59,7 +59,7 @@ async def _complete(
 ) -> Trial:
     accounting = Accounting(
         UsageRecord(
-            request_id=gateway.request_id(),
+            request_id=pipeline.request_id(),
             key_prefix=KEY_PREFIX,
             user_agent=f"chatparity admin ({operator})",
         )
@@ -71,7 +71,7 @@ async def _complete(
         "max_completion_tokens": max_tokens,
     }
     try:
-        answer = await gateway.start(body, accounting, alias=alias)
+        answer = await pipeline.start(body, accounting, alias=alias)
         completion = await answer.whole()
     except Exception as exc:
         error = accounting.fail(exc)

@@ -1,7 +1,7 @@
 """The Responses API: ``/v1/responses`` and the responses it stores.
 
 ``POST /v1/responses`` is served by the same pipeline as chat completions
-(:func:`chatparity.gateway.respond`: keys, admission, fallbacks, time-outs,
+(:func:`chatparity.gateway.pipeline.respond`: keys, admission, fallbacks, time-outs,
 accounting), its request turned into the chat request backends serve and
 their events encoded by :class:`ResponsesWire`. A response made with
 ``store`` (the default) is kept with its input as a
@@ -27,11 +27,28 @@ from django.db import DatabaseError, connections
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from .accounting import Accounting
-from .backends import ChatBackend
-from .conf import app_settings
-from .db import detached, reconnecting, settle
-from .gateway import (
+from ..accounting.batching import detached, reconnecting, settle
+from ..accounting.keys import Grant
+from ..accounting.ledger import Accounting
+from ..accounting.record import UsageRecord, storable
+from ..backends import ChatBackend
+from ..conf import app_settings
+from ..models import Endpoint, StoredResponse
+from ..protocol import errors
+from ..protocol.completion import CompletionAccumulator
+from ..protocol.errors import APIError
+from ..protocol.events import Event
+from ..protocol.request import ChatRequest
+from ..protocol.responses import (
+    ResponsesRequest,
+    as_chat_request,
+    parse_responses_request,
+    previous_response_not_found,
+    response_not_found,
+)
+from ..protocol.responses_stream import ResponseEncoder, sse_event
+from ..protocol.schema import Enum, Integer
+from .pipeline import (
     Call,
     Reply,
     Wire,
@@ -42,23 +59,6 @@ from .gateway import (
     random_id,
     respond,
 )
-from .lookups import Grant
-from .models import Endpoint, StoredResponse
-from .protocol import errors
-from .protocol.completion import CompletionAccumulator
-from .protocol.errors import APIError
-from .protocol.events import Event
-from .protocol.request import ChatRequest
-from .protocol.responses import (
-    ResponsesRequest,
-    as_chat_request,
-    parse_responses_request,
-    previous_response_not_found,
-    response_not_found,
-)
-from .protocol.responses_stream import ResponseEncoder, sse_event
-from .protocol.schema import Enum, Integer
-from .usage import UsageRecord, storable
 
 logger = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from typing import Any, NamedTuple
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from ..accounting.record import UsageRecord
 from ..models import RequestLog
 from ..signals import Observer
-from ..usage import UsageRecord
 
 UNKNOWN = "unknown"
 """The alias label of a request for a model no alias serves."""

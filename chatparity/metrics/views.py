@@ -14,8 +14,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from .. import health, spool
+from ..accounting import spool
 from ..conf import app_settings
+from ..transport import health
 from . import instruments
 
 

@@ -30,6 +30,7 @@ import orjson
 from .enums import FINISH_REASONS, FinishReason
 from .errors import APIError
 from .events import Event, Finish, TextDelta, TokenLogprob, ToolCallDelta, TopLogprob, Usage
+from .request import CHAT_COMPLETION_REQUEST
 from .tokens import approximate_tokens
 
 _ID_ALPHABET = string.ascii_letters + string.digits
@@ -375,3 +376,58 @@ def _logprobs(logprobs: Any) -> list[TokenLogprob] | None:
         )
         for entry in entries
     ]
+
+
+# The request parameters an upstream gets whatever the alias: the conversation and
+# what shapes sampling and format, billed by nothing but the tokens they shape.
+# (model, stream and stream_options are the backend's own.) Not here, so only when
+# an alias forwards them: service_tier (a dearer tier), store and metadata (the
+# conversation kept upstream), web_search_options (paid searches), audio and
+# modalities (audio output), prediction (rejected predicted tokens are billed),
+# user, safety_identifier and prompt_cache_key (claims the gateway cannot check,
+# made in the name of the upstream's account).
+FORWARDED = frozenset(
+    {
+        "messages",
+        "temperature",
+        "top_p",
+        "max_tokens",
+        "max_completion_tokens",
+        "stop",
+        "n",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+        "seed",
+        "response_format",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "functions",
+        "function_call",
+        "reasoning_effort",
+        "verbosity",
+    }
+)
+
+
+REQUEST_PARAMETERS = frozenset(member.name for member in CHAT_COMPLETION_REQUEST.members)
+# Parameters an alias cannot forward: those the backend sets itself.
+BACKENDS_OWN = frozenset({"model", "stream", "stream_options"})
+
+
+def check_forwarded_params(names: Any) -> None:
+    """Raise ValueError unless ``names`` (an alias's ``forwarded_params``) lists request
+    parameters an upstream would not get otherwise: neither in :data:`FORWARDED` nor
+    the backend's own."""
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise ValueError('List the names of request parameters, e.g. ["service_tier"].')
+    for name in names:
+        if name in FORWARDED:
+            raise ValueError(f"{name!r} is always forwarded: leave it out.")
+        if name in BACKENDS_OWN:
+            raise ValueError(f"{name!r} is set by the backend itself.")
+        if name not in REQUEST_PARAMETERS:
+            raise ValueError(f"{name!r} is not a Chat Completions request parameter.")

@@ -20,11 +20,11 @@ from opentelemetry import context, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from ..accounting.record import UsageRecord
 from ..conf import app_settings
 from ..models import RequestLog
 from ..protocol.completion import CompletionAccumulator
 from ..signals import Observer
-from ..usage import UsageRecord
 
 OPERATION = "chat"
 SYSTEM = "openai"

@@ -24,7 +24,7 @@ from typing import Any
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .conf import app_settings
+from ..conf import app_settings
 
 # Every method some /v1 endpoint serves: an endpoint that does not serve the one a
 # page asks for answers it with its 405, which the page can then read.

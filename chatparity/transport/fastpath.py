@@ -2,7 +2,7 @@
 
 Wrap the project's ASGI application::
 
-    from chatparity.asgi import FastPath
+    from chatparity.transport.fastpath import FastPath
     application = FastPath(get_asgi_application())
 
 Requests whose URL resolves to a chatparity ``/v1`` view (wherever the
@@ -15,7 +15,7 @@ a Host not in ``ALLOWED_HOSTS`` gets a 400 and, when the site runs
 ``SecurityMiddleware``, plain HTTP is redirected to HTTPS (``SECURE_SSL_REDIRECT``)
 and replies carry its headers (HSTS over HTTPS, ``nosniff``, ...). Browsers'
 cross-origin requests, preflights included, get the same CORS answers as from
-the views (:mod:`chatparity.cors`). The body is read only once the key is
+the views (:mod:`chatparity.transport.cors`). The body is read only once the key is
 valid, and must arrive within ``BODY_TIMEOUT``.
 The request's accounting (limits settled, log row written) is closed once the
 reply is sent, so it costs the client nothing.
@@ -38,11 +38,11 @@ from django.http import HttpRequest, HttpResponse
 from django.middleware.security import SecurityMiddleware
 from django.urls import Resolver404, resolve
 
-from . import gateway
-from .conf import app_settings
+from ..conf import app_settings
+from ..gateway import pipeline
+from ..gateway.pipeline import Call, Endpoint, Reply
+from ..protocol.errors import APIError
 from .cors import is_preflight, policy
-from .gateway import Call, Endpoint, Reply
-from .protocol.errors import APIError
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -179,7 +179,7 @@ class _Edge:
             probe.get_host()
         except DisallowedHost as refused:
             security_logger.error("%s", refused, extra={"status_code": 400})
-            return gateway.error_reply(
+            return pipeline.error_reply(
                 APIError(
                     "The Host header names a host this server does not serve.",
                     code="invalid_host",

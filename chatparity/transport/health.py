@@ -18,8 +18,8 @@ from django.db import connections, router
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_http_methods
 
-from . import ratelimit
-from .models import RequestLog
+from ..accounting import limits
+from ..models import RequestLog
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +79,8 @@ def _checks(*, counters: bool) -> dict[str, Callable[[], Awaitable[None]]]:
     }
     if _has_channel_layer():
         checks["channel_layer"] = _ping_channel_layer
-    store = ratelimit.counters()
-    if counters and isinstance(store, ratelimit.RedisCounters):
+    store = limits.counters()
+    if counters and isinstance(store, limits.RedisCounters):
         checks["redis"] = store.ping
     return checks
 

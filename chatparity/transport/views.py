@@ -1,7 +1,7 @@
-"""The ``/v1`` endpoints as Django views: thin adapters around :mod:`chatparity.gateway`.
+"""The ``/v1`` endpoints as Django views: thin adapters around :mod:`chatparity.gateway.pipeline`.
 
 Mounted through ``chatparity.urls``, they run behind the site's middleware.
-:mod:`chatparity.asgi` serves the same endpoints faster, in front of Django.
+:mod:`chatparity.transport.fastpath` serves the same endpoints faster, in front of Django.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from . import gateway, responses
+from ..gateway import pipeline, responses
+from ..gateway.pipeline import Call, Endpoint, Reply
 from .cors import is_preflight, policy
-from .gateway import Call, Endpoint, Reply
 
 View = Callable[..., Coroutine[Any, Any, HttpResponseBase]]
 
@@ -92,11 +92,11 @@ async def _sending(reply: Reply, frames: AsyncIterator[bytes]) -> AsyncIterator[
         await reply.close()
 
 
-chat_completions = django_view(gateway.chat_completions)
-list_models = django_view(gateway.list_models)
-retrieve_model = django_view(gateway.retrieve_model)
-openapi = django_view(gateway.openapi)
-invalid_url = django_view(gateway.invalid_url)
+chat_completions = django_view(pipeline.chat_completions)
+list_models = django_view(pipeline.list_models)
+retrieve_model = django_view(pipeline.retrieve_model)
+openapi = django_view(pipeline.openapi)
+invalid_url = django_view(pipeline.invalid_url)
 create_response = django_view(responses.create_response)
 response = django_view(responses.response)
 response_input_items = django_view(responses.input_items)

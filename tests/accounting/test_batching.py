@@ -13,7 +13,7 @@ import pytest
 from django.conf import settings
 from django.db import DatabaseError, OperationalError, connections
 
-from chatparity.db import OncePerInterval, reconnecting
+from chatparity.accounting.batching import OncePerInterval, reconnecting
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from tests.asgi import ask_fast_path
 from tests.scripted import SCRIPTED

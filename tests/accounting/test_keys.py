@@ -9,7 +9,7 @@ from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.db import OperationalError
 from django.test import TestCase
 
-from chatparity import lookups
+from chatparity.accounting import keys
 from chatparity.conf import app_settings
 from chatparity.models import ApiKey, Backend, ModelAlias, hash_key
 from chatparity.protocol.errors import APIError
@@ -24,61 +24,61 @@ class LookupTests(TestCase):
 
     def counting(self, name):
         calls = []
-        original = getattr(lookups, name)
+        original = getattr(keys, name)
 
         def load(*args):
             calls.append(args)
             return original(*args)
 
-        patcher = mock.patch.object(lookups, name, load)
+        patcher = mock.patch.object(keys, name, load)
         patcher.start()
         self.addCleanup(patcher.stop)
         return calls
 
     async def test_requests_arriving_together_share_one_load(self):
-        keys, aliases = self.counting("_load_grant"), self.counting("_load_aliases")
+        grant_loads, alias_loads = self.counting("_load_grant"), self.counting("_load_aliases")
         hashed = hash_key(self.plaintext)
-        grants = await asyncio.gather(*(lookups.grant(hashed) for _ in range(20)))
-        found = await asyncio.gather(*(lookups.aliases() for _ in range(20)))
+        grants = await asyncio.gather(*(keys.grant(hashed) for _ in range(20)))
+        found = await asyncio.gather(*(keys.aliases() for _ in range(20)))
         assert {grant.key.pk for grant in grants} == {self.key.pk}
         assert all(f.find("smollm2", grants[0]) is not None for f in found)
-        assert (len(keys), len(aliases)) == (1, 1)
+        assert (len(grant_loads), len(alias_loads)) == (1, 1)
 
     async def test_entries_expire_after_cache_seconds(self):
         loads = self.counting("_load_aliases")
-        with mock.patch.object(lookups, "clock", return_value=500.0) as clock:
-            await lookups.aliases()
+        with mock.patch.object(keys, "clock", return_value=500.0) as clock:
+            await keys.aliases()
             clock.return_value += 0.99
-            await lookups.aliases()
+            await keys.aliases()
             assert len(loads) == 1
             clock.return_value += 0.02
-            await lookups.aliases()
+            await keys.aliases()
             assert len(loads) == 2
 
     async def test_a_key_revoked_by_another_worker_is_refused_within_cache_seconds(self):
         hashed = hash_key(self.plaintext)
-        with mock.patch.object(lookups, "clock", return_value=500.0) as clock:
-            assert await lookups.grant(hashed) is not None
+        with mock.patch.object(keys, "clock", return_value=500.0) as clock:
+            assert await keys.grant(hashed) is not None
             # update() sends no signal: this worker hears no more than of another's save.
             await ApiKey.objects.filter(pk=self.key.pk).aupdate(is_active=False)
-            assert await lookups.grant(hashed) is not None
+            assert await keys.grant(hashed) is not None
             clock.return_value += app_settings.CACHE_SECONDS + 0.01
-            assert await lookups.grant(hashed) is None
+            assert await keys.grant(hashed) is None
 
     async def test_an_unknown_key_is_none_and_remembered_too(self):
         loads = self.counting("_load_grant")
-        assert await lookups.grant(hash_key("sk-cp-nobody")) is None
-        assert await lookups.grant(hash_key("sk-cp-nobody")) is None
+        assert await keys.grant(hash_key("sk-cp-nobody")) is None
+        assert await keys.grant(hash_key("sk-cp-nobody")) is None
         assert len(loads) == 1
 
     async def test_a_change_saved_while_loading_is_not_hidden_by_the_load(self):
         hashed = hash_key(self.plaintext)
-        loading = asyncio.ensure_future(lookups.grant(hashed))
+        loading = asyncio.ensure_future(keys.grant(hashed))
         for _ in range(2):  # the request's task, then its load's, take their first step
             await asyncio.sleep(0)
-        lookups.forget()  # as a save during the load does
+        keys.forget()  # as a save during the load does
         assert (await loading).key.pk == self.key.pk  # the waiting request is served
-        assert hashed not in lookups._entries  # but the next one reads again
+        assert hashed not in keys._entries  # but the next one reads again
 
     async def test_while_the_database_is_unreachable_keys_are_served_as_last_read(self):
         hashed = hash_key(self.plaintext)
@@ -88,21 +88,21 @@ class LookupTests(TestCase):
             tries.append(args)
             raise OperationalError("connection refused")
 
-        with mock.patch.object(lookups, "clock", return_value=500.0) as clock:
-            assert await lookups.grant(hashed) is not None
-            with mock.patch.object(lookups, "_load_grant", unreachable):
+        with mock.patch.object(keys, "clock", return_value=500.0) as clock:
+            assert await keys.grant(hashed) is not None
+            with mock.patch.object(keys, "_load_grant", unreachable):
                 clock.return_value += app_settings.CACHE_SECONDS + 0.01
-                assert (await lookups.grant(hashed)).key.pk == self.key.pk
+                assert (await keys.grant(hashed)).key.pk == self.key.pk
                 # The database is asked again about once a second, not by each request.
-                assert (await lookups.grant(hashed)).key.pk == self.key.pk
+                assert (await keys.grant(hashed)).key.pk == self.key.pk
                 assert len(tries) == 1
-                clock.return_value += lookups.RETRY_SECONDS
-                assert (await lookups.grant(hashed)).key.pk == self.key.pk
+                clock.return_value += keys.RETRY_SECONDS
+                assert (await keys.grant(hashed)).key.pk == self.key.pk
                 assert len(tries) == 2
                 # Stale for longer than STALE_SECONDS: no longer trusted.
                 clock.return_value += app_settings.STALE_SECONDS
                 with pytest.raises(APIError) as refused:
-                    await lookups.grant(hashed)
+                    await keys.grant(hashed)
                 assert (refused.value.status, refused.value.code) == (
                     503,
                     "service_unavailable",
@@ -111,10 +111,10 @@ class LookupTests(TestCase):
     async def test_a_key_never_read_gets_a_503_while_the_database_is_unreachable(self):
         refusal = OperationalError("connection refused")
         with (
-            mock.patch.object(lookups, "_load_grant", side_effect=refusal),
+            mock.patch.object(keys, "_load_grant", side_effect=refusal),
             pytest.raises(APIError) as refused,
         ):
-            await lookups.grant(hash_key(self.plaintext))
+            await keys.grant(hash_key(self.plaintext))
         assert refused.value.status == 503
         assert refused.value.envelope()["error"]["type"] == "server_error"
 
@@ -126,13 +126,13 @@ def test_a_shared_load_runs_in_the_workers_database_thread():
 
     def load():
         threads.append(threading.get_ident())
-        return lookups.Aliases({})
+        return keys.Aliases({})
 
     async def a_request_under_djangos_handler():
         async with ThreadSensitiveContext():
-            await lookups.aliases()
+            await keys.aliases()
         return await sync_to_async(threading.get_ident)()
 
-    with mock.patch.object(lookups, "_load_aliases", load):
+    with mock.patch.object(keys, "_load_aliases", load):
         shared = asyncio.run(a_request_under_djangos_handler())
     assert threads == [shared]

@@ -10,18 +10,18 @@ from asgiref.testing import ApplicationCommunicator
 from django.core.asgi import get_asgi_application
 from django.test import TestCase, override_settings
 
-from chatparity import ratelimit, usage
-from chatparity.accounting import Accounting
-from chatparity.asgi import FastPath
+from chatparity.accounting import inserts, limits
+from chatparity.accounting.ledger import Accounting
+from chatparity.accounting.record import UsageRecord
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.request import parse_chat_request
 from chatparity.signals import request_logged
-from chatparity.usage import UsageRecord
+from chatparity.transport.fastpath import FastPath
+from tests.accounting.test_limits import OnRedis
 from tests.asgi import http_scope
 from tests.backends.test_upstream import UpstreamTestCase
 from tests.scripted import SCRIPTED
-from tests.test_ratelimit import OnRedis
 
 CHAT = parse_chat_request(
     {"model": "echo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5}
@@ -45,7 +45,7 @@ class CloseTests(TestCase):
 
     async def in_flight(self):
         key = await ApiKey.objects.aget(pk=self.key.pk)
-        standing = {name: used for name, used, _ in await ratelimit.standing(key)}
+        standing = {name: used for name, used, _ in await limits.standing(key)}
         return standing["requests in flight"]
 
     async def answered(self, application):
@@ -65,7 +65,7 @@ class CloseTests(TestCase):
         # A slow database must not hold a key's slots: with one allowed in flight, the
         # next request is admitted while the previous one's row still waits.
         release = threading.Event()
-        original = usage.insert_rows
+        original = inserts.insert_rows
         written = []
 
         def slow_insert(rows):
@@ -74,7 +74,7 @@ class CloseTests(TestCase):
             written.extend(rows)
 
         application = FastPath(get_asgi_application())
-        with mock.patch.object(usage, "insert_rows", slow_insert):
+        with mock.patch.object(inserts, "insert_rows", slow_insert):
             first = await self.answered(application)
             second = await self.answered(application)
             # Not counted in the database: the held insert may sit on this test's thread.
@@ -126,7 +126,7 @@ class CloseTests(TestCase):
         refused = ConnectionError("the counters' Redis is down")
         with (
             mock.patch.object(accounting.admission, "settle", side_effect=refused),
-            self.assertLogs("chatparity.accounting", "ERROR") as logs,
+            self.assertLogs("chatparity.accounting.ledger", "ERROR") as logs,
         ):
             await accounting.close()
         assert "the limits of req-kept were not settled" in logs.output[0]

@@ -16,11 +16,11 @@ import orjson
 import pytest
 from django.test import TestCase, override_settings
 
-from chatparity import ratelimit
+from chatparity.accounting import limits
+from chatparity.accounting.limits import Change, Lease, RedisCounters
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.request import parse_chat_request
-from chatparity.ratelimit import Change, Lease, RedisCounters
 from tests import services
 from tests.scripted import SCRIPTED
 
@@ -175,7 +175,7 @@ class StandingTests(LimitTestCase):
         await self.limit(requests_per_minute=5, max_concurrent=3, token_budget=100)
         await self.ask(max_tokens=2)
         key = await ApiKey.objects.aget(pk=self.key.pk)
-        standing = await ratelimit.standing(key)
+        standing = await limits.standing(key)
         assert standing == [
             ("requests this minute", "1", "5"),
             ("requests in flight", "0", "3"),
@@ -248,16 +248,16 @@ class CompletionCapTests(LimitTestCase):
         assert response["x-ratelimit-remaining-tokens"] == str(1000 - (4 + 10))
 
     async def test_an_unknown_context_reserves_the_default_cap(self):
-        await self.limit(tokens_per_minute=ratelimit.DEFAULT_COMPLETION_CAP)
+        await self.limit(tokens_per_minute=limits.DEFAULT_COMPLETION_CAP)
         refused = await self.ask()  # 4 + the default cap would pass the limit
         assert refused.status_code == 429
         assert (await self.ask(max_tokens=100)).status_code == 200
 
     def test_a_local_backend_is_capped_at_its_n_ctx(self):
         local = Backend(name="local", kind="local", options={"n_ctx": 1024})
-        assert ratelimit.completion_cap(ModelAlias(public_id="l", backend=local)) == 1024
+        assert limits.completion_cap(ModelAlias(public_id="l", backend=local)) == 1024
         default = Backend(name="local", kind="local", options={})
-        assert ratelimit.completion_cap(ModelAlias(public_id="l", backend=default)) == 2048
+        assert limits.completion_cap(ModelAlias(public_id="l", backend=default)) == 2048
 
     async def test_a_budget_refuses_what_the_cap_would_pass(self):
         await save(self.alias, context_window=100)
@@ -327,14 +327,14 @@ class AdmissionRaceTests(LimitTestCase):
             {"model": "echo", "messages": [{"role": "user", "content": "Hi"}],
              "max_tokens": max_tokens}
         )  # fmt: skip
-        estimate = ratelimit.Estimate.of(chat, alias)
+        estimate = limits.Estimate.of(chat, alias)
         used, refusals, held, peak = [], set(), 0, 0
 
         async def client(rng):
             nonlocal held, peak
             for _ in range(self.ROUNDS):
                 try:
-                    admission = await ratelimit.admit(key, alias, estimate)
+                    admission = await limits.admit(key, alias, estimate)
                 except APIError as refusal:
                     refusals.add(refusal.status)
                     continue
@@ -352,7 +352,7 @@ class AdmissionRaceTests(LimitTestCase):
 
     async def standing(self):
         key = await ApiKey.objects.aget(pk=self.key.pk)
-        return {name: used for name, used, _ in await ratelimit.standing(key)}
+        return {name: used for name, used, _ in await limits.standing(key)}
 
     async def test_requests_per_minute_is_exact(self):
         await self.limit(requests_per_minute=50)
@@ -382,7 +382,7 @@ class AdmissionRaceTests(LimitTestCase):
         await save(self.alias, input_price=Decimal("1000"), output_price=Decimal("2000"))
         await self.limit(cost_budget=Decimal("0.5"))
         used, _ = await self.race()
-        cost = sum(ratelimit.cost_of(self.alias, p, c) for p, c in used)
+        cost = sum(self.alias.cost_of(p, c) for p, c in used)
         assert 0 < cost <= Decimal("0.5")
 
     async def test_requests_in_flight_never_pass_the_limit(self):
@@ -429,13 +429,13 @@ def hold_a_slot(url: str, slots: str) -> None:
         lease = Lease(slots, 1)
         refusal, _ = await store.reserve([], lease)
         assert refusal is None
-        ratelimit._renewer().add(store, lease)
+        limits._renewer().add(store, lease)
         print("held", flush=True)
         await asyncio.Event().wait()
 
     with (
-        mock.patch.object(ratelimit, "LEASE_SECONDS", 2.0),
-        mock.patch.object(ratelimit, "RENEW_SECONDS", 0.5),
+        mock.patch.object(limits, "LEASE_SECONDS", 2.0),
+        mock.patch.object(limits, "RENEW_SECONDS", 0.5),
     ):
         asyncio.run(hold())
 
@@ -443,7 +443,7 @@ def hold_a_slot(url: str, slots: str) -> None:
 def in_a_process(call: str) -> subprocess.Popen:
     """``call`` (of this module) in a Python process of its own, its result on stdout."""
     script = (
-        "import django, json; django.setup(); import tests.test_ratelimit as t;"
+        "import django, json; django.setup(); import tests.accounting.test_limits as t;"
         f" print(json.dumps(t.{call}))"
     )
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
@@ -467,10 +467,10 @@ def test_a_slot_nobody_renews_expires(store, redis_url, settings):
     slots = f"test:slots:{time.time()}"
 
     async def take():
-        refusal, _ = await ratelimit.counters().reserve([], Lease(slots, 1))
+        refusal, _ = await limits.counters().reserve([], Lease(slots, 1))
         return refusal is None
 
-    with mock.patch.object(ratelimit, "LEASE_SECONDS", 1.0):
+    with mock.patch.object(limits, "LEASE_SECONDS", 1.0):
         assert asyncio.run(take())
         assert not asyncio.run(take())
         time.sleep(1.2)
@@ -499,13 +499,13 @@ class LeaseTests(LimitTestCase):
         key = await ApiKey.objects.aget(pk=self.key.pk)
         messages = [{"role": "user", "content": "Hi"}]
         chat = parse_chat_request({"model": "echo", "messages": messages, "max_tokens": 1})
-        return await ratelimit.admit(key, self.alias, ratelimit.Estimate.of(chat, self.alias))
+        return await limits.admit(key, self.alias, limits.Estimate.of(chat, self.alias))
 
     async def test_a_live_request_keeps_its_slot_past_its_first_lease(self):
         await self.limit(max_concurrent=1)
         with (
-            mock.patch.object(ratelimit, "LEASE_SECONDS", 1.0),
-            mock.patch.object(ratelimit, "RENEW_SECONDS", 0.2),
+            mock.patch.object(limits, "LEASE_SECONDS", 1.0),
+            mock.patch.object(limits, "RENEW_SECONDS", 0.2),
         ):
             admission = await self.admit()
             await asyncio.sleep(2)
@@ -526,7 +526,7 @@ class RedisAwayTests(LimitTestCase):
 
     @pytest.fixture(autouse=True)
     def _server(self):
-        ratelimit._logged.clear()  # each test sees its outage logged afresh
+        limits._logged.clear()  # each test sees its outage logged afresh
         with services.redis(own=True) as url:
             self.url, self.server = url, services.control(url)
             yield
@@ -544,7 +544,7 @@ class RedisAwayTests(LimitTestCase):
 
     async def test_a_frozen_redis_fails_open_quickly_and_says_so_once(self):
         await self.limit(requests_per_minute=100)
-        with self.when_unavailable("open"), self.assertLogs("chatparity.ratelimit") as logs:
+        with self.when_unavailable("open"), self.assertLogs("chatparity.accounting.limits") as logs:
             assert (await self.ask()).status_code == 200
             self.server.freeze()
             try:
@@ -592,7 +592,7 @@ class RedisAwayTests(LimitTestCase):
         with self.when_unavailable("open"):
             admissions = [await LeaseTests.admit(self) for _ in range(3)]
             self.server.stop()
-            with self.assertLogs("chatparity.ratelimit") as logs:
+            with self.assertLogs("chatparity.accounting.limits") as logs:
                 for admission in admissions:
                     await admission.settle(1, 1)
         assert len([line for line in logs.output if "not settled" in line]) == 1
@@ -602,6 +602,6 @@ class RedisAwayTests(LimitTestCase):
         with self.when_unavailable("open"):
             self.server.stop()
             key = await ApiKey.objects.aget(pk=self.key.pk)
-            assert await ratelimit.standing(key) == [
+            assert await limits.standing(key) == [
                 ("usage", "unknown", "its limits (the counters are unavailable)")
             ]

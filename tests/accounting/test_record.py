@@ -11,11 +11,11 @@ from django.db import IntegrityError
 from django.db.models import CharField
 from django.test import TestCase
 
-from chatparity import usage
+from chatparity.accounting import inserts, writer
+from chatparity.accounting.record import UsageRecord
 from chatparity.models import ApiKey, RequestLog
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Usage
-from chatparity.usage import UsageRecord
 
 
 @pytest.mark.django_db
@@ -77,7 +77,7 @@ def test_a_row_names_its_key_or_else_who_made_the_request():
     by_admin = UsageRecord(request_id="r", key_prefix="admin").row()
     assert (by_key.api_key, by_key.key_prefix) == (key, key.prefix)
     assert (by_admin.api_key, by_admin.key_prefix) == (None, "admin")
-    usage.insert_rows([by_key, by_admin])
+    inserts.insert_rows([by_key, by_admin])
     assert [(row.api_key_id, row.key_prefix) for row in RequestLog.objects.order_by("id")] == [
         (key.pk, key.prefix),
         (None, "admin"),
@@ -96,24 +96,24 @@ class LogWriterTests(TestCase):
 
     async def test_rows_finishing_together_are_one_insert(self):
         batches = []
-        original = usage.insert_rows
+        original = inserts.insert_rows
 
         def insert_rows(rows):
             batches.append(len(rows))
             return original(rows)
 
-        writer = usage.LogWriter()
-        with mock.patch.object(usage, "insert_rows", insert_rows):
-            await asyncio.gather(*(writer.write(self.row(f"r{i}")) for i in range(10)))
+        log_writer = writer.LogWriter()
+        with mock.patch.object(inserts, "insert_rows", insert_rows):
+            await asyncio.gather(*(log_writer.write(self.row(f"r{i}")) for i in range(10)))
         assert batches == [10]
         assert await RequestLog.objects.acount() == 10
         key = await ApiKey.objects.aget(pk=self.key.pk)
         assert key.last_used_at is not None
 
     async def test_a_row_the_database_refuses_fails_alone(self):
-        writer = usage.LogWriter()
+        log_writer = writer.LogWriter()
         good, bad = self.row("good"), self.row("bad", status_code=-1)
-        writes = (writer.write(good), writer.write(bad))
+        writes = (log_writer.write(good), log_writer.write(bad))
         results = await asyncio.gather(*writes, return_exceptions=True)
         assert results[0] is True  # written
         assert isinstance(results[1], IntegrityError)
@@ -132,7 +132,7 @@ class LogWriterTests(TestCase):
         row = record.row()
         row.cost, row.response_body = Decimal("0.00001234"), '{"id": "chatcmpl-1"}'
         row.request_body = record.request_body  # logged with LOG_BODIES on
-        usage.insert_rows([row])
+        inserts.insert_rows([row])
         stored = RequestLog.objects.get()
         fields = [field.attname for field in RequestLog._meta.concrete_fields if field.name != "id"]
         assert {name: getattr(stored, name) for name in fields} == {
@@ -142,11 +142,11 @@ class LogWriterTests(TestCase):
         assert stored.created_at is not None
 
     async def test_a_row_whose_writer_was_cancelled_is_still_written(self):
-        writer = usage.LogWriter()
-        waiting = asyncio.ensure_future(writer.write(self.row("left")))
+        log_writer = writer.LogWriter()
+        waiting = asyncio.ensure_future(log_writer.write(self.row("left")))
         await asyncio.sleep(0)
         waiting.cancel()  # the request's task, cancelled while its row waits
-        flushing = writer._flushing
+        flushing = log_writer._flushing
         await flushing  # the batch it joined is written all the same
         assert await RequestLog.objects.filter(request_id="left").aexists()
 
@@ -161,21 +161,21 @@ def test_a_batch_outliving_the_request_that_started_it_stays_in_one_thread():
         threads.append(threading.get_ident())
 
     async def requests_under_djangos_handler():
-        writer = usage.LogWriter()
+        log_writer = writer.LogWriter()
         async with ThreadSensitiveContext():  # the first request
-            started = asyncio.ensure_future(writer.write(RequestLog(request_id="started")))
+            started = asyncio.ensure_future(log_writer.write(RequestLog(request_id="started")))
             await asyncio.sleep(0)
         # It has ended; its batch still waits for rows to join.
-        await asyncio.gather(started, writer.write(RequestLog(request_id="joined")))
+        await asyncio.gather(started, log_writer.write(RequestLog(request_id="joined")))
         async with ThreadSensitiveContext():  # a later request, a new batch
-            await writer.write(RequestLog(request_id="later"))
+            await log_writer.write(RequestLog(request_id="later"))
         return await sync_to_async(threading.get_ident)()
 
     # Not the spool's drain either, which would leave a connection open in a thread
     # of this test's own loop (and the test database not dropped on PostgreSQL).
     with (
-        mock.patch.object(usage, "_write", write),
-        mock.patch.object(usage.LogWriter, "_drain_soon"),
+        mock.patch.object(writer, "_write", write),
+        mock.patch.object(writer.LogWriter, "_drain_soon"),
     ):
         shared = asyncio.run(requests_under_djangos_handler())
     assert threads == [shared, shared]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from chatparity import reports
+from chatparity.accounting import reports
 from chatparity.models import RequestLog
 
 

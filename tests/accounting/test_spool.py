@@ -18,15 +18,15 @@ from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.db import OperationalError, connections
 
-from chatparity import journal, spool, usage
+from chatparity.accounting import inserts, journal, spool, writer
+from chatparity.accounting.record import UsageRecord
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.events import Usage
-from chatparity.usage import UsageRecord
 from tests import services
 from tests.asgi import ask_fast_path as ask
 from tests.scripted import SCRIPTED
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +70,7 @@ def test_a_spooled_row_is_written_as_it_was_once_the_spool_is_drained(spool_dir)
 @pytest.mark.django_db(transaction=True)
 def test_a_drain_cut_short_after_its_commit_writes_nothing_twice(spool_dir):
     spool.keep([a_row("req-1"), a_row("req-2")])
-    usage.insert_rows([a_row("req-1")])  # a drain that committed, then died
+    inserts.insert_rows([a_row("req-1")])  # a drain that committed, then died
     assert spool.drain() == 1
     assert sorted(RequestLog.objects.values_list("request_id", flat=True)) == ["req-1", "req-2"]
 
@@ -84,17 +84,17 @@ def test_rows_the_database_cannot_take_are_spooled_then_written_when_it_answers(
         raise OperationalError("connection refused")
 
     async def requests_during_an_outage():
-        writer = usage.LogWriter()
-        with mock.patch.object(usage, "insert_rows", unreachable):
-            outcomes = await asyncio.gather(*(writer.write(a_row(f"r{i}")) for i in range(3)))
+        log_writer = writer.LogWriter()
+        with mock.patch.object(inserts, "insert_rows", unreachable):
+            outcomes = await asyncio.gather(*(log_writer.write(a_row(f"r{i}")) for i in range(3)))
             assert outcomes == [False] * 3  # spooled, not written
             await asyncio.sleep(0.2)  # the drain tries, in vain
             assert await RequestLog.objects.acount() == 0
-        await writer._draining  # the database answers again: the next try writes them
+        await log_writer._draining  # the database answers again: the next try writes them
 
     with (
-        mock.patch.object(usage, "SAVE_ATTEMPTS", 2),
-        mock.patch.object(usage, "DRAIN_SECONDS", 0.05),
+        mock.patch.object(writer, "SAVE_ATTEMPTS", 2),
+        mock.patch.object(writer, "DRAIN_SECONDS", 0.05),
     ):
         asyncio.run(requests_during_an_outage())
     assert refusals[:2] == [3, 3]  # one batch, tried twice, then spooled
@@ -116,8 +116,8 @@ import django
 django.setup()
 from django.conf import settings
 settings.CHATPARITY = {"SPOOL_DIR": sys.argv[1]}
-from chatparity import journal
-from chatparity.usage import UsageRecord
+from chatparity.accounting import journal
+from chatparity.accounting.record import UsageRecord
 
 streaming = UsageRecord(request_id="req-killed", key_prefix="sk-cp-abcd", client_ip="::1")
 streaming.alias, streaming.backend, streaming.stream = "echo", "scripted", True

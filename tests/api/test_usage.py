@@ -1,4 +1,5 @@
-"""usage/ and usage/latency/: the reports of chatparity.reports over filtered log rows."""
+"""usage/ and usage/latency/: the reports of chatparity.accounting.reports over filtered
+log rows."""
 
 import datetime
 

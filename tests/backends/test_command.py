@@ -35,7 +35,7 @@ from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, Usage
 from chatparity.protocol.request import ChatRequest, Message, Tool, ToolChoice, parse_chat_request
-from tests.test_disconnect import scope
+from tests.transport.test_disconnect import scope
 
 LLM = str(Path(sys.executable).with_name("llm"))  # the llm CLI of this venv
 # Prints its own pid and a background child's, then waits: a process group to kill.

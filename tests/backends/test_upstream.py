@@ -14,12 +14,12 @@ from asgiref.testing import ApplicationCommunicator
 from django.core.asgi import get_asgi_application
 from django.test import TestCase, TransactionTestCase, override_settings
 
-from chatparity.asgi import FastPath
 from chatparity.backends import _http1
 from chatparity.backends import upstream as upstream_backend
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
+from chatparity.transport.fastpath import FastPath
 from tests.backends import faulty_upstream
-from tests.test_disconnect import keep_test_connection, scope
+from tests.transport.test_disconnect import keep_test_connection, scope
 
 SECRET = "sk-upstream-secret-0000"
 

@@ -14,11 +14,11 @@ from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, Permission, User
 from django.test import Client, TransactionTestCase, override_settings
 
-from chatparity.accounting import Accounting
+from chatparity.accounting.ledger import Accounting
+from chatparity.accounting.record import UsageRecord
 from chatparity.dashboard import tail
 from chatparity.dashboard.routing import same_origin, websocket_urlpatterns
 from chatparity.models import ApiKey, RequestLog
-from chatparity.usage import UsageRecord
 
 PATH = "/ws/chatparity/tail/"
 # What a browser sends from the admin's page at http://localhost:8000.

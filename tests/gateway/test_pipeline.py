@@ -11,12 +11,12 @@ from asgiref.testing import ApplicationCommunicator
 from django.core.asgi import get_asgi_application
 from django.test import TestCase, override_settings
 
-from chatparity.asgi import FastPath
 from chatparity.backends.base import BackendConfig
-from chatparity.gateway import KEEPALIVE
+from chatparity.gateway.pipeline import KEEPALIVE
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, Usage
+from chatparity.transport.fastpath import FastPath
 from tests.asgi import http_scope, reply_body
 from tests.backends import faulty_upstream
 
@@ -47,7 +47,7 @@ class SlowStartBackend:
 
 
 SETTINGS = {
-    "BACKEND_CLASSES": {"slow": "tests.test_gateway.SlowStartBackend"},
+    "BACKEND_CLASSES": {"slow": "tests.gateway.test_pipeline.SlowStartBackend"},
     "KEEPALIVE_SECONDS": 0.05,
     "FIRST_BYTE_TIMEOUT": 1.0,
 }

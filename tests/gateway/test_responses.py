@@ -12,14 +12,14 @@ from django.db import DataError, OperationalError
 from django.test import override_settings
 from django.utils import timezone
 
-from chatparity import responses
 from chatparity.backends.base import BackendConfig
+from chatparity.gateway import responses
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog, StoredResponse
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
 from tests.asgi import http_scope
 from tests.protocol.test_responses_stream import TWO_DELTAS
-from tests.test_asgi import FastPathTestCase
+from tests.transport.test_fastpath import FastPathTestCase
 
 
 class ScriptBackend:
@@ -51,7 +51,7 @@ class ScriptBackend:
         yield Usage(prompt_tokens=5, completion_tokens=2)
 
 
-SETTINGS = {"BACKEND_CLASSES": {"script": "tests.test_responses.ScriptBackend"}}
+SETTINGS = {"BACKEND_CLASSES": {"script": "tests.gateway.test_responses.ScriptBackend"}}
 
 
 def alias(name, *script, **fields):
@@ -143,7 +143,7 @@ class CreateTests(ResponsesTestCase):
         for path in ("/v1/responses", "/v1/responses/resp_1", "/v1/responses/resp_1/input_items"):
             route = self.application._route(http_scope("GET", path))
             assert route is not None, path
-            assert route[0].__module__ == "chatparity.responses"
+            assert route[0].__module__ == "chatparity.gateway.responses"
 
     async def test_a_stream_is_typed_events_numbered_in_order_ending_with_completed(self):
         status, content = await self.create(input="Hi", stream=True)
@@ -301,7 +301,7 @@ class StoreTests(ResponsesTestCase):
 
     async def test_the_database_away_costs_the_client_nothing_but_the_stored_copy(self):
         failing = mock.patch.object(responses, "_save", side_effect=OperationalError("gone"))
-        with failing, self.assertLogs("chatparity.responses", "ERROR") as logs:
+        with failing, self.assertLogs("chatparity.gateway.responses", "ERROR") as logs:
             status, response = await self.create(input="Hi")
         assert (status, response["status"]) == (200, "completed")
         assert "answered but not stored" in logs.output[0]
@@ -322,7 +322,7 @@ class StoreTests(ResponsesTestCase):
 
         with (
             mock.patch.object(responses, "_save", refusing),
-            self.assertLogs("chatparity.responses", "ERROR"),
+            self.assertLogs("chatparity.gateway.responses", "ERROR"),
         ):
             answered = await asyncio.gather(
                 *(self.create(input=text) for text in ("kept", "refused", "kept too"))

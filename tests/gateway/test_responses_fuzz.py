@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from tests.test_fuzz import ALIAS, CHECKS, MODES, api, bounded  # noqa: F401  (api: a fixture)
+from tests.gateway.test_fuzz import ALIAS, CHECKS, MODES, api, bounded  # noqa: F401  (api: a fixture)
 
 RANDOM_EXAMPLES = 150  # per generation mode
 

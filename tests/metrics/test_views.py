@@ -5,7 +5,7 @@ from unittest import mock
 
 from django.test import AsyncRequestFactory, TestCase, override_settings
 
-from chatparity import ratelimit
+from chatparity.accounting import limits
 from chatparity.metrics.views import metrics
 
 TOKEN = "scrape-token-0123456789"
@@ -60,6 +60,6 @@ class ScrapeAuthTests(TestCase):
         }
     )
     async def test_an_unreachable_redis_reads_as_down(self):
-        with mock.patch.object(ratelimit, "_counters", {}):
+        with mock.patch.object(limits, "_counters", {}):
             text = (await self.scrape()).content.decode()
         assert 'chatparity_dependency_up{dependency="redis"} 0.0' in text

@@ -7,7 +7,7 @@ import pytest
 from django.core.checks import run_checks
 from django.test import override_settings
 
-from chatparity.gateway import body_limit
+from chatparity.gateway.pipeline import body_limit
 from chatparity.protocol.errors import APIError, invalid_json, request_too_large
 from chatparity.protocol.request import (
     MAX_DEPTH,

@@ -4,10 +4,10 @@ path and through the Django views alike; other origins get no CORS headers."""
 import orjson
 from django.test import TestCase, override_settings
 
-from chatparity.cors import CorsPolicy, is_preflight
 from chatparity.models import ApiKey
+from chatparity.transport.cors import CorsPolicy, is_preflight
 from tests.scripted import SCRIPTED
-from tests.test_asgi import FastPathTestCase
+from tests.transport.test_fastpath import FastPathTestCase
 
 APP = "https://app.example.com"
 CORS = {**SCRIPTED, "CORS_ALLOWED_ORIGINS": [APP, "http://localhost:5173"]}

@@ -12,9 +12,9 @@ from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
 from django.test import TransactionTestCase
 
-from chatparity.asgi import FastPath
 from chatparity.backends import local
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
+from chatparity.transport.fastpath import FastPath
 from tests.asgi import http_scope
 from tests.scripted import SCRIPTED
 

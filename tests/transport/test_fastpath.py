@@ -11,10 +11,10 @@ from asgiref.testing import ApplicationCommunicator
 from django.core.asgi import get_asgi_application
 from django.test import TestCase, modify_settings, override_settings
 
-from chatparity import usage
-from chatparity.asgi import FastPath
+from chatparity.accounting import inserts
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.signals import request_logged
+from chatparity.transport.fastpath import FastPath
 from tests.asgi import http_scope, reply_body
 from tests.scripted import SCRIPTED
 
@@ -126,14 +126,14 @@ class FastPathTests(FastPathTestCase):
 
     async def test_the_answer_does_not_wait_for_the_log_row(self):
         release = threading.Event()
-        original = usage.insert_rows
+        original = inserts.insert_rows
 
         def slow_insert(rows):
             assert release.wait(timeout=10)
             return original(rows)
 
         body = orjson.dumps({"model": "echo", "messages": [{"role": "user", "content": "Hi"}]})
-        with mock.patch.object(usage, "insert_rows", slow_insert):
+        with mock.patch.object(inserts, "insert_rows", slow_insert):
             start, _, communicator = await self.exchange("POST", "/v1/chat/completions", body)
             assert start["status"] == 200  # the whole answer, while the row waits
             assert await RequestLog.objects.acount() == 0

@@ -9,7 +9,7 @@ from django.core.cache.backends.base import BaseCache
 from django.db import connections
 from django.test import TestCase, override_settings
 
-from chatparity import health
+from chatparity.transport import health
 
 # What a driver's error message may carry; the response must never show it.
 SECRET_DETAIL = "connection to server at db.internal failed for user chatparity password=hunter2"
@@ -38,10 +38,10 @@ class BrokenLayer(BaseChannelLayer):
         raise ConnectionError(SECRET_DETAIL)
 
 
-BROKEN_CACHE = {"default": {"BACKEND": "tests.test_health.BrokenCache"}}
-HUNG_CACHE = {"default": {"BACKEND": "tests.test_health.HungCache"}}
+BROKEN_CACHE = {"default": {"BACKEND": "tests.transport.test_health.BrokenCache"}}
+HUNG_CACHE = {"default": {"BACKEND": "tests.transport.test_health.HungCache"}}
 DUMMY_CACHE = {"default": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}}
-BROKEN_LAYER = {"default": {"BACKEND": "tests.test_health.BrokenLayer"}}
+BROKEN_LAYER = {"default": {"BACKEND": "tests.transport.test_health.BrokenLayer"}}
 
 
 # The class, not the instance: the view queries on the request's thread, whose
@@ -75,7 +75,7 @@ class HealthTests(TestCase):
     async def test_unreachable_database_is_503_naming_it_and_nothing_of_the_error(self):
         with (
             mock.patch.object(DatabaseWrapper, "create_cursor", failing_cursor),
-            self.assertLogs("chatparity.health", "WARNING") as logs,
+            self.assertLogs("chatparity.transport.health", "WARNING") as logs,
         ):
             response = await self.get()
         assert response.status_code == 503
@@ -124,7 +124,7 @@ class HealthTests(TestCase):
     async def test_a_channel_layer_configured_without_channels_installed_fails(self):
         with (
             mock.patch.dict(sys.modules, {"channels.layers": None}),  # as if not installed
-            self.assertLogs("chatparity.health", "WARNING") as logs,
+            self.assertLogs("chatparity.transport.health", "WARNING") as logs,
         ):
             response = await self.get()
         assert response.status_code == 503

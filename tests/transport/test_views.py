@@ -12,8 +12,9 @@ from django.db import OperationalError
 from django.test import TestCase, override_settings
 from django.utils import timezone
 
-from chatparity import lookups, spool, usage, views
+from chatparity.accounting import inserts, keys, spool
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
+from chatparity.transport import views
 from tests.asgi import http_scope
 from tests.scripted import SCRIPTED
 
@@ -128,7 +129,7 @@ class ErrorTests(ViewTestCase):
 
     async def test_a_key_revoked_elsewhere_is_refused_within_cache_seconds(self):
         # Another worker's change (or a queryset update) sends this process no signal.
-        with mock.patch.object(lookups, "clock", return_value=1000.0) as clock:
+        with mock.patch.object(keys, "clock", return_value=1000.0) as clock:
             assert (await self.ask(max_tokens=1)).status_code == 200
             await ApiKey.objects.filter(pk=self.key.pk).aupdate(is_active=False)
             assert (await self.ask(max_tokens=1)).status_code == 200  # still cached
@@ -354,7 +355,7 @@ class BusyDatabaseTests(ViewTestCase):
     """A log write refused by a busy database is retried, and never cuts the stream."""
 
     def refuse_writes(self, times):
-        original = usage.insert_rows
+        original = inserts.insert_rows
         calls = []
 
         def insert_rows(rows):
@@ -363,7 +364,7 @@ class BusyDatabaseTests(ViewTestCase):
                 raise OperationalError("database is locked")
             return original(rows)
 
-        patcher = mock.patch.object(usage, "insert_rows", insert_rows)
+        patcher = mock.patch.object(inserts, "insert_rows", insert_rows)
         patcher.start()
         self.addCleanup(patcher.stop)
         return calls

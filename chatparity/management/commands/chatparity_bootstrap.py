@@ -13,7 +13,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         backend, created = Backend.objects.get_or_create(
-            name="local", defaults={"kind": Backend.Kind.LOCAL}
+            name="local", defaults={"kind": "local"}
         )
         self.stdout.write(f"{'Created' if created else 'Kept'} backend {backend.name!r}")
         alias, created = ModelAlias.objects.get_or_create(
