@@ -34,3 +34,4 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy chatparity project
+	$(BIN)/lint-imports
