@@ -209,9 +209,7 @@ def _settings_changed(**kwargs: Any) -> None:
 
 async def serve(route: Route, scope: Scope, receive: Receive, send: Send) -> None:
     """Answer one request with ``route``'s endpoint; stop it if the client leaves."""
-    headers = {
-        name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]
-    }
+    headers = _headers(scope["headers"])
     edge = _edge()
     secure = edge.is_secure(scope, headers)
     added = edge.added_headers[secure]
@@ -260,6 +258,20 @@ async def serve(route: Route, scope: Scope, receive: Receive, send: Send) -> Non
             # reply (as servers report one that is done) must not cut the closing short.
             if reply is not None:
                 await reply.close()
+
+
+def _headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The request's headers by lower-case name. A header sent more than once has its
+    values joined with "," as Django's ``ASGIRequest`` joins them: two ``Host`` headers
+    are then no valid host, a 400 here as there (RFC 9112), never the last one's."""
+    headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in raw}
+    if len(headers) == len(raw):
+        return headers
+    joined: dict[str, str] = {}
+    for name, value in raw:
+        text, value_text = name.decode("latin-1").lower(), value.decode("latin-1")
+        joined[text] = f"{joined[text]},{value_text}" if text in joined else value_text
+    return joined
 
 
 async def _answer_preflight(send: Send, headers: Mapping[str, str], added: AddedHeaders) -> None:

@@ -295,6 +295,16 @@ class HostTests(FastPathTestCase):
         view = await self.async_client.get("/v1/models", headers={"host": "evil.example"})
         assert view.status_code == 400
 
+    async def test_a_repeated_host_is_400_as_through_django(self):
+        # Security round 3: the fast path took the last Host and served the request.
+        headers = [*self.headers(host="evil.example"), ("host", "localhost")]
+        with self.assertLogs("django.security.DisallowedHost", "ERROR") as logged:
+            start, content, _ = await self.exchange("GET", "/v1/models", headers=headers)
+            django, _, _ = await self.exchange("GET", "/healthz", headers=headers)
+        assert (start["status"], django["status"]) == (400, 400)
+        assert orjson.loads(content)["error"]["code"] == "invalid_host"
+        assert "Invalid HTTP_HOST header: 'evil.example,localhost'" in logged.output[0]
+
     async def test_allowed_hosts_are_served(self):
         # ALLOWED_HOSTS of the development settings, and the test client's host.
         for host in ("localhost", "localhost:8000", "127.0.0.1:8000", "[::1]", "testserver"):
