@@ -1,6 +1,9 @@
 """What every request reads from the database, kept in process memory for at most
 ``CHATPARITY["CACHE_SECONDS"]``: the key presented and the aliases it may use.
 
+A key serves while it is active and so is its owner (``is_active``, as Django's
+logins read it): deactivating a user stops their keys too.
+
 A save or delete of a key, an alias or a backend in this process empties the
 cache at once (see :func:`forget`, connected to the model signals). Changes
 made by another process, and queryset ``update()`` calls, which send no
@@ -23,7 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.core.exceptions import FieldDoesNotExist
 from django.db import DatabaseError
+from django.db.models import Q
 
 from .. import signals
 from ..conf import app_settings
@@ -165,9 +170,20 @@ def _stale(name: str, cause: DatabaseError) -> Any:
     return entry[2]
 
 
+def _owner_active() -> Q:
+    """A key's owner is active, or it has none (a user model without ``is_active``:
+    every owner is, as Django's ``ModelBackend`` reads it)."""
+    owners = ApiKey._meta.get_field("owner").related_model
+    try:
+        owners._meta.get_field("is_active")
+    except FieldDoesNotExist:
+        return Q()
+    return Q(owner__isnull=True) | Q(owner__is_active=True)
+
+
 @reconnecting
 def _load_grant(hashed_key: str) -> Grant | None:
-    key = ApiKey.objects.filter(hashed_key=hashed_key, is_active=True).first()
+    key = ApiKey.objects.filter(_owner_active(), hashed_key=hashed_key, is_active=True).first()
     if key is None:
         return None
     if key.all_aliases:

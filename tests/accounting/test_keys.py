@@ -6,6 +6,7 @@ from unittest import mock
 
 import pytest
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
+from django.contrib.auth import get_user_model
 from django.db import OperationalError
 from django.test import TestCase
 
@@ -64,6 +65,19 @@ class LookupTests(TestCase):
             assert await keys.grant(hashed) is not None
             clock.return_value += app_settings.CACHE_SECONDS + 0.01
             assert await keys.grant(hashed) is None
+
+    async def test_a_key_of_a_deactivated_user_is_refused_within_cache_seconds(self):
+        # Security round 3: deactivating a user left their keys working.
+        owner = await get_user_model().objects.acreate(username="leaver")
+        key, plaintext = await sync_to_async(ApiKey.objects.create_key)("theirs", owner=owner)
+        hashed = hash_key(plaintext)
+        with mock.patch.object(keys, "clock", return_value=500.0) as clock:
+            assert (await keys.grant(hashed)).key.pk == key.pk
+            owner.is_active = False
+            await owner.asave()  # a user's save empties no cache: CACHE_SECONDS at most
+            clock.return_value += app_settings.CACHE_SECONDS + 0.01
+            assert await keys.grant(hashed) is None
+        assert await keys.grant(hash_key(self.plaintext)) is not None  # a key of no one
 
     async def test_an_unknown_key_is_none_and_remembered_too(self):
         loads = self.counting("_load_grant")
