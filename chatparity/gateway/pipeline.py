@@ -153,10 +153,22 @@ def error_reply(error: APIError) -> Reply:
     return reply
 
 
-def endpoint(*methods: str) -> Callable[[Endpoint], Endpoint]:
-    """Allow ``methods``, answer failures in OpenAI's envelope, and stamp every
-    reply with ``x-request-id``, ``openai-processing-ms`` and ``x-chatparity-overhead-ms``:
-    of the processing time, what was not spent waiting on a backend. Both are measured
+ErrorReply = Callable[[APIError, Call], Reply]
+"""An endpoint's answer to a failure of ``call``: its API's envelope and status."""
+
+
+def openai_error(error: APIError, call: Call) -> Reply:
+    """A failure in OpenAI's envelope (every endpoint but Anthropic's)."""
+    return error_reply(error)
+
+
+def endpoint(
+    *methods: str, answer_error: ErrorReply = openai_error
+) -> Callable[[Endpoint], Endpoint]:
+    """Allow ``methods``, answer failures with ``answer_error`` (in OpenAI's envelope
+    unless told), and stamp every reply with ``x-request-id``, ``openai-processing-ms``
+    and ``x-chatparity-overhead-ms``: of the processing time, what was not spent
+    waiting on a backend. Both are measured
     when the reply's headers are ready: a stream's, once its backend's first event came
     (or its first keepalive went out)."""
 
@@ -166,14 +178,14 @@ def endpoint(*methods: str) -> Callable[[Endpoint], Endpoint]:
             started = time.perf_counter()
             if call.method not in methods:
                 message = f"Invalid method for URL ({call.method} {call.path})"
-                reply = error_reply(APIError(message, status=405))
+                reply = answer_error(APIError(message, status=405), call)
             else:
                 try:
                     reply = await handler(call, *args, **kwargs)
                 except Exception as exc:
                     if not isinstance(exc, APIError):
                         logger.exception("chatparity: unexpected failure")
-                    reply = error_reply(errors.as_api_error(exc))
+                    reply = answer_error(errors.as_api_error(exc), call)
             now = time.perf_counter()
             elapsed = now - started
             if reply.accounting is not None:
@@ -264,10 +276,18 @@ async def _chat_request(
     return await _requested(body, accounting, grant), ChatWire(accounting)
 
 
-async def respond(call: Call, prepare: Prepare) -> Reply:
-    """Serve ``call`` through the one pipeline: the key checked, the body read and
-    validated by ``prepare``, the answer streamed or whole, in ``prepare``'s wire."""
-    grant = await _authenticate(call)
+async def respond(
+    call: Call,
+    prepare: Prepare,
+    *,
+    authenticate: Callable[[Call], Awaitable[Grant]] = _authenticate,
+    answer_error: ErrorReply = openai_error,
+) -> Reply:
+    """Serve ``call`` through the one pipeline: the key checked (by ``authenticate``),
+    the body read and validated by ``prepare``, the answer streamed or whole, in
+    ``prepare``'s wire, a failure before it as ``answer_error`` says (the log row
+    records the status the client got)."""
+    grant = await authenticate(call)
     accounting = Accounting(
         UsageRecord(
             request_id=call.request_id,
@@ -291,7 +311,8 @@ async def respond(call: Call, prepare: Prepare) -> Reply:
         await accounting.close()
         raise
     except Exception as exc:
-        reply = error_reply(accounting.fail(exc))
+        reply = answer_error(accounting.fail(exc), call)
+        accounting.record.status_code = reply.status
     for name, value in accounting.headers.items():
         reply.headers.setdefault(name, value)
     reply.accounting = accounting
@@ -327,10 +348,10 @@ async def _keeping_alive(
     frames: AsyncGenerator[bytes, None] | None = None
     try:
         yield b""  # primed by _stream, not sent
-        yield KEEPALIVE
+        yield wire.keepalive
         interval = app_settings.KEEPALIVE_SECONDS
         while not (await asyncio.wait((starting,), timeout=interval))[0]:
-            yield KEEPALIVE
+            yield wire.keepalive
         try:
             frames = starting.result().frames()
         except Exception as exc:
@@ -409,6 +430,8 @@ class Wire(ABC):
 
     trailer: bytes
     """The stream's last bytes, after its last frame."""
+    keepalive = KEEPALIVE
+    """Sent while the backend has not begun: a comment, which every client skips."""
 
     def __init__(self, answer_id: str) -> None:
         self.answer_id = answer_id

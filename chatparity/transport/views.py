@@ -12,7 +12,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from ..gateway import pipeline, responses
+from ..gateway import messages, pipeline, responses
 from ..gateway.pipeline import Call, Endpoint, Reply
 from .cors import is_preflight, policy
 
@@ -100,12 +100,18 @@ invalid_url = django_view(pipeline.invalid_url)
 create_response = django_view(responses.create_response)
 response = django_view(responses.response)
 response_input_items = django_view(responses.input_items)
+create_message = django_view(messages.create_message)
+count_message_tokens = django_view(messages.count_tokens)
+messages_not_found = django_view(messages.not_found)
 
 __all__ = [
     "chat_completions",
+    "count_message_tokens",
+    "create_message",
     "create_response",
     "invalid_url",
     "list_models",
+    "messages_not_found",
     "openapi",
     "response",
     "response_input_items",
