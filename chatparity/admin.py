@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
-from typing import Any
+from typing import Any, cast
 
 from asgiref.sync import async_to_sync
 from django import forms
@@ -22,10 +22,20 @@ from .models import ApiKey, Backend, ModelAlias, RequestLog, StoredResponse
 
 
 class ApiKeyForm(forms.ModelForm):
-    """A key for every alias, or for the aliases selected: never both by mistake."""
+    """A key for every alias, or for the aliases selected: never both by mistake; for
+    its editor or no one, unless they may issue keys for other users."""
+
+    editor: Any = None  # the user saving it, set per request by ApiKeyAdmin.get_form
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
+        owner = cleaned.get("owner")
+        if self.editor is not None and not self.instance.may_be_given_to(owner, self.editor):
+            self.add_error(
+                "owner",
+                "Only a user who may issue keys for other users can give a key to someone"
+                " else: it would read their stored responses.",
+            )
         if cleaned.get("all_aliases") and cleaned.get("allowed_aliases"):
             self.add_error(
                 "allowed_aliases",
@@ -50,6 +60,13 @@ class ApiKeyAdmin(admin.ModelAdmin):
         "requests_per_minute", "tokens_per_minute", "max_concurrent", "token_budget",
         "cost_budget", "budget_period",
     )  # fmt: skip
+
+    def get_form(
+        self, request: HttpRequest, obj: ApiKey | None = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form = cast("type[ApiKeyForm]", super().get_form(request, obj, change, **kwargs))
+        form.editor = request.user  # a class made for this request
+        return form
 
     def get_fieldsets(self, request: HttpRequest, obj: ApiKey | None = None) -> Any:
         key = ("name", "owner", "is_active", "expires_at", "all_aliases", "allowed_aliases")

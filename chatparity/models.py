@@ -97,12 +97,26 @@ class ApiKey(models.Model):
 
     objects = ApiKeyManager()
 
+    # The owner's plan, read with the key for a request (accounting.keys): its aliases
+    # bound the key's, its owner budgets are reserved with the key's own. Not a column.
+    owner_plan: Plan | None = None
+
     class Meta:
         verbose_name = "API key"
         permissions = [("issue_key_for_others", "Can issue keys for other users")]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+    def may_be_given_to(self, owner: Any, by: Any) -> bool:
+        """Whether the user ``by`` may make ``owner`` (a user, or None) this key's owner:
+        no one, ``by`` themselves or the owner it has; anyone else only with
+        ``chatparity.issue_key_for_others``, as a user's key reads, continues and deletes
+        that user's stored responses."""
+        owner_id = None if owner is None else owner.pk
+        if owner_id is None or owner_id in (by.pk, self.owner_id):
+            return True
+        return bool(by.has_perm(f"{self._meta.app_label}.issue_key_for_others"))
 
     def issue(self) -> str:
         """Give this (unsaved) key a fresh secret; return its plaintext, shown only now."""
@@ -275,6 +289,116 @@ class ModelAlias(models.Model):
         ]
         if missing:
             raise ValueError(f"No alias is named {', '.join(map(repr, missing))}.")
+
+
+class PlanQuerySet(models.QuerySet["Plan"]):
+    def for_owner(self, owner_id: int | None) -> Plan | None:
+        """The plan of the user ``owner_id``: one given to them, else their groups' plan
+        of highest priority (then by name); None without one."""
+        if owner_id is None:
+            return None
+        given = Plan.users.through.objects.filter(plan=models.OuterRef("pk"), user=owner_id)
+        plans = self.filter(models.Q(users=owner_id) | models.Q(groups__user=owner_id))
+        ordered = plans.annotate(given=models.Exists(given)).order_by("-given", "-priority", "name")
+        return ordered.first()
+
+
+class Plan(models.Model):
+    """What staff give users or groups: the limits and budgets of each key its users
+    create in the portal, the aliases all their keys may use, and owner budgets that
+    all of one user's keys share."""
+
+    KEY_LIMITS = (
+        "requests_per_minute", "tokens_per_minute", "max_concurrent", "token_budget",
+        "cost_budget", "budget_period",
+    )  # fmt: skip
+
+    name = models.CharField(max_length=100, unique=True)
+    description = models.TextField(blank=True)
+    users: models.ManyToManyField[Any, Any] = models.ManyToManyField(
+        settings.AUTH_USER_MODEL,
+        blank=True,
+        related_name="chatparity_plans",
+        help_text="Given to these users directly: before any plan of their groups.",
+    )
+    groups: models.ManyToManyField[Any, Any] = models.ManyToManyField(
+        "auth.Group",
+        blank=True,
+        related_name="chatparity_plans",
+        help_text="Given to the members of these groups.",
+    )
+    priority = models.PositiveSmallIntegerField(
+        default=0, help_text="A user whose groups have several plans gets the highest."
+    )
+    all_aliases = models.BooleanField(
+        default=True, help_text="Its users' keys may use every alias. Off: only those selected."
+    )
+    allowed_aliases: models.ManyToManyField[ModelAlias, Any] = models.ManyToManyField(
+        ModelAlias,
+        blank=True,
+        related_name="plans",
+        help_text="With 'all aliases' off: the only aliases any key of its users may use.",
+    )
+    requests_per_minute = _limit("Of each key made in the portal. Blank: no limit.")
+    tokens_per_minute = _limit("Of each key made in the portal. Blank: no limit.")
+    max_concurrent = _limit("Of each key made in the portal. Blank: no limit.")
+    token_budget = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Of each key made in the portal. Blank: no budget."
+    )
+    cost_budget = models.DecimalField(
+        max_digits=12,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text="USD, of each key made in the portal. Blank: no budget.",
+    )
+    budget_period = models.CharField(
+        max_length=5, choices=BudgetPeriod.choices, default=BudgetPeriod.MONTH
+    )
+    owner_token_budget = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Tokens all of one user's keys may use together per period. Blank: no budget.",
+    )
+    owner_cost_budget = models.DecimalField(
+        max_digits=12,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text="USD all of one user's keys may spend together per period. Blank: no budget.",
+    )
+    owner_budget_period = models.CharField(
+        max_length=5, choices=BudgetPeriod.choices, default=BudgetPeriod.MONTH
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = PlanQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-priority", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def has_owner_budget(self) -> bool:
+        return self.owner_token_budget is not None or self.owner_cost_budget is not None
+
+    def key_limits(self) -> dict[str, Any]:
+        """The limits and budgets a key made in the portal gets."""
+        return {name: getattr(self, name) for name in self.KEY_LIMITS}
+
+    def usable_aliases(self) -> models.QuerySet[ModelAlias]:
+        """The enabled aliases its users' keys may use."""
+        aliases = ModelAlias.objects if self.all_aliases else self.allowed_aliases
+        return aliases.filter(enabled=True)
+
+    def alias_ids(self) -> frozenset[int] | None:
+        """The aliases its users' keys may use, by id (None: all of them)."""
+        if self.all_aliases:
+            return None
+        return frozenset(self.allowed_aliases.values_list("pk", flat=True))
 
 
 class Endpoint(models.TextChoices):

@@ -676,3 +676,28 @@ class TestNarrowStaff:
         backend.refresh_from_db()
         assert (backend.name, backend.kind) == ("up", "openai")
         assert viewer.get(reverse("admin:chatparity_apikey_changelist")).status_code == 403
+
+    def test_a_key_for_another_user_needs_the_permission_to_issue_keys_for_others(
+        self, staff_client, django_user_model
+    ):
+        # Security round 3: `add` on keys minted a key for any owner, whose key reads
+        # that owner's stored responses.
+        victim = django_user_model.objects.create_user("victim")
+        editor = staff_client("add_apikey", "change_apikey", "view_apikey")
+        form = {"name": "x", "is_active": "on", "all_aliases": "on", "budget_period": "month"}
+        add = reverse("admin:chatparity_apikey_add")
+        refused = editor.post(add, {**form, "owner": victim.pk})
+        assert refused.status_code == 200  # the form again, with the error on the owner
+        assert "issue keys for other users" in str(refused.context["adminform"].form.errors)
+        assert not ApiKey.objects.exists()
+        editor_user = refused.wsgi_request.user
+        assert "plaintext" in editor.post(add, {**form, "owner": editor_user.pk}).context
+        key = ApiKey.objects.get()
+        change = reverse("admin:chatparity_apikey_change", args=[key.pk])
+        assert editor.post(change, {**form, "owner": victim.pk}).status_code == 200
+        key.refresh_from_db()
+        assert key.owner_id == editor_user.pk
+        editor_user.user_permissions.add(Permission.objects.get(codename="issue_key_for_others"))
+        assert editor.post(change, {**form, "owner": victim.pk}).status_code == 302
+        key.refresh_from_db()
+        assert key.owner_id == victim.pk

@@ -26,13 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.contrib.auth import get_user_model
 from django.core.exceptions import FieldDoesNotExist
 from django.db import DatabaseError
 from django.db.models import Q
 
 from .. import signals
 from ..conf import app_settings
-from ..models import ApiKey, ModelAlias
+from ..models import ApiKey, ModelAlias, Plan
 from ..protocol import errors
 from .batching import OncePerInterval, detached, reconnecting
 
@@ -173,9 +174,8 @@ def _stale(name: str, cause: DatabaseError) -> Any:
 def _owner_active() -> Q:
     """A key's owner is active, or it has none (a user model without ``is_active``:
     every owner is, as Django's ``ModelBackend`` reads it)."""
-    owners = ApiKey._meta.get_field("owner").related_model
     try:
-        owners._meta.get_field("is_active")
+        get_user_model()._meta.get_field("is_active")
     except FieldDoesNotExist:
         return Q()
     return Q(owner__isnull=True) | Q(owner__is_active=True)
@@ -186,9 +186,11 @@ def _load_grant(hashed_key: str) -> Grant | None:
     key = ApiKey.objects.filter(_owner_active(), hashed_key=hashed_key, is_active=True).first()
     if key is None:
         return None
-    if key.all_aliases:
-        return Grant(key, None)
-    return Grant(key, frozenset(key.allowed_aliases.values_list("pk", flat=True)))
+    allowed = None if key.all_aliases else frozenset(key.allowed_aliases.values_list("pk", flat=True))
+    key.owner_plan = Plan.objects.for_owner(key.owner_id)
+    if key.owner_plan is not None and (planned := key.owner_plan.alias_ids()) is not None:
+        allowed = planned if allowed is None else allowed & planned
+    return Grant(key, allowed)
 
 
 @reconnecting

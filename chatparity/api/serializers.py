@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 from rest_framework import serializers
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.validators import UniqueValidator
 
 from ..accounting.reports import DIMENSIONS, Dimension, LogFilter
@@ -50,6 +51,17 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
         ]  # fmt: skip
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        request = self.context.get("request")
+        key = self.instance or ApiKey()
+        if (
+            "owner" in attrs
+            and request is not None
+            and not key.may_be_given_to(attrs["owner"], request.user)
+        ):
+            raise PermissionDenied(
+                "A key for another user needs the permission to issue keys for other users:"
+                " that key would read their stored responses."
+            )
         # Before all_aliases, naming aliases was how a key was limited: a client that
         # still does so must not get a key for every alias instead.
         all_aliases = attrs.get("all_aliases", self.instance.all_aliases if self.instance else True)

@@ -131,3 +131,57 @@ def test_a_token_carries_its_users_permissions(client, rows, staff):
     script = {"Authorization": f"Token {token.key}"}
     assert client.get(url("backend-list"), headers=script).status_code == 200
     assert client.get(url("key-list"), headers=script).status_code == 403
+
+
+# Security round 3: a staff user who may add keys and view the log, and nothing on stored
+# responses, took a response id from the log and minted a key for its owner to read it.
+
+
+@pytest.fixture
+def victims_response(django_user_model):
+    """A user's stored response, as another staff user finds its id in the log."""
+    victim = django_user_model.objects.create_user("victim")
+    key, _ = ApiKey.objects.create_key("victim's", owner=victim)
+    StoredResponse.objects.create(
+        id="resp_victim", api_key=key, owner=victim, model="m", status="completed",
+        response={"id": "resp_victim", "object": "response", "output": []},
+    )  # fmt: skip
+    return victim
+
+
+def read_response(client, created):
+    return client.get("/v1/responses/resp_victim", headers={"authorization": f"Bearer {created}"})
+
+
+def test_a_key_for_another_user_needs_the_permission_to_issue_keys_for_others(
+    client, staff, victims_response
+):
+    editor = staff("add_apikey", "view_requestlog")
+    client.force_login(editor)
+    refused = client.post(url("key-list"), {"name": "x", "owner": victims_response.pk}, JSON)
+    assert refused.status_code == 403
+    assert not ApiKey.objects.filter(name="x").exists()
+    for owner in (editor.pk, None):
+        created = client.post(url("key-list"), {"name": "mine", "owner": owner}, JSON)
+        assert created.status_code == 201
+        assert read_response(client, created.json()["key"]).status_code == 404
+
+
+def test_changing_a_keys_owner_to_another_user_needs_it_too(client, staff, victims_response):
+    editor = staff("add_apikey", "change_apikey")
+    client.force_login(editor)
+    mine = client.post(url("key-list"), {"name": "mine", "owner": editor.pk}, JSON).json()
+    moved = client.patch(url("key-detail", mine["id"]), {"owner": victims_response.pk}, JSON)
+    assert moved.status_code == 403
+    assert ApiKey.objects.get(pk=mine["id"]).owner_id == editor.pk
+    assert read_response(client, mine["key"]).status_code == 404
+
+
+def test_whoever_may_issue_keys_for_others_may_read_their_stored_responses(
+    client, staff, victims_response
+):
+    # What the permission gives, as SECURITY.md says.
+    client.force_login(staff("add_apikey", "issue_key_for_others"))
+    created = client.post(url("key-list"), {"name": "x", "owner": victims_response.pk}, JSON)
+    assert created.status_code == 201
+    assert read_response(client, created.json()["key"]).status_code == 200
