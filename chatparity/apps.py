@@ -1,6 +1,7 @@
 import logging
 
 from django.apps import AppConfig
+from django.contrib.auth import get_user_model
 from django.core.signals import setting_changed
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
@@ -13,14 +14,20 @@ class ChatparityConfig(AppConfig):
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
         from .accounting.keys import forget
-        from .models import ApiKey, Backend, ModelAlias
+        from .models import ApiKey, Backend, ModelAlias, Plan
 
         # A change saved in this process applies to the very next request.
-        for model in (ApiKey, ModelAlias, Backend):
+        for model in (ApiKey, ModelAlias, Backend, Plan):
             uid = f"chatparity.forget.{model.__name__}"
             post_save.connect(forget, sender=model, dispatch_uid=uid)
             post_delete.connect(forget, sender=model, dispatch_uid=uid)
-        m2m_changed.connect(forget, sender=ApiKey.allowed_aliases.through)
+        # And which aliases a key may use, which plan its owner has: the plan's users and
+        # groups, and the groups' members.
+        related = [ApiKey.allowed_aliases, Plan.allowed_aliases, Plan.users, Plan.groups]
+        if hasattr(get_user_model(), "groups"):
+            related.append(get_user_model().groups)
+        for relation in related:
+            m2m_changed.connect(forget, sender=relation.through)
         setting_changed.connect(forget)
         self._recover_journals()
 

@@ -1,14 +1,15 @@
 """What every request reads from the database, kept in process memory for at most
-``CHATPARITY["CACHE_SECONDS"]``: the key presented and the aliases it may use.
+``CHATPARITY["CACHE_SECONDS"]``: the key presented, its owner's plan, and the
+aliases it may use (those of the key that its owner's plan allows).
 
 A key serves while it is active and so is its owner (``is_active``, as Django's
 logins read it): deactivating a user stops their keys too.
 
-A save or delete of a key, an alias or a backend in this process empties the
-cache at once (see :func:`forget`, connected to the model signals). Changes
-made by another process, and queryset ``update()`` calls, which send no
-signal, take effect within ``CACHE_SECONDS``: that is how long a revoked key
-may still be accepted by a worker that saw it just before.
+A save or delete of a key, an alias, a backend or a plan, or a change of who is in
+a group, in this process empties the cache at once (see :func:`forget`, connected to
+the model signals). Changes made by another process, and queryset ``update()``
+calls, which send no signal, take effect within ``CACHE_SECONDS``: that is how long
+a revoked key may still be accepted by a worker that saw it just before.
 
 While the database is unreachable, what a worker last read is served for up to
 ``CHATPARITY["STALE_SECONDS"]`` (the database asked again about once a second),
@@ -54,8 +55,8 @@ _outage_log = OncePerInterval(logger)
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """An active key and the aliases it may use (None: all of them, by its
-    ``all_aliases`` flag; an empty set: none)."""
+    """An active key (with its owner's plan) and the aliases it may use: those of the key
+    that the plan allows (None: all of them; an empty set: none)."""
 
     key: ApiKey
     allowed: frozenset[int] | None
@@ -186,7 +187,9 @@ def _load_grant(hashed_key: str) -> Grant | None:
     key = ApiKey.objects.filter(_owner_active(), hashed_key=hashed_key, is_active=True).first()
     if key is None:
         return None
-    allowed = None if key.all_aliases else frozenset(key.allowed_aliases.values_list("pk", flat=True))
+    allowed = (
+        None if key.all_aliases else frozenset(key.allowed_aliases.values_list("pk", flat=True))
+    )
     key.owner_plan = Plan.objects.for_owner(key.owner_id)
     if key.owner_plan is not None and (planned := key.owner_plan.alias_ids()) is not None:
         allowed = planned if allowed is None else allowed & planned

@@ -53,11 +53,11 @@ from asgiref.sync import sync_to_async
 from django.core.cache import DEFAULT_CACHE_ALIAS, cache, caches
 from django.core.cache.backends.locmem import LocMemCache
 from django.db import DatabaseError
-from django.db.models import Sum
+from django.db.models import QuerySet, Sum
 
 from .. import signals
 from ..conf import app_settings
-from ..models import ApiKey, ModelAlias, RequestLog
+from ..models import ApiKey, ModelAlias, Plan, RequestLog
 from ..protocol.errors import APIError
 from ..protocol.request import ChatRequest
 from ..protocol.tokens import approximate_prompt_tokens
@@ -522,11 +522,12 @@ def limits_unavailable() -> APIError:
 
 
 def _period(
-    key: ApiKey, now: datetime.datetime
+    period: str, now: datetime.datetime
 ) -> tuple[str, datetime.datetime, datetime.datetime]:
-    """The budget period ``now`` falls in: its label, start and end (UTC)."""
+    """The budget period (``day`` or ``month``) ``now`` falls in: its label, start and
+    end (UTC)."""
     day = now.replace(hour=0, minute=0, second=0, microsecond=0)
-    if key.budget_period == "day":
+    if period == "day":
         return day.strftime("%Y%m%d"), day, day + datetime.timedelta(days=1)
     start = day.replace(day=1)
     end = (start + datetime.timedelta(days=32)).replace(day=1)
@@ -754,12 +755,13 @@ def _limited(key: ApiKey | None, alias: ModelAlias) -> bool:
         or key.max_concurrent is not None
         or key.token_budget is not None
         or key.cost_budget is not None
+        or (key.owner_plan is not None and key.owner_plan.has_owner_budget)
     )
 
 
 def _plan(key: ApiKey | None, alias: ModelAlias, estimate: Estimate) -> list[Charge]:
     """Every counter a request of ``estimate`` on ``alias`` reserves in: the key's
-    windows, its windows on the alias, then the key's budgets."""
+    windows, its windows on the alias, then the key's budgets and its owner's."""
     now = time.time()
     minute = int(now // 60)
     reset_in = (minute + 1) * 60 - now
@@ -787,7 +789,8 @@ def _plan(key: ApiKey | None, alias: ModelAlias, estimate: Estimate) -> list[Cha
 
 @dataclass(frozen=True)
 class Budget:
-    """A key's token or cost budget in the current period (cost in micro-dollars)."""
+    """A token or cost budget in the current period (cost in micro-dollars): a key's, or
+    its owner's (``owner_id``), which all of the owner's keys share."""
 
     kind: str  # "tokens" or "cost"
     counter: str
@@ -796,23 +799,58 @@ class Budget:
     resets_in: float
     start: datetime.datetime
     end: datetime.datetime
+    period: str  # "day" or "month"
+    owner_id: int | None = None
+
+    @property
+    def name(self) -> str:
+        """What the budget is called where its use is shown."""
+        name = f"{self.kind} this {self.period}"
+        return name if self.owner_id is None else f"{name} (all your keys)"
+
+    def rows(self, key: ApiKey | None) -> QuerySet[RequestLog]:
+        """The log rows spent from this budget (``key``'s, unless the owner's)."""
+        mine = {"api_key": key} if self.owner_id is None else {"api_key__owner_id": self.owner_id}
+        return RequestLog.objects.filter(
+            **mine, created_at__gte=self.start, created_at__lt=self.end
+        )
 
 
 def _budgets(key: ApiKey) -> list[Budget]:
-    if key.token_budget is None and key.cost_budget is None:
+    """``key``'s budgets, then its owner's (from the plan read with the key)."""
+    budgets = _period_budgets(str(key.pk), key.token_budget, key.cost_budget, key.budget_period)
+    plan = key.owner_plan
+    if plan is not None and plan.has_owner_budget and key.owner_id is not None:
+        budgets += _owner_budgets(key.owner_id, plan)
+    return budgets
+
+
+def _owner_budgets(owner_id: int, plan: Plan) -> list[Budget]:
+    period = plan.owner_budget_period
+    return _period_budgets(f"o{owner_id}", plan.owner_token_budget, plan.owner_cost_budget,
+                           period, owner_id)  # fmt: skip
+
+
+def _period_budgets(
+    scope: str,
+    tokens: int | None,
+    cost: Decimal | None,
+    period: str,
+    owner_id: int | None = None,
+) -> list[Budget]:
+    if tokens is None and cost is None:
         return []
     now = datetime.datetime.now(datetime.UTC)
-    label, start, end = _period(key, now)
+    label, start, end = _period(period, now)
     ttl = int((end - now).total_seconds()) + 3600
     budgets = []
-    for kind, limit in (
-        ("tokens", key.token_budget),
-        ("cost", None if key.cost_budget is None else int(key.cost_budget * MICRO)),
-    ):
+    for kind, limit in (("tokens", tokens), ("cost", None if cost is None else int(cost * MICRO))):
         if limit is not None:
-            counter = f"cp:budget:{key.pk}:{kind}:{label}"
+            counter = f"cp:budget:{scope}:{kind}:{label}"
             resets_in = (end - now).total_seconds()
-            budgets.append(Budget(kind, counter, limit, ttl, resets_in, start, end))
+            budgets.append(
+                Budget(kind, counter, limit, ttl, resets_in, start, end, period, owner_id)
+            )
     return budgets
 
 
@@ -824,12 +862,9 @@ async def _seed(store: Counters, key: ApiKey | None, charge: Charge) -> None:
     await store.seed(budget.counter, await _spent(key, budget), budget.ttl)
 
 
-async def _spent(key: ApiKey, budget: Budget) -> int:
-    rows = RequestLog.objects.filter(
-        api_key=key, created_at__gte=budget.start, created_at__lt=budget.end
-    )
+async def _spent(key: ApiKey | None, budget: Budget) -> int:
     column, scale = ("total_tokens", 1) if budget.kind == "tokens" else ("cost", MICRO)
-    total = (await rows.aaggregate(total=Sum(column)))["total"]
+    total = (await budget.rows(key).aaggregate(total=Sum(column)))["total"]
     return int((total or 0) * scale)
 
 
@@ -853,14 +888,29 @@ async def _standing(key: ApiKey) -> list[tuple[str, str, str]]:
     if key.max_concurrent is not None:
         in_flight = await store.in_flight(_in_flight(key), key.max_concurrent)
         rows.append(("requests in flight", str(in_flight), str(key.max_concurrent)))
-    for budget in _budgets(key):
+    return rows + await _budget_standing(store, key, _budgets(key))
+
+
+async def owner_standing(owner_id: int, plan: Plan) -> list[tuple[str, str, str]]:
+    """What the user ``owner_id``'s keys have used together of the owner budgets of
+    ``plan``, as :func:`standing` says it."""
+    try:
+        return await _budget_standing(counters(), None, _owner_budgets(owner_id, plan))
+    except Unavailable:
+        return [("usage", "unknown", "its budgets (the counters are unavailable)")]
+
+
+async def _budget_standing(
+    store: Counters, key: ApiKey | None, budgets: list[Budget]
+) -> list[tuple[str, str, str]]:
+    rows = []
+    for budget in budgets:
         await store.seed(budget.counter, await _spent(key, budget), budget.ttl)
         (used,) = await store.values([budget.counter])
-        period = f"{budget.kind} this {key.budget_period}"
         if budget.kind == "cost":
-            rows.append((period, f"${used / MICRO:.4f}", f"${budget.limit / MICRO:.4f}"))
+            rows.append((budget.name, f"${used / MICRO:.4f}", f"${budget.limit / MICRO:.4f}"))
         else:
-            rows.append((period, str(used), str(budget.limit)))
+            rows.append((budget.name, str(used), str(budget.limit)))
     return rows
 
 
