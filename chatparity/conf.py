@@ -90,6 +90,16 @@ DEFAULTS: dict[str, Any] = {
     # days); older ones are neither readable nor continued, and
     # ``chatparity_expire_responses`` deletes them.
     "RESPONSES_RETENTION": 30 * 24 * 3600.0,
+    # Bytes stored responses may take (input items and response object, as stored),
+    # checked before any is read or written, else OpenAI's 400: the input of one
+    # response made with ``store`` at most RESPONSE; a conversation continued with
+    # ``previous_response_id``, this input included, at most CHAIN; all that one key
+    # keeps within RESPONSES_RETENTION at most KEY.
+    "STORED_RESPONSE_BYTES": {
+        "RESPONSE": 2 * 1024 * 1024,
+        "CHAIN": 8 * 1024 * 1024,
+        "KEY": 256 * 1024 * 1024,
+    },
     # Origins (scheme://host[:port]) whose browser pages may call /v1, or ["*"];
     # answered on the fast path and the views alike, preflight included. Empty: none.
     "CORS_ALLOWED_ORIGINS": [],
@@ -100,6 +110,12 @@ DEFAULTS: dict[str, Any] = {
     # chatparity.tracing: put the prompt and completion text on the spans
     # (gen_ai.input.messages, gen_ai.output.messages); off, only their sizes.
     "TRACE_CONTENT": False,
+    # chatparity.tracing: a client's ``traceparent`` makes the request's span a child in
+    # the client's trace, whose sampled flag then decides. Off, the span starts a trace
+    # of its own, sampled as the site's sampler decides, with a link to the client's
+    # span: a key holder can neither keep requests out of traces nor force them into a
+    # trace of its choosing. Turn it on only when every client is the site's own.
+    "TRACE_CLIENT_PARENT": False,
 }
 
 
@@ -151,9 +167,11 @@ class AppSettings:
     KEEPALIVE_SECONDS: Setting[float] = Setting()
     FIRST_BYTE_TIMEOUT: Setting[float] = Setting()
     RESPONSES_RETENTION: Setting[float] = Setting()
+    STORED_RESPONSE_BYTES: Setting[dict[str, int]] = Setting()
     CORS_ALLOWED_ORIGINS: Setting[list[str]] = Setting()
     METRICS: Setting[dict[str, Any]] = Setting()
     TRACE_CONTENT: Setting[bool] = Setting()
+    TRACE_CLIENT_PARENT: Setting[bool] = Setting()
 
 
 app_settings = AppSettings()

@@ -1,8 +1,8 @@
 """The spans of a request, made as it goes by the :class:`Tracing` observer.
 
-``chat {model}`` (kind SERVER, in the trace of the request's ``traceparent`` header if
-it has one, else a child of whatever span is current: a site's ASGI or Django
-instrumentation) has the GenAI attributes of what the
+``chat {model}`` (kind SERVER, a child of whatever span is current: a site's ASGI or
+Django instrumentation; a client's ``traceparent`` is linked to, or with
+``CHATPARITY["TRACE_CLIENT_PARENT"]`` its parent) has the GenAI attributes of what the
 client asked and got; its children are ``chatparity.admission``, one ``chat
 {upstream model}`` (kind CLIENT) per backend asked (a fallback's too) and
 ``chatparity.log``. The prompt and the completion are on the request's span only
@@ -11,6 +11,7 @@ when ``CHATPARITY["TRACE_CONTENT"]`` is on.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextvars import Token
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import orjson
 from opentelemetry import context, propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
 from ..accounting.record import UsageRecord
 from ..conf import app_settings
@@ -74,13 +75,14 @@ class Tracing(Observer):
     """Makes the spans of every request."""
 
     def started(self, record: UsageRecord) -> None:
-        # The client's trace when it sends one, else whatever span is current (a
-        # site's instrumentation of its server).
-        parent = propagate.extract(record.headers) if "traceparent" in record.headers else None
+        # Whatever span is current (a site's instrumentation of its server), else a
+        # trace of its own; a client's traceparent only as TRACE_CLIENT_PARENT says.
+        parent, links = _client_trace(record.headers)
         span = tracer.start_span(
             OPERATION,
             parent,
             kind=SpanKind.SERVER,
+            links=links,
             attributes={
                 "gen_ai.operation.name": OPERATION,
                 "gen_ai.provider.name": SYSTEM,
@@ -182,6 +184,19 @@ class Tracing(Observer):
         carrier: dict[str, str] = {}
         propagate.inject(carrier)
         return "".join(f"{name}: {value}\r\n" for name, value in carrier.items()).encode()
+
+
+def _client_trace(headers: Mapping[str, str]) -> tuple[Context | None, list[Link]]:
+    """The parent of a request's span and its links: the client's ``traceparent`` is its
+    parent with ``TRACE_CLIENT_PARENT``, else only linked to (a key holder chooses
+    neither the trace nor whether it is sampled)."""
+    if "traceparent" not in headers:
+        return None, []
+    client = propagate.extract(headers)
+    if app_settings.TRACE_CLIENT_PARENT:
+        return client, []
+    span_context = trace.get_current_span(client).get_span_context()
+    return None, [Link(span_context)] if span_context.is_valid else []
 
 
 def _requested(body: Any) -> dict[str, Any]:

@@ -93,7 +93,8 @@ class SpanTests(TracedTestCase):
         # Flags: sampled, and (W3C level 2) a random trace id.
         assert f"traceparent: 00-{trace_id}-{span_id}-03" in self.upstream.heads["canonical"]
 
-    async def test_a_clients_traceparent_makes_the_request_part_of_its_trace(self):
+    async def post_traced(self, flags):
+        """A completion whose client sent a traceparent with ``flags``: (trace, span) ids."""
         trace_id, span_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
         response = await self.async_client.post(
             "/v1/chat/completions",
@@ -103,14 +104,36 @@ class SpanTests(TracedTestCase):
             content_type="application/json",
             headers={
                 "Authorization": f"Bearer {self.plaintext}",
-                "traceparent": f"00-{trace_id}-{span_id}-01",
+                "traceparent": f"00-{trace_id}-{span_id}-{flags}",
             },
         )
         assert response.status_code == 200
+        return int(trace_id, 16), int(span_id, 16)
+
+    @override_settings(CHATPARITY={"TRACE_CLIENT_PARENT": True})
+    async def test_a_trusted_clients_traceparent_makes_the_request_part_of_its_trace(self):
+        trace_id, span_id = await self.post_traced("01")
         exported, request = self.finished()
-        assert f"{request.context.trace_id:032x}" == trace_id
-        assert f"{request.parent.span_id:016x}" == span_id
-        assert {f"{span.context.trace_id:032x}" for span in exported} == {trace_id}
+        assert request.context.trace_id == trace_id
+        assert request.parent.span_id == span_id
+        assert {span.context.trace_id for span in exported} == {trace_id}
+
+    async def test_a_clients_traceparent_is_linked_to_not_followed(self):
+        # Security round 3: "-01" forced sampling in a trace id the client chose.
+        trace_id, span_id = await self.post_traced("01")
+        exported, request = self.finished()
+        assert request.context.trace_id != trace_id
+        assert request.parent is None
+        [link] = request.links
+        assert (link.context.trace_id, link.context.span_id) == (trace_id, span_id)
+        assert {span.context.trace_id for span in exported} == {request.context.trace_id}
+
+    async def test_a_client_cannot_keep_its_requests_out_of_sampled_traces(self):
+        # Security round 3: "-00" left the request unsampled under a parent-based sampler.
+        trace_id, _ = await self.post_traced("00")
+        _, request = self.finished()
+        assert request.context.trace_flags.sampled
+        assert request.links[0].context.trace_id == trace_id
 
     async def test_a_failed_backend_and_its_fallback_are_two_calls(self):
         response = await self.post("up-broken")
