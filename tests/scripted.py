@@ -76,16 +76,19 @@ Turn = str | Call
 
 
 class ScriptedUpstream:
-    """An OpenAI-compatible upstream on loopback (``/v1/chat/completions``) whose model
-    plays a script: ``scripts`` maps a model name to its turns, and a request is
-    answered with the turn after the model's earlier calls in its conversation (the
-    last turn once the script is played). Streamed as asked, with usage; every
-    request's body is kept in :attr:`requests`.
+    """An upstream on loopback whose model plays a script, speaking OpenAI's Chat
+    Completions (``/v1/chat/completions``) or Anthropic's Messages API
+    (``/v1/messages``) as it is asked: ``scripts`` maps a model name to its turns, and
+    a request is answered with the turn after the model's earlier calls in its
+    conversation (the last turn once the script is played). Streamed as asked, with
+    usage; every request's body is kept in :attr:`requests`, its path and headers in
+    :attr:`heads`.
     """
 
     def __init__(self, scripts: dict[str, list[Turn]]) -> None:
         self.scripts = scripts
         self.requests: list[dict[str, Any]] = []
+        self.heads: list[tuple[str, dict[str, str]]] = []
         upstream = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -94,14 +97,26 @@ class ScriptedUpstream:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 upstream.requests.append(body)
+                upstream.heads.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
                 stream = bool(body.get("stream"))
-                answer = upstream.answer(body)
-                payload = (
-                    "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in answer)
-                    + "data: [DONE]\n\n"
-                    if stream
-                    else json.dumps(answer)
-                ).encode()
+                if self.path.endswith("/messages"):
+                    answer = upstream.message(body)
+                    payload = (
+                        "".join(
+                            f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+                            for event in answer
+                        )
+                        if stream
+                        else json.dumps(answer)
+                    ).encode()
+                else:
+                    answer = upstream.answer(body)
+                    payload = (
+                        "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in answer)
+                        + "data: [DONE]\n\n"
+                        if stream
+                        else json.dumps(answer)
+                    ).encode()
                 self.send_response(200)
                 kind = "text/event-stream" if stream else "application/json"
                 self.send_header("Content-Type", kind)
@@ -122,10 +137,50 @@ class ScriptedUpstream:
         self._server.server_close()
 
     def turn(self, body: dict[str, Any]) -> Turn:
-        """The turn ``body``'s conversation has come to."""
+        """The turn ``body``'s conversation (in either API's messages) has come to."""
         script = self.scripts[body["model"]]
-        played = sum(1 for message in body["messages"] if message.get("tool_calls"))
+        played = sum(1 for message in body["messages"] if _called(message))
         return script[min(played, len(script) - 1)]
+
+    def message(self, body: dict[str, Any]) -> Any:
+        """Anthropic's events (streamed) or message for the turn ``body`` is at."""
+        turn = self.turn(body)
+        if isinstance(turn, Call):
+            use = {"type": "tool_use", "id": f"toolu_{len(self.requests)}", "name": turn.name}
+            blocks, stop = [{**use, "input": turn.arguments}], "tool_use"
+        else:
+            blocks, stop = [{"type": "text", "text": turn}], "end_turn"
+        usage = {"input_tokens": 10, "output_tokens": 5}
+        message = {"id": "msg_scripted", "type": "message", "role": "assistant",
+                   "model": body["model"], "stop_reason": stop, "stop_sequence": None}  # fmt: skip
+        if not body.get("stream"):
+            return {**message, "content": blocks, "usage": usage}
+        start = {
+            **message,
+            "content": [],
+            "stop_reason": None,
+            "usage": {**usage, "output_tokens": 1},
+        }
+        block = blocks[0]
+        if isinstance(turn, Call):
+            opened = {**use, "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(turn.arguments)}
+        else:
+            opened = {"type": "text", "text": ""}
+            delta = {"type": "text_delta", "text": block["text"]}
+        return [
+            {"type": "message_start", "message": start},
+            {"type": "content_block_start", "index": 0, "content_block": opened},
+            {"type": "ping"},
+            {"type": "content_block_delta", "index": 0, "delta": delta},
+            {"type": "content_block_stop", "index": 0},
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop, "stop_sequence": None},
+                "usage": {"output_tokens": 5},
+            },
+            {"type": "message_stop"},
+        ]
 
     def answer(self, body: dict[str, Any]) -> Any:
         """The chunks (streamed) or the completion of the turn ``body`` is at."""
@@ -150,3 +205,13 @@ class ScriptedUpstream:
             {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
             {**chunk, "choices": [], "usage": usage},
         ]
+
+
+def _called(message: dict[str, Any]) -> bool:
+    """Whether a chat message or an Anthropic turn holds the model's calls."""
+    if message.get("tool_calls"):
+        return True
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        isinstance(block, dict) and block.get("type") == "tool_use" for block in content
+    )

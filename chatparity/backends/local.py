@@ -204,9 +204,9 @@ class LocalModel:
         )
         return self.prompt_tokens(request), prepared
 
-    def prompt_tokens(self, request: ChatRequest) -> list[int]:
-        """The prompt's tokens; OpenAI's context_length_exceeded, without tokenizing,
-        when its length alone shows that it cannot fit the context."""
+    def prompt(self, request: ChatRequest) -> str:
+        """The text the model reads for ``request``: its messages in the model's chat
+        template, the tools it may call described in the first system message."""
         messages = [_template_message(message) for message in request.messages]
         if request.tools and request.tool_choice.mode != "none":
             tools = grammars.tools_system_prompt(request.tools)
@@ -214,7 +214,13 @@ class LocalModel:
                 messages[0] = {"role": "system", "content": f"{messages[0]['content']}\n\n{tools}"}
             else:
                 messages.insert(0, {"role": "system", "content": tools})
-        prompt = self._formatter(messages=messages).prompt  # type: ignore[arg-type]
+        prompt: str = self._formatter(messages=messages).prompt  # type: ignore[arg-type]
+        return prompt
+
+    def prompt_tokens(self, request: ChatRequest) -> list[int]:
+        """The prompt's tokens; OpenAI's context_length_exceeded, without tokenizing,
+        when its length alone shows that it cannot fit the context."""
+        prompt = self.prompt(request)
         if self.max_token_bytes is not None:
             at_least = -(-len(prompt.encode()) // self.max_token_bytes)
             if at_least >= self.n_ctx or at_least + (request.max_tokens or 0) > self.n_ctx:
@@ -349,7 +355,7 @@ def _max_token_bytes(vocab: Llama) -> int | None:
     )
 
 
-def _cannot_fit(n_ctx: int, at_least: int, completion: int | None) -> errors.APIError:
+def _cannot_fit(n_ctx: int, at_least: int, completion: int | None) -> errors.ContextLengthExceeded:
     """OpenAI's context_length_exceeded for a prompt of ``at_least`` tokens, counted
     from its bytes."""
     asked = (
@@ -358,11 +364,12 @@ def _cannot_fit(n_ctx: int, at_least: int, completion: int | None) -> errors.API
         else f"you requested at least {at_least + completion} tokens (at least {at_least} in"
         f" the messages, {completion} in the completion)"
     )
-    return errors.APIError(
+    return errors.ContextLengthExceeded(
         f"This model's maximum context length is {n_ctx} tokens. However, {asked}. Please"
         " reduce the length of the messages or completion.",
-        param="messages",
-        code="context_length_exceeded",
+        limit=n_ctx,
+        prompt_tokens=at_least,
+        completion_tokens=completion or 0,
     )
 
 
@@ -596,6 +603,12 @@ class LocalBackend:
     @property
     def system_fingerprint(self) -> str:
         return self._model.fingerprint if self._model else "fp_local"
+
+    async def count_tokens(self, request: ChatRequest, model: str) -> int:
+        """The tokens of the prompt ``request`` makes, by the model's own tokenizer
+        (``/v1/messages/count_tokens``), whether or not they fit its context."""
+        local = await self.model()
+        return len(await asyncio.to_thread(lambda: local.tokenize(local.prompt(request))))
 
     async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[Event]:
         local = await self.model()

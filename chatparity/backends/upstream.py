@@ -36,8 +36,11 @@ messages on to clients), ``wire_api`` (``"chat"``: ``/chat/completions``;
 ``"responses"``: the upstream is asked on ``/responses``, streamed and not
 stored there, whichever endpoint the client called, and its typed events read
 back with the same repairs and distrust, see
-:mod:`~chatparity.protocol.responses_upstream`). ``Backend.timeout`` bounds the
-whole request.
+:mod:`~chatparity.protocol.responses_upstream`; ``"messages"``: Anthropic's
+Messages API, ``/messages`` with the secret in ``x-api-key`` and
+``anthropic-version``, streamed, its named events read back the same way, see
+:mod:`~chatparity.protocol.messages_upstream`; so a chat client reaches a Claude
+model, and Claude Code any model). ``Backend.timeout`` bounds the whole request.
 
 After ``[DONE]`` the rest of the upstream's body (its last, empty chunk) is
 awaited in the background, so that the connection goes back to the pool; a
@@ -59,11 +62,10 @@ import orjson
 
 from .. import signals
 from ..conf import app_settings
-from ..protocol import errors
+from ..protocol import errors, messages_upstream, responses_upstream
 from ..protocol.errors import APIError
 from ..protocol.events import Event, Usage
 from ..protocol.request import ChatRequest, functions_as_tools
-from ..protocol.responses_upstream import ResponsesEventReader, upstream_request
 from ..protocol.tokens import approximate_prompt_tokens
 from ..protocol.upstream import (
     FORWARDED,
@@ -79,7 +81,7 @@ from .base import BackendConfig, http_base_url, known_options, number_option
 
 logger = logging.getLogger(__name__)
 
-_RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+_RETRYABLE_STATUS = frozenset({500, 502, 503, 504, 529})  # 529: Anthropic's overloaded
 
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 """The largest whole completion read from an upstream (many choices' logprobs are large)."""
@@ -116,12 +118,20 @@ def timeout_error() -> APIError:
     return errors.timed_out("The upstream did not answer in time.")
 
 
-WIRE_APIS = ("chat", "responses")
-"""What an upstream is called with: Chat Completions, or the Responses API."""
+WIRE_APIS = ("chat", "responses", "messages")
+"""What an upstream is called with: Chat Completions, the Responses API, or Anthropic's
+Messages API."""
+_PATHS = {"chat": "/chat/completions", "responses": "/responses", "messages": "/messages"}
+_READERS: dict[str, type[ChunkReader]] = {
+    "chat": ChunkReader,
+    "responses": responses_upstream.ResponsesEventReader,
+    "messages": messages_upstream.MessagesEventReader,
+}
 
 
 class UpstreamBackend:
-    """Forwards completions to ``<base_url>/chat/completions`` (or ``/responses``)."""
+    """Forwards completions to ``<base_url>/chat/completions`` (or ``/responses``, or
+    ``/messages``)."""
 
     transport = _http1.Endpoint
     """The HTTP client, made with the URL, the headers and ``connect_timeout``
@@ -133,9 +143,8 @@ class UpstreamBackend:
         self.check_options(config.options)
         self.check_base_url(config.base_url)  # a row written past the admin and the API
         self.config = config
-        self.native_responses = config.options.get("wire_api") == "responses"
-        path = "/responses" if self.native_responses else "/chat/completions"
-        self.url = config.base_url.rstrip("/") + path
+        self.wire_api: str = config.options.get("wire_api", "chat")
+        self.url = config.base_url.rstrip("/") + _PATHS[self.wire_api]
         self.retries = int(config.options.get("retries", 2))
         self.backoff = float(config.options.get("backoff", 0.2))
         self.headers = {
@@ -143,7 +152,13 @@ class UpstreamBackend:
             "Content-Type": "application/json",
             **config.options.get("headers", {}),
         }
-        if config.secret:
+        if self.wire_api == "messages":
+            # Anthropic's API reads the key from x-api-key (an Authorization header is
+            # an OAuth token to it).
+            self.headers["anthropic-version"] = messages_upstream.ANTHROPIC_VERSION
+            if config.secret:
+                self.headers["x-api-key"] = config.secret
+        elif config.secret:
             self.headers["Authorization"] = f"Bearer {config.secret}"
         self.connect_timeout = min(float(config.options.get("connect_timeout", 10)), config.timeout)
         self.pass_error_text = config.options.get("pass_error_text") is True
@@ -163,7 +178,7 @@ class UpstreamBackend:
         if not isinstance(options.get("pass_error_text", False), bool):
             raise ValueError("'pass_error_text' must be true or false.")
         if options.get("wire_api", "chat") not in WIRE_APIS:
-            raise ValueError('\'wire_api\' must be "chat" or "responses".')
+            raise ValueError('\'wire_api\' must be "chat", "responses" or "messages".')
         headers = options.get("headers", {})
         if not isinstance(headers, dict):
             raise ValueError("'headers' must map header names to values.")
@@ -191,8 +206,11 @@ class UpstreamBackend:
             if name in FORWARDED or name in request.forwarded_params
         }
         choice = request.tool_choice
-        if self.native_responses:
-            body = upstream_request(request, model, body)
+        one_choice = self.wire_api != "chat"  # the others answer one choice a request
+        if self.wire_api == "responses":
+            body = responses_upstream.upstream_request(request, model, body)
+        elif self.wire_api == "messages":
+            body = messages_upstream.upstream_request(request, model, body)
         else:
             body = functions_as_tools(body)  # what every OpenAI-compatible server knows
             # Streamed only when the client streams: a whole answer is cheaper to read.
@@ -204,16 +222,16 @@ class UpstreamBackend:
                 function = {"name": request.tools[0].name}
                 body["tool_choice"] = {"type": "function", "function": function}
         reader = partial(
-            ResponsesEventReader if self.native_responses else ChunkReader,
+            _READERS[self.wire_api],
             prompt_tokens=approximate_prompt_tokens(request.messages),
             call_finish="stop" if choice.mode == "function" else "tool_calls",
-            max_tokens=body.get("max_output_tokens")
-            if self.native_responses
+            max_tokens=body.get("max_output_tokens", body.get("max_tokens"))
+            if one_choice
             else request.max_tokens,
         )
         deadline = asyncio.get_running_loop().time() + self.config.timeout
-        # The Responses API answers one choice: each of n is asked for on its own.
-        primary = reader(n=1 if self.native_responses else request.n)
+        # The Responses and Messages APIs answer one choice: each of n is asked on its own.
+        primary = reader(n=1 if one_choice else request.n)
         async with aclosing(self._read(body, primary, deadline)) as events:
             async for event in events:
                 yield event
@@ -221,13 +239,13 @@ class UpstreamBackend:
         unseen = primary.unseen()
         # An upstream that ignored n: each missing choice is asked for on its own.
         missing = unseen if len(unseen) < request.n else []
-        if self.native_responses:
+        if one_choice:
             missing = list(range(1, request.n))
         for event in primary.close(i for i in primary.indices if i not in missing):
             yield event
         for index in missing:
             extra = reader(n=1, first_index=index)
-            one = body if self.native_responses else {**body, "n": 1}
+            one = body if one_choice else {**body, "n": 1}
             async with aclosing(self._read(one, extra, deadline)) as events:
                 async for event in events:
                     yield event

@@ -307,6 +307,12 @@ def behaviours(upstream: FaultyUpstream) -> dict[str, Handler]:
             w, 429, {"error": {"message": "slow down", "type": "requests", "code": "rate_limit"}}
         ),
         "server-error": lambda w: _json(w, 500, {"error": {"message": "boom"}}),
+        # Anthropic's envelope and its status for a service too busy.
+        "overloaded": lambda w: _json(
+            w,
+            529,
+            {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+        ),
         "not-json-error": lambda w: _json(w, 502, "<html>bad gateway</html>"),
         "flaky": fail_twice_then_answer,
         "slow-first-byte": slow_first_byte,
