@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import string
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
@@ -99,6 +100,17 @@ def _schema_to_gbnf(schema: dict[str, Any]) -> str:
     converter_class: Any = llama_grammar.SchemaConverter  # its methods are not annotated
 
     class Converter(converter_class):  # type: ignore[misc]
+        def _add_primitive(self, name: str, rule: Any) -> str:
+            if name == "char":
+                rule = llama_grammar.BuiltinRule(JSON_CHAR, [])
+            return str(super()._add_primitive(name, rule))
+
+        def _format_literal(self, literal: str) -> str:
+            return gbnf_literal(literal)
+
+        def _visit_pattern(self, pattern: str, name: str) -> str:
+            return str(super()._visit_pattern(json_pattern(pattern), name))
+
         def visit(self, node: Any, name: str) -> str:
             if isinstance(node, dict) and not _DECIDED_ELSEWHERE.intersection(node):
                 kind = node.get("type")
@@ -439,9 +451,7 @@ def response_grammar(response_format: ResponseFormat | None, vocab: Any) -> str 
     if response_format is None or response_format.type == "text":
         return None
     if response_format.type == "json_object":
-        from llama_cpp.llama_grammar import JSON_GBNF
-
-        return str(JSON_GBNF)
+        return _schema_to_gbnf({"type": "object"})
     return json_schema_grammar(
         response_format.schema or {"type": "object"},
         vocab,
@@ -489,3 +499,190 @@ def tools_system_prompt(tools: list[Tool]) -> str:
         f"To call one, reply only with {TOOL_CALL_OPEN}<name>{chr(34)}{TOOL_ARGUMENTS}"
         f"<arguments as JSON>{TOOL_CALL_CLOSE}"
     )
+
+
+# JSON text (RFC 8259) -----------------------------------------------------------------
+#
+# llama-cpp-python's converter lets a string hold any character but '"' and '\', raw
+# control characters included (no JSON parser takes them); it writes the backslashes of
+# a constant's or a property name's JSON text as grammar escapes (a const "a\nb" came out
+# with a raw newline, "a\\b" as the escape \b); and a pattern's '.', classes and literals
+# write any character unescaped. Here a string's unescaped characters are those RFC 8259
+# allows less U+007F, and its escapes are the RFC's, as in llama.cpp's own converter
+# (common/json-schema-to-grammar.cpp); whitespace (one optional space) and numbers (no
+# leading zeros, at most 16 digits a part) are the converter's, and are JSON's.
+
+JSON_CHAR = r'[^"\\\x7F\x00-\x1F] | [\\] (["\\/bfnrt] | "u" [0-9a-fA-F]{4})'
+"""One character of a JSON string's text: unescaped, or an escape."""
+
+_GBNF_LITERAL_ESCAPES = {"\\": "\\\\", '"': '\\"', "\r": "\\r", "\n": "\\n"}
+
+
+def gbnf_literal(text: str) -> str:
+    """The grammar literal that writes ``text`` as it is."""
+    return '"' + "".join(_GBNF_LITERAL_ESCAPES.get(char, char) for char in text) + '"'
+
+
+# A pattern is rewritten, as a regular expression the converter reads, into one for the
+# text of a JSON string whose value it matches: a character JSON must escape is written
+# escaped, and '.', a class or a shorthand (\d, \w, \s and their complements) admits the
+# rest of what it matches.
+
+_Ranges = list[tuple[int, int]]  # inclusive ranges of code points
+_LAST_CODE_POINT = 0x10FFFF
+_MUST_ESCAPE: _Ranges = [(0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x7F)]
+_LINE_BREAKS: _Ranges = [(0x0A, 0x0A), (0x0D, 0x0D)]  # what '.' does not match
+_DIGITS: _Ranges = [(0x30, 0x39)]
+_WORD: _Ranges = [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)]
+_SPACES: _Ranges = [(0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680),
+                    (0x2000, 0x200A), (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F),
+                    (0x3000, 0x3000), (0xFEFF, 0xFEFF)]  # fmt: skip
+_SHORTHANDS = {"d": _DIGITS, "w": _WORD, "s": _SPACES}
+_CONTROL_ESCAPES = {"t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D, "0": 0x00}
+_UNSUPPORTED_ESCAPES = frozenset("bBckpP123456789")
+
+
+def json_pattern(pattern: str) -> str:
+    """``pattern``, an anchored regular expression a string's value matches, as one for
+    the JSON text of that string (the converter refuses a pattern that is not anchored)."""
+    if not (pattern.startswith("^") and pattern.endswith("$") and len(pattern) > 1):
+        return pattern
+    body, parts, at = pattern[1:-1], [], 0
+    while at < len(body):
+        char = body[at]
+        if char == "[":
+            ranges, at = _read_class(body, at + 1)
+            parts.append(_admitting(ranges))
+        elif char == ".":
+            parts.append(_admitting(_complement(_LINE_BREAKS)))
+            at += 1
+        elif char == "\\" and at + 1 < len(body):
+            escaped, at = _read_escape(body, at + 1, in_class=False)
+            # A metacharacter's escape stays as it is; anything else is written as a set.
+            parts.append(body[at - 2 : at] if escaped is None else _admitting(escaped))
+        else:
+            code = ord(char)
+            parts.append(_admitting(_single(code)) if _overlap(_single(code)) else char)
+            at += 1
+    return "^" + "".join(parts) + "$"
+
+
+def _read_escape(body: str, at: int, *, in_class: bool) -> tuple[_Ranges | None, int]:
+    """What the escape whose letter is at ``at`` matches (None: a metacharacter left as it
+    is, outside a class), and where what follows it starts."""
+    letter = body[at]
+    if letter.lower() in _SHORTHANDS:
+        ranges = _SHORTHANDS[letter.lower()]
+        return (_complement(ranges) if letter.isupper() else ranges), at + 1
+    if letter in _CONTROL_ESCAPES:
+        return _single(_CONTROL_ESCAPES[letter]), at + 1
+    if in_class and letter == "b":
+        return _single(0x08), at + 1
+    if letter in "xu":
+        digits = body[at + 1 : at + (3 if letter == "x" else 5)]
+        if len(digits) != (2 if letter == "x" else 4) or not all(
+            digit in string.hexdigits for digit in digits
+        ):
+            raise ValueError(f"'\\{letter}{digits}' in a pattern is not an escape")
+        return _single(int(digits, 16)), at + 1 + len(digits)
+    if letter in _UNSUPPORTED_ESCAPES:
+        raise ValueError(f"'\\{letter}' in a pattern is not supported on this model")
+    if not in_class and letter in "[]()|{}*+?":
+        return None, at + 1
+    return _single(ord(letter)), at + 1
+
+
+def _read_class(body: str, at: int) -> tuple[_Ranges, int]:
+    """What the class opened just before ``at`` matches, and where what follows it starts."""
+    negated = body.startswith("^", at)
+    at += negated
+    ranges: _Ranges = []
+    while at < len(body) and body[at] != "]":
+        low, at = _class_atom(body, at)
+        if body.startswith("-", at) and at + 1 < len(body) and body[at + 1] != "]":
+            high, at = _class_atom(body, at + 1)
+            if not (_is_single(low) and _is_single(high) and low[0][0] <= high[0][0]):
+                raise ValueError("a range in a pattern's class is not from one character up")
+            low = [(low[0][0], high[0][0])]
+        ranges.extend(low)
+    if at == len(body):
+        raise ValueError("a class in the pattern is not closed")
+    return (_complement(ranges) if negated else _merged(ranges)), at + 1
+
+
+def _class_atom(body: str, at: int) -> tuple[_Ranges, int]:
+    if body[at] == "\\" and at + 1 < len(body):
+        ranges, at = _read_escape(body, at + 1, in_class=True)
+        return ranges or [], at
+    return _single(ord(body[at])), at + 1
+
+
+def _single(code: int) -> _Ranges:
+    return [(code, code)]
+
+
+def _is_single(ranges: _Ranges) -> bool:
+    return len(ranges) == 1 and ranges[0][0] == ranges[0][1]
+
+
+def _merged(ranges: _Ranges) -> _Ranges:
+    merged: _Ranges = []
+    for low, high in sorted(ranges):
+        if merged and low <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], high))
+        else:
+            merged.append((low, high))
+    return merged
+
+
+def _complement(ranges: _Ranges) -> _Ranges:
+    complement, start = [], 0
+    for low, high in _merged(ranges):
+        if low > start:
+            complement.append((start, low - 1))
+        start = high + 1
+    if start <= _LAST_CODE_POINT:
+        complement.append((start, _LAST_CODE_POINT))
+    return complement
+
+
+def _overlap(ranges: _Ranges) -> list[int]:
+    """The code points of ``ranges`` that JSON must escape."""
+    return [
+        code
+        for low, high in _MUST_ESCAPE
+        for code in range(low, high + 1)
+        if any(start <= code <= end for start, end in ranges)
+    ]
+
+
+def _admitting(ranges: _Ranges) -> str:
+    """A regular expression for the JSON text of one character of ``ranges``: a class of
+    those written as they are, or the escape of one that must be escaped."""
+    plain = _complement(_complement(ranges) + _MUST_ESCAPE)
+    alternatives = []
+    if plain:
+        alternatives.append("[" + "".join(_class_range(low, high) for low, high in plain) + "]")
+    escaped = _overlap(ranges)
+    # The converter writes an escaped backslash as one; what follows it is the escape's.
+    alternatives += ["\\\\" + _ESCAPE_AFTER_BACKSLASH[code] for code in escaped if code > 0x1F]
+    for high in (0, 1):  # control characters, as \u00 and two hex digits
+        lows = "".join(f"{code & 0xF:x}" for code in escaped if code >> 4 == high)
+        if lows:
+            alternatives.append(f"\\\\u00{high}" + (f"[{lows}]" if len(lows) > 1 else lows))
+    if not alternatives:
+        raise ValueError("a class in the pattern matches no character")
+    return alternatives[0] if len(alternatives) == 1 else "(" + "|".join(alternatives) + ")"
+
+
+_ESCAPE_AFTER_BACKSLASH = {0x22: '"', 0x5C: "\\\\", 0x7F: "u007f"}
+
+
+def _class_range(low: int, high: int) -> str:
+    return _code(low) if low == high else f"{_code(low)}-{_code(high)}"
+
+
+def _code(code: int) -> str:
+    if code < 0x100:
+        return f"\\x{code:02X}"
+    return f"\\u{code:04X}" if code < 0x10000 else f"\\U{code:08X}"

@@ -2,7 +2,9 @@
 compiles, or a 400; never a crashed process."""
 
 import asyncio
+import ctypes
 import json
+import math
 import os
 import random
 import re
@@ -13,6 +15,7 @@ from dataclasses import astuple
 from decimal import Decimal
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from chatparity.backends import grammars
@@ -24,12 +27,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def vocab():
+def tokenizer():
     from llama_cpp import Llama
 
     model = Llama(smollm2_model_path(), vocab_only=True, verbose=False)
-    yield model._model.vocab
+    yield model
     model.close()
+
+
+@pytest.fixture(scope="module")
+def vocab(tokenizer):
+    return tokenizer._model.vocab
 
 
 def refusal(build):
@@ -80,8 +88,7 @@ def test_a_tools_parameters_are_bounded_whether_strict_or_not(vocab, strict):
 
 
 def test_a_grammar_llama_cpp_refuses_is_a_400(vocab):
-    # The converter leaves "\." in a literal, which llama.cpp's parser does not take.
-    schema = {"type": "string", "pattern": "^([a-z]{1,5}\\.){0,10}[a-z]{2,6}$"}
+    schema = {"type": "string", "pattern": "^a**$"}  # the converter writes it as it is
     error = refusal(lambda: grammars.response_grammar(answer_in(schema), vocab))
     assert error["message"] == (
         "Invalid schema for response_format 'answer': llama.cpp cannot compile the grammar"
@@ -99,6 +106,136 @@ def test_a_schema_the_converter_cannot_read_is_a_400(vocab):
 def test_a_grammar_llama_cpp_refuses_never_reaches_a_sampler_chain(vocab, text):
     with pytest.raises(grammars.GrammarRefused):
         grammars.grammar_sampler(vocab, text)
+
+
+# JSON text: whatever a grammar lets the model write is JSON (RFC 8259), read by llama.cpp's
+# own grammar sampler, token by token, as it reads the model's.
+
+
+def writes(tokenizer, grammar, text):
+    """Whether llama.cpp's sampler for ``grammar`` lets the model write ``text``, then stop."""
+    import llama_cpp
+
+    sampler = grammars.grammar_sampler(tokenizer._model.vocab, grammar)
+    try:
+        for token in [*tokenizer.tokenize(text.encode(), add_bos=False), tokenizer.token_eos()]:
+            candidate = (llama_cpp.llama_token_data * 1)(llama_cpp.llama_token_data(token, 0, 0))
+            array = llama_cpp.llama_token_data_array(candidate, 1, -1, False)
+            llama_cpp.llama_sampler_apply(sampler, ctypes.byref(array))
+            if candidate[0].logit == -math.inf:
+                return False
+            if token != tokenizer.token_eos():
+                llama_cpp.llama_sampler_accept(sampler, token)
+    finally:
+        llama_cpp.llama_sampler_free(sampler)
+    return True
+
+
+def grammar_for(schema, vocab):
+    if schema == "json_object":
+        return grammars.response_grammar(ResponseFormat("json_object"), vocab)
+    return grammars.response_grammar(answer_in(schema), vocab)
+
+
+STRING = {"type": "string"}
+PATTERN_ANY = {"type": "string", "pattern": "^.*$"}
+BACKSLASHED = "a\\b\nc\u0001"
+NAMED = {"type": "object", "properties": {"a\\b": STRING}, "required": ["a\\b"]}
+TEXTS = [
+    # (schema, text, whether it is JSON of a value the schema admits)
+    (STRING, '"a b é"', True),
+    (STRING, '"a\nb"', False),  # a raw newline in a string
+    (STRING, '"a\tb"', False),
+    (STRING, '"a\x00b"', False),
+    (STRING, '"a\x1fb"', False),
+    (STRING, '"a\x7fb"', False),  # JSON allows it; llama.cpp's own converter does not
+    (STRING, r'"a\nb\t\"\\\/\u00e9\b\f\r"', True),
+    (STRING, r'"a\qb"', False),
+    (STRING, r'"\u12g4"', False),
+    ({"type": "string", "maxLength": 8}, '"a\nb"', False),
+    ({"type": "string", "maxLength": 8}, r'"a\nb"', True),
+    ("json_object", '{"a": "x\ny"}', False),
+    ("json_object", r'{"a": ["x\ny", 1.5e-3, -0, true, null, {"b": {}}]}', True),
+    ("json_object", "[1]", False),
+    ({"type": "number"}, "01", False),
+    ({"type": "number"}, "1.", False),
+    ({"type": "number"}, ".5", False),
+    ({"type": "number"}, "-", False),
+    ({"type": "number"}, "-0.25E+2", True),
+    ({"type": "integer"}, "+1", False),
+    ({"const": BACKSLASHED}, json.dumps(BACKSLASHED), True),
+    ({"const": BACKSLASHED}, '"a\\b\nc\u0001"', False),  # its JSON text read as escapes
+    ({"enum": ["é", 'say "hi"']}, json.dumps('say "hi"'), True),
+    ({"enum": ["é", 'say "hi"']}, json.dumps("é"), True),
+    (NAMED, r'{"a\\b": "x"}', True),
+    (NAMED, r'{"a\b": "x"}', False),
+    (PATTERN_ANY, r'"a\"b\\c"', True),
+    (PATTERN_ANY, '"a"b"', False),
+    (PATTERN_ANY, '"a\u0001b"', False),
+    (PATTERN_ANY, r'"a\u0001b"', True),
+    (PATTERN_ANY, r'"a\u000ab"', False),  # "." is no line break
+    ({"type": "string", "pattern": '^say "(hi|yo)"$'}, r'"say \"yo\""', True),
+    ({"type": "string", "pattern": '^say "(hi|yo)"$'}, '"say "yo""', False),
+    ({"type": "string", "pattern": "^\\d+\\.\\d$"}, '"12.5"', True),
+]
+
+
+@pytest.mark.parametrize(("schema", "text", "admitted"), TEXTS)
+def test_a_grammar_lets_the_model_write_json_only(tokenizer, vocab, schema, text, admitted):
+    assert writes(tokenizer, grammar_for(schema, vocab), text) is admitted
+    if admitted:  # the table itself: what is admitted is JSON the schema takes
+        value = json.loads(text)
+        jsonschema.validate(value, {"type": "object"} if schema == "json_object" else schema)
+
+
+def test_a_tools_arguments_are_json_only(tokenizer, vocab):
+    tool = Tool("note", parameters={"type": "object", "properties": {"text": STRING}})
+    arguments = grammars.arguments_grammar(tool, "tools[0].function.parameters", vocab)
+    assert writes(tokenizer, arguments, r'{"text": "two\nlines"}')
+    assert not writes(tokenizer, arguments, '{"text": "two\nlines"}')
+
+
+PATTERNS = [
+    "^.*$",
+    "^.+$",
+    "^[^a]*$",
+    "^[ -~]*$",
+    '^a"b$',
+    "^a\\\\b$",
+    "^\\d+(\\.\\d+)?$",
+    "^\\w+$",
+    "^\\W+$",
+    "^[\\x00-\\x1f]+$",
+    '^(a|"|\\\\)*$',
+    "^[\\n\\t ]*x$",
+]
+VALUES = ["", "a", "ab", 'a"b', "a\\b", "a\nb", "\x01", "\t\n x", "é", "12.5", "12.", "x y",
+          "\x7f", '"', 'a"\\a', "[]", "-_"]  # fmt: skip
+
+
+def as_written(value):
+    """The JSON text of ``value`` as a pattern's grammar writes it: '"' and '\\' after a
+    backslash, the control characters (and U+007F) as \\u escapes."""
+
+    def escaped(char):
+        if char in '"\\':
+            return "\\" + char
+        return f"\\u{ord(char):04x}" if char < " " or char == "\x7f" else char
+
+    return '"' + "".join(map(escaped, value)) + '"'
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_a_pattern_admits_the_json_text_of_exactly_the_strings_it_matches(
+    tokenizer, vocab, pattern
+):
+    grammar = grammar_for({"type": "string", "pattern": pattern}, vocab)
+    written = [value for value in VALUES if writes(tokenizer, grammar, as_written(value))]
+    # ECMA's \d and \w are ASCII, as Python's under re.ASCII (no value is a Unicode space).
+    assert written == [value for value in VALUES if re.fullmatch(pattern[1:-1], value, re.ASCII)]
+    # The same characters unescaped are not JSON, and never written.
+    assert not writes(tokenizer, grammar, '"a"b"')
+    assert not writes(tokenizer, grammar, '"\x01"')
 
 
 # Numbers within bounds: llama-cpp-python's converter ignores them; chatparity's grammar

@@ -5,6 +5,7 @@ import json
 import re
 import threading
 
+import jsonschema
 import pytest
 
 from chatparity.backends.base import BackendConfig
@@ -156,16 +157,102 @@ def test_json_schema_numeric_bounds_hold_whatever_the_prompt_says(backend):
     assert 1 <= json.loads(text_of(events))["qty"] <= 9
 
 
-def test_json_object_output_parses(backend):
+# Structured answers: sampled at temperature 1, whatever the sampler draws, every choice
+# that finished is JSON its schema admits, and one cut short says so with exactly its
+# max_tokens. (Before the grammars kept to JSON, the code and the cat answers here held raw
+# line breaks and quotes inside strings.)
+
+SAMPLED_CHOICES = 8
+ANSWER_TOKENS = 48
+
+
+def object_of(**properties):
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+STRING = {"type": "string"}
+STRUCTURED = [
+    (
+        "Write a letter to a friend: a greeting, two paragraphs, a signature.",
+        object_of(letter=STRING),
+    ),
+    ("Give a Python function that adds two numbers.", object_of(code=STRING)),
+    (
+        "Describe a cat.",
+        object_of(
+            name={"type": "string", "maxLength": 20},
+            age={"type": "integer", "minimum": 0, "maximum": 30},
+            tags={"type": "array", "items": {"enum": ["cute", "grumpy", "fluffy"]}, "maxItems": 3},
+            motto={"type": "string", "pattern": "^.{1,40}$"},
+        ),
+    ),
+    ("Return JSON with your name.", "json_object"),
+]
+
+
+def answers(events):
+    """Each choice's text (or its tool call's arguments), finish reason and tokens."""
+    by_choice = {}
+    for event in events:
+        if isinstance(event, TextDelta | ToolCallDelta):
+            text, _, tokens = by_choice.get(event.index, ("", None, 0))
+            fragment = event.text if isinstance(event, TextDelta) else event.arguments
+            by_choice[event.index] = (text + fragment, None, tokens + event.tokens)
+        elif isinstance(event, Finish):
+            text, _, tokens = by_choice.get(event.index, ("", None, 0))
+            by_choice[event.index] = (text, event.reason, tokens)
+    return [by_choice[index] for index in sorted(by_choice)]
+
+
+def assert_finished_answers_are_json_of(schema, events, finished_as):
+    finished = 0
+    for text, reason, tokens in answers(events):
+        if reason == finished_as:
+            jsonschema.validate(json.loads(text), schema)
+            finished += 1
+        else:
+            assert (reason, tokens) == ("length", ANSWER_TOKENS)
+    assert finished  # not only cut answers
+
+
+@pytest.mark.parametrize(("prompt", "schema"), STRUCTURED)
+def test_every_finished_structured_answer_is_json_its_schema_admits(backend, prompt, schema):
+    response_format = (
+        ResponseFormat("json_object")
+        if schema == "json_object"
+        else ResponseFormat("json_schema", schema, name="answer", strict=True)
+    )
     request = ask(
-        "Return JSON with your name.",
-        max_tokens=150,
-        presence_penalty=1.5,  # greedy SmolLM2 otherwise nests objects until the limit
-        response_format=ResponseFormat("json_object"),
+        prompt,
+        n=SAMPLED_CHOICES,
+        seed=0,
+        temperature=1.0,
+        max_tokens=ANSWER_TOKENS,
+        response_format=response_format,
     )
     events = run(backend, request)
-    assert events[-2] == Finish(0, "stop")
-    assert isinstance(json.loads(text_of(events)), dict)
+    valid = {"type": "object"} if schema == "json_object" else schema
+    assert_finished_answers_are_json_of(valid, events, "stop")
+
+
+def test_every_finished_tool_call_has_json_arguments_its_parameters_admit(backend):
+    parameters = object_of(text=STRING, tags={"type": "array", "items": STRING, "maxItems": 3})
+    note = Tool("take_note", "Keep a note", parameters)
+    request = ask(
+        "Note my shopping list, one item per line: milk, eggs, bread.",
+        tools=[note],
+        tool_choice=ToolChoice("required"),
+        n=SAMPLED_CHOICES,
+        seed=0,
+        temperature=1.0,
+        max_tokens=ANSWER_TOKENS,
+    )
+    assert_finished_answers_are_json_of(parameters, run(backend, request), "tool_calls")
 
 
 @pytest.mark.parametrize(
