@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +35,7 @@ from .. import signals
 from ..conf import app_settings
 from ..models import ApiKey, ModelAlias, Plan
 from ..protocol import errors
-from .batching import OncePerInterval, detached, reconnecting
+from .batching import OncePerInterval, PerLoop, detached, reconnecting
 
 logger = logging.getLogger(__name__)
 
@@ -93,9 +92,7 @@ class Aliases:
 _entries: dict[str, tuple[float, float, Any]] = {}
 # Loads in progress, per event loop: the requests that find an entry expired at
 # the same moment wait for one database query, not one each.
-_loading: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Task[Any]]] = (
-    weakref.WeakKeyDictionary()
-)
+_loading: PerLoop[dict[str, asyncio.Task[Any]]] = PerLoop(dict)
 _ALIASES = ""
 # Bumped by forget(): a load that began before a change must not store what it read.
 _generation = [0]
@@ -128,8 +125,7 @@ async def _cached(cache: str, name: str, load: Callable[..., Any], *args: Any) -
         observer.lookup(cache, hit)
     if entry is not None and hit:
         return entry[2]
-    loop = asyncio.get_running_loop()
-    loading = _loading.setdefault(loop, {})
+    loading = _loading.get()
     task = loading.get(name)
     if task is None:
         task = loading[name] = detached(_load(name, load, *args))

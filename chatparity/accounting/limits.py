@@ -43,7 +43,6 @@ import logging
 import math
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -61,6 +60,7 @@ from ..models import ApiKey, ModelAlias, Plan, RequestLog
 from ..protocol.errors import APIError
 from ..protocol.request import ChatRequest
 from ..protocol.tokens import approximate_prompt_tokens
+from .batching import OncePerInterval, PerLoop
 
 logger = logging.getLogger(__name__)
 
@@ -95,12 +95,19 @@ class Change:
 
 @dataclass
 class Lease:
-    """One slot in flight of a key that allows ``limit``: ``member`` of the set ``slots``."""
+    """The slots in flight one request takes of a key that allows ``limit``: ``count``
+    of them, one per choice it asks for. In Redis, one ``member`` of the set ``slots``
+    whose name ends in ``:count``."""
 
     slots: str
     limit: int
-    member: str = field(default_factory=lambda: uuid.uuid4().hex)
-    held: str | None = None  # the cache key of the slot, in the cache's store
+    count: int = 1
+    member: str = ""
+    held: list[str] = field(default_factory=list)  # the cache keys of its slots, in the cache
+
+    def __post_init__(self) -> None:
+        if not self.member:
+            self.member = f"{uuid.uuid4().hex}:{self.count}"
 
 
 @dataclass(frozen=True)
@@ -138,7 +145,13 @@ class Counters(Protocol):
         """The live leases in ``slots``."""
 
 
-_RESERVE = """
+# A lease's member is named "<id>:<slots it takes>".
+_WEIGHT = """
+local function weight(member) return tonumber(string.match(member, ':(%d+)$')) or 1 end
+"""
+_RESERVE = (
+    _WEIGHT
+    + """
 local n = tonumber(ARGV[1])
 local values = {}
 for i = 1, n do
@@ -155,8 +168,9 @@ if #KEYS > n then
   local clock = redis.call('TIME')
   local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
   redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
-  local live = redis.call('ZCARD', slots)
-  if live >= tonumber(ARGV[at + 1]) then return {1, -1, live} end
+  local live = 0
+  for _, member in ipairs(redis.call('ZRANGE', slots, 0, -1)) do live = live + weight(member) end
+  if live + weight(ARGV[at]) > tonumber(ARGV[at + 1]) then return {1, -1, live} end
   redis.call('ZADD', slots, now + tonumber(ARGV[at + 2]), ARGV[at])
   redis.call('PEXPIRE', slots, 2 * tonumber(ARGV[at + 2]))
 end
@@ -171,6 +185,7 @@ for i = 1, n do
 end
 return result
 """
+)
 _SETTLE = """
 local n = #KEYS
 if ARGV[1] ~= '' then
@@ -190,12 +205,17 @@ for i = 1, #KEYS do
   redis.call('PEXPIRE', KEYS[i], 2 * lease)
 end
 """
-_IN_FLIGHT = """
+_IN_FLIGHT = (
+    _WEIGHT
+    + """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-return redis.call('ZCARD', KEYS[1])
+local live = 0
+for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do live = live + weight(member) end
+return live
 """
+)
 
 
 class _Resting:
@@ -222,40 +242,34 @@ class RedisCounters:
         self.url = url
         self._resting = _Resting()
         # A client per event loop: redis.asyncio connections cannot move between loops.
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._clients: PerLoop[Any] = PerLoop(self._connect)
 
-    def _client(self) -> Any:
+    def _connect(self) -> Any:
         from redis.asyncio import Redis
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
         from redis.exceptions import ConnectionError
 
-        loop = asyncio.get_running_loop()
-        client = self._clients.get(loop)
-        if client is None:
-            client = self._clients[loop] = Redis.from_url(
-                self.url,
-                socket_timeout=REDIS_TIMEOUT,
-                socket_connect_timeout=REDIS_TIMEOUT,
-                health_check_interval=30,
-                # Only a refused or broken connection is retried: a script that timed
-                # out may have run, and must not run twice.
-                retry=Retry(NoBackoff(), 1, supported_errors=(ConnectionError,)),
-            )
-        return client
+        return Redis.from_url(
+            self.url,
+            socket_timeout=REDIS_TIMEOUT,
+            socket_connect_timeout=REDIS_TIMEOUT,
+            health_check_interval=30,
+            # Only a refused or broken connection is retried: a script that timed
+            # out may have run, and must not run twice.
+            retry=Retry(NoBackoff(), 1, supported_errors=(ConnectionError,)),
+        )
 
     async def ping(self) -> None:
         """Raise unless Redis answers (within :data:`REDIS_TIMEOUT`)."""
-        await self._client().ping()
+        await self._clients.get().ping()
 
     async def _eval(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         from redis.exceptions import ConnectionError, TimeoutError
 
         self._resting.check()
         try:
-            return await self._client().eval(script, len(keys), *keys, *args)
+            return await self._clients.get().eval(script, len(keys), *keys, *args)
         except (ConnectionError, TimeoutError, OSError) as exc:
             self._resting.failed()
             raise Unavailable(str(exc)) from exc
@@ -336,7 +350,7 @@ class CacheCounters:
                 return Refusal(index, value - change.amount), []
         if lease is not None:
             lease.held = await self._call(_claim, lease)
-            if lease.held is None:
+            if not lease.held:
                 await self._undo(changes)
                 return Refusal(-1, lease.limit), []
         return None, values
@@ -346,15 +360,15 @@ class CacheCounters:
             await self._call(_add, change.counter, -change.amount, change.ttl)
 
     async def settle(self, amounts: Sequence[tuple[str, int]], lease: Lease | None) -> None:
-        if lease is not None and lease.held is not None:
-            await self._call(_release, lease.held, lease.member)
+        for slot in lease.held if lease is not None else ():
+            await self._call(_release, slot, lease.member)
         for counter, amount in amounts:
             await self._call(_add_if_present, counter, amount)
 
     async def renew(self, leases: Sequence[Lease]) -> None:
         for lease in leases:
-            if lease.held is not None:
-                await self._call(_touch, lease.held, lease.member)
+            for slot in lease.held:
+                await self._call(_touch, slot, lease.member)
 
     async def seed(self, counter: str, value: int, ttl: int) -> None:
         await self._call(cache.add, counter, value, ttl)
@@ -385,11 +399,17 @@ def _slot_keys(slots: str, limit: int) -> list[str]:
     return [f"{slots}:{index}" for index in range(limit)]
 
 
-def _claim(lease: Lease) -> str | None:
+def _claim(lease: Lease) -> list[str]:
+    """The slots claimed for ``lease``: all ``count`` of them, or none."""
+    held: list[str] = []
     for slot in _slot_keys(lease.slots, lease.limit):
         if cache.add(slot, lease.member, LEASE_SECONDS):
-            return slot
-    return None
+            held.append(slot)
+            if len(held) == lease.count:
+                return held
+    for slot in held:
+        _release(slot, lease.member)
+    return []
 
 
 def _touch(slot: str, member: str) -> None:
@@ -453,31 +473,14 @@ class _Renewer:
                 try:
                     await store.renew(leases)
                 except Unavailable as exc:
-                    log_once("renew", "chatparity: slots in flight not renewed: %s", exc)
+                    _outage_log.warning("chatparity: slots in flight not renewed: %s", exc)
 
 
-_renewers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Renewer] = (
-    weakref.WeakKeyDictionary()
-)
+_renewers = PerLoop(_Renewer)
+"""This event loop's renewer."""
 
-
-def _renewer() -> _Renewer:
-    loop = asyncio.get_running_loop()
-    renewer = _renewers.get(loop)
-    if renewer is None:
-        renewer = _renewers[loop] = _Renewer()
-    return renewer
-
-
-_logged: dict[str, float] = {}
-
-
-def log_once(cause: str, message: str, *args: Any) -> None:
-    """Log a warning for ``cause`` at most once per ``_LOG_INTERVAL``."""
-    now = time.monotonic()
-    if now - _logged.get(cause, -_LOG_INTERVAL) >= _LOG_INTERVAL:
-        _logged[cause] = now
-        logger.warning(message, *args)
+# During an outage every request fails the same way: one line per cause per interval.
+_outage_log = OncePerInterval(logger, interval=_LOG_INTERVAL)
 
 
 # -- the rules ----------------------------------------------------------------
@@ -552,6 +555,8 @@ class Estimate:
 
     prompt_tokens: int
     completion_tokens: int
+    choices: int = 1
+    """The slots in flight it takes: a choice is generated as a request is."""
 
     @property
     def total(self) -> int:
@@ -561,7 +566,12 @@ class Estimate:
     def of(cls, chat: ChatRequest, alias: ModelAlias) -> Estimate:
         """The prompt (approximated) and, for each choice, ``max_tokens`` or the cap."""
         completion = chat.max_tokens if chat.max_tokens is not None else completion_cap(alias)
-        return cls(approximate_prompt_tokens(chat.messages), completion * chat.n)
+        return cls(approximate_prompt_tokens(chat.messages), completion * chat.n, chat.n)
+
+
+NOTHING = Estimate(0, 0)
+"""What a request that generates nothing reserves: it reads what its key stored, or
+names no model it may use. Counted as a request, in flight while it lasts."""
 
 
 @dataclass
@@ -590,7 +600,7 @@ class Admission:
     """What an admitted request reserved, made exact by :meth:`settle`."""
 
     key: ApiKey | None
-    alias: ModelAlias
+    alias: ModelAlias | None  # None: under the key's own limits alone
     store: Counters
     charges: list[Charge] = field(default_factory=list)
     lease: Lease | None = None
@@ -618,7 +628,7 @@ class Admission:
             for charge in self.charges
             if charge.counter not in kept and charge.kind == "tokens" and charge.reserved
         ]
-        if await _reserve(self, planned, changes, lease=None):
+        if not changes or await _reserve(self, planned, changes, lease=None):
             self.charges = planned
         self.alias = alias
 
@@ -630,11 +640,13 @@ class Admission:
             return
         self.settled = True
         if self.lease is not None:
-            _renewer().remove(self.lease)
+            _renewers.get().remove(self.lease)
         used = {
             "requests": 1,
             "tokens": prompt_tokens + completion_tokens,
-            "cost": int(self.alias.cost_of(prompt_tokens, completion_tokens) * MICRO),
+            "cost": 0
+            if self.alias is None
+            else int(self.alias.cost_of(prompt_tokens, completion_tokens) * MICRO),
         }
         amounts = [
             (charge.counter, used[charge.kind] - charge.reserved)
@@ -646,14 +658,16 @@ class Admission:
         try:
             await self.store.settle(amounts, self.lease)
         except Unavailable as exc:
-            log_once("settle", "chatparity: limits not settled (counters unavailable): %s", exc)
+            _outage_log.warning("chatparity: limits not settled (counters unavailable): %s", exc)
 
 
-async def admit(key: ApiKey | None, alias: ModelAlias, estimate: Estimate) -> Admission:
+async def admit(key: ApiKey | None, alias: ModelAlias | None, estimate: Estimate) -> Admission:
     """Reserve one request of ``estimate`` for ``key`` on ``alias``, or raise 429.
 
     With no key (an admin's trial) only ``alias``'s limits apply, counted as for one
-    more key of its own: no key's limits, budgets or slots are touched.
+    more key of its own: no key's limits, budgets or slots are touched. With no alias
+    (a request that reads stored responses, or names no model it may use) only the
+    key's windows and slots in flight apply, and no budget.
     """
     admission = Admission(key, alias, counters())
     if not _limited(key, alias):
@@ -661,14 +675,14 @@ async def admit(key: ApiKey | None, alias: ModelAlias, estimate: Estimate) -> Ad
     charges = _plan(key, alias, estimate)
     lease = None
     if key is not None and key.max_concurrent is not None:
-        lease = Lease(_in_flight(key), key.max_concurrent)
+        lease = Lease(_in_flight(key), key.max_concurrent, estimate.choices)
     changes = [Change(c.counter, c.reserved, c.limit, c.ttl, seeded=c.budget) for c in charges]
     if not changes and lease is None:
         return admission
     if await _reserve(admission, charges, changes, lease):
         admission.charges, admission.lease = charges, lease
         if lease is not None:
-            _renewer().add(admission.store, lease)
+            _renewers.get().add(admission.store, lease)
     else:  # served unreserved: what it uses is counted when it ends
         for charge in charges:
             charge.reserved = 0
@@ -692,13 +706,13 @@ async def _reserve(
     except (Unavailable, DatabaseError) as exc:
         closed = app_settings.LIMITS_WHEN_UNAVAILABLE == "closed"
         policy = "refused" if closed else "served unchecked"
-        log_once("admit", "chatparity: limited keys %s (counters unavailable): %s", policy, exc)
+        _outage_log.warning("chatparity: limited keys %s (counters unavailable): %s", policy, exc)
         if closed:
             _count_refusal("unavailable")
             raise limits_unavailable() from exc
         return False
     if refusal is not None:
-        raise _refused(admission, charges, refusal)
+        raise _refused(admission, charges, refusal, lease)
     _note_headers(admission, charges, values)
     return True
 
@@ -719,12 +733,16 @@ def _count_refusal(kind: str) -> None:
         observer.rate_limited(kind)
 
 
-def _refused(admission: Admission, charges: list[Charge], refusal: Refusal) -> APIError:
+def _refused(
+    admission: Admission, charges: list[Charge], refusal: Refusal, lease: Lease | None
+) -> APIError:
     if refusal.index < 0:
         _count_refusal("concurrent")
         limit = admission.key.max_concurrent if admission.key is not None else None
+        count = lease.count if lease is not None else 1
+        asked = f"; this request's {count} choices count as {count}" if count > 1 else ""
         return rate_limited(
-            f"Too many requests in flight for this key: limit {limit}.",
+            f"Too many requests in flight for this key: limit {limit}{asked}.",
             "requests",
             1,
             admission.headers,
@@ -744,10 +762,12 @@ def _refused(admission: Admission, charges: list[Charge], refusal: Refusal) -> A
     )
 
 
-def _limited(key: ApiKey | None, alias: ModelAlias) -> bool:
+def _limited(key: ApiKey | None, alias: ModelAlias | None) -> bool:
     """Whether any limit applies to ``key`` on ``alias`` (most requests: none, and
     planning nothing costs as much as a request's admission otherwise does)."""
-    if alias.requests_per_minute is not None or alias.tokens_per_minute is not None:
+    if alias is not None and (
+        alias.requests_per_minute is not None or alias.tokens_per_minute is not None
+    ):
         return True
     return key is not None and (
         key.requests_per_minute is not None
@@ -759,16 +779,18 @@ def _limited(key: ApiKey | None, alias: ModelAlias) -> bool:
     )
 
 
-def _plan(key: ApiKey | None, alias: ModelAlias, estimate: Estimate) -> list[Charge]:
+def _plan(key: ApiKey | None, alias: ModelAlias | None, estimate: Estimate) -> list[Charge]:
     """Every counter a request of ``estimate`` on ``alias`` reserves in: the key's
     windows, its windows on the alias, then the key's budgets and its owner's."""
     now = time.time()
     minute = int(now // 60)
     reset_in = (minute + 1) * 60 - now
     charges = []
-    scopes: list[tuple[str, ApiKey | ModelAlias]] = [(_alias_scope(key, alias), alias)]
+    scopes: list[tuple[str, ApiKey | ModelAlias]] = []
     if key is not None:
-        scopes.insert(0, (_key_scope(key), key))
+        scopes.append((_key_scope(key), key))
+    if alias is not None:  # else only the key's windows: nothing is spent
+        scopes.append((_alias_scope(key, alias), alias))
     for scope, source in scopes:
         for kind, limit, amount in (
             ("requests", source.requests_per_minute, 1),
@@ -778,7 +800,7 @@ def _plan(key: ApiKey | None, alias: ModelAlias, estimate: Estimate) -> list[Cha
                 counter = _window(scope, kind, minute)
                 charges.append(Charge(kind, counter, limit, amount, _WINDOW_TTL,
                                       resets_in=reset_in))  # fmt: skip
-    if key is not None:
+    if key is not None and alias is not None:
         cost = alias.cost_of(estimate.prompt_tokens, estimate.completion_tokens) * MICRO
         for budget in _budgets(key):
             amount = estimate.total if budget.kind == "tokens" else math.ceil(cost)
@@ -810,10 +832,10 @@ class Budget:
 
     def rows(self, key: ApiKey | None) -> QuerySet[RequestLog]:
         """The log rows spent from this budget (``key``'s, unless the owner's)."""
-        mine = {"api_key": key} if self.owner_id is None else {"api_key__owner_id": self.owner_id}
-        return RequestLog.objects.filter(
-            **mine, created_at__gte=self.start, created_at__lt=self.end
-        )
+        rows = RequestLog.objects.filter(created_at__gte=self.start, created_at__lt=self.end)
+        if self.owner_id is None:
+            return rows.filter(api_key=key)
+        return rows.filter(api_key__owner_id=self.owner_id)
 
 
 def _budgets(key: ApiKey) -> list[Budget]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, OperationalError
@@ -16,7 +15,7 @@ from .. import signals
 from ..models import RequestLog
 from ..signals import send_request_logged
 from . import inserts, journal, spool
-from .batching import OncePerInterval, detached, reconnecting, settle
+from .batching import BatchWriter, OncePerInterval, PerLoop, detached, reconnecting, settle
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +30,7 @@ async def log(row: RequestLog) -> None:
     answer (and is not announced).
     """
     try:
-        written = await _writer().write(row)
+        written = await _writers.get().write(row)
     except DatabaseError:
         logger.exception("chatparity: the log row of %s was lost", row.request_id)
         _count_rows("lost", 1)
@@ -70,57 +69,46 @@ SPOOL_LOOK_SECONDS = 10.0
 _outage_log = OncePerInterval(logger)
 
 
-class LogWriter:
+class LogWriter(BatchWriter[RequestLog]):
     """Writes the log rows of concurrent requests together, in one transaction.
 
     Each caller waits for its own row, so a row is never dropped: under load the
-    batches grow instead. A batch the database cannot take (it is down) is
-    spooled, and drained once it answers again. A row the database refuses (bad
-    data, not a busy database) fails only its own request's write, not the rest of
-    its batch.
+    batches grow instead. Its failure policy is spool-and-retry: a busy database is
+    tried again; a batch the database cannot take (it is down) is spooled, and drained
+    once it answers again. A row the database refuses (bad data, not a busy database)
+    fails only its own request's write, not the rest of its batch.
     """
 
+    wait = BATCH_WAIT
+
     def __init__(self) -> None:
-        self._pending: list[tuple[RequestLog, asyncio.Future[bool]]] = []
-        self._flushing: asyncio.Task[None] | None = None
+        super().__init__()
         self._draining: asyncio.Task[None] | None = None
         self._next_look = 0.0  # first look at once: a worker starts with the spool
 
-    async def write(self, row: RequestLog) -> bool:
-        """Write ``row``: True once written, False once spooled."""
-        written: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._pending.append((row, written))
-        if self._flushing is None:
-            self._flushing = detached(self._flush())
-        # A caller cancelled while it waits leaves its row in the batch, written all
-        # the same.
-        return await written
+    async def save(self, rows: list[RequestLog]) -> None:
+        await _insert_with_retries(rows)
 
-    async def _flush(self) -> None:
-        try:
-            # A moment for the rows of requests finishing about now to join the
-            # batch: one database hop and transaction for all of them.
-            await asyncio.sleep(BATCH_WAIT)
-            while self._pending:
-                batch, self._pending = self._pending, []
-                try:
-                    await _insert_with_retries([row for row, _ in batch])
-                except OperationalError as exc:  # the database is down or locked
-                    await self._spool(batch, exc)
-                except DatabaseError:  # a row it refuses: find which
-                    await self._one_by_one(batch)
-                except Exception as exc:  # a bug: its callers must not wait forever
-                    for _, written in batch:
-                        settle(written, exc)
-                    raise
-                else:
-                    for _, written in batch:
-                        settle(written, True)
-                    if time.monotonic() >= self._next_look:
-                        self._next_look = time.monotonic() + SPOOL_LOOK_SECONDS
-                        self._drain_soon()
-        finally:
-            self._flushing = None
+    async def refused(
+        self, batch: list[tuple[RequestLog, asyncio.Future[bool]]], error: DatabaseError
+    ) -> None:
+        if isinstance(error, OperationalError):  # the database is down or locked
+            await self._spool(batch, error)
+        else:  # a row it refuses: find which
+            await super().refused(batch, error)
+
+    async def row_failed(
+        self, row: RequestLog, outcome: asyncio.Future[bool], error: DatabaseError
+    ) -> None:
+        if isinstance(error, OperationalError):
+            await self._spool([(row, outcome)], error)
+        else:
+            settle(outcome, error)
+
+    def written(self) -> None:
+        if time.monotonic() >= self._next_look:
+            self._next_look = time.monotonic() + SPOOL_LOOK_SECONDS
+            self._drain_soon()
 
     async def _spool(
         self, batch: list[tuple[RequestLog, asyncio.Future[bool]]], cause: OperationalError
@@ -139,17 +127,6 @@ class LogWriter:
         for _, written in batch:
             settle(written, False)
         self._drain_soon()
-
-    async def _one_by_one(self, batch: list[tuple[RequestLog, asyncio.Future[bool]]]) -> None:
-        for row, written in batch:
-            try:
-                await _insert_with_retries([row])
-            except OperationalError as exc:
-                await self._spool([(row, written)], exc)
-            except DatabaseError as exc:
-                settle(written, exc)
-            else:
-                settle(written, True)
 
     def _drain_soon(self) -> None:
         if self._draining is None:
@@ -184,18 +161,8 @@ def _recover_and_drain() -> None:
 drain_spool = reconnecting(spool.drain)
 
 
-_writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LogWriter] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _writer() -> LogWriter:
-    """This event loop's writer: its futures and task cannot move between loops."""
-    loop = asyncio.get_running_loop()
-    writer = _writers.get(loop)
-    if writer is None:
-        writer = _writers[loop] = LogWriter()
-    return writer
+_writers = PerLoop(LogWriter)
+"""This event loop's writer."""
 
 
 async def _insert_with_retries(rows: list[RequestLog]) -> None:

@@ -13,11 +13,9 @@ key of the same owner, for ``RESPONSES_RETENTION`` seconds.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
-import weakref
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qs
@@ -27,7 +25,7 @@ from django.db import DatabaseError, connections
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from ..accounting.batching import detached, reconnecting, settle
+from ..accounting.batching import BatchWriter, PerLoop, reconnecting
 from ..accounting.keys import Grant
 from ..accounting.ledger import Accounting
 from ..accounting.record import UsageRecord, storable
@@ -166,66 +164,17 @@ def _save(batch: list[StoredResponse]) -> None:
     StoredResponse.objects.bulk_create(batch)
 
 
-class Keeper:
-    """Writes the responses of concurrent requests together: each request waits for its
-    own, and those that came while a batch was written are the next batch, so a busy
-    worker makes one transaction for many, and an idle one adds no wait."""
+class Keeper(BatchWriter[StoredResponse]):
+    """Writes the responses of concurrent requests together. Its failure policy is
+    fail-the-refused-row: nothing is retried or set aside, and a response the database
+    refuses fails only its own request's write."""
 
-    def __init__(self) -> None:
-        self._pending: list[tuple[StoredResponse, asyncio.Future[None]]] = []
-        self._writing: asyncio.Task[None] | None = None
-
-    async def keep(self, stored: StoredResponse) -> None:
-        """Write ``stored``; the batch's DatabaseError if it could not be."""
-        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append((stored, written))
-        if self._writing is None:
-            self._writing = detached(self._write())
-        # Shielded: a caller cancelled (its client left) must not cancel the future the
-        # batch settles, written all the same.
-        await asyncio.shield(written)
-
-    async def _write(self) -> None:
-        try:
-            while self._pending:
-                batch, self._pending = self._pending, []
-                try:
-                    await sync_to_async(_save)([stored for stored, _ in batch])
-                except DatabaseError as exc:
-                    if len(batch) == 1:
-                        settle(batch[0][1], exc)
-                    else:  # a row the database refuses fails only its own request
-                        for stored, written in batch:
-                            await self._write_one(stored, written)
-                except Exception as exc:  # a bug: its requests must not wait forever
-                    for _, written in batch:
-                        settle(written, exc)
-                    raise
-                else:
-                    for _, written in batch:
-                        settle(written, None)
-        finally:
-            self._writing = None
-
-    async def _write_one(self, stored: StoredResponse, written: asyncio.Future[None]) -> None:
-        try:
-            await sync_to_async(_save)([stored])
-        except DatabaseError as exc:
-            settle(written, exc)
-        else:
-            settle(written, None)
+    async def save(self, rows: list[StoredResponse]) -> None:
+        await sync_to_async(_save)(rows)
 
 
-_keepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Keeper] = weakref.WeakKeyDictionary()
-
-
-def _keeper() -> Keeper:
-    """This event loop's keeper: its futures and task cannot move between loops."""
-    loop = asyncio.get_running_loop()
-    keeper = _keepers.get(loop)
-    if keeper is None:
-        keeper = _keepers[loop] = Keeper()
-    return keeper
+_keepers = PerLoop(Keeper)
+"""This event loop's keeper."""
 
 
 async def _store(request: ResponsesRequest, response: dict[str, Any], grant: Grant) -> None:
@@ -242,7 +191,7 @@ async def _store(request: ResponsesRequest, response: dict[str, Any], grant: Gra
         response=storable(response),
     )
     try:
-        await _keeper().keep(stored)
+        await _keepers.get().write(stored)
     except DatabaseError:
         logger.exception("chatparity: response %s was answered but not stored", stored.id)
 

@@ -17,6 +17,7 @@ import pytest
 from django.test import TestCase, override_settings
 
 from chatparity.accounting import limits
+from chatparity.accounting.batching import OncePerInterval
 from chatparity.accounting.limits import Change, Lease, RedisCounters
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.errors import APIError
@@ -429,7 +430,7 @@ def hold_a_slot(url: str, slots: str) -> None:
         lease = Lease(slots, 1)
         refusal, _ = await store.reserve([], lease)
         assert refusal is None
-        limits._renewer().add(store, lease)
+        limits._renewers.get().add(store, lease)
         print("held", flush=True)
         await asyncio.Event().wait()
 
@@ -526,8 +527,9 @@ class RedisAwayTests(LimitTestCase):
 
     @pytest.fixture(autouse=True)
     def _server(self):
-        limits._logged.clear()  # each test sees its outage logged afresh
-        with services.redis(own=True) as url:
+        outage_log = OncePerInterval(limits.logger, interval=limits._LOG_INTERVAL)
+        # Each test sees its outage logged afresh.
+        with services.redis(own=True) as url, mock.patch.object(limits, "_outage_log", outage_log):
             self.url, self.server = url, services.control(url)
             yield
 
