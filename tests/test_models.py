@@ -1,12 +1,15 @@
 """Backend and alias rows are checked before they are saved (``full_clean()``, which the
 admin and the management API run), each error on the field at fault."""
 
+import datetime
+from unittest import mock
+
 import pytest
 from django.core.checks import Tags, run_checks
 from django.core.exceptions import ValidationError
 
 from chatparity.backends import config_errors
-from chatparity.models import Backend, ModelAlias
+from chatparity.models import ApiKey, Backend, ModelAlias
 from tests.configs import BAD_ALIASES, BAD_BACKENDS, GOOD_ALIAS, GOOD_BACKENDS
 from tests.scripted import SCRIPTED
 
@@ -108,3 +111,17 @@ def test_stored_rows_that_would_be_refused_are_reported_by_check_database(spare)
         ),
         ("chatparity.W040", "model alias 'broken': fallbacks: No alias is named 'nowhere'."),
     ]
+
+
+class TestApiKeyExpiry:
+    def test_a_key_expires_at_the_instant_it_names(self):
+        instant = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
+        key = ApiKey(expires_at=instant)
+        with mock.patch("django.utils.timezone.now", return_value=instant):
+            assert key.is_expired
+        before = instant - datetime.timedelta(microseconds=1)
+        with mock.patch("django.utils.timezone.now", return_value=before):
+            assert not key.is_expired
+
+    def test_a_key_without_an_expiry_never_expires(self):
+        assert not ApiKey(expires_at=None).is_expired

@@ -85,6 +85,12 @@ class LookupTests(TestCase):
         assert await keys.grant(hash_key("sk-cp-nobody")) is None
         assert len(loads) == 1
 
+    async def test_random_keys_never_grow_the_cache_past_its_bound(self):
+        with mock.patch.object(keys, "MAX_KEYS", 50):
+            for attempt in range(200):
+                assert await keys.grant(hash_key(f"sk-cp-random-{attempt}")) is None
+                assert len(keys._entries) <= 51
+
     async def test_a_change_saved_while_loading_is_not_hidden_by_the_load(self):
         hashed = hash_key(self.plaintext)
         loading = asyncio.ensure_future(keys.grant(hashed))

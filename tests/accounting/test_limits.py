@@ -607,3 +607,61 @@ class RedisAwayTests(LimitTestCase):
             assert await limits.standing(key) == [
                 ("usage", "unknown", "its limits (the counters are unavailable)")
             ]
+
+
+def test_a_reserved_counter_expires_with_its_window(redis_url):
+    from redis import Redis
+
+    store, counter = RedisCounters(redis_url), f"cp:test:ttl:{random.random()}"
+    refusal, _ = asyncio.run(store.reserve([Change(counter, 3, 10, ttl=60)], None))
+    assert refusal is None
+    with Redis.from_url(redis_url) as client:
+        assert 0 < client.ttl(counter) <= 60  # never a counter that lives forever
+        client.expire(counter, 5)
+    asyncio.run(store.reserve([Change(counter, 3, 10, ttl=60)], None))
+    with Redis.from_url(redis_url) as client:
+        assert client.ttl(counter) <= 5  # a later reservation keeps the window's end
+
+
+def test_settling_a_counter_that_expired_creates_none(redis_url):
+    from redis import Redis
+
+    store, counter = RedisCounters(redis_url), f"cp:test:gone:{random.random()}"
+    asyncio.run(store.settle([(counter, -2)], None))
+    with Redis.from_url(redis_url) as client:
+        assert not client.exists(counter)  # it would have no time to live
+
+
+def test_releasing_a_slot_that_expired_leaves_its_new_holders(settings):
+    from django.core.cache import cache
+
+    settings.CHATPARITY = {"REDIS_URL": None}
+    store = limits.CacheCounters()
+    first, second = Lease("cp:test:slots", 1), Lease("cp:test:slots", 1)
+    assert asyncio.run(store.reserve([], first)) == (None, [])
+    cache.delete(first.held)  # its lease ran out (its worker stalled)
+    assert asyncio.run(store.reserve([], second)) == (None, [])
+    asyncio.run(store.settle([], first))  # the stalled request ends at last
+    assert cache.get(second.held) == second.member
+    assert asyncio.run(store.in_flight("cp:test:slots", 1)) == 1
+
+
+class RemainingHeaderTests(LimitTestCase):
+    async def test_the_remaining_header_is_the_window_with_the_least_left(self):
+        await self.limit(requests_per_minute=10)
+        await save(self.alias, requests_per_minute=3)
+        response = await self.ask()
+        assert response.status_code == 200
+        assert response["x-ratelimit-limit-requests"] == "3"
+        assert response["x-ratelimit-remaining-requests"] == "2"  # the alias's, not the key's 9
+
+    async def test_the_key_window_reports_when_it_has_less_left(self):
+        await self.limit(requests_per_minute=2)
+        await save(self.alias, requests_per_minute=30)
+        response = await self.ask()
+        assert response["x-ratelimit-limit-requests"] == "2"
+        assert response["x-ratelimit-remaining-requests"] == "1"
+
+
+class RedisRemainingHeaderTests(OnRedis, RemainingHeaderTests):
+    pass

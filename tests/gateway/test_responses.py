@@ -501,6 +501,11 @@ class InputItemsTests(ResponsesTestCase):
         _, rest = await self.listing(response_id, f"order=asc&limit=2&after={page['last_id']}")
         assert (self.texts(rest), rest["has_more"]) == (["three"], False)
 
+    async def test_a_page_that_ends_with_the_last_item_has_no_more(self):
+        response_id = await self.make()
+        _, page = await self.listing(response_id, "order=asc&limit=3")
+        assert (self.texts(page), page["has_more"]) == (["one", "two", "three"], False)
+
     async def test_a_bad_limit_or_order_is_openais_400(self):
         response_id = await self.make()
         status, refused = await self.listing(response_id, "limit=101")

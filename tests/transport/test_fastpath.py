@@ -179,6 +179,19 @@ class FastPathTests(FastPathTestCase):
         start, _, _ = await self.exchange("POST", "/v1/chat/completions", headers=declared)
         assert start["status"] == 413
 
+    @override_settings(CHATPARITY={**SCRIPTED, "MAX_BODY_BYTES": 100})
+    async def test_a_body_of_exactly_the_limit_is_served(self):
+        body = b'{"model":"echo","messages":[{"role":"user","content":"Hi"}]}'
+        exact = body.ljust(100)  # JSON allows the trailing spaces
+        for declared in ({}, {"content-length": "100"}):
+            start, _, _ = await self.exchange(
+                "POST", "/v1/chat/completions", exact, headers=self.headers(**declared)
+            )
+            assert start["status"] == 200
+        declared = self.headers(**{"content-length": "101"})
+        start, _, _ = await self.exchange("POST", "/v1/chat/completions", exact + b" ", declared)
+        assert start["status"] == 413
+
     async def test_models_are_listed_and_retrieved(self):
         _, content, _ = await self.exchange("GET", "/v1/models")
         assert [model["id"] for model in orjson.loads(content)["data"]] == ["echo"]

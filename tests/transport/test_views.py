@@ -150,6 +150,19 @@ class ErrorTests(ViewTestCase):
         assert [m["id"] for m in models.json()["data"]] == ["other"]
         assert (await self.ask(model="other", max_tokens=1)).status_code == 200
 
+    async def test_narrowing_a_key_takes_effect_at_once(self):
+        other = await ModelAlias.objects.acreate(public_id="other", backend=self.local)
+        smollm2 = await ModelAlias.objects.aget(public_id="smollm2")
+        self.key.all_aliases = False
+        await self.key.asave()
+        await self.key.allowed_aliases.aset([other, smollm2])
+        with mock.patch.object(keys, "clock", return_value=1000.0):  # the cache never expires
+            assert (await self.ask(max_tokens=1)).status_code == 200
+            await self.key.allowed_aliases.aremove(smollm2)
+            assert (await self.ask(max_tokens=1)).status_code == 404
+            await self.key.allowed_aliases.aadd(smollm2)
+            assert (await self.ask(max_tokens=1)).status_code == 200
+
     async def test_unknown_model_is_404_and_logged(self):
         response = await self.ask(model="gpt-9")
         assert response.status_code == 404
