@@ -418,7 +418,8 @@ class RequestLog(models.Model):
     )
     completion_id = models.CharField(max_length=64, blank=True)
     request_id = models.CharField(max_length=64)
-    api_key = models.ForeignKey(ApiKey, null=True, on_delete=models.SET_NULL)
+    # Indexed with created_at (Meta), which also serves the key's own look-ups.
+    api_key = models.ForeignKey(ApiKey, null=True, on_delete=models.SET_NULL, db_index=False)
     key_prefix = models.CharField(max_length=32)
     alias = models.CharField(max_length=200, blank=True)
     backend = models.CharField(max_length=100, blank=True)
@@ -454,6 +455,21 @@ class RequestLog(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        # What the admin's filters and searches and the spool's drain look up; each
+        # costs bytes per row (docs/history.md), so no more than these.
+        indexes = [
+            models.Index(fields=["request_id"], name="chatparity_log_request_id"),
+            models.Index(fields=["completion_id"], name="chatparity_log_completion_id"),
+            models.Index(fields=["api_key", "created_at"], name="chatparity_log_key_time"),
+            models.Index(fields=["alias", "created_at"], name="chatparity_log_alias_time"),
+            models.Index(
+                fields=["created_at"],
+                name="chatparity_log_failed_time",
+                condition=models.Q(status_code__gte=400)
+                | ~models.Q(error_type="")
+                | models.Q(cancelled=True),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.request_id} {self.alias} {self.status_code}"
@@ -483,3 +499,113 @@ class StoredResponse(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+# The upper bounds (ms) of the latency histograms' buckets, 1-2-3-5 steps: a percentile
+# read from them is off by at most the bucket it falls in (DailyUsage.percentile).
+LATENCY_BOUNDS_MS = (
+    5, 10, 20, 30, 50, 100, 200, 300, 500, 1_000, 2_000, 3_000, 5_000, 10_000, 20_000,
+    30_000, 60_000, 120_000, 300_000,
+)  # fmt: skip
+
+
+def latency_buckets(measure: str) -> tuple[str, ...]:
+    """The histogram columns of ``measure``: ``<measure>_le_<bound>`` for each of
+    LATENCY_BOUNDS_MS, then ``<measure>_over_<the last bound>``."""
+    return (
+        *(f"{measure}_le_{bound}" for bound in LATENCY_BOUNDS_MS),
+        f"{measure}_over_{LATENCY_BOUNDS_MS[-1]}",
+    )
+
+
+DURATION_BUCKETS = latency_buckets("duration_ms")
+FIRST_TOKEN_BUCKETS = latency_buckets("first_token_ms")
+
+
+def _count(help_text: str = "") -> models.PositiveBigIntegerField[int, int]:
+    return models.PositiveBigIntegerField(default=0, help_text=help_text)
+
+
+class DailyUsage(models.Model):
+    """What the log's rows of one UTC day say, summed: kept when the rows are pruned.
+
+    Written with the rows (``chatparity.accounting.rollups``), in their transaction;
+    every report reads these, never the log.
+    """
+
+    day = models.DateField(help_text="UTC.")
+    alias = models.CharField(max_length=200, blank=True)
+    endpoint = models.CharField(max_length=32, choices=Endpoint.choices)
+    requests = _count()
+    errors = _count("Answered with an error status, or failed after streaming began.")
+    cancelled = _count("The client hung up.")
+    prompt_tokens = _count()
+    completion_tokens = _count()
+    total_tokens = _count()
+    cached_tokens = _count()
+    reasoning_tokens = _count()
+    cost = models.DecimalField(max_digits=20, decimal_places=8, default=0, help_text="USD.")
+    duration_ms = models.FloatField(default=0, help_text="Sum of the requests' durations.")
+    first_token_ms = models.FloatField(
+        default=0, help_text="Sum of the times to first token, over first_tokens requests."
+    )
+    first_tokens = _count("Requests that sent a first token.")
+
+    class Meta:
+        abstract = True
+
+
+# Counts of requests per latency bucket: columns, so that a row written by two workers
+# at once adds up in one upsert.
+for _bucket in (*DURATION_BUCKETS, *FIRST_TOKEN_BUCKETS):
+    DailyUsage.add_to_class(_bucket, models.PositiveIntegerField(default=0))
+
+
+class DailyKeyUsage(DailyUsage):
+    """One key's requests to one alias through one endpoint on one UTC day."""
+
+    key_prefix = models.CharField(max_length=32, help_text="Kept when the key is deleted.")
+    api_key = models.ForeignKey(
+        ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The key's owner when its last request of the day was logged.",
+    )
+
+    class Meta:
+        verbose_name = "daily usage of a key"
+        verbose_name_plural = "daily usage of keys"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["day", "key_prefix", "alias", "endpoint"], name="chatparity_key_day_once"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["key_prefix", "day"], name="chatparity_key_usage_key_day"),
+            models.Index(fields=["owner", "day"], name="chatparity_key_usage_owner_day"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.key_prefix} {self.alias} {self.endpoint}"
+
+
+class DailyAliasUsage(DailyUsage):
+    """All keys' requests to one alias through one endpoint on one UTC day: the site's
+    totals, read when a report is not about one key."""
+
+    class Meta:
+        verbose_name = "daily usage of an alias"
+        verbose_name_plural = "daily usage of aliases"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["day", "alias", "endpoint"], name="chatparity_alias_day_once"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.alias} {self.endpoint}"

@@ -13,6 +13,7 @@ from django.db.models import Field
 from django.utils import timezone
 
 from ..models import ApiKey, RequestLog
+from . import rollups
 from .batching import reconnecting
 
 logger = logging.getLogger(__name__)
@@ -21,7 +22,8 @@ logger = logging.getLogger(__name__)
 @reconnecting
 def insert_rows(rows: list[RequestLog]) -> None:
     """Insert ``rows`` in one transaction, without reading their ids back, into the
-    database the site's routers choose for writing RequestLog.
+    database the site's routers choose for writing RequestLog, and add them to their
+    days' rollups in the same transaction.
 
     Not ``bulk_create``: compiling its query costs twice the insert itself, and a
     log row needs no id back. Each value is still prepared by its model field.
@@ -32,8 +34,10 @@ def insert_rows(rows: list[RequestLog]) -> None:
     values = [
         [field.get_db_prep_save(_value(field, row), connection) for field in fields] for row in rows
     ]
-    with transaction.atomic(using=database), connection.cursor() as cursor:
-        cursor.executemany(_insert_sql(connection), values)
+    with transaction.atomic(using=database):
+        with connection.cursor() as cursor:
+            cursor.executemany(_insert_sql(connection), values)
+        rollups.record(rows, connection)
 
 
 def _value(field: Field[Any, Any], row: RequestLog) -> Any:

@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('auth', '0012_alter_user_first_name_max_length'),
-        ('chatparity', '0010_round3'),
+        ('chatparity', '0011_usage_rollups'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

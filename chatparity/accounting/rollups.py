@@ -1,0 +1,267 @@
+"""The log's daily rollups (DailyKeyUsage, DailyAliasUsage), which every report reads.
+
+The log writer adds each batch of rows to their days' rollups in the transaction that
+inserts them (:func:`record`): no query on a request's path, and rows that come late
+(from the spool, or a killed worker's journal) are counted the same way. A day whose
+rollups sum fewer rows than the log holds for it (rows logged before the rollups
+existed, or by a worker of an older version) is rebuilt from the log
+(:func:`reconcile`); one whose rollups sum more keeps them: its rows were pruned.
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime
+from collections.abc import Iterable, Sequence
+from decimal import Decimal
+from typing import Any
+
+from django.db import connections, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Count, Max, Model, Q, Sum
+
+from ..models import (
+    DURATION_BUCKETS,
+    FIRST_TOKEN_BUCKETS,
+    LATENCY_BOUNDS_MS,
+    ApiKey,
+    DailyAliasUsage,
+    DailyKeyUsage,
+    RequestLog,
+)
+
+# A row that failed: an error status, or an error after streaming began (status 200).
+FAILED = Q(status_code__gte=400) | ~Q(error_type="")
+
+# What a rollup sums, in the order of a tally.
+MEASURES = (
+    "requests", "errors", "cancelled", "prompt_tokens", "completion_tokens", "total_tokens",
+    "cached_tokens", "reasoning_tokens", "cost", "duration_ms", "first_token_ms",
+    "first_tokens", *DURATION_BUCKETS, *FIRST_TOKEN_BUCKETS,
+)  # fmt: skip
+TOKENS = MEASURES[3:8]
+_AT = {name: index for index, name in enumerate(MEASURES)}
+
+KeyGrain = tuple[datetime.date, str, str, str]  # day, key prefix, alias, endpoint
+AliasGrain = tuple[datetime.date, str, str]  # day, alias, endpoint
+
+
+def grain(model: type[Model]) -> tuple[str, ...]:
+    """What a rollup is per: the fields of its model's one unique constraint."""
+    (constraint,) = model._meta.constraints
+    return tuple(constraint.fields)  # type: ignore[attr-defined]
+
+
+def bucket(ms: float) -> int:
+    """The histogram bucket of a latency: the first bound it does not exceed."""
+    return bisect.bisect_left(LATENCY_BOUNDS_MS, ms)
+
+
+def utc_day(moment: datetime.datetime) -> datetime.date:
+    return moment.astimezone(datetime.UTC).date()
+
+
+def day_start(day: datetime.date) -> datetime.datetime:
+    """The moment a UTC day begins."""
+    return datetime.datetime.combine(day, datetime.time(), tzinfo=datetime.UTC)
+
+
+def _empty_tally() -> list[Any]:
+    sums: list[Any] = [0] * len(MEASURES)
+    sums[_AT["cost"]] = Decimal(0)
+    return sums
+
+
+def tally(rows: Iterable[RequestLog]) -> dict[KeyGrain, tuple[int | None, list[Any]]]:
+    """``rows`` summed per day, key, alias and endpoint, each with the key's id."""
+    groups: dict[KeyGrain, tuple[int | None, list[Any]]] = {}
+    for row in rows:
+        assert row.created_at is not None  # set by the insert
+        of = (utc_day(row.created_at), row.key_prefix, row.alias, row.endpoint)
+        entry = groups.get(of)
+        if entry is None:
+            entry = groups[of] = (row.api_key_id, _empty_tally())
+        sums = entry[1]
+        sums[_AT["requests"]] += 1
+        sums[_AT["errors"]] += row.status_code >= 400 or bool(row.error_type)
+        sums[_AT["cancelled"]] += row.cancelled
+        for name in TOKENS:
+            sums[_AT[name]] += getattr(row, name)
+        sums[_AT["cost"]] += Decimal(row.cost)
+        sums[_AT["duration_ms"]] += row.duration_ms
+        sums[_AT[DURATION_BUCKETS[bucket(row.duration_ms)]]] += 1
+        first_token = row.time_to_first_token_ms
+        if first_token is not None:
+            sums[_AT["first_token_ms"]] += first_token
+            sums[_AT["first_tokens"]] += 1
+            sums[_AT[FIRST_TOKEN_BUCKETS[bucket(first_token)]]] += 1
+    return groups
+
+
+def per_alias(groups: dict[KeyGrain, tuple[int | None, list[Any]]]) -> dict[AliasGrain, list[Any]]:
+    """Per-key tallies summed per day, alias and endpoint."""
+    totals: dict[AliasGrain, list[Any]] = {}
+    for (day, _, alias, endpoint), (_, sums) in groups.items():
+        total = totals.setdefault((day, alias, endpoint), _empty_tally())
+        for index, value in enumerate(sums):
+            total[index] += value
+    return totals
+
+
+def record(rows: Sequence[RequestLog], connection: BaseDatabaseWrapper) -> None:
+    """Add ``rows``, just inserted on ``connection``, to their days' rollups: call it in
+    the transaction that inserted them. In a fixed order of rows, so that two workers
+    adding to the same rollups wait for each other rather than deadlock."""
+    groups = tally(rows)
+    key_values = [
+        [*_grain_values(of, connection), api_key_id, api_key_id, *_sum_values(sums, connection)]
+        for of, (api_key_id, sums) in sorted(groups.items())
+    ]
+    alias_values = [
+        [*_grain_values(of, connection), *_sum_values(sums, connection)]
+        for of, sums in sorted(per_alias(groups).items())
+    ]
+    with connection.cursor() as cursor:
+        cursor.executemany(_upsert_sql(connection, DailyKeyUsage), key_values)
+        cursor.executemany(_upsert_sql(connection, DailyAliasUsage), alias_values)
+
+
+def _grain_values(of: tuple[Any, ...], connection: BaseDatabaseWrapper) -> list[Any]:
+    return [connection.ops.adapt_datefield_value(of[0]), *of[1:]]
+
+
+def _sum_values(sums: list[Any], connection: BaseDatabaseWrapper) -> list[Any]:
+    values = list(sums)
+    values[_AT["cost"]] = connection.ops.adapt_decimalfield_value(sums[_AT["cost"]], 20, 8)
+    return values
+
+
+_upserts: dict[tuple[str, type[Model]], str] = {}  # by database vendor and model
+
+
+def _upsert_sql(connection: BaseDatabaseWrapper, model: type[Model]) -> str:
+    """INSERT ... ON CONFLICT (its grain) DO UPDATE adding the sums (PostgreSQL and
+    SQLite); a key's rollup also names the key, and its owner now."""
+    statement = _upserts.get((connection.vendor, model))
+    if statement is not None:
+        return statement
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    per = [quote(column) for column in grain(model)]
+    sums = [quote(column) for column in MEASURES]
+    columns, values = [*per], ["%s"] * len(per)
+    updates = [f"{column} = {table}.{column} + excluded.{column}" for column in sums]
+    if model is DailyKeyUsage:
+        named = [quote("api_key_id"), quote("owner_id")]
+        columns += named
+        values += ["%s", f"(SELECT owner_id FROM {quote(ApiKey._meta.db_table)} WHERE id = %s)"]
+        updates += [f"{column} = excluded.{column}" for column in named]
+    columns += sums
+    values += ["%s"] * len(sums)
+    statement = (
+        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(values)})"
+        f" ON CONFLICT ({', '.join(per)}) DO UPDATE SET {', '.join(updates)}"
+    )
+    _upserts[(connection.vendor, model)] = statement
+    return statement
+
+
+def reconcile(
+    day: datetime.date,
+    *,
+    using: str | None = None,
+    log: type[RequestLog] = RequestLog,
+    per_key: type[DailyKeyUsage] = DailyKeyUsage,
+    per_alias_model: type[DailyAliasUsage] = DailyAliasUsage,
+) -> bool:
+    """Rebuild ``day``'s rollups from its log rows if they sum fewer; whether it did.
+
+    On ``using``, else the database the site's routers write the log to; the models
+    can be a migration's. On PostgreSQL the rollups are locked against
+    writes meanwhile: a batch written now waits (milliseconds) and adds its rows to the
+    rebuilt rollups, which did not count them. On SQLite a batch committed between the
+    count and the rebuild makes the rebuild fail ("database is locked"), not miscount.
+    """
+    database = using or router.db_for_write(log)
+    connection = connections[database]
+    start = day_start(day)
+    rows = log.objects.using(database).filter(
+        created_at__gte=start, created_at__lt=start + datetime.timedelta(days=1)
+    )
+    with transaction.atomic(using=database):
+        if connection.vendor == "postgresql":
+            tables = ", ".join(
+                connection.ops.quote_name(model._meta.db_table)
+                for model in (per_key, per_alias_model)
+            )
+            with connection.cursor() as cursor:
+                cursor.execute(f"LOCK TABLE {tables} IN SHARE ROW EXCLUSIVE MODE")
+        summed = per_key.objects.using(database).filter(day=day).aggregate(n=Sum("requests"))
+        if rows.count() <= (summed["n"] or 0):
+            return False
+        per_key.objects.using(database).filter(day=day).delete()
+        per_alias_model.objects.using(database).filter(day=day).delete()
+        per_key.objects.using(database).bulk_create(
+            [
+                per_key(
+                    day=day,
+                    api_key_id=facts.pop("last_key"),
+                    owner_id=facts.pop("last_owner"),
+                    **_unprefixed(facts),
+                )
+                for facts in rows.order_by()
+                .values("key_prefix", "alias", "endpoint")
+                .annotate(**_log_sums())
+            ],
+            batch_size=500,
+        )
+        alias_sums = {f"sum_{name}": Sum(name) for name in MEASURES}
+        per_alias_model.objects.using(database).bulk_create(
+            [
+                per_alias_model(day=day, **_unprefixed(facts))
+                for facts in per_key.objects.using(database)
+                .filter(day=day)
+                .order_by()
+                .values("alias", "endpoint")
+                .annotate(**alias_sums)
+            ],
+            batch_size=500,
+        )
+    return True
+
+
+def _unprefixed(facts: dict[str, Any]) -> dict[str, Any]:
+    """An aggregate's row with ``sum_`` taken off its names (an annotation may not have a
+    field's name) and nothing None (a sum over no values)."""
+    return {
+        name.removeprefix("sum_"): 0 if value is None and name.startswith("sum_") else value
+        for name, value in facts.items()
+    }
+
+
+def _log_sums() -> dict[str, Any]:
+    """The aggregates over log rows that make one key's rollup."""
+    sums: dict[str, Any] = {
+        "last_key": Max("api_key"),
+        "last_owner": Max("api_key__owner"),
+        "sum_requests": Count("pk"),
+        "sum_errors": Count("pk", filter=FAILED),
+        "sum_cancelled": Count("pk", filter=Q(cancelled=True)),
+        **{f"sum_{name}": Sum(name) for name in TOKENS},
+        "sum_cost": Sum("cost"),
+        "sum_duration_ms": Sum("duration_ms"),
+        "sum_first_token_ms": Sum("time_to_first_token_ms"),
+        "sum_first_tokens": Count("time_to_first_token_ms"),
+    }
+    for columns, field in (
+        (DURATION_BUCKETS, "duration_ms"),
+        (FIRST_TOKEN_BUCKETS, "time_to_first_token_ms"),
+    ):
+        for index, column in enumerate(columns):
+            within = Q(**{f"{field}__isnull": False})
+            if index:
+                within &= Q(**{f"{field}__gt": LATENCY_BOUNDS_MS[index - 1]})
+            if index < len(LATENCY_BOUNDS_MS):
+                within &= Q(**{f"{field}__lte": LATENCY_BOUNDS_MS[index]})
+            sums[f"sum_{column}"] = Count("pk", filter=within)
+    return sums

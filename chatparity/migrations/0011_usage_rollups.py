@@ -1,0 +1,200 @@
+"""Daily usage rollups, the log's indexes for the admin and the spool's drain, and the
+rollups of the rows logged so far.
+
+Safe on a live PostgreSQL with millions of log rows, hence not atomic: the log's
+indexes are built CONCURRENTLY (writes go on meanwhile), the foreign key's own index
+(now the first column of chatparity_log_key_time) dropped CONCURRENTLY, and the
+rollups of the days logged so far filled one day per short transaction
+(chatparity.accounting.rollups.reconcile, the same as chatparity_prune_logs runs).
+"""
+
+import datetime
+
+import django.db.models.deletion
+from django.conf import settings
+from django.db import migrations, models, router
+
+# The latency histograms' bucket bounds (ms) as of this migration.
+BOUNDS_MS = (
+    5, 10, 20, 30, 50, 100, 200, 300, 500, 1_000, 2_000, 3_000, 5_000, 10_000, 20_000,
+    30_000, 60_000, 120_000, 300_000,
+)
+ENDPOINTS = [
+    ("chat.completions", "/v1/chat/completions"),
+    ("responses", "/v1/responses"),
+    ("messages", "/v1/messages"),
+    ("embeddings", "/v1/embeddings"),
+]
+
+
+def _buckets(measure):
+    names = [f"{measure}_le_{bound}" for bound in BOUNDS_MS] + [f"{measure}_over_{BOUNDS_MS[-1]}"]
+    return [(name, models.PositiveIntegerField(default=0)) for name in names]
+
+
+def _count(help_text=""):
+    return models.PositiveBigIntegerField(default=0, help_text=help_text)
+
+
+def _usage_fields():
+    return [
+        ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+        ("day", models.DateField(help_text="UTC.")),
+        ("alias", models.CharField(blank=True, max_length=200)),
+        ("endpoint", models.CharField(choices=ENDPOINTS, max_length=32)),
+        ("requests", _count()),
+        ("errors", _count("Answered with an error status, or failed after streaming began.")),
+        ("cancelled", _count("The client hung up.")),
+        ("prompt_tokens", _count()),
+        ("completion_tokens", _count()),
+        ("total_tokens", _count()),
+        ("cached_tokens", _count()),
+        ("reasoning_tokens", _count()),
+        ("cost", models.DecimalField(decimal_places=8, default=0, help_text="USD.", max_digits=20)),
+        ("duration_ms", models.FloatField(default=0, help_text="Sum of the requests' durations.")),
+        ("first_token_ms", models.FloatField(default=0, help_text="Sum of the times to first token, over first_tokens requests.")),
+        ("first_tokens", _count("Requests that sent a first token.")),
+        *_buckets("duration_ms"),
+        *_buckets("first_token_ms"),
+    ]
+
+
+def _concurrently(schema_editor):
+    return {"concurrently": True} if schema_editor.connection.vendor == "postgresql" else {}
+
+
+class AddIndexConcurrently(migrations.AddIndex):
+    """AddIndex, built CONCURRENTLY on PostgreSQL. (django.contrib.postgres has one; it
+    needs psycopg, which a site on SQLite does not install.)"""
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            schema_editor.add_index(model, self.index, **_concurrently(schema_editor))
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        model = from_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            schema_editor.remove_index(model, self.index, **_concurrently(schema_editor))
+
+
+def drop_key_index(apps, schema_editor):
+    """The foreign key's own index, dropped without AlterField (which on SQLite copies
+    the whole table)."""
+    log = apps.get_model("chatparity", "RequestLog")
+    if not router.allow_migrate_model(schema_editor.connection.alias, log):
+        return
+    how = "DROP INDEX CONCURRENTLY" if schema_editor.connection.vendor == "postgresql" else "DROP INDEX"
+    for name in schema_editor._constraint_names(log, ["api_key_id"], index=True):
+        schema_editor.execute(f"{how} IF EXISTS {schema_editor.quote_name(name)}")
+
+
+def restore_key_index(apps, schema_editor):
+    log = apps.get_model("chatparity", "RequestLog")
+    if router.allow_migrate_model(schema_editor.connection.alias, log):
+        field = log._meta.get_field("api_key")
+        schema_editor.execute(
+            schema_editor._create_index_sql(log, fields=[field], **_concurrently(schema_editor))
+        )
+
+
+def fill_rollups(apps, schema_editor):
+    """The rollups of every day logged so far, from the log, one day per transaction."""
+    from chatparity.accounting.rollups import reconcile, utc_day
+
+    log = apps.get_model("chatparity", "RequestLog")
+    database = schema_editor.connection.alias
+    if not router.allow_migrate_model(database, log):
+        return
+    times = log.objects.using(database).order_by("created_at").values_list("created_at", flat=True)
+    first, last = times.first(), times.last()
+    if first is None:
+        return
+    day = utc_day(first)
+    while day <= utc_day(last):
+        reconcile(
+            day,
+            using=database,
+            log=log,
+            per_key=apps.get_model("chatparity", "DailyKeyUsage"),
+            per_alias_model=apps.get_model("chatparity", "DailyAliasUsage"),
+        )
+        day += datetime.timedelta(days=1)
+
+
+class Migration(migrations.Migration):
+    atomic = False
+
+    dependencies = [
+        ("chatparity", "0010_round3"),
+        migrations.swappable_dependency(settings.AUTH_USER_MODEL),
+    ]
+
+    operations = [
+        migrations.CreateModel(
+            name="DailyAliasUsage",
+            fields=_usage_fields(),
+            options={
+                "verbose_name": "daily usage of an alias",
+                "verbose_name_plural": "daily usage of aliases",
+                "constraints": [
+                    models.UniqueConstraint(fields=("day", "alias", "endpoint"), name="chatparity_alias_day_once"),
+                ],
+            },
+        ),
+        migrations.CreateModel(
+            name="DailyKeyUsage",
+            fields=[
+                *_usage_fields(),
+                ("key_prefix", models.CharField(help_text="Kept when the key is deleted.", max_length=32)),
+                ("api_key", models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name="+", to="chatparity.apikey")),
+                ("owner", models.ForeignKey(blank=True, help_text="The key's owner when its last request of the day was logged.", null=True, on_delete=django.db.models.deletion.SET_NULL, related_name="+", to=settings.AUTH_USER_MODEL)),
+            ],
+            options={
+                "verbose_name": "daily usage of a key",
+                "verbose_name_plural": "daily usage of keys",
+                "constraints": [
+                    models.UniqueConstraint(fields=("day", "key_prefix", "alias", "endpoint"), name="chatparity_key_day_once"),
+                ],
+                "indexes": [
+                    models.Index(fields=["key_prefix", "day"], name="chatparity_key_usage_key_day"),
+                    models.Index(fields=["owner", "day"], name="chatparity_key_usage_owner_day"),
+                ],
+            },
+        ),
+        AddIndexConcurrently(
+            model_name="requestlog",
+            index=models.Index(fields=["request_id"], name="chatparity_log_request_id"),
+        ),
+        AddIndexConcurrently(
+            model_name="requestlog",
+            index=models.Index(fields=["completion_id"], name="chatparity_log_completion_id"),
+        ),
+        AddIndexConcurrently(
+            model_name="requestlog",
+            index=models.Index(fields=["api_key", "created_at"], name="chatparity_log_key_time"),
+        ),
+        AddIndexConcurrently(
+            model_name="requestlog",
+            index=models.Index(fields=["alias", "created_at"], name="chatparity_log_alias_time"),
+        ),
+        AddIndexConcurrently(
+            model_name="requestlog",
+            index=models.Index(
+                condition=models.Q(("status_code__gte", 400), models.Q(("error_type", ""), _negated=True), ("cancelled", True), _connector="OR"),
+                fields=["created_at"],
+                name="chatparity_log_failed_time",
+            ),
+        ),
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.AlterField(
+                    model_name="requestlog",
+                    name="api_key",
+                    field=models.ForeignKey(db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, to="chatparity.apikey"),
+                ),
+            ],
+            database_operations=[migrations.RunPython(drop_key_index, restore_key_index)],
+        ),
+        migrations.RunPython(fill_rollups, migrations.RunPython.noop),
+    ]
