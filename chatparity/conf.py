@@ -110,6 +110,14 @@ DEFAULTS: dict[str, Any] = {
     # chatparity.tracing: put the prompt and completion text on the spans
     # (gen_ai.input.messages, gen_ai.output.messages); off, only their sizes.
     "TRACE_CONTENT": False,
+    # chatparity.portal: the template its pages extend (blocks "title" and "content"),
+    # the most active keys one user may hold, and how many of their latest requests
+    # it lists.
+    "PORTAL": {
+        "BASE_TEMPLATE": "chatparity/portal/base.html",
+        "MAX_KEYS": 10,
+        "RECENT_REQUESTS": 100,
+    },
     # chatparity.tracing: a client's ``traceparent`` makes the request's span a child in
     # the client's trace, whose sampled flag then decides. Off, the span starts a trace
     # of its own, sampled as the site's sampler decides, with a link to the client's
@@ -171,6 +179,7 @@ class AppSettings:
     CORS_ALLOWED_ORIGINS: Setting[list[str]] = Setting()
     METRICS: Setting[dict[str, Any]] = Setting()
     TRACE_CONTENT: Setting[bool] = Setting()
+    PORTAL: Setting[dict[str, Any]] = Setting()
     TRACE_CLIENT_PARENT: Setting[bool] = Setting()
 
 

@@ -143,6 +143,9 @@ INSTALLED_APPS = [
     "chatparity.dashboard",
     "chatparity.api",
     "chatparity.conformance",
+    "chatparity.portal",
+    "chatparity.audit",
+    "project",  # the demo's own: every user may use the portal (project/apps.py)
 ]
 
 MIDDLEWARE = [
@@ -153,9 +156,13 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "chatparity.audit.middleware.AuditMiddleware",
 ]
 
 ROOT_URLCONF = "project.urls"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "/portal/"
+LOGOUT_REDIRECT_URL = "/"
 ASGI_APPLICATION = "project.asgi.application"
 
 TEMPLATES = [
@@ -271,6 +278,8 @@ CHATPARITY: dict[str, object] = {
     # Fernet keys for Backend.secret, newest first; empty: derived from SECRET_KEY.
     "SECRET_KEYS": _list("CHATPARITY_SECRET_KEYS"),
     "METRICS": _metrics,
+    # The portal's pages extend the site's own base template (templates/base.html).
+    "PORTAL": {"BASE_TEMPLATE": "base.html"},
 }
 # The Prometheus metrics (README: "Observability"), served while anyone may scrape them.
 if _metrics["TOKEN"] or _metrics["ALLOWED_NETWORKS"]:

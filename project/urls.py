@@ -7,6 +7,8 @@ urlpatterns = [
     path("", TemplateView.as_view(template_name="index.html"), name="home"),
     path("admin/", admin.site.urls),
     path("api/", include("chatparity.api.urls")),
+    path("portal/", include("chatparity.portal.urls")),
+    path("accounts/", include("django.contrib.auth.urls")),
     path("", include("chatparity.urls")),
 ]
 if apps.is_installed("chatparity.metrics"):

@@ -29,6 +29,8 @@ INSTALLED_APPS = [
     "chatparity.dashboard",
     "chatparity.api",
     "chatparity.conformance",
+    "chatparity.portal",
+    "chatparity.audit",
 ]
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -38,7 +40,9 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "chatparity.audit.middleware.AuditMiddleware",
 ]
+LOGIN_URL = "/accounts/login/"
 ROOT_URLCONF = "tests.urls"
 ASGI_APPLICATION = "project.asgi.application"
 TEMPLATES = [

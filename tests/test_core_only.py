@@ -30,7 +30,7 @@ OPT_IN = (
 )  # fmt: skip
 OPT_IN_PACKAGES = (
     "chatparity.dashboard", "chatparity.api", "chatparity.conformance", "chatparity.metrics",
-    "chatparity.tracing",
+    "chatparity.tracing", "chatparity.portal", "chatparity.audit",
 )  # fmt: skip
 SITE_ENV = {"DJANGO_SETTINGS_MODULE": "site_settings"}
 

@@ -1,11 +1,12 @@
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
+from chatparity.management.base import ChangingCommand
 from chatparity.models import ApiKey
 
 
-class Command(BaseCommand):
+class Command(ChangingCommand):
     help = "Create an API key and print its plaintext, the only time it is shown."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -1,0 +1,206 @@
+"""The audit trail's entries: one for every change to keys, aliases, backends and plans,
+whichever part of the site made it (the admin, the management API, the portal, a
+management command, code), with who, from where, and each field before and after;
+never a secret."""
+
+import json
+from decimal import Decimal
+from io import StringIO
+
+from django.contrib.auth.models import Group, User
+from django.core.management import call_command
+from django.db import transaction
+from django.test import Client, TestCase
+from rest_framework.authtoken.models import Token
+
+from chatparity.audit.models import AuditEntry
+from chatparity.audit.signals import audit_logged
+from chatparity.models import ApiKey, Backend, ModelAlias, Plan
+from tests.support.users import portal_user
+
+SECRET = "sk-upstream-very-secret-value"
+
+
+def entries(instance):
+    """The entries about ``instance``, oldest first."""
+    return list(
+        AuditEntry.objects.filter(
+            content_type__model=instance._meta.model_name, object_id=str(instance.pk)
+        ).order_by("pk")
+    )
+
+
+class AuditTestCase(TestCase):
+    @classmethod
+    def setUpTestData(cls):
+        cls.backend = Backend.objects.create(name="local", kind="local")
+        cls.alias = ModelAlias.objects.create(public_id="smollm2", backend=cls.backend)
+        cls.admin = User.objects.create_superuser("root", password="pw")
+
+
+class SourceTests(AuditTestCase):
+    def test_the_admin_revoking_a_key(self):
+        key, _ = ApiKey.objects.create_key("laptop")
+        client = Client(REMOTE_ADDR="203.0.113.7")
+        client.force_login(self.admin)
+        response = client.post(
+            "/admin/chatparity/apikey/", {"action": "revoke", "_selected_action": [key.pk]}
+        )
+        assert response.status_code == 302
+        entry = entries(key)[-1]
+        assert (entry.source, entry.actor, entry.actor_name, entry.ip) == (
+            "admin", self.admin, "root", "203.0.113.7",
+        )  # fmt: skip
+        assert (entry.action, entry.object_repr) == ("update", str(key))
+        assert entry.changes == {"is_active": {"before": True, "after": False}}
+
+    def test_the_management_api_with_a_token(self):
+        token = Token.objects.create(user=self.admin)
+        response = Client().patch(
+            f"/api/aliases/{self.alias.pk}/",
+            {"context_window": 4096, "input_price": "1.5"},
+            content_type="application/json",
+            headers={"Authorization": f"Token {token.key}"},
+        )
+        assert response.status_code == 200, response.content
+        (entry,) = entries(self.alias)[-1:]
+        assert (entry.source, entry.actor, entry.ip) == ("api", self.admin, "127.0.0.1")
+        assert entry.changes == {
+            "context_window": {"before": None, "after": 4096},
+            "input_price": {"before": "0.000000", "after": "1.500000"},
+        }
+
+    def test_the_portal_creating_and_revoking_a_key(self):
+        alice = portal_user("alice", Plan.objects.create(name="starter"))
+        client = Client()
+        client.force_login(alice)
+        assert client.post("/portal/keys/new/", {"name": "mine"}).status_code == 201
+        key = ApiKey.objects.get(owner=alice)
+        client.post(f"/portal/keys/{key.pk}/revoke/")
+        created, revoked = entries(key)
+        assert (created.source, created.actor, created.action) == ("portal", alice, "create")
+        assert created.changes["name"] == {"before": None, "after": "mine"}
+        assert created.changes["owner"] == {"before": None, "after": "alice"}
+        assert (revoked.source, revoked.actor_name, revoked.action) == ("portal", "alice", "update")
+        assert revoked.changes == {"is_active": {"before": True, "after": False}}
+
+    def test_a_management_command(self):
+        call_command("createapikey", "from-a-command", stdout=StringIO())
+        (entry,) = entries(ApiKey.objects.get(name="from-a-command"))
+        assert (entry.source, entry.actor, entry.actor_name, entry.ip) == (
+            "command", None, "createapikey", None,
+        )  # fmt: skip
+
+    def test_code_that_declares_nothing(self):
+        plan = Plan.objects.create(name="silent")
+        (entry,) = entries(plan)
+        assert (entry.source, entry.actor, entry.actor_name) == ("code", None, "")
+
+
+class ChangeTests(AuditTestCase):
+    def test_only_the_fields_that_changed(self):
+        self.alias.description = "a small model"
+        self.alias.save()
+        self.alias.save()  # nothing changed: no entry
+        (entry,) = entries(self.alias)[-1:]
+        assert entry.changes == {"description": {"before": "", "after": "a small model"}}
+        assert len(entries(self.alias)) == 2  # its creation and this
+
+    def test_a_related_object_by_its_name(self):
+        other = Backend.objects.create(name="upstream", kind="openai", base_url="https://x.test")
+        self.alias.backend = other
+        self.alias.save()
+        assert entries(self.alias)[-1].changes == {
+            "backend": {"before": "local", "after": "upstream"}
+        }
+
+    def test_a_deletion_keeps_what_the_object_was(self):
+        plan = Plan.objects.create(name="gone", owner_token_budget=5000)
+        pk = plan.pk
+        plan.delete()
+        entry = AuditEntry.objects.filter(object_id=str(pk), action="delete").get()
+        assert entry.object_repr == "gone"
+        assert entry.changes["owner_token_budget"] == {"before": 5000, "after": None}
+
+    def test_a_keys_aliases_before_and_after(self):
+        other = ModelAlias.objects.create(public_id="other", backend=self.backend)
+        key, _ = ApiKey.objects.create_key("scoped", all_aliases=False)
+        key.allowed_aliases.set([self.alias])
+        key.allowed_aliases.set([other])
+        changes = [entry.changes for entry in entries(key)[1:]]
+        assert changes == [
+            {"allowed_aliases": {"before": [], "after": ["smollm2"]}},
+            {"allowed_aliases": {"before": ["smollm2"], "after": []}},
+            {"allowed_aliases": {"before": [], "after": ["other"]}},
+        ]
+
+    def test_plan_members_changed_from_either_side(self):
+        plan = Plan.objects.create(name="pro")
+        user = User.objects.create_user("erin")
+        group = Group.objects.create(name="team")
+        plan.users.add(user)
+        group.chatparity_plans.add(plan)
+        user.chatparity_plans.clear()
+        changes = [entry.changes for entry in entries(plan)[1:]]
+        assert changes == [
+            {"users": {"before": [], "after": ["erin"]}},
+            {"groups": {"before": [], "after": ["team"]}},
+            {"users": {"before": ["erin"], "after": []}},
+        ]
+
+    def test_a_change_rolled_back_leaves_no_entry_and_sends_nothing(self):
+        sent = []
+        audit_logged.connect(lambda entry, **kw: sent.append(entry), weak=False, dispatch_uid="t")
+        self.addCleanup(audit_logged.disconnect, dispatch_uid="t")
+        before = AuditEntry.objects.count()
+        with self.captureOnCommitCallbacks(execute=True):
+            try:
+                with transaction.atomic():
+                    Plan.objects.create(name="rolled back")
+                    raise RuntimeError
+            except RuntimeError:
+                pass
+        assert AuditEntry.objects.count() == before
+        assert sent == []
+
+    def test_the_signal_carries_each_committed_entry(self):
+        sent = []
+        audit_logged.connect(lambda entry, **kw: sent.append(entry), weak=False, dispatch_uid="t")
+        self.addCleanup(audit_logged.disconnect, dispatch_uid="t")
+        with self.captureOnCommitCallbacks(execute=True):
+            plan = Plan.objects.create(name="forwarded", cost_budget=Decimal("3"))
+        assert sent == entries(plan)
+        assert sent[0].changes["cost_budget"] == {"before": None, "after": "3"}
+
+
+class SecretTests(AuditTestCase):
+    """Neither a backend's secret, nor a key's plaintext or hash, is in any entry."""
+
+    def all_entries_text(self):
+        return json.dumps(list(AuditEntry.objects.values()), default=str)
+
+    def test_a_backends_secret_set_changed_and_cleared_in_the_admin(self):
+        client = Client()
+        client.force_login(self.admin)
+        form = {"name": "up", "kind": "openai", "base_url": "https://up.test/v1",
+                "options": "{}", "timeout": "60", "enabled": "on"}  # fmt: skip
+        added = client.post("/admin/chatparity/backend/add/", {**form, "secret": SECRET})
+        assert added.status_code == 302
+        backend = Backend.objects.get(name="up")
+        url = f"/admin/chatparity/backend/{backend.pk}/change/"
+        assert client.post(url, {**form, "secret": SECRET + "-2"}).status_code == 302
+        assert client.post(url, {**form, "clear_secret": "on"}).status_code == 302
+        created, changed, cleared = entries(backend)
+        assert created.changes["secret"] == {"before": None, "after": "(secret)"}
+        assert changed.changes == {"secret": {"before": "(secret)", "after": "(secret)"}}
+        assert cleared.changes == {"secret": {"before": "(secret)", "after": ""}}
+        assert SECRET not in self.all_entries_text()
+
+    def test_a_keys_plaintext_and_hash(self):
+        key, plaintext = ApiKey.objects.create_key("laptop")
+        (entry,) = entries(key)
+        assert entry.changes["hashed_key"] == {"before": None, "after": "(secret)"}
+        assert entry.changes["prefix"] == {"before": None, "after": key.prefix}
+        text = self.all_entries_text()
+        assert plaintext not in text
+        assert key.hashed_key not in text

@@ -1,0 +1,250 @@
+"""The portal's keys through Django's test client: a user lists, creates, uses and revokes
+their own keys under their plan, and never sees or touches another user's."""
+
+import datetime
+import re
+from decimal import Decimal
+
+import orjson
+from django.test import Client, TestCase, override_settings
+from django.utils import timezone
+
+from chatparity.models import ApiKey, Backend, ModelAlias, Plan, hash_key
+from tests.support.users import portal_user
+
+KEYS, NEW_KEY = "/portal/", "/portal/keys/new/"
+
+
+def revoke_url(key):
+    return f"/portal/keys/{key.pk}/revoke/"
+
+
+def plaintext_of(response):
+    """The plaintext key on the page shown after creating one."""
+    return re.search(r'id="plaintext-key"[^>]*value="([^"]+)"', response.content.decode())[1]
+
+
+class PortalTestCase(TestCase):
+    @classmethod
+    def setUpTestData(cls):
+        cls.local = Backend.objects.create(name="local", kind="local")
+        cls.smollm2 = ModelAlias.objects.create(
+            public_id="smollm2", backend=cls.local, model="SmolLM2"
+        )
+        cls.other_alias = ModelAlias.objects.create(public_id="other", backend=cls.local)
+        cls.plan = Plan.objects.create(
+            name="starter",
+            requests_per_minute=30,
+            token_budget=50_000,
+            cost_budget=Decimal("2.5"),
+            budget_period="day",
+        )
+        cls.alice = portal_user("alice", cls.plan)
+        cls.bob = portal_user("bob", cls.plan)
+
+    def setUp(self):
+        self.client.force_login(self.alice)
+
+    def create(self, client=None, **fields):
+        return (client or self.client).post(NEW_KEY, {"name": "laptop", **fields})
+
+    def ask(self, plaintext, model="smollm2"):
+        """A real completion from the local model with ``plaintext``."""
+        body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        return Client().post(
+            "/v1/chat/completions",
+            orjson.dumps(body),
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {plaintext}"},
+        )
+
+
+class KeyLifeTests(PortalTestCase):
+    def test_a_new_key_is_shown_once_then_only_by_its_prefix(self):
+        created = self.create()
+        assert created.status_code == 201
+        plaintext = plaintext_of(created)
+        key = ApiKey.objects.get(hashed_key=hash_key(plaintext))
+        assert key.owner == self.alice
+        assert "no-store" in created["Cache-Control"]
+        listing = self.client.get(KEYS).content.decode()
+        assert plaintext not in listing
+        assert f"{key.prefix}…" in listing
+        assert "laptop" in listing
+
+    def test_a_new_key_gets_the_plans_limits_and_budgets(self):
+        key = ApiKey.objects.get(hashed_key=hash_key(plaintext_of(self.create())))
+        assert (key.requests_per_minute, key.token_budget, key.cost_budget, key.budget_period) == (
+            30, 50_000, Decimal("2.5"), "day",
+        )  # fmt: skip
+        assert key.tokens_per_minute is None
+        assert key.max_concurrent is None
+
+    def test_the_new_key_answers_on_v1_and_is_refused_once_revoked(self):
+        plaintext = plaintext_of(self.create())
+        answered = self.ask(plaintext)
+        assert answered.status_code == 200, answered.content
+        assert answered.json()["model"] == "smollm2"
+        key = ApiKey.objects.get(hashed_key=hash_key(plaintext))
+
+        revoked = self.client.post(revoke_url(key), follow=True)
+        assert revoked.status_code == 200
+        assert "revoked" in revoked.content.decode()
+        key.refresh_from_db()
+        assert not key.is_active
+        refused = self.ask(plaintext)  # at once: the save emptied this worker's key cache
+        assert refused.status_code == 401
+        assert refused.json()["error"]["code"] == "invalid_api_key"
+
+    def test_a_key_limited_to_chosen_aliases_serves_only_them(self):
+        plaintext = plaintext_of(self.create(aliases=[self.other_alias.pk]))
+        key = ApiKey.objects.get(hashed_key=hash_key(plaintext))
+        assert not key.all_aliases
+        assert list(key.allowed_aliases.all()) == [self.other_alias]
+        assert self.ask(plaintext, "smollm2").status_code == 404
+
+    def test_an_expiry_in_the_past_is_refused_and_one_ahead_is_kept(self):
+        past = self.create(expires_at="2001-01-01T00:00")
+        assert past.status_code == 400
+        assert "in the future" in past.content.decode()
+        ahead = (timezone.now() + datetime.timedelta(days=3)).replace(second=0, microsecond=0)
+        created = self.create(expires_at=ahead.strftime("%Y-%m-%dT%H:%M"))
+        key = ApiKey.objects.get(hashed_key=hash_key(plaintext_of(created)))
+        assert key.expires_at == ahead
+
+    def test_the_listing_shows_status_scope_and_limits(self):
+        ApiKey.objects.create_key("old", owner=self.alice, is_active=False)
+        scoped, _ = ApiKey.objects.create_key("scoped", owner=self.alice, all_aliases=False)
+        scoped.allowed_aliases.set([self.smollm2])
+        listing = self.client.get(KEYS).content.decode()
+        assert re.search(r"old</td>.*?class=\"status\">revoked", listing, re.S)
+        assert re.search(r"scoped</td>.*?class=\"status\">active.*?<td>smollm2</td>", listing, re.S)
+
+    def test_changes_need_a_post_with_a_csrf_token(self):
+        key, _ = ApiKey.objects.create_key("mine", owner=self.alice)
+        strict = Client(enforce_csrf_checks=True)
+        strict.force_login(self.alice)
+        assert strict.post(NEW_KEY, {"name": "forged"}).status_code == 403
+        assert strict.post(revoke_url(key)).status_code == 403
+        assert self.client.get(revoke_url(key)).status_code == 405
+        assert not ApiKey.objects.filter(name="forged").exists()
+        key.refresh_from_db()
+        assert key.is_active
+
+        page = strict.get(KEYS)
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.content.decode())[1]
+        assert strict.post(revoke_url(key), {"csrfmiddlewaretoken": token}).status_code == 302
+        key.refresh_from_db()
+        assert not key.is_active
+
+
+class IsolationTests(PortalTestCase):
+    @classmethod
+    def setUpTestData(cls):
+        super().setUpTestData()
+        cls.bobs_key, cls.bobs_plaintext = ApiKey.objects.create_key("bobs", owner=cls.bob)
+        cls.staff_key, _ = ApiKey.objects.create_key("nobodys")
+
+    def test_the_listing_holds_only_the_users_own_keys(self):
+        ApiKey.objects.create_key("alices", owner=self.alice)
+        listing = self.client.get(KEYS).content.decode()
+        assert "alices" in listing
+        assert "bobs" not in listing
+        assert self.bobs_key.prefix not in listing
+        assert "nobodys" not in listing
+
+    def test_another_users_key_cannot_be_revoked_by_guessing_its_id(self):
+        for key in (self.bobs_key, self.staff_key):
+            assert self.client.post(revoke_url(key)).status_code == 404
+            key.refresh_from_db()
+            assert key.is_active
+        missing = ApiKey.objects.order_by("-pk").first().pk + 1
+        assert self.client.post(f"/portal/keys/{missing}/revoke/").status_code == 404
+        assert self.ask(self.bobs_plaintext).status_code == 200
+
+    def test_each_user_sees_the_key_they_made_and_not_the_others(self):
+        alices = plaintext_of(self.create(name="alice-made"))
+        bobs_client = Client()
+        bobs_client.force_login(self.bob)
+        bobs = plaintext_of(self.create(bobs_client, name="bob-made"))
+        assert "bob-made" not in self.client.get(KEYS).content.decode()
+        assert "alice-made" not in bobs_client.get(KEYS).content.decode()
+        assert ApiKey.objects.get(hashed_key=hash_key(alices)).owner == self.alice
+        assert ApiKey.objects.get(hashed_key=hash_key(bobs)).owner == self.bob
+
+    def test_aliases_outside_the_plan_cannot_be_chosen(self):
+        self.plan.all_aliases = False
+        self.plan.save()
+        self.plan.allowed_aliases.set([self.other_alias])
+        refused = self.create(aliases=[self.smollm2.pk])
+        assert refused.status_code == 400
+        assert not ApiKey.objects.filter(name="laptop").exists()
+        listing = self.client.get(KEYS).content.decode()
+        assert f'value="{self.other_alias.pk}"' in listing
+        assert f'value="{self.smollm2.pk}"' not in listing
+
+
+class PermissionTests(PortalTestCase):
+    def test_anonymous_visitors_are_sent_to_the_login_page(self):
+        anonymous = Client()
+        for page in (KEYS, "/portal/usage/", "/portal/requests/"):
+            response = anonymous.get(page)
+            assert response.status_code == 302
+            assert response["Location"].startswith("/accounts/login/?next=")
+        assert anonymous.post(NEW_KEY, {"name": "x"}).status_code == 302
+        assert not ApiKey.objects.exists()
+
+    def test_a_user_without_the_permission_is_refused_everywhere(self):
+        carol = portal_user("carol", self.plan, permitted=False)
+        key, _ = ApiKey.objects.create_key("carols", owner=carol)
+        self.client.force_login(carol)
+        for page in (KEYS, "/portal/usage/", "/portal/requests/"):
+            assert self.client.get(page).status_code == 403
+        assert self.create().status_code == 403
+        assert self.client.post(revoke_url(key)).status_code == 403
+        key.refresh_from_db()
+        assert key.is_active
+        assert ApiKey.objects.filter(owner=carol).count() == 1
+
+    def test_a_user_without_a_plan_sees_their_keys_but_cannot_create_one(self):
+        dave = portal_user("dave")
+        self.client.force_login(dave)
+        page = self.client.get(KEYS)
+        assert page.status_code == 200
+        assert "no plan" in page.content.decode()
+        assert 'id="new-key"' not in page.content.decode()
+        assert self.create().status_code == 403
+        assert not ApiKey.objects.filter(owner=dave).exists()
+
+    def test_a_plan_given_to_a_group_applies_to_its_members(self):
+        erin = portal_user("erin")
+        group = erin.groups.get()
+        group_plan = Plan.objects.create(name="group plan", tokens_per_minute=1234)
+        group_plan.groups.add(group)
+        self.client.force_login(erin)
+        key = ApiKey.objects.get(hashed_key=hash_key(plaintext_of(self.create())))
+        assert key.tokens_per_minute == 1234
+
+
+@override_settings(CHATPARITY={"PORTAL": {"MAX_KEYS": 2}})
+class KeyCapTests(PortalTestCase):
+    def test_a_user_holds_at_most_max_keys_active_keys(self):
+        assert self.create(name="one").status_code == 201
+        assert self.create(name="two").status_code == 201
+        refused = self.create(name="three")
+        assert refused.status_code == 400
+        assert "the most allowed" in refused.content.decode()
+        assert ApiKey.objects.filter(owner=self.alice).count() == 2
+
+    def test_revoked_and_expired_keys_do_not_count(self):
+        ApiKey.objects.create_key("revoked", owner=self.alice, is_active=False)
+        past = timezone.now() - datetime.timedelta(days=1)
+        ApiKey.objects.create_key("expired", owner=self.alice, expires_at=past)
+        assert self.create(name="one").status_code == 201
+        assert self.create(name="two").status_code == 201
+        assert self.create(name="three").status_code == 400
+
+    def test_the_cap_is_each_users_own(self):
+        ApiKey.objects.create_key("one", owner=self.bob)
+        ApiKey.objects.create_key("two", owner=self.bob)
+        assert self.create(name="alices").status_code == 201
