@@ -94,10 +94,11 @@ def redis(*, own: bool = False) -> Iterator[str]:
 
 
 @contextmanager
-def postgres() -> Iterator[str]:
-    """A PostgreSQL server URL (its ``postgres`` database, as a superuser)."""
+def postgres(*, own: bool = False) -> Iterator[str]:
+    """A PostgreSQL server URL (its ``postgres`` database, as a superuser); ``own``: a
+    server of our own (with a :func:`control`) even when ``DATABASE_URL`` names one."""
     url = os.environ.get("DATABASE_URL", "")
-    if url.startswith(("postgres://", "postgresql://")):
+    if url.startswith(("postgres://", "postgresql://")) and not own:
         yield url
         return
     binaries = sorted(glob.glob("/usr/lib/postgresql/*/bin"))

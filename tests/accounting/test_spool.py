@@ -213,10 +213,8 @@ class ChatparityOnOutage:
 
 @pytest.fixture(scope="module")
 def postgres_we_may_stop(django_db_blocker):
-    with services.postgres() as server_url:
+    with services.postgres(own=True) as server_url:  # stopped by the test
         control = services.control(server_url)
-        if control is None:
-            pytest.skip("the environment's PostgreSQL is not ours to stop")
         url = services.create_database(server_url, "chatparity_outage")
         django_settings.DATABASES[OUTAGE] = dj_database_url.parse(url)
         connections.configure_settings(django_settings.DATABASES)

@@ -1,5 +1,6 @@
-"""Real servers on loopback for e2e tests: chatparity under daphne, with its own SQLite
-database, and llama-cpp-python's OpenAI server on the same model."""
+"""Real servers on loopback for e2e tests: chatparity under daphne, on a database of its
+own on the pass's database server (SQLite, or CI's PostgreSQL with its Redis), and
+llama-cpp-python's OpenAI server on the same model."""
 
 import json
 import os
@@ -17,6 +18,7 @@ import pytest
 from openai import OpenAI
 
 from chatparity.backends.local import smollm2_model_path
+from tests import services
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +30,7 @@ ADMIN = ("admin", "admin-password-for-e2e")
 class LiveServer:
     url: str
     key: str
-    database: Path
+    database_url: str
     process: subprocess.Popen
     env: dict[str, str]
     admin: tuple[str, str] = ADMIN
@@ -43,11 +45,19 @@ class LiveServer:
 
     def log_rows(self, **where):
         """RequestLog rows as dicts, read straight from the server's database."""
-        clause = " AND ".join(f"{column} = ?" for column in where) or "1"
-        with closing(sqlite3.connect(self.database)) as db:
-            db.row_factory = sqlite3.Row
+        if self.database_url.startswith("sqlite:///"):
+            clause = " AND ".join(f"{column} = ?" for column in where) or "1"
             query = f"SELECT * FROM chatparity_requestlog WHERE {clause} ORDER BY id"
-            return [dict(row) for row in db.execute(query, tuple(where.values()))]
+            with closing(sqlite3.connect(self.database_url.removeprefix("sqlite:///"))) as db:
+                db.row_factory = sqlite3.Row
+                return [dict(row) for row in db.execute(query, tuple(where.values()))]
+        import psycopg
+        from psycopg.rows import dict_row
+
+        clause = " AND ".join(f"{column} = %s" for column in where) or "TRUE"
+        query = f"SELECT * FROM chatparity_requestlog WHERE {clause} ORDER BY id"
+        with psycopg.connect(self.database_url, row_factory=dict_row) as db:
+            return db.execute(query, tuple(where.values())).fetchall()
 
     def wait_for_models(self, *public_ids: str, timeout: float = 10.0) -> None:
         """Until ``/v1/models`` lists ``public_ids``: aliases another process created
@@ -127,10 +137,19 @@ def _serving(command, log_path: Path, env=None, timeout=60):
             process.wait(timeout=10)
 
 
+def _live_database(folder: Path) -> str:
+    """A new database for the live server on the pass's database server."""
+    server_url = os.environ.get("DATABASE_URL", "")
+    if server_url.startswith(("postgres://", "postgresql://")):
+        return services.create_database(server_url, "chatparity_e2e_live")
+    return f"sqlite:///{folder / 'db.sqlite3'}"
+
+
 @pytest.fixture(scope="session")
 def daphne_server(tmp_path_factory):
-    database = tmp_path_factory.mktemp("live") / "db.sqlite3"
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{database}", "DEBUG": "0"}
+    folder = tmp_path_factory.mktemp("live")
+    database_url = _live_database(folder)
+    env = {**os.environ, "DATABASE_URL": database_url, "DEBUG": "0"}
     env["DJANGO_SETTINGS_MODULE"] = "project.settings"  # the example project, as served
     _manage(env, "migrate", "--verbosity", "0")
     _manage(env, "chatparity_bootstrap")
@@ -141,8 +160,8 @@ def daphne_server(tmp_path_factory):
     _manage(superuser, "createsuperuser", "--noinput", "--username", username, "--email", email)
     command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", "{port}"]
     command.append("project.asgi:application")
-    with _serving(command, database.parent / "daphne.log", env=env) as (url, process):
-        yield LiveServer(url, key, database, process, env)
+    with _serving(command, folder / "daphne.log", env=env) as (url, process):
+        yield LiveServer(url, key, database_url, process, env)
 
 
 @pytest.fixture(scope="session")
@@ -186,12 +205,4 @@ def serving_with_cors(daphne_server, origins, folder):
     command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", "{port}"]
     command.append("project.asgi:application")
     with _serving(command, folder / "daphne.log", env=env) as (url, _):
-        yield url
-
-
-@pytest.fixture(scope="module")
-def open_to_pages(daphne_server, tmp_path_factory):
-    """The live server letting any origin's pages call it, as OpenAI's API does: its URL."""
-    folder = tmp_path_factory.mktemp("open_to_pages")
-    with serving_with_cors(daphne_server, ["*"], folder) as url:
         yield url

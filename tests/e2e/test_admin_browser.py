@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from openai import OpenAI
+from playwright.sync_api import sync_playwright
 
 pytestmark = pytest.mark.e2e
 
@@ -30,8 +31,7 @@ CHROMIUM_ARGS = [
 def browser():
     if not Path(CHROMIUM).exists():
         pytest.fail(f"Chromium is needed for the admin tests: {CHROMIUM} (apt install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
+    with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser
         browser.close()
