@@ -22,7 +22,6 @@ from chatparity.conformance.chat import MODELS, parse_stream
 from chatparity.conformance.framework import Check, Runner, select
 from chatparity.conformance.responses import parse_event_stream
 from chatparity.conformance.suite import CHECKS
-from chatparity.cors import CorsPolicy, is_preflight
 from chatparity.protocol import errors
 from chatparity.protocol.completion import CompletionAccumulator
 from chatparity.protocol.errors import APIError
@@ -35,6 +34,7 @@ from chatparity.protocol.responses import (
 )
 from chatparity.protocol.responses_stream import ResponseEncoder, sse_event
 from chatparity.protocol.stream import DONE, ChunkEncoder, sse
+from chatparity.transport.cors import CorsPolicy, is_preflight
 
 MODEL = "smollm2"
 KEY = "sk-test"
