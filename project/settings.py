@@ -278,6 +278,12 @@ CHATPARITY: dict[str, object] = {
     # Fernet keys for Backend.secret, newest first; empty: derived from SECRET_KEY.
     "SECRET_KEYS": _list("CHATPARITY_SECRET_KEYS"),
     "METRICS": _metrics,
+    # Pages of any origin may call /v1, as OpenAI's API allows: its key travels in a header
+    # a page is handed, never in a cookie the browser adds. A comma-separated list of
+    # origins restricts it; "none" allows no page.
+    "CORS_ALLOWED_ORIGINS": [
+        origin for origin in _list("CHATPARITY_CORS_ORIGINS", "*") if origin != "none"
+    ],
     # The portal's pages extend the site's own base template (templates/base.html).
     "PORTAL": {"BASE_TEMPLATE": "base.html"},
 }

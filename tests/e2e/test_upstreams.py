@@ -51,8 +51,8 @@ UPSTREAM_LIMITS = {"via-llama-cpp": {"schema.numeric-bounds"}, "chained": set()}
 
 
 @pytest.mark.parametrize("model", ["via-llama-cpp", "chained"])
-def test_every_check_passes_through_chatparity(upstream_aliases, open_to_pages, model):
-    table = conformance(f"{open_to_pages}/v1", upstream_aliases.key, model)
+def test_every_check_passes_through_chatparity(upstream_aliases, daphne_server, model):
+    table = conformance(daphne_server.base_url, upstream_aliases.key, model)
     failed = {line.split()[0] for line in table.splitlines() if " FAIL " in line}
     assert failed == UPSTREAM_LIMITS[model]
     passed = len(CHECKS) - len(failed)
