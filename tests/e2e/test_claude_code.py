@@ -1,0 +1,116 @@
+"""Claude Code (npm ``@anthropic-ai/claude-code``) in print mode, set up as the README
+says (a base URL, a key and a model: nothing else), finishing a task with its own
+tools on an alias of a real daphne, offline. The alias's upstream plays the model's
+part from a script (:class:`tests.scripted.ScriptedUpstream`, in chat completions),
+so that the model calls what the task needs: Claude Code's ``Read``. The CLI is
+installed from the npm registry into ``.cache/claude-code`` on first use."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from tests.e2e.conftest import ROOT
+from tests.scripted import Call, ScriptedUpstream
+
+pytestmark = pytest.mark.e2e
+
+CLAUDE_CODE_VERSION = "2.1.328"
+CACHE = ROOT / ".cache" / "claude-code"
+ALIAS = "claude-scripted"
+PACKAGE = CACHE / "node_modules" / "@anthropic-ai" / "claude-code"
+
+
+@pytest.fixture(scope="session")
+def claude():
+    """The ``claude`` program, installed with npm once per version. npm runs no install
+    script of a dependency unless told: the package's own wrapper finds the binary of
+    this platform's package."""
+    installed = PACKAGE / "package.json"
+    if not installed.exists() or f'"version": "{CLAUDE_CODE_VERSION}"' not in installed.read_text():
+        if shutil.which("npm") is None:
+            pytest.fail("npm is needed to install Claude Code")
+        CACHE.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["npm", "install", "--no-audit", "--no-fund",
+             f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}"],
+            cwd=CACHE, check=True, capture_output=True, timeout=600,
+        )  # fmt: skip
+    return ["node", str(PACKAGE / "cli-wrapper.cjs")]
+
+
+@pytest.fixture
+def task(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "task.txt").write_text("water the plants\n")
+    return work
+
+
+@pytest.fixture
+def upstream(task):
+    scripted = ScriptedUpstream(
+        {
+            "scripted-model": [
+                Call("Read", {"file_path": str(task / "task.txt")}),
+                "The task says: water the plants.",
+            ]
+        }
+    )
+    yield scripted
+    scripted.close()
+
+
+@pytest.fixture
+def claude_alias(daphne_server, upstream):
+    """An alias whose backend is the scripted upstream, in chat completions."""
+    daphne_server.manage(
+        "shell",
+        "-c",
+        "from chatparity.models import Backend, ModelAlias;"
+        " ModelAlias.objects.filter(public_id='claude-scripted').delete();"
+        " Backend.objects.filter(name='claude-upstream').delete();"
+        " backend = Backend.objects.create(name='claude-upstream', kind='openai',"
+        f" base_url='{upstream.base_url}', options={{'retries': 0}});"
+        f" ModelAlias.objects.create(public_id='{ALIAS}', backend=backend,"
+        " model='scripted-model')",
+    )
+    daphne_server.wait_for_models(ALIAS)
+    return ALIAS
+
+
+def test_claude_code_print_mode_finishes_a_task_with_its_tools(
+    claude, claude_alias, daphne_server, upstream, task, tmp_path
+):
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "ANTHROPIC_BASE_URL": daphne_server.url,
+        "ANTHROPIC_AUTH_TOKEN": daphne_server.key,
+        "ANTHROPIC_MODEL": ALIAS,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+    finished = subprocess.run(
+        [*claude, "-p", "What does task.txt ask for?"],
+        cwd=task, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert finished.returncode == 0, finished.stderr or finished.stdout
+    assert finished.stdout.strip() == "The task says: water the plants."
+
+    first, last = upstream.requests
+    offered = {tool["function"]["name"] for tool in first["tools"]}
+    assert {"Read", "Bash", "Edit", "Write"} <= offered
+    assert first["messages"][0]["role"] == "system"  # Claude Code's system blocks
+    assert first["stream"] is True
+    # The Read call reached Claude Code's tool, whose result went back to the model.
+    result = last["messages"][-1]
+    while result["role"] != "tool":  # Claude Code may add a reminder after it
+        result = last["messages"][last["messages"].index(result) - 1]
+    assert "water the plants" in result["content"]
+
+    rows = daphne_server.written_rows(alias=claude_alias)
+    assert [(row["endpoint"], row["status_code"], row["stream"]) for row in rows] == [
+        ("messages", 200, 1)
+    ] * 2
+    assert rows[-1]["user_agent"].startswith("claude-cli/")
