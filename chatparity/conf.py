@@ -19,6 +19,7 @@ DEFAULTS: dict[str, Any] = {
         "local": "chatparity.backends.local.LocalBackend",
         "command": "chatparity.backends.command.CommandBackend",
         "openai": "chatparity.backends.upstream.UpstreamBackend",
+        "embedder": "chatparity.backends.embedder.EmbedderBackend",
     },
     # Options for the embedded llama.cpp model, merged under a local
     # Backend row's own ``options``.
@@ -27,6 +28,18 @@ DEFAULTS: dict[str, Any] = {
         "n_ctx": 2048,
         "contexts": 2,  # model contexts run in parallel (requests, or choices of n>1)
         "n_threads": None,  # None: CPU cores / contexts
+    },
+    # Options for the embedded embedding model (the "embedder" kind), merged
+    # under an embedder Backend row's own ``options``.
+    "EMBEDDING_MODEL": {
+        # None: the all-MiniLM-L6-v2 ONNX file and tokenizer of the embeddings extra
+        "model_path": None,
+        "tokenizer_path": None,
+        "n_threads": None,  # None: CPU cores
+        "batch_size": 32,  # inputs run together, drawn in turns from the requests waiting
+        "max_input_tokens": 256,  # more in one input: OpenAI's 400
+        "max_request_tokens": 300_000,  # more in one request: max_tokens_per_request
+        "shortenable": False,  # the model may be cut to `dimensions` (Matryoshka)
     },
     # Prefix of generated API keys; the part shown in the admin is this plus 4.
     "KEY_PREFIX": "sk-cp-",
@@ -100,6 +113,13 @@ DEFAULTS: dict[str, Any] = {
         "CHAIN": 8 * 1024 * 1024,
         "KEY": 256 * 1024 * 1024,
     },
+    # What /v1/responses does with the hosted tools a request asks for (web_search,
+    # file_search, code_interpreter, image_generation, mcp) on an alias whose backend
+    # cannot run them, by alias public id ("*": every other alias): "omit" leaves them
+    # out of what the model is offered (the log row names them), "refuse" answers
+    # 400 unsupported_value. An upstream that speaks the Responses API natively
+    # (wire_api "responses") is given them whatever this says.
+    "HOSTED_TOOLS": {"*": "omit"},
     # Origins (scheme://host[:port]) whose browser pages may call /v1, or ["*"];
     # answered on the fast path and the views alike, preflight included. Empty: none.
     "CORS_ALLOWED_ORIGINS": [],
@@ -110,6 +130,12 @@ DEFAULTS: dict[str, Any] = {
     # chatparity.tracing: put the prompt and completion text on the spans
     # (gen_ai.input.messages, gen_ai.output.messages); off, only their sizes.
     "TRACE_CONTENT": False,
+    # chatparity.tracing: a client's ``traceparent`` makes the request's span a child in
+    # the client's trace, whose sampled flag then decides. Off, the span starts a trace
+    # of its own, sampled as the site's sampler decides, with a link to the client's
+    # span: a key holder can neither keep requests out of traces nor force them into a
+    # trace of its choosing. Turn it on only when every client is the site's own.
+    "TRACE_CLIENT_PARENT": False,
     # chatparity.portal: the template its pages extend (blocks "title" and "content"),
     # the most active keys one user may hold, and how many of their latest requests
     # it lists.
@@ -118,12 +144,6 @@ DEFAULTS: dict[str, Any] = {
         "MAX_KEYS": 10,
         "RECENT_REQUESTS": 100,
     },
-    # chatparity.tracing: a client's ``traceparent`` makes the request's span a child in
-    # the client's trace, whose sampled flag then decides. Off, the span starts a trace
-    # of its own, sampled as the site's sampler decides, with a link to the client's
-    # span: a key holder can neither keep requests out of traces nor force them into a
-    # trace of its choosing. Turn it on only when every client is the site's own.
-    "TRACE_CLIENT_PARENT": False,
 }
 
 
@@ -156,6 +176,7 @@ class AppSettings:
 
     BACKEND_CLASSES: Setting[dict[str, str]] = Setting()
     LOCAL_MODEL: Setting[dict[str, Any]] = Setting()
+    EMBEDDING_MODEL: Setting[dict[str, Any]] = Setting()
     KEY_PREFIX: Setting[str] = Setting()
     REDIS_URL: Setting[str | None] = Setting()
     LIMITS_WHEN_UNAVAILABLE: Setting[str] = Setting()
@@ -176,11 +197,12 @@ class AppSettings:
     FIRST_BYTE_TIMEOUT: Setting[float] = Setting()
     RESPONSES_RETENTION: Setting[float] = Setting()
     STORED_RESPONSE_BYTES: Setting[dict[str, int]] = Setting()
+    HOSTED_TOOLS: Setting[dict[str, str]] = Setting()
     CORS_ALLOWED_ORIGINS: Setting[list[str]] = Setting()
     METRICS: Setting[dict[str, Any]] = Setting()
     TRACE_CONTENT: Setting[bool] = Setting()
-    PORTAL: Setting[dict[str, Any]] = Setting()
     TRACE_CLIENT_PARENT: Setting[bool] = Setting()
+    PORTAL: Setting[dict[str, Any]] = Setting()
 
 
 app_settings = AppSettings()

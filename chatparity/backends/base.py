@@ -1,12 +1,14 @@
-"""The one small protocol every backend implements, and the checks of its configuration."""
+"""The small protocols backends implement (chat, embeddings), and the checks of their
+configuration."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
+from ..protocol.embeddings import Embeddings, EmbeddingsRequest
 from ..protocol.events import Event
 from ..protocol.request import ChatRequest
 
@@ -58,6 +60,31 @@ class ChatBackend(Protocol):
     def system_fingerprint(self) -> str: ...
 
     def stream(self, request: ChatRequest, model: str) -> AsyncIterator[Event]: ...
+
+
+@runtime_checkable
+class EmbeddingBackend(Protocol):
+    """Embeds a validated request's inputs.
+
+    ``embed`` returns one vector per input, in input order, of the request's
+    ``dimensions`` when it gives them (shortened and renormalised, for a model
+    that allows it; else :func:`~chatparity.protocol.embeddings.dimensions_not_supported`),
+    and the tokens the inputs were. Anything wrong is raised as
+    :class:`~chatparity.protocol.errors.APIError`: an input longer than the model
+    reads, an upstream refusing. Cancelling it must stop the work behind it.
+
+    ``model`` is the serving alias's model; a backend that passes the request on
+    passes ``user`` only when named in ``request.forwarded_params``. A kind whose
+    class has ``embed`` serves ``/v1/embeddings``; one with ``stream`` serves the
+    chat endpoints (a kind may serve both). Its rows are checked as
+    :class:`ChatBackend` says.
+    """
+
+    config: BackendConfig
+
+    def __init__(self, config: BackendConfig) -> None: ...
+
+    async def embed(self, request: EmbeddingsRequest, model: str) -> Embeddings: ...
 
 
 def known_options(options: dict[str, Any], known: frozenset[str]) -> None:

@@ -1,0 +1,319 @@
+"""The Embeddings API (``POST /v1/embeddings``): OpenAI's request schema and errors,
+and the answer object in either of its encodings.
+
+:data:`EMBEDDINGS_REQUEST` is the schema, one table of
+:mod:`~chatparity.protocol.schema` nodes: :func:`parse_embeddings_request`
+validates with it and the OpenAPI document is generated from it. ``input`` is
+a string, a list of strings, a list of token ids or a list of such lists; an
+empty string, an empty list and lists that mix kinds are refused in OpenAI's
+words (``'$.input' is invalid``). Token counts are the model's: the backend that
+tokenizes refuses an input longer than its model reads (:func:`input_too_long`)
+and a request whose inputs add up to more than it takes at once
+(:func:`request_too_many_tokens`).
+
+A vector travels as the little-endian float32 bytes OpenAI's ``base64`` encoding
+carries (:class:`Embeddings`): encoded for the client as those bytes in base64,
+or as a list of numbers (:func:`embeddings_object`).
+"""
+
+from __future__ import annotations
+
+import array
+import base64
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Literal
+
+from .errors import APIError
+from .request import Limits, parse_model
+from .schema import (
+    NOT_NULL,
+    Components,
+    Enum,
+    Integer,
+    Limit,
+    Member,
+    Node,
+    Parameters,
+    Schema,
+    String,
+    wrong_type,
+)
+
+MAX_INPUTS = 2048
+"""The most inputs one request embeds, as OpenAI allows."""
+MAX_TOKEN_ID = 2**31 - 1
+
+EncodingFormat = Literal["float", "base64"]
+ENCODING_FORMATS: tuple[EncodingFormat, ...] = ("float", "base64")
+
+Input = str | tuple[int, ...]
+"""One input: a text, or the token ids of one (in the serving model's vocabulary)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingsRequest:
+    """A validated request. ``body`` keeps the JSON object exactly as sent."""
+
+    model: str
+    inputs: tuple[Input, ...]
+    body: dict[str, Any]
+    encoding_format: EncodingFormat = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    # Not the client's: what the serving alias lets an upstream receive (``user``).
+    forwarded_params: frozenset[str] = frozenset()
+    # Not the client's: who asks (the gateway names the API key), so a model that many
+    # keys share can take turns among them.
+    caller: str = ""
+
+    @property
+    def token_ids(self) -> bool:
+        """Whether the inputs are token ids (else texts)."""
+        return bool(self.inputs) and not isinstance(self.inputs[0], str)
+
+
+@dataclass(frozen=True, slots=True)
+class Embeddings:
+    """What a backend answers: one vector per input, in input order, each the
+    little-endian float32 bytes of its numbers; and the tokens the inputs were."""
+
+    vectors: Sequence[bytes]
+    prompt_tokens: int
+    counted: bool = field(default=False)
+    """The tokens were estimated, not reported (an upstream's usage not believed)."""
+
+
+# Errors, in OpenAI's words.
+
+
+def invalid_input() -> APIError:
+    """What OpenAI answers for an ``input`` of no text: an empty string, an empty list,
+    a list of mixed kinds."""
+    return APIError(
+        "'$.input' is invalid. Please check the API reference:"
+        " https://platform.openai.com/docs/api-reference."
+    )
+
+
+def input_too_long(limit: int, tokens: int) -> APIError:
+    """One input has more tokens than the model reads."""
+    return APIError(
+        f"This model's maximum context length is {limit} tokens, however you requested"
+        f" {tokens} tokens ({tokens} in your prompt; 0 for the completion). Please reduce"
+        " your prompt; or completion length."
+    )
+
+
+def request_too_many_tokens(limit: int, tokens: int) -> APIError:
+    """The inputs add up to more tokens than one request may embed."""
+    return APIError(
+        f"Requested {tokens} tokens, max {limit} tokens per request",
+        type="max_tokens_per_request",
+        code="max_tokens_per_request",
+    )
+
+
+def dimensions_not_supported() -> APIError:
+    """``dimensions`` on a model whose vectors cannot be shortened."""
+    return APIError("This model does not support specifying dimensions.")
+
+
+def too_many_dimensions(limit: int, dimensions: int) -> APIError:
+    """``dimensions`` above what the model's vectors have."""
+    return APIError(
+        f"Invalid 'dimensions': integer above maximum value. Expected a value <= {limit},"
+        f" but got {dimensions} instead.",
+        param="dimensions",
+        code="integer_above_max_value",
+    )
+
+
+def token_out_of_vocabulary(index: int, token: int, vocabulary: int) -> APIError:
+    """A token id the serving model does not have."""
+    return APIError(
+        f"Invalid 'input[{index}]': token id {token} is not in this model's vocabulary of"
+        f" {vocabulary} tokens.",
+        param=f"input[{index}]",
+        code="invalid_value",
+    )
+
+
+# The schema.
+
+
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKEN_ID
+
+
+def _token_list(value: Any) -> tuple[int, ...] | None:
+    """``value`` as token ids, if it is a non-empty list of them."""
+    if isinstance(value, list) and value and all(map(_is_token, value)):
+        return tuple(value)
+    return None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class InputNode(Node):
+    """``input``: one text or many, token ids or lists of them, read as a tuple of
+    :data:`Input`. At most ``max_inputs``; a text at most ``max_chars`` characters."""
+
+    max_inputs: int = MAX_INPUTS
+    max_chars: int | Limit | None = None
+    expected: str = "a string or array"
+    description: str | None = None
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, str | list)
+
+    def parse(self, value: Any, path: str) -> tuple[Input, ...]:
+        if isinstance(value, str):
+            return (self._text(value, path),)
+        if not isinstance(value, list):
+            raise wrong_type(path, self.expected, value)
+        if not value:
+            raise invalid_input()
+        limit = self.max_inputs
+        if len(value) > limit:
+            raise APIError(
+                f"Invalid '{path}': array too long. Expected an array with maximum length"
+                f" {limit}, but got an array with length {len(value)} instead.",
+                param=path,
+                code="array_above_max_length",
+            )
+        first = value[0]
+        if isinstance(first, str):
+            if not all(isinstance(item, str) for item in value):
+                raise invalid_input()
+            return tuple(self._text(item, f"{path}[{i}]") for i, item in enumerate(value))
+        if _is_token(first):  # one input, as token ids
+            tokens = _token_list(value)
+            if tokens is None:
+                raise invalid_input()
+            return (tokens,)
+        lists = [_token_list(item) for item in value]
+        if any(tokens is None for tokens in lists):
+            raise invalid_input()
+        return tuple(tokens for tokens in lists if tokens is not None)
+
+    def _text(self, value: str, path: str) -> str:
+        if not value:
+            raise invalid_input()
+        limit = self.max_chars
+        if isinstance(limit, int) and len(value) > limit:
+            raise APIError(
+                f"Invalid '{path}': string too long. Expected a string with maximum length"
+                f" {limit}, but got a string with length {len(value)} instead.",
+                param=path,
+                code="string_above_max_length",
+            )
+        return value
+
+    def schema(self, components: Components) -> Schema:
+        text: Schema = {"type": "string", "minLength": 1}
+        if isinstance(self.max_chars, int):
+            text["maxLength"] = self.max_chars
+        tokens: Schema = {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID},
+            "minItems": 1,
+        }
+
+        def many(items: Schema) -> Schema:
+            return {"type": "array", "items": items, "minItems": 1, "maxItems": self.max_inputs}
+
+        return {"anyOf": [text, many(text), tokens, many(tokens)]}
+
+
+EMBEDDINGS_REQUEST = Parameters(
+    (
+        Member("model", String(), NOT_NULL, "A model id from GET /models."),
+        Member(
+            "input",
+            InputNode(max_chars=Limit("max_content_chars")),
+            NOT_NULL,
+            "Text to embed: a string, strings, token ids, or lists of token ids (at most"
+            f" {MAX_INPUTS} inputs, none empty).",
+        ),
+        Member(
+            "dimensions",
+            Integer(1),
+            description="Fewer dimensions, for models whose vectors can be shortened; else a 400.",
+        ),
+        Member(
+            "encoding_format",
+            Enum(ENCODING_FORMATS),
+            description="float (default), or base64: each vector's little-endian float32 bytes.",
+        ),
+        Member("user", String()),
+    ),
+    name="CreateEmbeddingRequest",
+    description="OpenAI's Embeddings request. Unknown keys are a 400.",
+)
+"""Every parameter OpenAI accepts, with its schema; null always means "not given"."""
+
+
+@lru_cache(maxsize=16)
+def embeddings_request(limits: Limits) -> Parameters:
+    """:data:`EMBEDDINGS_REQUEST` with the server's ``limits`` in it."""
+    return EMBEDDINGS_REQUEST.bind(limits)
+
+
+def parse_embeddings_request(body: Any, limits: Limits) -> EmbeddingsRequest:
+    """Validate a decoded JSON body; raise :class:`APIError` as OpenAI would: the model
+    first, then unknown keys, then each parameter in the order the body lists them."""
+    parse_model(body)
+    given = embeddings_request(limits).read(body, "", {})
+    return EmbeddingsRequest(
+        model=given["model"],
+        inputs=given["input"],
+        body=body,
+        encoding_format=given.get("encoding_format") or "float",
+        dimensions=given.get("dimensions"),
+        user=given.get("user"),
+    )
+
+
+# The answer.
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
+def floats(vector: bytes) -> list[float]:
+    """A vector's numbers, from its little-endian float32 bytes."""
+    numbers = array.array("f")
+    numbers.frombytes(vector)
+    if not _LITTLE_ENDIAN:
+        numbers.byteswap()
+    return numbers.tolist()
+
+
+def packed(numbers: Sequence[float]) -> bytes:
+    """Little-endian float32 bytes of ``numbers``."""
+    vector = array.array("f", numbers)
+    if not _LITTLE_ENDIAN:
+        vector.byteswap()
+    return vector.tobytes()
+
+
+def embeddings_object(
+    embeddings: Embeddings, *, model: str, encoding_format: EncodingFormat
+) -> dict[str, Any]:
+    """The ``list`` object OpenAI answers, ``data`` in input order."""
+    encode = floats if encoding_format == "float" else _base64
+    tokens = embeddings.prompt_tokens
+    return {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": index, "embedding": encode(vector)}
+            for index, vector in enumerate(embeddings.vectors)
+        ],
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+def _base64(vector: bytes) -> str:
+    return base64.b64encode(vector).decode("ascii")
