@@ -16,6 +16,7 @@ from django.utils.module_loading import import_string
 
 from .backends.command import CommandConfigError, parse_declaration
 from .conf import DEFAULTS, app_settings
+from .gateway.responses import HOSTED_TOOLS_POLICIES
 from .transport.cors import origin_problem
 
 
@@ -129,6 +130,26 @@ def check_responses_retention(app_configs: Any = None, **kwargs: Any) -> list[Ch
         return []  # chatparity.E001 says so
     problem = retention_problem(app_settings.RESPONSES_RETENTION)
     return [Error(problem, id="chatparity.E050")] if problem else []
+
+
+@register()
+def check_hosted_tools(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """``HOSTED_TOOLS`` maps alias public ids (or ``"*"``) to a policy /v1/responses
+    knows: any other value would be read as "omit" without a word."""
+    if not isinstance(getattr(settings, "CHATPARITY", {}), dict):
+        return []  # chatparity.E001 says so
+    policies = app_settings.HOSTED_TOOLS
+    known = " or ".join(map(repr, HOSTED_TOOLS_POLICIES))
+    if not isinstance(policies, dict):
+        problem = f"must map alias public ids (or '*') to {known}, not {policies!r}."
+    else:
+        wrong = {
+            name: policy for name, policy in policies.items() if policy not in HOSTED_TOOLS_POLICIES
+        }
+        if not wrong:
+            return []
+        problem = f"gives {wrong!r}: each alias's policy is {known}."
+    return [Error(f"CHATPARITY['HOSTED_TOOLS'] {problem}", id="chatparity.E051")]
 
 
 @register()

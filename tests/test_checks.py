@@ -9,7 +9,12 @@ from django.core.checks import run_checks
 from django.test import override_settings
 
 from chatparity.backends.command import parse_declaration
-from chatparity.checks import check_commands, check_cors_origins, check_responses_retention
+from chatparity.checks import (
+    check_commands,
+    check_cors_origins,
+    check_hosted_tools,
+    check_responses_retention,
+)
 from project import settings as project_settings
 
 
@@ -119,6 +124,29 @@ def test_a_responses_retention_that_is_not_a_positive_number_is_an_error(seconds
         assert "chatparity.E050" in {message.id for message in run_checks()}
     assert message.id == "chatparity.E050"
     assert message.msg.startswith("CHATPARITY['RESPONSES_RETENTION'] ")
+    assert problem in message.msg
+
+
+def test_hosted_tools_policies_by_alias_pass():
+    for policies in ({}, {"*": "refuse"}, {"*": "omit", "Strict-GPT": "refuse"}):
+        with override_settings(CHATPARITY={"HOSTED_TOOLS": policies}):
+            assert check_hosted_tools() == []
+
+
+@pytest.mark.parametrize(
+    ("policies", "problem"),
+    [
+        ({"codex": "drop"}, "gives {'codex': 'drop'}: each alias's policy is 'omit' or 'refuse'."),
+        ({"*": None}, "gives {'*': None}"),
+        ("refuse", "must map alias public ids (or '*') to 'omit' or 'refuse', not 'refuse'."),
+    ],
+)
+def test_a_hosted_tools_policy_not_known_is_an_error(policies, problem):
+    with override_settings(CHATPARITY={"HOSTED_TOOLS": policies}):
+        (message,) = check_hosted_tools()
+        assert "chatparity.E051" in {message.id for message in run_checks()}
+    assert message.id == "chatparity.E051"
+    assert message.msg.startswith("CHATPARITY['HOSTED_TOOLS'] ")
     assert problem in message.msg
 
 

@@ -651,7 +651,9 @@ def _as_served_by(alias: ModelAlias, requested: ChatRequest) -> ChatRequest:
     if alias.forwarded_params:
         forwarded = frozenset(p for p in alias.forwarded_params if isinstance(p, str))
         chat = dataclasses.replace(chat, forwarded_params=forwarded)
-    return chat
+    # A Responses request's hosted tools are in no chat body: the defaults' reading
+    # does not see them.
+    return dataclasses.replace(chat, hosted_tools=requested.hosted_tools)
 
 
 def _max_n(alias: ModelAlias) -> int:

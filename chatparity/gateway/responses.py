@@ -13,11 +13,12 @@ key of the same owner, for ``RESPONSES_RETENTION`` seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal, get_args
 from urllib.parse import parse_qs
 
 from asgiref.sync import sync_to_async
@@ -25,11 +26,13 @@ from django.db import DatabaseError, connections
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from ..accounting import keys
 from ..accounting.batching import BatchWriter, PerLoop, reconnecting
 from ..accounting.keys import Grant
 from ..accounting.ledger import Accounting
 from ..accounting.record import UsageRecord, storable
-from ..backends import ChatBackend
+from ..backends import ChatBackend, get_backend
+from ..backends.upstream import UpstreamBackend
 from ..conf import app_settings
 from ..models import Endpoint, StoredResponse
 from ..protocol import errors
@@ -40,6 +43,7 @@ from ..protocol.request import ChatRequest
 from ..protocol.responses import (
     ResponsesRequest,
     as_chat_request,
+    hosted_tool_refused,
     parse_responses_request,
     previous_response_not_found,
     response_not_found,
@@ -75,7 +79,41 @@ async def _responses_request(
     history = await _history(requested.previous_response_id, grant)
     chat = as_chat_request(requested, history, _limits())
     accounting.requested(chat, body)
+    if chat.hosted_tools:
+        chat = await _hosted_tools_served(requested, chat, grant, accounting)
     return chat, ResponsesWire(requested, grant, record)
+
+
+HostedToolsPolicy = Literal["omit", "refuse"]
+HOSTED_TOOLS_POLICIES: tuple[HostedToolsPolicy, ...] = get_args(HostedToolsPolicy)
+
+
+def hosted_tools_policy(public_id: str) -> str:
+    """What ``CHATPARITY["HOSTED_TOOLS"]`` says of the alias ``public_id`` (its own
+    entry, matched case-insensitively, else ``"*"``'s)."""
+    policies = {name.lower(): policy for name, policy in app_settings.HOSTED_TOOLS.items()}
+    return policies.get(public_id.lower(), policies.get("*", "omit"))
+
+
+async def _hosted_tools_served(
+    requested: ResponsesRequest, chat: ChatRequest, grant: Grant, accounting: Accounting
+) -> ChatRequest:
+    """``chat`` with its hosted tools as the alias it names serves them: passed on to an
+    upstream that speaks the Responses API, else left out or refused (logged under the
+    alias) as the alias's :func:`hosted_tools_policy` says. A model no alias serves is
+    the pipeline's 404."""
+    alias = (await keys.aliases()).find(chat.model, grant)
+    if alias is None:
+        return chat
+    backend = get_backend(alias.backend)
+    if isinstance(backend, UpstreamBackend) and backend.wire_api == "responses":
+        return chat
+    if hosted_tools_policy(alias.public_id) == "refuse":
+        accounting.served_by(alias)
+        raise hosted_tool_refused(requested)
+    left_out = ", ".join(tool["type"] for tool in chat.hosted_tools)
+    logger.info("chatparity: %s: hosted tools left out: %s", alias.public_id, left_out)
+    return dataclasses.replace(chat, hosted_tools=())
 
 
 class ResponsesWire(Wire):
@@ -97,6 +135,7 @@ class ResponsesWire(Wire):
             settings=request.settings,
             new_id=random_id,
             streaming=request.stream,
+            names=request.names,
         )
 
     def begin(self, request: ChatRequest, backend: ChatBackend) -> None:

@@ -9,7 +9,7 @@ import threading
 
 import orjson
 import pytest
-from django.test import TestCase
+from django.test import TestCase, override_settings
 
 from chatparity.backends.upstream import UpstreamBackend
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
@@ -68,9 +68,24 @@ CALLING = [
     event("response.output_item.done", output_index=0, item=CALL),
     event("response.completed", response=response(output=[CALL], usage=USAGE)),
 ]
+SEARCHED = {"id": "ws_up", "type": "web_search_call", "status": "completed",
+            "action": {"type": "search", "query": "weather Paris"}}  # fmt: skip
+NAMESPACED = {**CALL, "name": "agents__close", "arguments": "{}"}
 BEHAVIOURS = {
     "text": lambda w: _stream(w, TEXT),
     "calling": lambda w: _stream(w, CALLING),
+    # A hosted tool run upstream (its item is not relayed), then a namespace's function
+    # called by the flat name it was offered under.
+    "searching": lambda w: _stream(
+        w,
+        [
+            event("response.created", response=response("in_progress")),
+            event("response.output_item.added", output_index=0, item=SEARCHED),
+            event("response.output_item.done", output_index=0, item=SEARCHED),
+            event("response.output_item.done", output_index=1, item=NAMESPACED),
+            event("response.completed", response=response(output=[SEARCHED, NAMESPACED])),
+        ],
+    ),
     # Only the done events, no deltas: the text is still all there.
     "done-only": lambda w: _stream(w, [TEXT[0], TEXT[4], TEXT[5], TEXT[6]]),
     "incomplete": lambda w: _stream(
@@ -235,6 +250,29 @@ class NativeResponsesTests(TestCase):
              "parameters": {"type": "object", "properties": {}}, "strict": False}
         ]  # fmt: skip
         assert body["tool_choice"] == "auto"
+
+    async def test_hosted_tools_are_passed_on_and_namespaces_offered_flat(self):
+        agents = {"type": "namespace", "name": "agents", "description": "Sub-agents.",
+                  "tools": [{"type": "function", "name": "close", "strict": False}]}  # fmt: skip
+        search = {"type": "web_search", "external_web_access": False}
+        # Defaults read into the request as the alias serves it keep them too.
+        await ModelAlias.objects.filter(public_id="searching").aupdate(
+            default_params={"temperature": 0.5}
+        )
+        with override_settings(CHATPARITY={"HOSTED_TOOLS": {"*": "refuse"}}):
+            answer = await self.post(
+                "/v1/responses", model="searching", input="Hi", tools=[agents, search]
+            )
+        assert answer.status_code == 200
+        (call,) = answer.json()["output"]
+        assert (call["name"], call["namespace"], call["call_id"]) == ("close", "agents", "call_up")
+        _, body = self.sent("searching")
+        assert body["temperature"] == 0.5
+        assert body["tools"] == [
+            {"type": "function", "name": "agents__close", "description": None,
+             "parameters": {"type": "object", "properties": {}}, "strict": False},
+            search,
+        ]  # fmt: skip
 
     async def test_earlier_calls_and_their_outputs_are_sent_as_items(self):
         call = {"id": "call_1", "type": "function",

@@ -1,6 +1,10 @@
 """OpenAI's Codex CLI (npm ``@openai/codex``), which speaks only the Responses API to a
-provider, finishing a task on an alias of a real daphne serving the embedded model,
-offline. The CLI is installed from the npm registry into ``.cache/codex`` on first use."""
+provider, finishing a task with its default configuration (a provider and a model,
+nothing switched off) on an alias of a real daphne, offline. The alias's upstream
+plays the model's part from a script (:class:`tests.scripted.ScriptedUpstream`), so
+that the model calls what the task needs: a function of Codex's ``multi_agent_v1``
+namespace, then its ``exec_command``. The CLI is installed from the npm registry into
+``.cache/codex`` on first use."""
 
 import os
 import shutil
@@ -9,12 +13,18 @@ import subprocess
 import pytest
 
 from tests.e2e.conftest import ROOT
+from tests.scripted import Call, ScriptedUpstream
 
 pytestmark = pytest.mark.e2e
 
 CODEX_VERSION = "0.169.0"
 CACHE = ROOT / ".cache" / "codex"
-ALIAS = "codex-smollm2"
+ALIAS = "codex-scripted"
+SCRIPT = [
+    Call("multi_agent_v1__close_agent", {"target": "nobody"}),  # a namespace's function
+    Call("exec_command", {"cmd": "cat task.txt"}),
+    "The task says: water the plants.",
+]
 
 
 @pytest.fixture(scope="session")
@@ -33,33 +43,35 @@ def codex():
     return program
 
 
-@pytest.fixture(scope="session")
-def codex_alias(daphne_server):
-    """An alias of the embedded model that answers greedily: Codex sends no temperature."""
+@pytest.fixture(scope="module")
+def upstream():
+    scripted = ScriptedUpstream({"scripted-model": SCRIPT})
+    yield scripted
+    scripted.close()
+
+
+@pytest.fixture(scope="module")
+def codex_alias(daphne_server, upstream):
+    """An alias whose backend is the scripted upstream, in chat completions."""
     daphne_server.manage(
         "shell",
         "-c",
         "from chatparity.models import Backend, ModelAlias;"
-        f" ModelAlias.objects.get_or_create(public_id='{ALIAS}',"
-        " defaults={'backend': Backend.objects.get(kind='local'), 'model': '',"
-        " 'default_params': {'temperature': 0}})",
+        " backend = Backend.objects.create(name='scripted-upstream', kind='openai',"
+        f" base_url='{upstream.base_url}', options={{'retries': 0}});"
+        f" ModelAlias.objects.create(public_id='{ALIAS}', backend=backend,"
+        " model='scripted-model')",
     )
     daphne_server.wait_for_models(ALIAS)
     return ALIAS
 
 
-def provider_config(base_url: str, instructions: str) -> str:
-    """docs/responses.md's Codex configuration: chatparity as a provider on the Responses API."""
+def default_config(base_url: str) -> str:
+    """Codex's configuration as the README gives it: a model and chatparity as the
+    provider on the Responses API, and nothing else."""
     return f"""\
 model = "{ALIAS}"
 model_provider = "chatparity"
-# Codex's own instructions and hosted tools are made for far larger models.
-model_instructions_file = "{instructions}"
-web_search = "disabled"
-
-[features]
-multi_agent = false
-goals = false
 
 [model_providers.chatparity]
 name = "chatparity"
@@ -69,14 +81,15 @@ wire_api = "responses"
 """
 
 
-def test_codex_exec_finishes_a_task_on_an_alias(codex, codex_alias, daphne_server, tmp_path):
+def test_codex_exec_with_its_default_configuration_finishes_a_task_with_its_tools(
+    codex, codex_alias, daphne_server, upstream, tmp_path
+):
     home = tmp_path / "codex-home"
     home.mkdir()
-    instructions = home / "instructions.md"
-    instructions.write_text("You are a coding agent. Answer briefly.\n")
-    (home / "config.toml").write_text(provider_config(daphne_server.base_url, str(instructions)))
+    (home / "config.toml").write_text(default_config(daphne_server.base_url))
     work = tmp_path / "work"
     work.mkdir()
+    (work / "task.txt").write_text("water the plants\n")
     env = {
         "PATH": os.environ["PATH"],
         "HOME": str(tmp_path),
@@ -84,15 +97,26 @@ def test_codex_exec_finishes_a_task_on_an_alias(codex, codex_alias, daphne_serve
         "CHATPARITY_API_KEY": daphne_server.key,
     }
     finished = subprocess.run(
-        [str(codex), "exec", "--skip-git-repo-check", "Say hello."],
+        [str(codex), "exec", "--skip-git-repo-check", "What does task.txt ask for?"],
         cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert finished.returncode == 0, finished.stderr
-    assert finished.stdout.strip()  # the agent's last message
+    assert finished.stdout.strip() == "The task says: water the plants."
+
+    first, second, last = upstream.requests
+    offered = {tool["function"]["name"] for tool in first["tools"]}
+    # Codex's functions, its multi_agent_v1 namespace's flat, its hosted web_search not.
+    assert {"exec_command", "multi_agent_v1__close_agent", "multi_agent_v1__spawn_agent"} <= offered
+    assert all(tool["type"] == "function" for tool in first["tools"])
+    # Each call reached the Codex tool it names: the namespace's (no such agent), then
+    # the shell's, whose output went back to the model.
+    close_output = second["messages"][-1]
+    assert close_output["role"] == "tool"
+    assert "invalid agent id nobody" in close_output["content"]
+    assert "water the plants" in last["messages"][-1]["content"]
+
     rows = daphne_server.written_rows(alias=codex_alias)
-    assert rows
-    assert {(row["endpoint"], row["status_code"], row["stream"]) for row in rows} == {
+    assert [(row["endpoint"], row["status_code"], row["stream"]) for row in rows] == [
         ("responses", 200, 1)
-    }
+    ] * 3
     assert "codex" in rows[-1]["user_agent"].lower()
-    assert rows[-1]["prompt_tokens"] < 4000  # the short instructions, not Codex's own
