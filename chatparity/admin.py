@@ -18,7 +18,7 @@ from django.utils.safestring import SafeString
 
 from .accounting import limits
 from .gateway import probe
-from .models import ApiKey, Backend, ModelAlias, RequestLog, StoredResponse
+from .models import ApiKey, Backend, ModelAlias, Plan, RequestLog, StoredResponse
 
 
 class ApiKeyForm(forms.ModelForm):
@@ -133,6 +133,42 @@ class ApiKeyAdmin(admin.ModelAdmin):
             key.save(update_fields=["is_active"])
             self.log_change(request, key, "Reactivated." if active else "Revoked.")
         return len(keys)
+
+
+class PlanForm(forms.ModelForm):
+    """Every alias, or the aliases selected: never both by mistake."""
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if cleaned.get("all_aliases") and cleaned.get("allowed_aliases"):
+            self.add_error(
+                "allowed_aliases",
+                "Untick 'all aliases' to limit the plan to these, or select none.",
+            )
+        return cleaned
+
+
+@admin.register(Plan)
+class PlanAdmin(admin.ModelAdmin):
+    """Plans: who has them (users, groups), the aliases their keys may use, the limits of
+    each key they make in the portal, and the budgets all of one user's keys share."""
+
+    form = PlanForm
+    list_display = [
+        "name", "priority", "all_aliases", "requests_per_minute", "tokens_per_minute",
+        "token_budget", "cost_budget", "owner_token_budget", "owner_cost_budget",
+    ]  # fmt: skip
+    search_fields = ["name", "description"]
+    filter_horizontal = ["users", "groups", "allowed_aliases"]
+    fieldsets = [
+        (None, {"fields": ("name", "description", "users", "groups", "priority")}),
+        ("Aliases", {"fields": ("all_aliases", "allowed_aliases")}),
+        ("Each key made in the portal", {"fields": Plan.KEY_LIMITS}),
+        (
+            "All of one user's keys together",
+            {"fields": ("owner_token_budget", "owner_cost_budget", "owner_budget_period")},
+        ),
+    ]
 
 
 class BackendForm(forms.ModelForm):

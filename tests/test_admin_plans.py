@@ -1,0 +1,53 @@
+"""Plans in the admin: staff give a group or a user a plan, with its aliases, its keys'
+limits and its owner budgets; a plan for every alias names none."""
+
+from django.contrib.auth.models import Group, User
+from django.test import TestCase
+
+from chatparity.models import Backend, ModelAlias, Plan
+
+ADD = "/admin/chatparity/plan/add/"
+
+
+class PlanAdminTests(TestCase):
+    @classmethod
+    def setUpTestData(cls):
+        cls.admin = User.objects.create_superuser("root")
+        cls.team = Group.objects.create(name="team")
+        cls.member = User.objects.create_user("member")
+        cls.member.groups.add(cls.team)
+        backend = Backend.objects.create(name="local", kind="local")
+        cls.alias = ModelAlias.objects.create(public_id="smollm2", backend=backend)
+
+    def setUp(self):
+        self.client.force_login(self.admin)
+
+    def form(self, **fields):
+        return {
+            "name": "team plan", "priority": "0", "all_aliases": "on", "budget_period": "month",
+            "owner_budget_period": "day", **fields,
+        }  # fmt: skip
+
+    def test_a_group_given_a_plan_with_its_aliases_and_budgets(self):
+        form = self.form(
+            groups=[self.team.pk], all_aliases="", allowed_aliases=[self.alias.pk],
+            requests_per_minute="20", owner_token_budget="100000",
+        )  # fmt: skip
+        assert self.client.post(ADD, form).status_code == 302
+        plan = Plan.objects.for_owner(self.member.pk)
+        assert plan.name == "team plan"
+        assert list(plan.allowed_aliases.all()) == [self.alias]
+        assert plan.key_limits()["requests_per_minute"] == 20
+        assert (plan.owner_token_budget, plan.owner_budget_period) == (100_000, "day")
+
+    def test_every_alias_and_a_selection_at_once_is_refused(self):
+        response = self.client.post(ADD, self.form(allowed_aliases=[self.alias.pk]))
+        assert response.status_code == 200
+        assert "Untick" in response.content.decode()
+        assert not Plan.objects.exists()
+
+    def test_the_change_page_shows_each_part(self):
+        plan = Plan.objects.create(name="starter")
+        html = self.client.get(f"/admin/chatparity/plan/{plan.pk}/change/").content.decode()
+        for heading in ("Aliases", "Each key made in the portal", "All of one user"):
+            assert heading in html
