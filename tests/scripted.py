@@ -8,8 +8,13 @@ small model cannot be made to), for clients that run a task to its end.
 """
 
 import asyncio
+import base64
 import json
+import math
+import struct
 import threading
+import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,6 +35,8 @@ class ScriptedBackend:
     ``"<call every tool>"`` (a call of each function offered, in order, with ``{}``)."""
 
     system_fingerprint = "fp_scripted"
+    hanging = 0
+    """How many streams wait at a ``"<hang>"`` now: tests wait for that, not for a time."""
 
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
@@ -42,7 +49,11 @@ class ScriptedBackend:
             if step == "<error>":
                 raise APIError("upstream refused", status=502, type="server_error", code="bad")
             if step == "<hang>":
-                await asyncio.Event().wait()
+                ScriptedBackend.hanging += 1
+                try:
+                    await asyncio.Event().wait()
+                finally:
+                    ScriptedBackend.hanging -= 1
             sent += 1
             if isinstance(step, dict):
                 yield ToolCallDelta(
@@ -75,6 +86,31 @@ Turn = str | Call
 """A turn of a script: an answer in text, or a function call."""
 
 
+def scripted_vector(text: str, dimensions: int) -> list[float]:
+    """The scripted upstream's embedding of ``text``: the same text, the same vector,
+    of length one (made of its characters' codes)."""
+    numbers = [float((sum(map(ord, text)) * (i + 1)) % 97 + 1) for i in range(dimensions)]
+    norm = math.sqrt(sum(x * x for x in numbers))
+    return [x / norm for x in numbers]
+
+
+EMBEDDING_FAULTS = {
+    "count": "one vector fewer than the inputs",
+    "index": "two vectors with the same index",
+    "width": "vectors of different widths",
+    "base64": "a vector that is not base64",
+    "nan": "a vector with a NaN (in base64)",
+    "html": "an HTML page with status 200",
+    "stream": "an event stream",
+    "usage": "usage of a billion tokens",
+    "flaky": "a 503 the first time this model is asked, then the answer",
+    "refuse": "a 400 in OpenAI's envelope",
+    "hang-up": "the connection closed without an answer",
+    "slow": "the answer after 3 seconds",
+}
+"""How the scripted upstream answers an embeddings request for model ``fault:<name>``."""
+
+
 class ScriptedUpstream:
     """An upstream on loopback whose model plays a script, speaking OpenAI's Chat
     Completions (``/v1/chat/completions``) or Anthropic's Messages API
@@ -82,11 +118,13 @@ class ScriptedUpstream:
     a request is answered with the turn after the model's earlier calls in its
     conversation (the last turn once the script is played). Streamed as asked, with
     usage; every request's body is kept in :attr:`requests`, its path and headers in
-    :attr:`heads`.
+    :attr:`heads`. It embeds too (``/v1/embeddings``, :func:`scripted_vector` for each
+    text, in the encoding asked), or misbehaves as :data:`EMBEDDING_FAULTS` says.
     """
 
-    def __init__(self, scripts: dict[str, list[Turn]]) -> None:
-        self.scripts = scripts
+    def __init__(self, scripts: dict[str, list[Turn]] | None = None) -> None:
+        self.scripts = scripts or {}
+        self.asked: Counter[str] = Counter()
         self.requests: list[dict[str, Any]] = []
         self.heads: list[tuple[str, dict[str, str]]] = []
         upstream = self
@@ -99,6 +137,18 @@ class ScriptedUpstream:
                 upstream.requests.append(body)
                 upstream.heads.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
                 stream = bool(body.get("stream"))
+                if self.path.endswith("/embeddings"):
+                    status, kind, payload = upstream.embeddings(body)
+                    if status == 0:  # hang up without an answer
+                        self.close_connection = True
+                        return
+                    self.send_response(status)
+                    self.send_header("Content-Type", kind)
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
                 if self.path.endswith("/messages"):
                     answer = upstream.message(body)
                     payload = (
@@ -135,6 +185,52 @@ class ScriptedUpstream:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+    def embeddings(self, body: dict[str, Any]) -> tuple[int, str, bytes]:
+        """The status, content type and body answering the embeddings request ``body``."""
+        model = body["model"]
+        fault = model.removeprefix("fault:") if model.startswith("fault:") else ""
+        self.asked[model] += 1
+        inputs = body["input"]
+        if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
+            inputs = [inputs]
+        texts = [text if isinstance(text, str) else " ".join(map(str, text)) for text in inputs]
+        vectors = [scripted_vector(text, body.get("dimensions", 8)) for text in texts]
+        if fault == "slow":
+            time.sleep(3)
+        if fault == "hang-up":
+            return 0, "", b""
+        if fault == "html":
+            return 200, "text/html", b"<html>Bad gateway</html>"
+        if fault == "stream":
+            return 200, "text/event-stream", b"data: [DONE]\n\n"
+        if fault == "refuse" or (fault == "flaky" and self.asked[model] == 1):
+            status = 400 if fault == "refuse" else 503
+            error = {"message": "no", "type": "invalid_request_error", "param": None, "code": None}
+            return status, "application/json", json.dumps({"error": error}).encode()
+        if fault == "width":
+            vectors[-1] = vectors[-1][:-1]
+        data = []
+        for index, vector in enumerate(vectors):
+            packed = struct.pack(f"<{len(vector)}f", *vector)
+            if fault == "nan":
+                packed = struct.pack("<f", math.nan) + packed[4:]
+            encoded = (
+                base64.b64encode(packed).decode()
+                if body.get("encoding_format") == "base64"
+                else vector
+            )
+            data.append({"object": "embedding", "index": index, "embedding": encoded})
+        if fault == "count":
+            data.pop()
+        if fault == "index":
+            data[-1]["index"] = 0
+        if fault == "base64":
+            data[0]["embedding"] = "not base64!"
+        tokens = 10**9 if fault == "usage" else sum(len(text.split()) for text in texts)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        answer = {"object": "list", "data": data, "model": model, "usage": usage}
+        return 200, "application/json", json.dumps(answer).encode()
 
     def turn(self, body: dict[str, Any]) -> Turn:
         """The turn ``body``'s conversation (in either API's messages) has come to."""

@@ -2,7 +2,7 @@
 the ASGI fast path and the Django views, behind the same keys, limits and log as chat."""
 
 import asyncio
-import time
+import threading
 from datetime import timedelta
 from unittest import mock
 
@@ -19,6 +19,7 @@ from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
 from tests.asgi import http_scope
 from tests.protocol.test_responses_stream import TWO_DELTAS
+from tests.support.waiting import until
 from tests.transport.test_fastpath import FastPathTestCase
 
 
@@ -515,25 +516,28 @@ class StoredTextTests(ResponsesTestCase):
 
 class StoringTests(ResponsesTestCase):
     async def test_a_client_leaving_while_its_response_is_stored_holds_up_no_other(self):
-        original = responses._save
+        original, saving, release = responses._save, threading.Event(), threading.Event()
 
-        def slow_save(batch):
-            time.sleep(0.4)  # a busy database: the batch before takes a while
+        def held_save(batch):
+            saving.set()
+            assert release.wait(10)  # a busy database: the batch takes until the test says
             original(batch)
 
         body = orjson.dumps({"model": "echo", "input": "Hi"})
         headers = [("authorization", f"Bearer {self.plaintext}")]
-        with mock.patch.object(responses, "_save", slow_save):
+        with mock.patch.object(responses, "_save", held_save):
             first = self.communicator("POST", "/v1/responses", headers)
             await first.send_input({"type": "http.request", "body": body})
-            await asyncio.sleep(0.1)  # first's batch is being written
+            assert await asyncio.to_thread(saving.wait, 10)  # first's batch is being written
             leaving = self.communicator("POST", "/v1/responses", headers)
             waiting = self.communicator("POST", "/v1/responses", headers)
             await leaving.send_input({"type": "http.request", "body": body})
-            await asyncio.sleep(0.02)
             await waiting.send_input({"type": "http.request", "body": body})
-            await asyncio.sleep(0.1)  # both wait for the next batch
+            keeper = responses._keepers.get()
+            await until(lambda: len(keeper._pending) == 2)  # both wait for the next batch
             await leaving.send_input({"type": "http.disconnect"})
+            await until(leaving.input_queue.empty)  # its leaving is read while its row waits
+            release.set()
             assert (await first.receive_output(timeout=5))["status"] == 200
             assert (await waiting.receive_output(timeout=5))["status"] == 200
             await leaving.wait(timeout=5)

@@ -16,7 +16,8 @@ from chatparity.backends import local
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.transport.fastpath import FastPath
 from tests.asgi import http_scope
-from tests.scripted import SCRIPTED
+from tests.scripted import SCRIPTED, ScriptedBackend
+from tests.support.waiting import until
 
 
 def scope(plaintext):
@@ -82,7 +83,7 @@ class DisconnectTests(TransactionTestCase):
             communicator = ApplicationCommunicator(self.application(), scope(plaintext))
             body = {"model": "smollm2", "messages": [{"role": "user", "content": "A story."}]}
             await communicator.send_input({"type": "http.request", "body": orjson.dumps(body)})
-            await asyncio.sleep(0.2)  # waiting for the rest of the answer
+            await until(lambda: ScriptedBackend.hanging)  # waiting for the rest of the answer
             await communicator.send_input({"type": "http.disconnect"})
             await communicator.wait(timeout=10)
         row = await RequestLog.objects.aget()

@@ -269,15 +269,23 @@ class BodyTests(FastPathTestCase):
             trickling.cancel()
         assert 0.3 <= time.monotonic() - started < 3
 
-    async def test_a_body_sent_in_parts_within_the_deadline_is_served(self):
+    async def test_a_body_sent_in_parts_within_the_deadline_is_served_whole(self):
         communicator = self.communicator("POST", "/v1/chat/completions")
-        body = orjson.dumps({"model": "echo", "messages": [{"role": "user", "content": "Hi"}]})
-        for part in (body[:10], body[10:20]):
-            await communicator.send_input({"type": "http.request", "body": part, "more_body": True})
-            await asyncio.sleep(0.1)
-        await communicator.send_input({"type": "http.request", "body": body[20:]})
-        start = await communicator.receive_output(timeout=5)
-        assert start["status"] == 200
+        request = {"model": "echo", "messages": [{"role": "user", "content": "Hi, in parts"}]}
+        body = orjson.dumps(request)
+        with self.settings(CHATPARITY={**SCRIPTED, "BODY_TIMEOUT": 0.3, "LOG_BODIES": True}):
+            for part in (body[:10], body[10:35]):
+                await communicator.send_input(
+                    {"type": "http.request", "body": part, "more_body": True}
+                )
+                await asyncio.sleep(0.1)
+            await communicator.send_input({"type": "http.request", "body": body[35:]})
+            start = await communicator.receive_output(timeout=5)
+            assert start["status"] == 200
+            await reply_body(communicator)
+            await communicator.wait(timeout=5)
+        row = await RequestLog.objects.aget()
+        assert row.request_body == request  # every part, in order, once
 
     async def test_a_client_that_leaves_mid_body_leaves_a_cancelled_row(self):
         communicator = self.communicator("POST", "/v1/chat/completions")
