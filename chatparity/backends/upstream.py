@@ -63,6 +63,12 @@ import orjson
 from .. import signals
 from ..conf import app_settings
 from ..protocol import errors, messages_upstream, responses_upstream
+from ..protocol.embeddings import (
+    MAX_ANSWER_BYTES_PER_INPUT,
+    Embeddings,
+    EmbeddingsRequest,
+    upstream_embeddings,
+)
 from ..protocol.errors import APIError
 from ..protocol.events import Event, Usage
 from ..protocol.request import ChatRequest, functions_as_tools
@@ -85,6 +91,9 @@ _RETRYABLE_STATUS = frozenset({500, 502, 503, 504, 529})  # 529: Anthropic's ove
 
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 """The largest whole completion read from an upstream (many choices' logprobs are large)."""
+MAX_EMBEDDINGS_ANSWER_BYTES = 1024 * 1024
+"""What an embeddings answer may weigh besides its vectors (``MAX_ANSWER_BYTES_PER_INPUT``
+each)."""
 MAX_ERROR_BYTES = 64 * 1024
 """The most of an upstream's error answer read: only its start is logged."""
 
@@ -199,6 +208,55 @@ class UpstreamBackend:
         """Made at the first request, so that a bad URL fails it like an unreachable one."""
         return self.transport(self.url, self.headers, connect_timeout=self.connect_timeout)
 
+    @cached_property
+    def _embeddings_endpoint(self) -> _http1.Endpoint:
+        url = self.config.base_url.rstrip("/") + "/embeddings"
+        return self.transport(url, self.headers, connect_timeout=self.connect_timeout)
+
+    async def embed(self, request: EmbeddingsRequest, model: str) -> Embeddings:
+        """The request's vectors from ``<base_url>/embeddings``, asked for in base64 (a
+        fifth of the bytes of numbers), read as :func:`upstream_embeddings` reads them;
+        retried and timed as a completion."""
+        if self.wire_api == "messages":  # Anthropic's API embeds nothing
+            raise APIError(
+                "The model does not serve embeddings.", param="model", code="model_not_supported"
+            )
+        body: dict[str, Any] = {
+            "model": model or request.model,
+            "input": request.body["input"],
+            "encoding_format": "base64",
+        }
+        if request.dimensions is not None:
+            body["dimensions"] = request.dimensions
+        if request.user is not None and "user" in request.forwarded_params:
+            body["user"] = request.user
+        deadline = asyncio.get_running_loop().time() + self.config.timeout
+        limit = MAX_EMBEDDINGS_ANSWER_BYTES + len(request.inputs) * MAX_ANSWER_BYTES_PER_INPUT
+        try:
+            async with self._response(
+                orjson.dumps(body), deadline, self._embeddings_endpoint
+            ) as response:
+                if _is_stream(response.headers.get("content-type", ""), False):
+                    raise malformed("the embeddings answer is an event stream")
+                try:
+                    answer = await response.read(limit)
+                except _http1.Timeout:
+                    raise timeout_error() from None
+                except _http1.TooLarge as exc:
+                    raise malformed(str(exc)) from None
+                except _http1.HTTPError as exc:
+                    self._log("the connection dropped", exc)
+                    raise malformed(f"the connection dropped ({type(exc).__name__})") from None
+            embeddings = upstream_embeddings(answer, request)
+        except UpstreamError as error:
+            raise self._reported(error) from None
+        if embeddings.counted:
+            logger.warning(
+                "chatparity: backend %s: embeddings usage not believed, tokens counted instead",
+                self.config.name,
+            )
+        return embeddings
+
     async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[Event]:
         body = {
             name: value
@@ -304,18 +362,22 @@ class UpstreamBackend:
             raise self._reported(error) from None
 
     @asynccontextmanager
-    async def _response(self, content: bytes, deadline: float) -> AsyncIterator[_http1.Response]:
+    async def _response(
+        self, content: bytes, deadline: float, endpoint: _http1.Endpoint | None = None
+    ) -> AsyncIterator[_http1.Response]:
         """The upstream's streaming response once it answered 2xx; retried before that.
 
         Read to its end, its connection is pooled; left early, it is closed at once."""
+        Asked of ``endpoint`` (default: the completions one).
         observers = signals.observers
         head = (
+        endpoint = endpoint or self._endpoint
             b"".join([observer.upstream_headers() for observer in observers]) if observers else b""
         )
         for attempt in range(self.retries + 1):
             failure: APIError
             try:
-                response = await self._endpoint.post(content, deadline, head)
+                response = await endpoint.post(content, deadline, head)
             except _http1.Timeout:
                 raise timeout_error() from None
             except _http1.ConnectError as exc:

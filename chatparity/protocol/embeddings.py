@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import array
 import base64
+import binascii
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
+
+import orjson
 
 from .errors import APIError
 from .request import Limits, parse_model
@@ -41,6 +45,8 @@ from .schema import (
     String,
     wrong_type,
 )
+from .tokens import approximate_tokens
+from .upstream import MAX_REPORTED_TOKENS, malformed
 
 MAX_INPUTS = 2048
 """The most inputs one request embeds, as OpenAI allows."""
@@ -317,3 +323,85 @@ def embeddings_object(
 
 def _base64(vector: bytes) -> str:
     return base64.b64encode(vector).decode("ascii")
+
+
+# An upstream's answer, not trusted.
+
+MAX_DIMENSIONS = 16384
+"""The most numbers a vector from an upstream may have."""
+MAX_ANSWER_BYTES_PER_INPUT = 128 * 1024
+"""What an upstream's answer may weigh per input (a vector of thousands of numbers as
+JSON text; base64, asked for, is a fifth of that)."""
+# A float32 that is not finite: its exponent's bits all set, the top two bytes of its
+# four (little-endian) being [1xxxxxxx] [x1111111]. Looked for at every offset, then
+# checked to start a number.
+_NOT_FINITE = re.compile(rb"(?=[\x80-\xff][\x7f\xff])")
+
+
+def upstream_embeddings(answer: bytes, request: EmbeddingsRequest) -> Embeddings:
+    """The vectors of an upstream's ``list`` object answering ``request``: one for each
+    input, by ``index``, all of one width (``dimensions`` when asked for), of finite
+    numbers, sent as numbers or in base64; a 502 (:func:`malformed`) for anything else.
+    Its usage counts the tokens when believable (see :func:`_believable`), else they are
+    counted here."""
+    try:
+        payload = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        raise malformed("the embeddings answer is not JSON", answer) from None
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, list):
+        raise malformed("the embeddings answer has no list of data", answer)
+    count = len(request.inputs)
+    if len(data) != count:
+        raise malformed(f"the answer has {len(data)} embeddings for {count} inputs", answer)
+    vectors: list[bytes | None] = [None] * count
+    for item in data:
+        index = item.get("index") if isinstance(item, dict) else None
+        if not isinstance(index, int) or not 0 <= index < count or vectors[index] is not None:
+            raise malformed("an embedding's index is missing, out of range or repeated", answer)
+        vectors[index] = _vector(item.get("embedding"), answer)
+    widths = {len(vector) for vector in vectors if vector is not None}
+    width = widths.pop() // 4
+    if widths or width > MAX_DIMENSIONS:
+        raise malformed("the embeddings have different or too many dimensions", answer)
+    if request.dimensions is not None and width != request.dimensions:
+        raise malformed(f"{width} dimensions were sent for {request.dimensions} asked", answer)
+    usage = payload.get("usage")
+    reported = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    if isinstance(reported, int) and _believable(reported, request):
+        return Embeddings([v for v in vectors if v is not None], reported)
+    return Embeddings([v for v in vectors if v is not None], counted_tokens(request), True)
+
+
+def _vector(embedding: Any, answer: bytes) -> bytes:
+    """One vector's float32 bytes, from numbers or base64."""
+    try:
+        if isinstance(embedding, str):
+            vector = base64.b64decode(embedding, validate=True)
+        elif isinstance(embedding, list) and all(type(x) in (int, float) for x in embedding):
+            vector = packed(embedding)
+        else:
+            raise ValueError("neither numbers nor base64")
+    except (ValueError, binascii.Error):
+        raise malformed("an embedding is neither numbers nor base64", answer) from None
+    if not vector or len(vector) % 4:
+        raise malformed("an embedding is empty or not of float32 numbers", answer)
+    if any(match.start() % 4 == 2 for match in _NOT_FINITE.finditer(vector)):
+        raise malformed("an embedding has a number that is not finite", answer)
+    return vector
+
+
+def counted_tokens(request: EmbeddingsRequest) -> int:
+    """The tokens of ``request``'s inputs: token ids counted, texts approximated."""
+    return sum(approximate_tokens(len(x)) if isinstance(x, str) else len(x) for x in request.inputs)
+
+
+def _believable(tokens: int, request: EmbeddingsRequest) -> bool:
+    """Whether ``tokens`` can be what the inputs are: for texts no more than their
+    characters and a few special tokens each, for token ids their count."""
+    if isinstance(tokens, bool):
+        return False
+    if request.token_ids:
+        return tokens == counted_tokens(request)
+    characters = sum(len(x) for x in request.inputs)
+    return 0 <= tokens <= min(characters + 16 * len(request.inputs), MAX_REPORTED_TOKENS)
