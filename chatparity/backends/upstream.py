@@ -366,12 +366,12 @@ class UpstreamBackend:
         self, content: bytes, deadline: float, endpoint: _http1.Endpoint | None = None
     ) -> AsyncIterator[_http1.Response]:
         """The upstream's streaming response once it answered 2xx; retried before that.
+        Asked of ``endpoint`` (default: the completions one).
 
         Read to its end, its connection is pooled; left early, it is closed at once."""
-        Asked of ``endpoint`` (default: the completions one).
+        endpoint = endpoint or self._endpoint
         observers = signals.observers
         head = (
-        endpoint = endpoint or self._endpoint
             b"".join([observer.upstream_headers() for observer in observers]) if observers else b""
         )
         for attempt in range(self.retries + 1):
