@@ -4,6 +4,7 @@ llama-cpp-python's OpenAI server on the same model."""
 
 import json
 import os
+import shutil
 import socket
 import sqlite3
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from openai import OpenAI
+from playwright.sync_api import sync_playwright
 
 from chatparity.backends.local import smollm2_model_path
 from tests import services
@@ -206,3 +208,34 @@ def serving_with_cors(daphne_server, origins, folder):
     command.append("project.asgi:application")
     with _serving(command, folder / "daphne.log", env=env) as (url, _):
         yield url
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# As root, without a sandbox; and no background traffic, which this network refuses.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium, driven by Playwright."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"Chromium is needed for the browser tests: {CHROMIUM} (apt install chromium)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def screenshot(page, name):
+    """Save a screenshot of ``page`` into ``CHATPARITY_SCREENSHOTS``, when set."""
+    folder = os.environ.get("CHATPARITY_SCREENSHOTS")
+    if folder:
+        page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True)

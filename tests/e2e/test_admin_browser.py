@@ -4,37 +4,12 @@ creation to the request log, the dashboard's charts and its live tail.
 Set ``CHATPARITY_SCREENSHOTS=<folder>`` to save screenshots of the pages on the way.
 """
 
-import os
-import shutil
-from pathlib import Path
-
 import pytest
 from openai import OpenAI
-from playwright.sync_api import sync_playwright
+
+from tests.e2e.conftest import screenshot
 
 pytestmark = pytest.mark.e2e
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-# As root, without a sandbox; and no background traffic, which this network refuses.
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"Chromium is needed for the admin tests: {CHROMIUM} (apt install chromium)")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture
@@ -50,12 +25,6 @@ def admin_page(browser, daphne_server):
     page.wait_for_url(f"{daphne_server.url}/admin/")
     yield page
     context.close()
-
-
-def screenshot(page, name):
-    folder = os.environ.get("CHATPARITY_SCREENSHOTS")
-    if folder:
-        page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True)
 
 
 def test_a_key_from_creation_to_the_log_the_dashboard_and_the_live_tail(admin_page, daphne_server):

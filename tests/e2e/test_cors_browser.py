@@ -13,12 +13,9 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.e2e import test_admin_browser
 from tests.e2e.conftest import ROOT, serving_with_cors
 
 pytestmark = pytest.mark.e2e
-
-browser = test_admin_browser.browser  # the headless Chromium fixture
 
 NPM_CACHE = ROOT / "var" / "npm"
 OPENAI_NODE = "openai@6"
