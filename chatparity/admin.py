@@ -10,6 +10,7 @@ from asgiref.sync import async_to_sync
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.core.exceptions import ValidationError
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -18,6 +19,7 @@ from django.utils.safestring import SafeString
 
 from .accounting import limits
 from .gateway import probe
+from .kinds import kinds
 from .models import ApiKey, Backend, ModelAlias, Plan, RequestLog, StoredResponse
 
 
@@ -36,11 +38,12 @@ class ApiKeyForm(forms.ModelForm):
                 "Only a user who may issue keys for other users can give a key to someone"
                 " else: it would read their stored responses.",
             )
-        if cleaned.get("all_aliases") and cleaned.get("allowed_aliases"):
-            self.add_error(
-                "allowed_aliases",
-                "Untick 'all aliases' to limit the key to these, or select none.",
+        try:
+            ApiKey.check_alias_scope(
+                bool(cleaned.get("all_aliases")), cleaned.get("allowed_aliases") or ()
             )
+        except ValidationError as refusal:
+            self.add_error(None, refusal)
         return cleaned
 
 
@@ -172,8 +175,11 @@ class PlanAdmin(admin.ModelAdmin):
 
 
 class BackendForm(forms.ModelForm):
-    """The secret is write-only: never rendered back; left blank, it stays as it was."""
+    """The kinds offered are those ``CHATPARITY["BACKEND_CLASSES"]`` configures (a site's
+    own too). The secret is write-only: never rendered back; left blank, it stays as it
+    was."""
 
+    kind = forms.ChoiceField(help_text=Backend._meta.get_field("kind").help_text)
     base_url = forms.URLField(required=False, assume_scheme="https")
     secret = forms.CharField(
         required=False,
@@ -186,6 +192,13 @@ class BackendForm(forms.ModelForm):
     class Meta:
         model = Backend
         fields = ["name", "kind", "base_url", "secret", "options", "timeout", "enabled"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A row's own kind too: one no longer configured is shown, and refused by the
+        # row's checks, rather than silently replaced by the first kind offered.
+        offered = sorted({*kinds(), self.instance.kind})
+        cast(forms.ChoiceField, self.fields["kind"]).choices = [(kind, kind) for kind in offered]
 
     def clean_secret(self) -> str:
         if self.cleaned_data.get("clear_secret"):

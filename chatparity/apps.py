@@ -14,7 +14,7 @@ class ChatparityConfig(AppConfig):
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
         from .accounting.keys import forget
-        from .models import ApiKey, Backend, ModelAlias, Plan
+        from .models import ApiKey, Backend, ModelAlias, Plan, check_aliases_added
 
         # A change saved in this process applies to the very next request.
         for model in (ApiKey, ModelAlias, Backend, Plan):
@@ -29,6 +29,12 @@ class ChatparityConfig(AppConfig):
         for relation in related:
             m2m_changed.connect(forget, sender=relation.through)
         setting_changed.connect(forget)
+        # A key for every alias names none, whichever side adds one.
+        m2m_changed.connect(
+            check_aliases_added,
+            sender=ApiKey.allowed_aliases.through,
+            dispatch_uid="chatparity.check_aliases_added",
+        )
         self._recover_journals()
 
     def _recover_journals(self) -> None:

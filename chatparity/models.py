@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -107,6 +107,32 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save; a key for every alias keeps no selection of aliases, which would serve
+        again, unasked, once the key is limited anew."""
+        adding = self._state.adding
+        super().save(*args, **kwargs)
+        fields = kwargs.get("update_fields")
+        if (
+            self.all_aliases
+            and not adding
+            and (fields is None or "all_aliases" in fields)
+            and self.allowed_aliases.exists()
+        ):
+            self.allowed_aliases.clear()
+
+    @staticmethod
+    def check_alias_scope(all_aliases: bool, aliases: Collection[Any]) -> None:
+        """Refuse a key for every alias that names some: ``all_aliases`` decides the
+        scope, ``allowed_aliases`` is the scope only without it."""
+        if all_aliases and aliases:
+            raise ValidationError(
+                {
+                    "allowed_aliases": "Untick 'all aliases' (all_aliases) to limit the key to"
+                    " these aliases, or select none."
+                }
+            )
 
     def may_be_given_to(self, owner: Any, by: Any) -> bool:
         """Whether the user ``by`` may make ``owner`` (a user, or None) this key's owner:
@@ -609,3 +635,22 @@ class DailyAliasUsage(DailyUsage):
 
     def __str__(self) -> str:
         return f"{self.day} {self.alias} {self.endpoint}"
+
+
+def check_aliases_added(
+    sender: type[models.Model],
+    instance: ApiKey | ModelAlias,
+    action: str,
+    reverse: bool,
+    pk_set: set[Any] | None,
+    **kwargs: Any,
+) -> None:
+    """Refuse aliases added to a key for every alias (an ``m2m_changed`` receiver of
+    ``ApiKey.allowed_aliases``, from either side): it would still serve every alias."""
+    if action != "pre_add" or not pk_set:
+        return
+    if reverse:  # alias.api_keys.add(*keys)
+        every = ApiKey.objects.filter(pk__in=pk_set, all_aliases=True).exists()
+    else:
+        every = cast(ApiKey, instance).all_aliases
+    ApiKey.check_alias_scope(every, pk_set)

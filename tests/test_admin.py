@@ -12,6 +12,7 @@ from django.db import connection
 from django.test import override_settings
 from django.urls import reverse
 
+from chatparity.kinds import kinds
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog, StoredResponse, hash_key
 from tests.configs import BAD_ALIASES, BAD_BACKENDS, GOOD_ALIAS, GOOD_BACKENDS
 from tests.scripted import SCRIPTED
@@ -153,6 +154,17 @@ class TestApiKeyAdmin:
         (error,) = response.context["adminform"].form.errors["allowed_aliases"]
         assert error.startswith("Untick 'all aliases'")
         assert not ApiKey.objects.exists()
+
+    def test_a_scoped_key_opened_to_every_alias_keeps_no_selection(
+        self, admin_client, scripted_alias
+    ):
+        key, _ = ApiKey.objects.create_key("k", all_aliases=False)
+        key.allowed_aliases.add(scripted_alias("Hi"))
+        form = {"name": "k", "is_active": "on", "budget_period": "month", "all_aliases": "on"}
+        change = reverse("admin:chatparity_apikey_change", args=[key.pk])
+        assert admin_client.post(change, form).status_code == 302
+        key.refresh_from_db()
+        assert (key.all_aliases, list(key.allowed_aliases.all())) == (True, [])
 
     def test_limits_are_edited_on_the_key_and_its_usage_shown(self, admin_client, db):
         key, _ = ApiKey.objects.create_key("k")
@@ -320,6 +332,34 @@ class TestBackendAdmin:
         assert self.add(admin_client, **fields).status_code == 302
         saved = Backend.objects.get()
         assert (saved.kind, saved.options) == (fields["kind"], fields.get("options", {}))
+
+    def test_the_kinds_offered_are_those_configured_a_sites_own_too(
+        self, admin_client, db, settings
+    ):
+        settings.CHATPARITY = SCRIPTED  # the site's own kind "scripted"
+        form = admin_client.get(reverse("admin:chatparity_backend_add")).context["adminform"]
+        offered = [kind for kind, _ in form.form.fields["kind"].choices]
+        assert offered == kinds()
+        assert {"local", "openai", "command", "scripted"} <= set(offered)
+        response = self.add(admin_client, kind="scripted", options={"script": ["Hi"]})
+        assert response.status_code == 302
+        saved = Backend.objects.get()
+        saved.full_clean()
+        assert (saved.kind, saved.options) == ("scripted", {"script": ["Hi"]})
+
+    def test_a_kind_not_configured_is_refused_on_its_field(self, admin_client, db):
+        errors = self.add(admin_client, kind="mine").context["adminform"].form.errors
+        assert list(errors) == ["kind"]
+        assert not Backend.objects.exists()
+
+    def test_a_row_of_a_kind_no_longer_configured_shows_it_and_is_refused(self, admin_client, db):
+        retired = Backend.objects.create(name="retired", kind="retired")
+        url = reverse("admin:chatparity_backend_change", args=[retired.pk])
+        form = admin_client.get(url).context["adminform"].form
+        assert form["kind"].value() == "retired"
+        assert "retired" in [kind for kind, _ in form.fields["kind"].choices]
+        (error,) = self.change(admin_client, retired).context["adminform"].form.errors["kind"]
+        assert "'retired' is not a kind" in error
 
 
 class TestModelAliasAdmin:

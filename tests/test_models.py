@@ -1,5 +1,6 @@
 """Backend and alias rows are checked before they are saved (``full_clean()``, which the
-admin and the management API run), each error on the field at fault."""
+admin and the management API run), each error on the field at fault; a key is for every
+alias or for those selected, never both."""
 
 import datetime
 from unittest import mock
@@ -7,6 +8,7 @@ from unittest import mock
 import pytest
 from django.core.checks import Tags, run_checks
 from django.core.exceptions import ValidationError
+from django.db import transaction
 
 from chatparity.backends import config_errors
 from chatparity.models import ApiKey, Backend, ModelAlias
@@ -125,3 +127,31 @@ class TestApiKeyExpiry:
 
     def test_a_key_without_an_expiry_never_expires(self):
         assert not ApiKey(expires_at=None).is_expired
+
+
+class TestApiKeyScope:
+    def test_aliases_added_to_a_key_for_every_alias_are_refused_from_either_side(self, spare):
+        key, _ = ApiKey.objects.create_key("every")
+        # Each in a transaction of its own, as the site's autocommit gives it.
+        with pytest.raises(ValidationError, match="all_aliases"), transaction.atomic():
+            key.allowed_aliases.set([spare])
+        with pytest.raises(ValidationError, match="all_aliases"), transaction.atomic():
+            spare.api_keys.add(key)
+        assert not key.allowed_aliases.exists()
+
+    def test_a_key_limited_to_aliases_takes_them_from_either_side(self, spare):
+        key, _ = ApiKey.objects.create_key("scoped", all_aliases=False)
+        other = ModelAlias.objects.create(public_id="other", backend=spare.backend)
+        key.allowed_aliases.add(spare)
+        other.api_keys.add(key)
+        assert set(key.allowed_aliases.all()) == {spare, other}
+
+    def test_a_key_opened_to_every_alias_keeps_no_selection_to_revive(self, spare):
+        key, _ = ApiKey.objects.create_key("scoped", all_aliases=False)
+        key.allowed_aliases.add(spare)
+        key.all_aliases = True
+        key.save()
+        assert not key.allowed_aliases.exists()
+        key.all_aliases = False
+        key.save()
+        assert not key.allowed_aliases.exists()  # limited anew: to none, not to spare

@@ -11,6 +11,7 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.validators import UniqueValidator
 
 from ..accounting.reports import DIMENSIONS, Dimension, LogFilter
+from ..kinds import kinds
 from ..models import ApiKey, Backend, Endpoint, ModelAlias, RequestLog, StoredResponse
 
 
@@ -65,10 +66,7 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
         # Before all_aliases, naming aliases was how a key was limited: a client that
         # still does so must not get a key for every alias instead.
         all_aliases = attrs.get("all_aliases", self.instance.all_aliases if self.instance else True)
-        if all_aliases and attrs.get("allowed_aliases"):
-            raise serializers.ValidationError(
-                {"allowed_aliases": "Set all_aliases to false to limit the key to these aliases."}
-            )
+        ApiKey.check_alias_scope(all_aliases, attrs.get("allowed_aliases", ()))
         return attrs
 
 
@@ -147,6 +145,17 @@ class BackendSerializer(serializers.ModelSerializer[Backend]):
             "enabled", "updated_at",
         ]  # fmt: skip
         extra_kwargs = {"secret": {"write_only": True}}
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        fields = super().get_fields()
+        # The kinds CHATPARITY["BACKEND_CLASSES"] configures as the settings say now (a
+        # site's own too), not as they were when this class was made.
+        fields["kind"] = serializers.ChoiceField(
+            choices=kinds(),
+            required=False,
+            help_text=Backend._meta.get_field("kind").help_text,
+        )
+        return fields
 
     def get_has_secret(self, backend: Backend) -> bool:
         return bool(backend.secret)

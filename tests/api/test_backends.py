@@ -1,11 +1,14 @@
 """backends/: the secret is write-only, kept when omitted, and reported only as has_secret;
-a bad kind, base URL, option or timeout is a 400 on its field."""
+a bad kind, base URL, option or timeout is a 400 on its field; the kinds are those
+configured, a site's own too."""
 
 import pytest
 from django.db import connection
 
+from chatparity.kinds import kinds
 from chatparity.models import Backend
 from tests.configs import BAD_BACKENDS, GOOD_BACKENDS
+from tests.scripted import SCRIPTED
 
 from .helpers import url
 
@@ -126,6 +129,19 @@ def test_a_bad_backend_is_a_400_on_its_field(admin_client, fields, field, words)
     assert list(response.json()) == [field]
     assert words in response.json()[field][0]
     assert not Backend.objects.exists()
+
+
+def test_the_kinds_are_those_configured_a_sites_own_too(admin_client, settings):
+    settings.CHATPARITY = SCRIPTED  # the site's own kind "scripted"
+    body = {"name": "mine", "kind": "scripted", "options": {"script": ["Hi"]}}
+    created = admin_client.post(url("backend-list"), body, content_type=JSON)
+    assert created.status_code == 201, created.content
+    assert Backend.objects.get().kind == "scripted"
+    schema = admin_client.get(url("schema"), {"format": "json"}).json()
+    assert schema["components"]["schemas"]["KindEnum"]["enum"] == kinds()
+    body = {"name": "other", "kind": "mine"}
+    refused = admin_client.post(url("backend-list"), body, content_type=JSON)
+    assert (refused.status_code, list(refused.json())) == (400, ["kind"])
 
 
 @pytest.mark.parametrize("fields", GOOD_BACKENDS)

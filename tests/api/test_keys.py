@@ -164,6 +164,16 @@ def test_a_scoped_key_can_be_opened_to_every_alias(admin_client, alias):
     assert (key.all_aliases, list(key.allowed_aliases.all())) == (True, [])
 
 
+def test_a_scoped_key_opened_to_every_alias_keeps_no_selection(admin_client, alias):
+    key, _ = ApiKey.objects.create_key("scoped", all_aliases=False)
+    key.allowed_aliases.add(alias)
+    opened = admin_client.patch(
+        url("key-detail", key.pk), {"all_aliases": True}, content_type="application/json"
+    )
+    assert (opened.json()["all_aliases"], opened.json()["allowed_aliases"]) == (True, [])
+    assert not key.allowed_aliases.exists()
+
+
 def test_an_unknown_alias_is_a_400(admin_client, alias):
     response = admin_client.post(
         url("key-list"), {"name": "x", "allowed_aliases": ["nope"]}, content_type="application/json"
