@@ -80,6 +80,25 @@ def model_not_found(model: str) -> APIError:
     )
 
 
+def not_a_chat_model(model: str) -> APIError:
+    """A chat endpoint asked of an alias that serves embeddings only."""
+    return APIError(
+        f"The model `{model}` is an embedding model: it serves /v1/embeddings, not this"
+        " endpoint.",
+        param="model",
+        code="model_not_supported",
+    )
+
+
+def not_an_embedding_model(model: str) -> APIError:
+    """``/v1/embeddings`` asked of an alias that serves chat only."""
+    return APIError(
+        f"The model `{model}` does not serve embeddings: it is a chat model.",
+        param="model",
+        code="model_not_supported",
+    )
+
+
 class ContextLengthExceeded(APIError):
     """OpenAI's ``context_length_exceeded``, with its numbers (other wires word it their
     way): ``limit`` tokens in all, ``prompt_tokens`` in the prompt (at least), and
