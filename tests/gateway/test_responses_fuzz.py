@@ -4,12 +4,23 @@ tests/test_fuzz.py sends them for chat completions."""
 
 from collections import Counter
 
+import orjson
 import pytest
+from django.test import override_settings
 from hypothesis import given
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from tests.gateway.test_fuzz import ALIAS, CHECKS, MODES, api, bounded  # noqa: F401  (api: a fixture)
+from chatparity.models import Backend, ModelAlias
+from chatparity.protocol.responses import HOSTED_TOOL_TYPES
+from tests.gateway.test_fuzz import (  # noqa: F401  (api: a fixture)
+    ALIAS,
+    CHECKS,
+    FUZZ_SETTINGS,
+    MODES,
+    api,
+    bounded,
+)
 
 RANDOM_EXAMPLES = 150  # per generation mode
 
@@ -88,3 +99,106 @@ def test_reading_stored_responses_never_answers_a_5xx(api, path):  # noqa: F811
 
         fuzz()
     assert set(statuses) <= {200, 400, 404}
+
+
+# The tool shapes Codex sends: namespaces, hosted tools, calls of a namespace's function.
+
+CALLER = "calls-every-tool"
+# Names that meet once flattened (a__b, and b in namespace a), at the length limit, or any.
+NAMES = st.sampled_from(["a", "b", "a__b", "close", "x" * 62, "x" * 64]) | st.from_regex(
+    r"[a-zA-Z0-9_-]{1,64}", fullmatch=True
+)
+
+
+def function(name):
+    return {"type": "function", "name": name, "parameters": {"type": "object"}, "strict": False}
+
+
+NAMESPACES = st.builds(
+    lambda name, names, description: {
+        "type": "namespace",
+        "name": name,
+        "description": description,
+        "tools": [function(each) for each in names],
+    },
+    NAMES,
+    st.lists(NAMES, min_size=1, max_size=3),
+    st.text(max_size=8),
+)
+HOSTED = st.sampled_from(HOSTED_TOOL_TYPES).map(lambda kind: {"type": kind})
+TOOLS = st.lists(st.one_of(NAMES.map(function), NAMESPACES, HOSTED), max_size=6)
+
+
+def offered(tools):
+    """The (namespace, name) of each function ``tools`` offer a backend, in order."""
+    return [
+        pair
+        for tool in tools
+        for pair in (
+            [(None, tool["name"])]
+            if tool["type"] == "function"
+            else [(tool["name"], each["name"]) for each in tool.get("tools", ())]
+        )
+    ]
+
+
+def answered(response, stream):
+    """The response object of a 200, streamed or not."""
+    if not stream:
+        return response.json()
+    last = response.text.rstrip("\n").rsplit("\n\n", 1)[-1]
+    return orjson.loads(last.split("\ndata: ", 1)[1])["response"]
+
+
+@pytest.fixture
+def caller(api):  # noqa: F811
+    """``api``'s client, and an alias whose backend calls every function it is offered."""
+    backend = Backend.objects.create(
+        name=CALLER, kind="scripted", options={"script": ["<call every tool>"]}
+    )
+    ModelAlias.objects.create(public_id=CALLER, backend=backend)
+    return api[1]
+
+
+def test_every_call_of_any_tools_comes_back_as_the_function_it_names(caller):
+    """Whatever functions, namespaces and hosted tools are sent: never a 5xx; a hosted
+    tool is refused or left out as the policy says; each call the backend makes of a
+    flat name is the function it was offered for, and continues as one."""
+    statuses = Counter()
+
+    @bounded(RANDOM_EXAMPLES)
+    @given(tools=TOOLS, stream=st.booleans(), policy=st.sampled_from(["omit", "refuse"]))
+    def fuzz(tools, stream, policy):
+        with override_settings(CHATPARITY={**FUZZ_SETTINGS, "HOSTED_TOOLS": {"*": policy}}):
+            body = {"model": CALLER, "input": "Hi", "tools": tools, "stream": stream}
+            response = caller.post("/v1/responses", json=body)
+            assert response.status_code < 500, response.text
+            statuses[response.status_code] += 1
+            hosted = any(tool["type"] in HOSTED_TOOL_TYPES for tool in tools)
+            if hosted and policy == "refuse":
+                assert response.status_code == 400
+                assert response.json()["error"]["code"] == "unsupported_value"
+                return
+            if response.status_code != 200:
+                assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+                return
+            answer = answered(response, stream)
+            calls = [item for item in answer["output"] if item["type"] == "function_call"]
+            assert [(call.get("namespace"), call["name"]) for call in calls] == offered(tools)
+            outputs = [
+                {"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}
+                for call in calls
+            ]
+            # Continued from the stored response, or with the whole history sent again (as
+            # Codex does, with store false): the calls are the functions offered again.
+            stored = {**body, "input": outputs or "Go on.", "previous_response_id": answer["id"]}
+            history = {**body, "input": [{"role": "user", "content": "Hi"}, *calls, *outputs]}
+            for continued in (stored, history):
+                again = caller.post("/v1/responses", json={**continued, "stream": False})
+                if again.status_code != 200:  # more calls than the test's MAX_MESSAGES allows
+                    assert again.json()["error"]["code"] == "array_above_max_length", again.text
+
+    fuzz()
+    print("\nnew tool shapes:", dict(statuses))
+    assert statuses[200]
+    assert statuses[400]
