@@ -32,9 +32,12 @@ def test_createapikey_prints_only_the_plaintext_and_stores_only_its_hash():
 def test_bootstrap_is_idempotent():
     for _ in range(2):
         call_command("chatparity_bootstrap", stdout=StringIO())
-    assert Backend.objects.get().kind == "local"
-    alias = ModelAlias.objects.get()
-    assert (alias.public_id, alias.backend.name) == ("smollm2", "local")
+    assert sorted(Backend.objects.values_list("name", "kind")) == [
+        ("embedder", "embedder"),
+        ("local", "local"),
+    ]
+    aliases = ModelAlias.objects.order_by("public_id").values_list("public_id", "backend__name")
+    assert list(aliases) == [("embed-small", "embedder"), ("smollm2", "local")]
 
 
 @pytest.mark.django_db
