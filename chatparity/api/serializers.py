@@ -261,8 +261,8 @@ class LogFilterSerializer(serializers.Serializer[LogFilter]):
             raise serializers.ValidationError({"until": "Must not be before since."})
         return attrs
 
-    def log_filter(self) -> LogFilter:
-        """The filter the validated parameters ask for."""
+    def filter_rows(self, rows: QuerySet[RequestLog]) -> QuerySet[RequestLog]:
+        """``rows`` narrowed by the validated parameters."""
         data = self.validated_data
         return LogFilter(
             since=data.get("since"),
@@ -270,11 +270,7 @@ class LogFilterSerializer(serializers.Serializer[LogFilter]):
             key_prefix=data.get("key", ""),
             alias=data.get("alias", ""),
             endpoint=data.get("endpoint", ""),
-        )
-
-    def filter_rows(self, rows: QuerySet[RequestLog]) -> QuerySet[RequestLog]:
-        """``rows`` narrowed by the validated parameters."""
-        return self.log_filter().apply(rows)
+        ).apply(rows)
 
 
 class RequestLogFilterSerializer(LogFilterSerializer):
@@ -332,8 +328,7 @@ class UsageRowSerializer(serializers.Serializer[Any]):
 
 
 class LatencyRowSerializer(serializers.Serializer[Any]):
-    """Latency of one alias, in milliseconds: percentiles read from the daily rollups'
-    histograms, off by less than the width of the bucket they fall in (docs/history.md)."""
+    """Latency of one alias, in milliseconds (nearest-rank percentiles)."""
 
     alias = serializers.CharField()
     requests = serializers.IntegerField()

@@ -5,9 +5,8 @@ from django.contrib.auth.models import Permission
 from rest_framework.authtoken.models import Token
 
 from chatparity.models import ApiKey, Backend, ModelAlias, StoredResponse
-from tests.support.logs import logged
 
-from .helpers import url
+from .helpers import make_log, url
 
 pytestmark = pytest.mark.django_db
 JSON = "application/json"
@@ -61,7 +60,7 @@ def rows():
         id="resp_1", api_key=key, model="m", status="completed", response={}
     )
     return {
-        "key": key, "alias": alias, "backend": backend, "log": logged(), "response": response,
+        "key": key, "alias": alias, "backend": backend, "log": make_log(), "response": response,
     }  # fmt: skip
 
 

@@ -91,6 +91,13 @@ class SourceTests(AuditTestCase):
             "command", None, "createapikey", None,
         )  # fmt: skip
 
+    def test_the_bootstrap_command(self):
+        call_command("chatparity_bootstrap", stdout=StringIO())
+        created = ModelAlias.objects.get(public_id="embed-small")
+        assert [(e.source, e.actor_name, e.action) for e in entries(created)] == [
+            ("command", "chatparity_bootstrap", "create")
+        ]
+
     def test_code_that_declares_nothing(self):
         plan = Plan.objects.create(name="silent")
         (entry,) = entries(plan)

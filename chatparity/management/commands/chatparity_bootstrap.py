@@ -1,15 +1,14 @@
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
 from chatparity.conf import app_settings
+from chatparity.management.base import ChangingCommand
 from chatparity.models import Backend, ModelAlias
 
 LOCAL_ALIAS = "smollm2"
 EMBEDDING_ALIAS = "embed-small"
 
 
-class Command(BaseCommand):
+class Command(ChangingCommand):
     help = (
         "Create the local backends and the 'smollm2' (chat) and 'embed-small' (embeddings)"
         " aliases, unless they exist."
