@@ -659,13 +659,15 @@ def parse_responses_request(body: Any, limits: Limits, new_id: NewId) -> Respons
         if item is not None  # a reasoning item, passed over
     ]
     tools: list[dict[str, Any]] = given.get("tools", [])
-    names = ToolNames.of(
-        (tool["name"] for tool in tools if tool["type"] == "function"),
-        (
-            (tool["name"], [function["name"] for function in tool["tools"]])
-            for tool in tools
-            if tool["type"] == "namespace"
-        ),
+    namespaces = [
+        (tool["name"], [function["name"] for function in tool["tools"]])
+        for tool in tools
+        if tool["type"] == "namespace"
+    ]
+    names = (
+        ToolNames.of((tool["name"] for tool in tools if tool["type"] == "function"), namespaces)
+        if namespaces
+        else NO_NAMESPACES
     )
     functions = _offered(tools, names)
     choice = given.get("tool_choice", "auto")
@@ -873,4 +875,6 @@ def as_chat_request(
             # The conversation as a whole (earlier responses with it) is over a limit.
             error.param = "input"
         raise
-    return dataclasses.replace(chat, hosted_tools=request.hosted_tools)
+    if request.hosted_tools:
+        return dataclasses.replace(chat, hosted_tools=request.hosted_tools)
+    return chat
