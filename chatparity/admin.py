@@ -3,24 +3,46 @@
 from __future__ import annotations
 
 import csv
+import datetime
+import io
 import json
+from collections.abc import AsyncIterator, Iterator
+from functools import cached_property
+from http import HTTPStatus
 from typing import Any, cast
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import PAGE_VAR, ChangeList
 from django.core.exceptions import ValidationError
-from django.db.models import Count, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.core.handlers.asgi import ASGIRequest
+from django.core.paginator import Paginator
+from django.db.models import Count, Max, Min, QuerySet
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.template.response import TemplateResponse
+from django.utils import timezone
+from django.utils.formats import date_format
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.text import capfirst
+from django.utils.translation import gettext
 
 from .accounting import limits
+from .accounting.rollups import FAILED
 from .gateway import probe
 from .kinds import kinds
-from .models import ApiKey, Backend, ModelAlias, Plan, RequestLog, StoredResponse
+from .models import (
+    ApiKey,
+    Backend,
+    DailyAliasUsage,
+    ModelAlias,
+    Plan,
+    RequestLog,
+    StoredResponse,
+)
 
 
 class ApiKeyForm(forms.ModelForm):
@@ -325,18 +347,193 @@ CSV_COLUMNS = [
 ]  # fmt: skip
 
 
+# Rows of the CSV export a query reads, and streams, at a time.
+CSV_CHUNK_ROWS = 2000
+
+
+def csv_chunks(rows: QuerySet[RequestLog]) -> Iterator[str]:
+    """``rows`` as CSV, oldest first: the header, then CSV_CHUNK_ROWS rows a chunk, each
+    chunk a query that goes on from where the last ended (no cursor held between them)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(CSV_COLUMNS)
+    yield buffer.getvalue()
+    reasons = CSV_COLUMNS.index("finish_reasons")
+    ordered = rows.order_by("created_at", "pk").values_list(*CSV_COLUMNS, "pk")
+    chunk = list(ordered[:CSV_CHUNK_ROWS])
+    while chunk:
+        buffer.seek(0)
+        buffer.truncate()
+        for *values, _ in chunk:
+            values[reasons] = " ".join(values[reasons])
+            writer.writerow([csv_cell(value) for value in values])
+        yield buffer.getvalue()
+        *last, last_pk = chunk[-1]
+        after = ordered.filter(created_at__gte=last[0]).exclude(created_at=last[0], pk__lte=last_pk)
+        chunk = list(after[:CSV_CHUNK_ROWS])
+
+
+async def one_by_one(chunks: Iterator[str]) -> AsyncIterator[str]:
+    """``chunks``, each made in the request's thread as it is sent: under ASGI Django
+    reads a plain iterator whole before it sends the first byte."""
+
+    def following() -> str | None:
+        return next(chunks, None)
+
+    while (chunk := await sync_to_async(following)()) is not None:
+        yield chunk
+
+
+class AliasFilter(admin.SimpleListFilter):
+    """The configured aliases, not a DISTINCT over the log."""
+
+    title = "alias"
+    parameter_name = "alias"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        aliases = ModelAlias.objects.order_by("public_id").values_list("public_id", flat=True)
+        return [(alias, alias) for alias in aliases]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(alias=self.value()) if self.value() else queryset
+
+
+class StatusFilter(admin.SimpleListFilter):
+    """Failures, or the statuses the gateway answers with: a fixed list, not a DISTINCT
+    over the log."""
+
+    title = "status"
+    parameter_name = "status"
+    STATUSES = (200, 400, 403, 404, 408, 413, 422, 429, 500, 502, 503, 504)
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            ("failed", "any failure"),
+            *((str(code), f"{code} {HTTPStatus(code).phrase}") for code in self.STATUSES),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if not value:
+            return queryset
+        if value == "failed":
+            return queryset.filter(FAILED)
+        if not (value.isascii() and value.isdigit()):
+            raise IncorrectLookupParameters(f"status={value!r}")
+        return queryset.filter(status_code=int(value))
+
+
+# Pages counted past the one shown, and no more: a COUNT(*) over the whole log was the
+# slowest query of every page.
+COUNTED_PAGES_AHEAD = 10
+
+
+class CappedPaginator(Paginator):
+    """Counts the rows only up to COUNTED_PAGES_AHEAD pages past ``page``: ``capped``
+    says there are more (the page links go as far as counted)."""
+
+    def __init__(self, rows: QuerySet[RequestLog], *args: Any, page: int, **kwargs: Any) -> None:
+        super().__init__(rows, *args, **kwargs)
+        self.rows = rows
+        self.limit = (max(page, 1) + COUNTED_PAGES_AHEAD) * self.per_page
+
+    @cached_property
+    def counted(self) -> int:
+        return self.rows[: self.limit + 1].count()
+
+    @cached_property
+    def count(self) -> int:
+        return min(self.counted, self.limit)
+
+    @property
+    def capped(self) -> bool:
+        return self.counted > self.limit
+
+
+class RequestLogChangeList(ChangeList):
+    @cached_property
+    def date_drilldown(self) -> dict[str, Any]:
+        """What Django's date hierarchy shows (its template's context), from the daily
+        rollups and the log's first and last rows (the ends of an index) rather than
+        DISTINCT dates over the log: the years, months or days the log holds requests
+        of, before other filters."""
+        span = RequestLog.objects.aggregate(first=Min("created_at"), last=Max("created_at"))
+        if span["first"] is None:
+            return {"show": False}
+        first, last = (timezone.localtime(span[end]).date() for end in ("first", "last"))
+        asked = [self.params.get(f"created_at__{part}") for part in ("year", "month", "day")]
+        if not any(asked) and first.year == last.year:  # as Django opens it
+            asked[:2] = [str(first.year), str(first.month) if first.month == last.month else None]
+        try:
+            year, month, day = (int(part) if part else None for part in asked)
+            if year and month and day:
+                chosen = datetime.date(year, month, day)
+                back = {"link": self._link(year, month), "title": self._month(chosen)}
+                choices = [{"title": capfirst(date_format(chosen, "MONTH_DAY_FORMAT"))}]
+            elif year and month:
+                start = datetime.date(year, month, 1)
+                end = (start + datetime.timedelta(days=31)).replace(day=1)
+                back = {"link": self._link(year), "title": str(year)}
+                choices = [
+                    {
+                        "link": self._link(year, month, one.day),
+                        "title": capfirst(date_format(one, "MONTH_DAY_FORMAT")),
+                    }
+                    for one in self._logged(max(start, first), end - datetime.timedelta(days=1))
+                ]
+            elif year:
+                days = self._logged(
+                    max(datetime.date(year, 1, 1), first), datetime.date(year, 12, 31)
+                )
+                back = {"link": self._link(), "title": gettext("All dates")}
+                choices = [
+                    {"link": self._link(year, one.month), "title": self._month(one)}
+                    for one in sorted({one.replace(day=1) for one in days})
+                ]
+            else:
+                back = None
+                years = range(first.year, last.year + 1)
+                choices = [{"link": self._link(one), "title": str(one)} for one in years]
+        except ValueError:  # not a date: ChangeList has refused the filter already
+            return {"show": False}
+        return {"show": True, "back": back, "choices": choices}
+
+    def _link(self, *parts: int) -> str:
+        names = [f"created_at__{part}" for part in ("year", "month", "day")]
+        chosen = dict(zip(names, map(str, parts), strict=False))
+        return self.get_query_string(chosen, ["created_at__"])
+
+    @staticmethod
+    def _month(day: datetime.date) -> str:
+        return capfirst(date_format(day, "YEAR_MONTH_FORMAT"))
+
+    @staticmethod
+    def _logged(since: datetime.date, until: datetime.date) -> list[datetime.date]:
+        """The days from ``since`` to ``until`` with requests, from the daily rollups."""
+        days = DailyAliasUsage.objects.filter(day__gte=since, day__lte=until).order_by("day")
+        return list(days.values_list("day", flat=True).distinct())
+
+
 @admin.register(RequestLog)
 class RequestLogAdmin(admin.ModelAdmin):
+    """The request log, fast at millions of rows: every filter and search uses an index
+    (chatparity.models.RequestLog.Meta.indexes); filter choices come from the keys, the
+    aliases and a fixed list of statuses; nothing counts or lists DISTINCT values over
+    the whole log (docs/history.md)."""
+
     list_display = [
         "created_at", "endpoint", "key_prefix", "alias", "backend", "status_code", "stream",
         "cancelled", "finish", "total_tokens", "time_to_first_token_ms", "duration_ms",
     ]  # fmt: skip
     list_filter = [
-        "endpoint", "key_prefix", "alias", "status_code", "stream", "cancelled", "usage_counted",
-        "created_at",
+        "endpoint", "api_key", AliasFilter, StatusFilter, "stream", "cancelled",
+        "usage_counted", "created_at",
     ]  # fmt: skip
-    search_fields = ["request_id", "completion_id", "key_prefix", "alias"]
+    search_fields = ["request_id__exact", "completion_id__exact"]
+    search_help_text = "A request id (x-request-id) or a completion id, exactly."
     date_hierarchy = "created_at"
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
     actions = ["export_csv"]
 
     @admin.display(description="finish")
@@ -344,6 +541,23 @@ class RequestLogAdmin(admin.ModelAdmin):
         if row.error_type:
             return format_html("<span title='{}'>{}</span>", row.error_code, row.error_type)
         return ", ".join(row.finish_reasons)
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return RequestLogChangeList
+
+    def get_paginator(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[RequestLog],
+        per_page: int,
+        orphans: int = 0,
+        allow_empty_first_page: bool = True,
+    ) -> CappedPaginator:
+        try:
+            page = int(request.GET.get(PAGE_VAR, 1))
+        except ValueError:
+            page = 1
+        return CappedPaginator(queryset, per_page, orphans, allow_empty_first_page, page=page)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -355,15 +569,15 @@ class RequestLogAdmin(admin.ModelAdmin):
         return False
 
     @admin.action(description="Export selected rows as CSV", permissions=["view"])
-    def export_csv(self, request: HttpRequest, queryset: QuerySet[RequestLog]) -> HttpResponse:
-        response = HttpResponse(content_type="text/csv; charset=utf-8")
+    def export_csv(
+        self, request: HttpRequest, queryset: QuerySet[RequestLog]
+    ) -> StreamingHttpResponse:
+        """The rows as CSV, streamed as they are read: the first bytes leave at once,
+        and a busy key's month is never held in memory."""
+        chunks = csv_chunks(queryset)
+        body = one_by_one(chunks) if isinstance(request, ASGIRequest) else chunks
+        response = StreamingHttpResponse(body, content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = 'attachment; filename="chatparity-requests.csv"'
-        writer = csv.writer(response)
-        writer.writerow(CSV_COLUMNS)
-        reasons = CSV_COLUMNS.index("finish_reasons")
-        for row in queryset.order_by("created_at").values_list(*CSV_COLUMNS):
-            values = [" ".join(value) if i == reasons else value for i, value in enumerate(row)]
-            writer.writerow([csv_cell(value) for value in values])
         return response
 
 

@@ -1,21 +1,30 @@
 """The admin for keys, backends, aliases and the request log, with Django's test client."""
 
 import csv
+import datetime
 import io
 import json
+import re
 
 import orjson
 import pytest
+from asgiref.sync import async_to_sync
 from django.contrib.auth.models import Permission
 from django.contrib.sessions.models import Session
 from django.db import connection
-from django.test import override_settings
+from django.test import AsyncClient, override_settings
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
+from chatparity import admin as chatparity_admin
+from chatparity.accounting.inserts import insert_rows
+from chatparity.admin import RequestLogAdmin
 from chatparity.kinds import kinds
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog, StoredResponse, hash_key
 from tests.configs import BAD_ALIASES, BAD_BACKENDS, GOOD_ALIAS, GOOD_BACKENDS
 from tests.scripted import SCRIPTED
+from tests.support.logs import logged, noon
 
 ACTION = "_selected_action"
 SECRET = "sk-upstream-secret-4242"
@@ -526,19 +535,23 @@ class TestModelAliasForm:
         assert {name: getattr(saved, name) for name in GOOD_ALIAS} == GOOD_ALIAS
 
 
+def exported(response) -> list[dict[str, str]]:
+    """The rows of a streamed CSV export."""
+    body = b"".join(response.streaming_content).decode()
+    return list(csv.DictReader(io.StringIO(body, newline="")))
+
+
 class TestRequestLogAdmin:
     @pytest.fixture
     def rows(self, db):
-        def row(**fields):
-            defaults = {"request_id": "req", "key_prefix": "sk-cp-abcd", "status_code": 200}
-            return RequestLog.objects.create(**{**defaults, "duration_ms": 5.0, **fields})
-
+        backend = Backend.objects.create(name="scripted", kind="scripted")
+        for public_id in ("a", "b"):
+            ModelAlias.objects.create(public_id=public_id, backend=backend)
         return [
-            row(alias="a", stream=True, finish_reasons=["stop"], total_tokens=7),
-            row(
-                alias="b", status_code=404, error_type="invalid_request_error",
-                endpoint="responses",
-            ),
+            logged(alias="a", stream=True, finish_reasons=["stop"], total_tokens=7,
+                   at=timezone.now() - datetime.timedelta(minutes=1)),
+            logged(alias="b", status_code=404, error_type="invalid_request_error",
+                   endpoint="responses"),
         ]  # fmt: skip
 
     def test_is_read_only(self, admin_client, rows):
@@ -555,26 +568,177 @@ class TestRequestLogAdmin:
         [
             ({"alias": "b"}, ["b"]),
             ({"stream__exact": "1"}, ["a"]),
-            ({"status_code": "404"}, ["b"]),
+            ({"status": "404"}, ["b"]),
+            ({"status": "200"}, ["a"]),
+            ({"status": "failed"}, ["b"]),
             ({"endpoint__exact": "responses"}, ["b"]),
             ({"endpoint__exact": "chat.completions"}, ["a"]),
+            ({"q": "chatcmpl-a"}, ["a"]),
+            ({"q": "chatcmpl-"}, []),  # ids are looked up whole
+            ({"q": "req-b"}, ["b"]),
         ],
     )
-    def test_filters(self, admin_client, rows, query, aliases):
+    def test_filters_and_searches(self, admin_client, rows, query, aliases):
+        RequestLog.objects.filter(alias="a").update(completion_id="chatcmpl-a")
+        RequestLog.objects.filter(alias="b").update(request_id="req-b")
         response = admin_client.get(reverse("admin:chatparity_requestlog_changelist"), query)
         assert [row.alias for row in response.context["cl"].queryset] == aliases
 
-    def test_csv_export(self, admin_client, rows):
-        response = run_action(admin_client, "requestlog", "export_csv", rows)
+    def test_the_key_filter_lists_the_keys_and_finds_rows_of_deleted_ones(self, admin_client, db):
+        kept, _ = ApiKey.objects.create_key("kept")
+        gone, _ = ApiKey.objects.create_key("gone")
+        logged(api_key=kept, key_prefix=kept.prefix, alias="kept")
+        logged(api_key=gone, key_prefix=gone.prefix, alias="gone")
+        gone.delete()
+        changelist = reverse("admin:chatparity_requestlog_changelist")
+        response = admin_client.get(changelist)
+        assert f"kept ({kept.prefix}…)" in page(response)
+        by_key = admin_client.get(changelist, {"api_key__id__exact": kept.pk})
+        assert [row.alias for row in by_key.context["cl"].queryset] == ["kept"]
+        keyless = admin_client.get(changelist, {"api_key__isnull": "True"})
+        assert [row.alias for row in keyless.context["cl"].queryset] == ["gone"]
+
+    def test_an_unknown_status_is_refused_as_django_refuses_a_bad_filter(self, admin_client, rows):
+        changelist = reverse("admin:chatparity_requestlog_changelist")
+        response = admin_client.get(changelist, {"status": "4O4"})
+        assert response.status_code == 302
+        assert response["Location"].endswith("?e=1")
+
+    def test_a_page_counts_a_few_pages_ahead_and_says_there_are_more(
+        self, admin_client, db, monkeypatch
+    ):
+        monkeypatch.setattr(RequestLogAdmin, "list_per_page", 2)
+        monkeypatch.setattr(chatparity_admin, "COUNTED_PAGES_AHEAD", 1)
+        for _ in range(7):
+            logged()
+        changelist = reverse("admin:chatparity_requestlog_changelist")
+        first = admin_client.get(changelist)
+        assert "More than 4 request logs" in page(first)
+        assert first.context["cl"].paginator.num_pages == 2
+        third = admin_client.get(changelist, {"p": "3"})
+        assert "7 request logs" in page(third)  # counted to the end from here
+        assert len(third.context["cl"].result_list) == 2
+
+    def test_the_date_drilldown_offers_the_days_with_requests(self, admin_client, db):
+        for day in (
+            datetime.date(2025, 3, 1),
+            datetime.date(2025, 3, 9),
+            datetime.date(2025, 5, 2),
+        ):
+            logged(day, alias=day.isoformat())
+        changelist = reverse("admin:chatparity_requestlog_changelist")
+        year = admin_client.get(changelist)  # one year: its months, as Django opens it
+        assert [c["title"] for c in year.context["cl"].date_drilldown["choices"]] == [
+            "March 2025",
+            "May 2025",
+        ]
+        march = admin_client.get(changelist, {"created_at__year": 2025, "created_at__month": 3})
+        assert [c["title"] for c in march.context["cl"].date_drilldown["choices"]] == [
+            "March 1",
+            "March 9",
+        ]
+        assert "created_at__day=9" in page(march)
+        ninth = {"created_at__year": 2025, "created_at__month": 3, "created_at__day": 9}
+        day = admin_client.get(changelist, ninth)
+        assert [row.alias for row in day.context["cl"].queryset] == ["2025-03-09"]
+        assert day.context["cl"].date_drilldown["choices"] == [{"title": "March 9"}]
+
+    @pytest.mark.parametrize(
+        "query",
+        [
+            {},
+            {"api_key__id__exact": "KEY"},
+            {"alias": "gpt"},
+            {"status": "failed"},
+            {"status": "503"},
+            {"q": "chatcmpl-7"},
+            {"created_at__year": "2025", "created_at__month": "3"},
+            {"created_at__year": "2025", "created_at__month": "3", "created_at__day": "9"},
+            {"p": "2"},
+        ],
+    )
+    def test_no_page_counts_or_lists_distinct_values_over_the_whole_log(
+        self, admin_client, db, monkeypatch, query
+    ):
+        """The shape of each query a page makes of the log: a page of rows (all of them
+        only when they fit one page), a count of a few pages at most, the first and last
+        rows (the ends of an index); never DISTINCT; as many queries whatever it holds."""
+        monkeypatch.setattr(RequestLogAdmin, "list_per_page", 5)
+        backend = Backend.objects.create(name="scripted", kind="scripted")
+        ModelAlias.objects.create(public_id="gpt", backend=backend)
+        key, _ = ApiKey.objects.create_key("one")
+        query = {name: str(key.pk) if value == "KEY" else value for name, value in query.items()}
+        changelist = reverse("admin:chatparity_requestlog_changelist")
+
+        def log(count, start=0):
+            insert_rows([
+                RequestLog(key_prefix=key.prefix, api_key=key if i % 2 else None,
+                           alias=("gpt", "llama")[i % 2], status_code=(200, 503, 200)[i % 3],
+                           completion_id=f"chatcmpl-{i}", duration_ms=1,
+                           created_at=noon(datetime.date(2025, 3, 1 + i % 28)))
+                for i in range(start, start + count)
+            ])  # fmt: skip
+
+        def page_of_the_log():
+            with CaptureQueriesContext(connection) as queries:
+                response = admin_client.get(changelist, query)
+            assert response.status_code == 200
+            on_log = [q["sql"].upper() for q in queries if '"CHATPARITY_REQUESTLOG"' in q["sql"]]
+            return response.context["cl"], on_log
+
+        log(12)
+        _, few = page_of_the_log()
+        log(600, start=12)
+        cl, many = page_of_the_log()
+        assert len(many) == len(few)
+        assert cl.result_list  # the page shows rows
+        for sql in many:
+            assert "DISTINCT" not in sql
+            if "COUNT(" in sql:
+                assert re.search(r"LIMIT \d+\)", sql), sql  # a few pages at most
+            elif "MIN(" in sql or "MAX(" in sql:
+                assert "WHERE" not in sql, sql  # the two ends of the created_at index
+            elif cl.multi_page:
+                assert re.search(r"LIMIT \d+", sql), sql  # one page of rows
+
+    def test_csv_export_streams_every_row_oldest_first(self, admin_client, rows, monkeypatch):
+        monkeypatch.setattr(chatparity_admin, "CSV_CHUNK_ROWS", 2)
+        more = [logged(alias=f"c{i}", at=rows[0].created_at - datetime.timedelta(hours=i))
+                for i in range(1, 4)]  # fmt: skip
+        everything = [*rows, *more]
+        response = run_action(admin_client, "requestlog", "export_csv", everything)
+        assert response.streaming
         assert response["Content-Type"] == "text/csv; charset=utf-8"
-        table = list(csv.DictReader(io.StringIO(response.content.decode())))
+        chunks = list(response.streaming_content)
+        assert len(chunks) == 1 + 3  # the header, then two rows a chunk
+        table = list(csv.DictReader(io.StringIO(b"".join(chunks).decode(), newline="")))
+        assert [r["alias"] for r in table] == ["c3", "c2", "c1", "a", "b"]
         assert [
-            (r["endpoint"], r["alias"], r["status_code"], r["finish_reasons"]) for r in table
+            (r["endpoint"], r["alias"], r["status_code"], r["finish_reasons"]) for r in table[3:]
         ] == [
             ("chat.completions", "a", "200", "stop"),
             ("responses", "b", "404", ""),
         ]
-        assert table[0]["total_tokens"] == "7"
+        assert table[3]["total_tokens"] == "7"
+
+    def test_csv_export_under_asgi_sends_each_chunk_as_it_is_read(
+        self, admin_user, rows, monkeypatch
+    ):
+        monkeypatch.setattr(chatparity_admin, "CSV_CHUNK_ROWS", 1)
+        url = reverse("admin:chatparity_requestlog_changelist")
+
+        async def export():
+            client = AsyncClient()
+            await client.aforce_login(admin_user)
+            response = await client.post(
+                url, {"action": "export_csv", ACTION: [row.pk for row in rows]}
+            )
+            return response.is_async, [chunk async for chunk in response.streaming_content]
+
+        is_async, chunks = async_to_sync(export)()
+        assert is_async
+        assert len(chunks) == 1 + 2
+        assert b"invalid_request_error" in chunks[-1]
 
     @pytest.mark.parametrize(
         "user_agent",
@@ -583,14 +747,10 @@ class TestRequestLogAdmin:
     def test_csv_cells_a_spreadsheet_would_run_as_formulas_are_escaped(
         self, admin_client, db, user_agent
     ):
-        row = RequestLog.objects.create(
-            request_id="req", key_prefix="sk-cp-abcd", alias="=1+1", status_code=200,
-            duration_ms=5.0, user_agent=user_agent,
-        )  # fmt: skip
-        response = run_action(admin_client, "requestlog", "export_csv", [row])
-        (exported,) = csv.DictReader(io.StringIO(response.content.decode(), newline=""))
-        assert (exported["user_agent"], exported["alias"]) == ("'" + user_agent, "'=1+1")
-        assert exported["request_id"] == "req"
+        row = logged(request_id="req", alias="=1+1", user_agent=user_agent)
+        (row_exported,) = exported(run_action(admin_client, "requestlog", "export_csv", [row]))
+        assert (row_exported["user_agent"], row_exported["alias"]) == ("'" + user_agent, "'=1+1")
+        assert row_exported["request_id"] == "req"
 
     def test_the_list_says_which_endpoint_each_row_served(self, admin_client, rows):
         response = admin_client.get(reverse("admin:chatparity_requestlog_changelist"))

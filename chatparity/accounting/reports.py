@@ -1,38 +1,50 @@
-"""Usage reports over the request log: the one source of the dashboard's charts
-and the management API's aggregates."""
+"""Usage reports: the one source of the dashboard's charts, the management API's
+aggregates and the portal's usage, all read from the daily rollups
+(:mod:`.rollups`), never the log: a year costs what a day does, and pruned rows
+still count."""
 
 from __future__ import annotations
 
 import datetime
 import math
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Literal
 
-from django.db.models import Count, F, Q, QuerySet, Sum
-from django.db.models.functions import Coalesce, TruncDate
+from django.db.models import QuerySet, Sum
 
-from ..models import RequestLog
+from ..models import (
+    DURATION_BUCKETS,
+    FIRST_TOKEN_BUCKETS,
+    LATENCY_BOUNDS_MS,
+    ApiKey,
+    DailyAliasUsage,
+    DailyKeyUsage,
+    RequestLog,
+)
+from .rollups import day_start
 
 Dimension = Literal["day", "key", "alias", "endpoint"]
 DIMENSIONS: tuple[Dimension, ...] = ("day", "key", "alias", "endpoint")
 
-# The columns each dimension groups by; ``key`` keeps the prefix of a deleted key.
-_COLUMNS: dict[Dimension, tuple[str, ...]] = {
-    "day": ("day",),
-    "key": ("key_prefix", "key_name"),
-    "alias": ("alias",),
-    "endpoint": ("endpoint",),
+# The columns each dimension groups by (a key's name is added after).
+_COLUMNS: dict[Dimension, str] = {
+    "day": "day",
+    "key": "key_prefix",
+    "alias": "alias",
+    "endpoint": "endpoint",
 }
-
-FAILED = Q(status_code__gte=400) | ~Q(error_type="")
+USAGE_MEASURES = (
+    "requests", "errors", "cancelled", "prompt_tokens", "completion_tokens", "total_tokens",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class LogFilter:
-    """Which log rows a report covers: a date range (inclusive, UTC days), a key, an
-    alias, an endpoint (an :class:`~chatparity.models.Endpoint` value)."""
+    """Which requests a report covers: a date range (inclusive, UTC days), a key (its
+    prefix), an alias (ignoring case), an endpoint (an
+    :class:`~chatparity.models.Endpoint` value)."""
 
     since: datetime.date | None = None
     until: datetime.date | None = None
@@ -41,10 +53,28 @@ class LogFilter:
     endpoint: str = ""
 
     def apply(self, rows: QuerySet[RequestLog]) -> QuerySet[RequestLog]:
+        """The log rows it covers; days as ranges of created_at, which its index serves."""
         if self.since is not None:
-            rows = rows.filter(created_at__date__gte=self.since)
+            rows = rows.filter(created_at__gte=day_start(self.since))
         if self.until is not None:
-            rows = rows.filter(created_at__date__lte=self.until)
+            rows = rows.filter(created_at__lt=day_start(self.until + datetime.timedelta(days=1)))
+        if self.key_prefix:
+            rows = rows.filter(key_prefix=self.key_prefix)
+        if self.alias:
+            rows = rows.filter(alias__iexact=self.alias)
+        if self.endpoint:
+            rows = rows.filter(endpoint=self.endpoint)
+        return rows
+
+    def rollups(self, *, per_key: bool = False) -> QuerySet[Any]:
+        """The daily rollups it covers: per key when it names one or ``per_key``, else
+        the site's per alias (fewer rows by as many keys)."""
+        model = DailyKeyUsage if per_key or self.key_prefix else DailyAliasUsage
+        rows: QuerySet[Any] = model.objects.order_by()
+        if self.since is not None:
+            rows = rows.filter(day__gte=self.since)
+        if self.until is not None:
+            rows = rows.filter(day__lte=self.until)
         if self.key_prefix:
             rows = rows.filter(key_prefix=self.key_prefix)
         if self.alias:
@@ -54,60 +84,105 @@ class LogFilter:
         return rows
 
 
-def usage(rows: QuerySet[RequestLog], dimensions: Sequence[Dimension]) -> list[dict[str, Any]]:
-    """Requests, errors, hang-ups and tokens per group of ``dimensions``, in group order;
-    no dimensions: one row of totals."""
-    measures = {
-        "requests": Count("pk"),
-        "errors": Count("pk", filter=FAILED),
-        "cancelled": Count("pk", filter=Q(cancelled=True)),
-        "prompt_tokens": Coalesce(Sum("prompt_tokens"), 0),
-        "completion_tokens": Coalesce(Sum("completion_tokens"), 0),
-        "total_tokens": Coalesce(Sum("total_tokens"), 0),
-    }
-    if not dimensions:
-        return [rows.aggregate(**measures)]
-    columns = [column for dimension in dimensions for column in _COLUMNS[dimension]]
-    grouped = rows.annotate(
-        day=TruncDate("created_at"), key_name=Coalesce("api_key__name", F("key_prefix"))
-    )
-    totals = grouped.order_by().values(*columns).annotate(**measures).order_by(*columns)
-    return list(totals)
-
-
-def percentile(values: Sequence[float], fraction: float) -> float | None:
-    """The ``fraction`` quantile of ``values`` (nearest rank), None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
-
-
-def latency_by_alias(rows: QuerySet[RequestLog]) -> list[dict[str, Any]]:
-    """Per alias: requests, error rate, p50/p95 duration and time to first token (ms)."""
-    durations: dict[str, list[float]] = defaultdict(list)
-    first_tokens: dict[str, list[float]] = defaultdict(list)
-    errors: dict[str, int] = defaultdict(int)
-    facts: Iterable[tuple[str, float, float | None, bool]] = (
-        rows.order_by()
-        .annotate(failed=Q(FAILED))
-        .values_list("alias", "duration_ms", "time_to_first_token_ms", "failed")
-        .iterator(chunk_size=5000)
-    )
-    for alias, duration, first_token, failed in facts:
-        durations[alias].append(duration)
-        if first_token is not None:
-            first_tokens[alias].append(first_token)
-        errors[alias] += bool(failed)
+def sums(rows: QuerySet[Any], columns: Sequence[str], measures: Sequence[str]) -> list[Any]:
+    """``measures`` summed over ``rows`` per group of ``columns``, in group order (no
+    columns: one row of totals). Zero, not None, where nothing was summed."""
+    # An annotation may not take a field's name: sum under another, then rename.
+    aggregates = {f"sum_{measure}": Sum(measure) for measure in measures}
+    if columns:
+        groups = list(rows.values(*columns).annotate(**aggregates).order_by(*columns))
+    else:
+        groups = [rows.aggregate(**aggregates)]
     return [
         {
-            "alias": alias,
-            "requests": len(durations[alias]),
-            "error_rate": errors[alias] / len(durations[alias]),
-            "p50_ms": percentile(durations[alias], 0.50),
-            "p95_ms": percentile(durations[alias], 0.95),
-            "ttft_p50_ms": percentile(first_tokens[alias], 0.50),
-            "ttft_p95_ms": percentile(first_tokens[alias], 0.95),
+            **{column: group[column] for column in columns},
+            **{measure: group[f"sum_{measure}"] or 0 for measure in measures},
         }
-        for alias in sorted(durations)
+        for group in groups
     ]
+
+
+def key_names(prefixes: set[str]) -> dict[str, str]:
+    """The names of the keys with these prefixes (joined if several share one); a
+    deleted key's prefix is its own name."""
+    names: dict[str, list[str]] = {prefix: [] for prefix in prefixes}
+    keys = ApiKey.objects.filter(prefix__in=prefixes).order_by("name")
+    for prefix, name in keys.values_list("prefix", "name"):
+        names[prefix].append(name)
+    return {prefix: " / ".join(found) or prefix for prefix, found in names.items()}
+
+
+def usage(log_filter: LogFilter, dimensions: Sequence[Dimension]) -> list[dict[str, Any]]:
+    """Requests, errors, hang-ups and tokens per group of ``dimensions``, in group order;
+    no dimensions: one row of totals. A key's group also has its ``key_name``."""
+    rollups = log_filter.rollups(per_key="key" in dimensions)
+    groups = sums(rollups, [_COLUMNS[dimension] for dimension in dimensions], USAGE_MEASURES)
+    if "key" in dimensions:
+        names = key_names({group["key_prefix"] for group in groups})
+        for group in groups:
+            group["key_name"] = names[group["key_prefix"]]
+    return groups
+
+
+def usage_by_day_and_alias(
+    since: datetime.date,
+    until: datetime.date,
+    *,
+    owner_id: int | None = None,
+    key_prefix: str = "",
+) -> list[dict[str, Any]]:
+    """Per UTC day and alias from ``since`` to ``until`` (inclusive), in that order: the
+    requests, errors, tokens and cost (USD, a Decimal) of the keys ``owner_id`` owned when
+    the requests were logged, or of the key ``key_prefix``, or both at once.
+
+    From the rollups alone, two small indexed queries at most: a user's month costs
+    the same whatever their traffic, and pruned rows still count.
+    """
+    rows = LogFilter(since=since, until=until, key_prefix=key_prefix).rollups(per_key=True)
+    if owner_id is not None:
+        rows = rows.filter(owner_id=owner_id)
+    measures = (*USAGE_MEASURES, "cost")
+    groups = sums(rows, ["day", "alias"], measures)
+    for group in groups:
+        group["cost"] = Decimal(group["cost"])
+    return groups
+
+
+def percentile(counts: Sequence[int], fraction: float) -> float | None:
+    """The ``fraction`` quantile (nearest rank) of a latency histogram, ``counts`` per
+    bucket of LATENCY_BOUNDS_MS: placed linearly within its bucket, so off by less than
+    the bucket's width; the last bound for one past it; None when empty."""
+    total = sum(counts)
+    if not total:
+        return None
+    rank = max(1, math.ceil(fraction * total))
+    below = 0
+    for index, count in enumerate(counts):
+        if below + count >= rank:
+            lower = LATENCY_BOUNDS_MS[index - 1] if index else 0
+            if index == len(LATENCY_BOUNDS_MS):
+                return float(lower)
+            return lower + (LATENCY_BOUNDS_MS[index] - lower) * (rank - below) / count
+        below += count
+    raise AssertionError("unreachable: the counts sum to total")
+
+
+def latency_by_alias(log_filter: LogFilter) -> list[dict[str, Any]]:
+    """Per alias: requests, error rate, p50/p95 duration and time to first token (ms)."""
+    buckets = (*DURATION_BUCKETS, *FIRST_TOKEN_BUCKETS)
+    groups = sums(log_filter.rollups(), ["alias"], ("requests", "errors", *buckets))
+    return [_latency(group) for group in groups if group["requests"]]
+
+
+def _latency(group: dict[str, Any]) -> dict[str, Any]:
+    durations = [group[name] for name in DURATION_BUCKETS]
+    first_tokens = [group[name] for name in FIRST_TOKEN_BUCKETS]
+    return {
+        "alias": group["alias"],
+        "requests": group["requests"],
+        "error_rate": group["errors"] / group["requests"],
+        "p50_ms": percentile(durations, 0.50),
+        "p95_ms": percentile(durations, 0.95),
+        "ttft_p50_ms": percentile(first_tokens, 0.50),
+        "ttft_p95_ms": percentile(first_tokens, 0.95),
+    }

@@ -261,8 +261,8 @@ class LogFilterSerializer(serializers.Serializer[LogFilter]):
             raise serializers.ValidationError({"until": "Must not be before since."})
         return attrs
 
-    def filter_rows(self, rows: QuerySet[RequestLog]) -> QuerySet[RequestLog]:
-        """``rows`` narrowed by the validated parameters."""
+    def log_filter(self) -> LogFilter:
+        """The filter the validated parameters ask for."""
         data = self.validated_data
         return LogFilter(
             since=data.get("since"),
@@ -270,7 +270,11 @@ class LogFilterSerializer(serializers.Serializer[LogFilter]):
             key_prefix=data.get("key", ""),
             alias=data.get("alias", ""),
             endpoint=data.get("endpoint", ""),
-        ).apply(rows)
+        )
+
+    def filter_rows(self, rows: QuerySet[RequestLog]) -> QuerySet[RequestLog]:
+        """``rows`` narrowed by the validated parameters."""
+        return self.log_filter().apply(rows)
 
 
 class RequestLogFilterSerializer(LogFilterSerializer):
@@ -328,7 +332,8 @@ class UsageRowSerializer(serializers.Serializer[Any]):
 
 
 class LatencyRowSerializer(serializers.Serializer[Any]):
-    """Latency of one alias, in milliseconds (nearest-rank percentiles)."""
+    """Latency of one alias, in milliseconds: percentiles read from the daily rollups'
+    histograms, off by less than the width of the bucket they fall in (docs/history.md)."""
 
     alias = serializers.CharField()
     requests = serializers.IntegerField()

@@ -1,5 +1,5 @@
 """The usage dashboard: the admin page of UsageDashboard, drawn from
-``chatparity.accounting.reports``."""
+``chatparity.accounting.reports`` (the daily rollups, never the log)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from django.contrib import admin
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.core.validators import MinValueValidator
-from django.db.models import Model, QuerySet
+from django.db.models import Model
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils import timezone
 
 from ..accounting.reports import LogFilter, latency_by_alias, usage
-from ..models import ApiKey, Endpoint, ModelAlias, RequestLog
+from ..models import ApiKey, DailyAliasUsage, Endpoint, ModelAlias, RequestLog
 from .charts import grouped_bars, stacked_bars
 from .models import UsageDashboard
 from .tail import TAIL_PATH
@@ -57,25 +57,23 @@ def utc_today() -> datetime.date:
 
 
 def key_choices() -> list[tuple[str, str]]:
-    """All keys, then every key prefix seen in keys or the log, labelled with its keys' names."""
+    """All keys, then each key's prefix labelled with its keys' names (from the keys, not
+    the log: a deleted key's usage shows in the table of keys)."""
     names: dict[str, list[str]] = defaultdict(list)
     for prefix, name in ApiKey.objects.order_by("name").values_list("prefix", "name"):
         names[prefix].append(name)
-    logged = RequestLog.objects.order_by().values_list("key_prefix", flat=True).distinct()
-    for prefix in logged:
-        names.setdefault(prefix, [])
     return [("", "All keys")] + [
-        (prefix, f"{' / '.join(names[prefix]) or 'deleted key'} ({prefix}…)")
-        for prefix in sorted(names)
+        (prefix, f"{' / '.join(names[prefix])} ({prefix}…)") for prefix in sorted(names)
     ]
 
 
 def alias_choices() -> list[tuple[str, str]]:
-    """All aliases, then configured and logged ones, once per name ignoring case like the filter."""
+    """All aliases, then configured ones and those of the daily usage (a few rows a day),
+    once per name ignoring case like the filter."""
     seen: dict[str, str] = {}
     for alias in [
         *ModelAlias.objects.values_list("public_id", flat=True),
-        *RequestLog.objects.order_by().values_list("alias", flat=True).distinct(),
+        *DailyAliasUsage.objects.order_by().values_list("alias", flat=True).distinct(),
     ]:
         if alias:
             seen.setdefault(alias.lower(), alias)
@@ -143,12 +141,12 @@ def _alias_label(alias: str) -> str:
     return alias or NO_ALIAS
 
 
-def daily_charts(rows: QuerySet[RequestLog], days: Sequence[datetime.date]) -> dict[str, str]:
+def daily_charts(log_filter: LogFilter, days: Sequence[datetime.date]) -> dict[str, str]:
     """Requests and tokens per day, stacked by alias."""
     index = {day: i for i, day in enumerate(days)}
     requests: dict[str, list[float]] = defaultdict(lambda: [0.0] * len(days))
     tokens: dict[str, list[float]] = defaultdict(lambda: [0.0] * len(days))
-    for group in usage(rows, ["day", "alias"]):
+    for group in usage(log_filter, ["day", "alias"]):
         label = _alias_label(group["alias"])
         requests[label][index[group["day"]]] += group["requests"]
         tokens[label][index[group["day"]]] += group["total_tokens"]
@@ -163,20 +161,20 @@ def daily_charts(rows: QuerySet[RequestLog], days: Sequence[datetime.date]) -> d
     }
 
 
-def endpoint_table(rows: QuerySet[RequestLog]) -> list[dict[str, Any]]:
+def endpoint_table(log_filter: LogFilter) -> list[dict[str, Any]]:
     """Requests, tokens and errors per endpoint, labelled with its path."""
     labels = dict(Endpoint.choices)
     return [
         {**row, "label": labels.get(row["endpoint"], row["endpoint"])}
-        for row in usage(rows, ["endpoint"])
+        for row in usage(log_filter, ["endpoint"])
     ]
 
 
-def latency_table(rows: QuerySet[RequestLog]) -> tuple[list[dict[str, Any]], str]:
+def latency_table(log_filter: LogFilter) -> tuple[list[dict[str, Any]], str]:
     """Per alias latency and error rate rows, and their chart."""
     table = [
         {**row, "label": _alias_label(row["alias"]), "error_percent": row["error_rate"] * 100}
-        for row in latency_by_alias(rows)
+        for row in latency_by_alias(log_filter)
     ]
     columns = {
         "p50 latency": "p50_ms",
@@ -222,8 +220,9 @@ class UsageDashboardAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             raise PermissionDenied
         form = DashboardForm(request.GET, today=utc_today())
         log_filter = form.log_filter()
-        rows = log_filter.apply(RequestLog.objects.all())
-        keys = sorted(usage(rows, ["key"]), key=lambda row: (-row["requests"], row["key_prefix"]))
+        keys = sorted(
+            usage(log_filter, ["key"]), key=lambda row: (-row["requests"], row["key_prefix"])
+        )
         requests = sum(row["requests"] for row in keys)
         errors = sum(row["errors"] for row in keys)
         context: dict[str, Any] = {
@@ -245,8 +244,8 @@ class UsageDashboardAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         }
         if requests:
             days = days_between(form.cleaned_data["since"], form.cleaned_data["until"])
-            context.update(daily_charts(rows, days), endpoints=endpoint_table(rows))
-            context["latency"], context["latency_chart"] = latency_table(rows)
+            context.update(daily_charts(log_filter, days), endpoints=endpoint_table(log_filter))
+            context["latency"], context["latency_chart"] = latency_table(log_filter)
         return TemplateResponse(
             request, "admin/chatparity_dashboard/usagedashboard/change_list.html", context
         )

@@ -1,12 +1,15 @@
-"""logs/: read-only, newest first, paginated, filtered by query parameters."""
+"""logs/: read-only, newest first, in pages that follow a cursor, filtered by query parameters."""
 
 import datetime
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from chatparity.models import RequestLog
+from tests.support.logs import logged
 
-from .helpers import make_log, url
+from .helpers import url
 
 pytestmark = pytest.mark.django_db
 
@@ -22,11 +25,11 @@ def ids(client, **params):
 @pytest.fixture
 def rows():
     return [
-        make_log(DAY1, request_id="a", key_prefix="sk-cp-AAAA", alias="smollm2"),
-        make_log(DAY2, request_id="b", key_prefix="sk-cp-BBBB", alias="gpt", stream=True),
-        make_log(DAY3, request_id="c", key_prefix="sk-cp-AAAA", alias="smollm2",
+        logged(DAY1, request_id="a", key_prefix="sk-cp-AAAA", alias="smollm2"),
+        logged(DAY2, request_id="b", key_prefix="sk-cp-BBBB", alias="gpt", stream=True),
+        logged(DAY3, request_id="c", key_prefix="sk-cp-AAAA", alias="smollm2",
                  status_code=499, cancelled=True, stream=True),
-        make_log(DAY3, request_id="d", key_prefix="sk-cp-BBBB", alias="gpt", status_code=500,
+        logged(DAY3, request_id="d", key_prefix="sk-cp-BBBB", alias="gpt", status_code=500,
                  endpoint="responses"),
     ]  # fmt: skip
 
@@ -35,11 +38,32 @@ def test_newest_first(admin_client, rows):
     assert ids(admin_client) == ["d", "c", "b", "a"]
 
 
-def test_paginated_with_limit_and_offset(admin_client, rows):
-    page = admin_client.get(url("log-list"), {"limit": 2, "offset": 1}).json()
-    assert page["count"] == 4
-    assert [row["request_id"] for row in page["results"]] == ["c", "b"]
-    assert "offset=3" in page["next"]
+def test_pages_follow_a_cursor_newest_first(admin_client, rows):
+    first = admin_client.get(url("log-list"), {"limit": 2}).json()
+    assert [row["request_id"] for row in first["results"]] == ["d", "c"]
+    assert first["previous"] is None
+    second = admin_client.get(first["next"]).json()
+    assert [row["request_id"] for row in second["results"]] == ["b", "a"]
+    assert second["next"] is None
+    back = admin_client.get(second["previous"]).json()
+    assert [row["request_id"] for row in back["results"]] == ["d", "c"]
+
+
+def test_a_page_is_not_shifted_by_rows_logged_meanwhile(admin_client, rows):
+    first = admin_client.get(url("log-list"), {"limit": 2}).json()
+    logged(request_id="e")
+    second = admin_client.get(first["next"]).json()
+    assert [row["request_id"] for row in second["results"]] == ["b", "a"]
+
+
+def test_a_page_reads_from_its_cursor_not_past_every_row_before_it(admin_client, rows):
+    first = admin_client.get(url("log-list"), {"limit": 1, "until": "2025-03-02"}).json()
+    with CaptureQueriesContext(connection) as queries:
+        admin_client.get(first["next"])
+    (select,) = [q["sql"] for q in queries if "chatparity_requestlog" in q["sql"]]
+    assert '"created_at" <' in select  # where the last page ended: the index's range
+    assert "OFFSET" not in select.upper()
+    assert "COUNT(" not in select.upper()
 
 
 def test_default_page_is_50_rows(admin_client):
@@ -48,7 +72,8 @@ def test_default_page_is_50_rows(admin_client):
         for i in range(51)
     )
     page = admin_client.get(url("log-list")).json()
-    assert (page["count"], len(page["results"])) == (51, 50)
+    assert len(page["results"]) == 50
+    assert len(admin_client.get(page["next"]).json()["results"]) == 1
 
 
 @pytest.mark.parametrize(

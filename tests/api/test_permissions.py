@@ -5,8 +5,9 @@ from django.contrib.auth.models import Permission
 from rest_framework.authtoken.models import Token
 
 from chatparity.models import ApiKey, Backend, ModelAlias, StoredResponse
+from tests.support.logs import logged
 
-from .helpers import make_log, url
+from .helpers import url
 
 pytestmark = pytest.mark.django_db
 JSON = "application/json"
@@ -60,7 +61,7 @@ def rows():
         id="resp_1", api_key=key, model="m", status="completed", response={}
     )
     return {
-        "key": key, "alias": alias, "backend": backend, "log": make_log(), "response": response,
+        "key": key, "alias": alias, "backend": backend, "log": logged(), "response": response,
     }  # fmt: skip
 
 
