@@ -640,6 +640,9 @@ def _as_served_by(alias: ModelAlias, requested: ChatRequest) -> ChatRequest:
     chat = requested
     if alias.default_params:
         chat = parse_chat_request(with_defaults(alias.default_params, requested.body), _limits())
+        # A Responses request's hosted tools are in no chat body: the defaults' reading
+        # does not see them.
+        chat = dataclasses.replace(chat, hosted_tools=requested.hosted_tools)
     most = _max_n(alias)
     if chat.n > most:
         raise APIError(
@@ -651,9 +654,7 @@ def _as_served_by(alias: ModelAlias, requested: ChatRequest) -> ChatRequest:
     if alias.forwarded_params:
         forwarded = frozenset(p for p in alias.forwarded_params if isinstance(p, str))
         chat = dataclasses.replace(chat, forwarded_params=forwarded)
-    # A Responses request's hosted tools are in no chat body: the defaults' reading
-    # does not see them.
-    return dataclasses.replace(chat, hosted_tools=requested.hosted_tools)
+    return chat
 
 
 def _max_n(alias: ModelAlias) -> int:
