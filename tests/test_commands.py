@@ -1,17 +1,33 @@
 """Management commands, system checks and migrations."""
 
+import asyncio
 import datetime
+import threading
 from io import StringIO
 
 import pytest
 from django.core.checks import run_checks
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import connection, connections
+from django.db.models import Sum
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from chatparity.models import ApiKey, Backend, ModelAlias, StoredResponse, hash_key
+from chatparity.accounting import reports, rollups
+from chatparity.accounting.inserts import insert_rows
+from chatparity.models import (
+    ApiKey,
+    Backend,
+    DailyAliasUsage,
+    ModelAlias,
+    RequestLog,
+    StoredResponse,
+    hash_key,
+)
+from tests.asgi import ask_fast_path
+from tests.scripted import SCRIPTED
+from tests.support.logs import logged, logged_without_rollups, noon
 
 
 @pytest.mark.django_db
@@ -125,3 +141,106 @@ def test_expire_responses_refuses_a_bad_retention_or_batch_size(settings_, args,
     with override_settings(CHATPARITY=settings_), pytest.raises(CommandError, match=problem):
         expire(*args)
     assert StoredResponse.objects.count() == 1
+
+
+def prune(*args):
+    out = StringIO()
+    call_command("chatparity_prune_logs", *args, stdout=out)
+    return out.getvalue()
+
+
+def days_ago(days):
+    return timezone.now().astimezone(datetime.UTC).date() - datetime.timedelta(days=days)
+
+
+def requests_per_day():
+    return dict(DailyAliasUsage.objects.values_list("day").annotate(Sum("requests")))
+
+
+@pytest.mark.django_db
+def test_prune_logs_deletes_the_rows_of_older_days_in_batches_and_keeps_their_usage():
+    for days in (0, 0, 1, 2, 3, 3, 3, 9):
+        logged(days_ago(days), alias=f"{days} days ago", total_tokens=days)
+    before = reports.usage(reports.LogFilter(), ["day", "alias"])
+    with CaptureQueriesContext(connection) as queries:
+        printed = prune("--older-than", "3", "--batch-size", "2")
+    deletes = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("DELETE")]
+    assert len(deletes) == 2  # 2 + 2
+    assert sorted(RequestLog.objects.values_list("alias", flat=True)) == [
+        "0 days ago", "0 days ago", "1 days ago", "2 days ago",
+    ]  # fmt: skip
+    assert printed.startswith(f"Deleted 4 log row(s) from before {days_ago(2).isoformat()} (UTC)")
+    assert reports.usage(reports.LogFilter(), ["day", "alias"]) == before
+    assert prune("--older-than", "3").startswith("Deleted 0 log row(s)")
+    assert reports.usage(reports.LogFilter(), ["day", "alias"]) == before
+
+
+@pytest.mark.django_db
+def test_prune_logs_first_rebuilds_the_rollups_of_rows_logged_without_them():
+    logged(days_ago(5))
+    logged_without_rollups(
+        [RequestLog(key_prefix="sk-cp-old", status_code=200, duration_ms=1.0, created_at=noon(day))
+         for day in (days_ago(5), days_ago(6), days_ago(6))]
+    )  # fmt: skip
+    printed = prune("--older-than", "1")
+    assert "(2 day(s) rebuilt from the log first)" in printed
+    assert not RequestLog.objects.exists()
+    assert requests_per_day() == {days_ago(5): 2, days_ago(6): 2}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (["--older-than", "0"], "at least 1"),
+        (["--older-than", "2", "--batch-size", "0"], "at least 1"),
+        (["--older-than", "2", "--pause", "-1"], "negative"),
+        ([], "--older-than"),
+    ],
+)
+def test_prune_logs_refuses_bad_arguments(args, problem):
+    logged(days_ago(30))
+    with pytest.raises(CommandError, match=problem):
+        prune(*args)
+    assert RequestLog.objects.count() == 1
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="concurrent writers need PostgreSQL")
+@pytest.mark.django_db(transaction=True)
+@override_settings(CHATPARITY=SCRIPTED)
+def test_prune_logs_while_requests_are_served_loses_none_of_their_rows_or_usage():
+    _, plaintext = ApiKey.objects.create_key("busy")
+    backend = Backend.objects.create(name="scripted", kind="scripted", options={"script": ["Hi"]})
+    ModelAlias.objects.create(public_id="echo", backend=backend)
+    for days in range(3, 13):
+        insert_rows([
+            RequestLog(key_prefix="sk-cp-old", alias="echo", status_code=200, duration_ms=1.0,
+                       created_at=noon(days_ago(days)))
+            for _ in range(30)
+        ])  # fmt: skip
+    statuses = []
+
+    def serve():
+        async def requests():
+            for _ in range(8):
+                answers = await asyncio.gather(*(ask_fast_path(plaintext) for _ in range(5)))
+                statuses.extend(status for status, _ in answers)
+
+        try:
+            asyncio.run(requests())
+        finally:
+            connections.close_all()
+
+    server = threading.Thread(target=serve)
+    server.start()
+    try:
+        printed = prune("--older-than", "2", "--batch-size", "7")
+    finally:
+        server.join()
+    assert printed.startswith("Deleted 300 log row(s)")
+    assert statuses == [200] * 40
+    assert RequestLog.objects.count() == 40  # every request served is logged
+    assert RequestLog.objects.filter(created_at__lt=rollups.day_start(days_ago(1))).count() == 0
+    totals = requests_per_day()
+    assert totals.pop(days_ago(0)) == 40
+    assert totals == {days_ago(days): 30 for days in range(3, 13)}

@@ -27,7 +27,7 @@ from chatparity.models import (
     RequestLog,
 )
 from tests.scripted import SCRIPTED
-from tests.support.logs import noon
+from tests.support.logs import logged_without_rollups, noon
 
 DAY1, DAY2, DAY3 = datetime.date(2025, 3, 1), datetime.date(2025, 3, 2), datetime.date(2025, 3, 3)
 ALIASES = ("gpt", "llama", "")
@@ -106,13 +106,6 @@ def summed(rows, per):
             total["first_token_ms"] += row.time_to_first_token_ms
             total[FIRST_TOKEN_BUCKETS[bucket_of(row.time_to_first_token_ms)]] += 1
     return totals
-
-
-def logged_without_rollups(rows):
-    """``rows`` in the log as an older version wrote them: no rollup counts them."""
-    times = [row.created_at for row in rows]
-    for row, created_at in zip(RequestLog.objects.bulk_create(rows), times, strict=True):
-        RequestLog.objects.filter(pk=row.pk).update(created_at=created_at)
 
 
 def in_rollups(model, per):

@@ -28,3 +28,11 @@ def logged(day=None, *, at=None, **fields):
     row.created_at = at or (noon(day) if day is not None else None)
     insert_rows([row])
     return RequestLog.objects.filter(request_id=row.request_id).latest("pk")
+
+
+def logged_without_rollups(rows):
+    """``rows`` (unsaved, each with its created_at) in the log as a version before the
+    rollups wrote them: no rollup counts them."""
+    times = [row.created_at for row in rows]
+    for row, created_at in zip(RequestLog.objects.bulk_create(rows), times, strict=True):
+        RequestLog.objects.filter(pk=row.pk).update(created_at=created_at)
