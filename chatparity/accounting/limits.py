@@ -56,7 +56,7 @@ from django.db.models import QuerySet, Sum
 
 from .. import signals
 from ..conf import app_settings
-from ..models import ApiKey, ModelAlias, Plan, RequestLog
+from ..models import ApiKey, DailyKeyUsage, ModelAlias, Plan, RequestLog
 from ..protocol.errors import APIError
 from ..protocol.request import ChatRequest
 from ..protocol.tokens import approximate_prompt_tokens
@@ -830,12 +830,14 @@ class Budget:
         name = f"{self.kind} this {self.period}"
         return name if self.owner_id is None else f"{name} (all your keys)"
 
-    def rows(self, key: ApiKey | None) -> QuerySet[RequestLog]:
-        """The log rows spent from this budget (``key``'s, unless the owner's)."""
-        rows = RequestLog.objects.filter(created_at__gte=self.start, created_at__lt=self.end)
+    def spending(self, key: ApiKey | None) -> QuerySet[RequestLog] | QuerySet[DailyKeyUsage]:
+        """What was spent from this budget: ``key``'s log rows; for an owner's, the owner's
+        daily rollups, which keep the owner of a key since deleted (its rows do not)."""
         if self.owner_id is None:
+            rows = RequestLog.objects.filter(created_at__gte=self.start, created_at__lt=self.end)
             return rows.filter(api_key=key)
-        return rows.filter(api_key__owner_id=self.owner_id)
+        days = DailyKeyUsage.objects.filter(day__gte=self.start.date(), day__lt=self.end.date())
+        return days.filter(owner_id=self.owner_id)
 
 
 def _budgets(key: ApiKey) -> list[Budget]:
@@ -886,7 +888,7 @@ async def _seed(store: Counters, key: ApiKey | None, charge: Charge) -> None:
 
 async def _spent(key: ApiKey | None, budget: Budget) -> int:
     column, scale = ("total_tokens", 1) if budget.kind == "tokens" else ("cost", MICRO)
-    total = (await budget.rows(key).aaggregate(total=Sum(column)))["total"]
+    total = (await budget.spending(key).aaggregate(total=Sum(column)))["total"]
     return int((total or 0) * scale)
 
 

@@ -48,8 +48,7 @@ class MonthForm(forms.Form):
         input_formats=["%Y-%m"], widget=forms.DateInput(attrs={"type": "month"}, format="%Y-%m")
     )
 
-    def span(self) -> tuple[datetime.datetime, datetime.datetime]:
-        """The month's first moment and the next month's (UTC)."""
+    def span(self) -> tuple[datetime.date, datetime.date]:
+        """The month's first day and the next month's."""
         first: datetime.date = self.cleaned_data["month"]
-        start = datetime.datetime(first.year, first.month, 1, tzinfo=datetime.UTC)
-        return start, (start + datetime.timedelta(days=32)).replace(day=1)
+        return first, (first + datetime.timedelta(days=32)).replace(day=1)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from django.db.models import Count, DecimalField, QuerySet, Sum, Value
-from django.db.models.functions import Coalesce, TruncDate
-
+from ..accounting import reports
 from ..models import RequestLog
 
+# What the usage page sums.
+MEASURES = ("requests", "prompt_tokens", "completion_tokens", "total_tokens", "cost")
 # The columns of a request the portal shows: never a body.
 REQUEST_COLUMNS = (
     "created_at", "key_prefix", "alias", "endpoint", "status_code", "error_type",
@@ -17,33 +17,40 @@ REQUEST_COLUMNS = (
 )  # fmt: skip
 
 
-def _rows(owner_id: int) -> QuerySet[RequestLog]:
-    return RequestLog.objects.filter(api_key__owner_id=owner_id)
-
-
 def usage(
-    owner_id: int, start: datetime.datetime, end: datetime.datetime
+    owner_id: int, first: datetime.date, end: datetime.date
 ) -> dict[str, list[dict[str, Any]]]:
-    """Requests, tokens and cost of ``owner_id``'s keys from ``start`` to ``end``: per
-    day (UTC), per alias, and in total (one row)."""
-    rows = _rows(owner_id).filter(created_at__gte=start, created_at__lt=end).order_by()
-    measures = {
-        "requests": Count("pk"),
-        "prompt_tokens": Coalesce(Sum("prompt_tokens"), 0),
-        "completion_tokens": Coalesce(Sum("completion_tokens"), 0),
-        "total_tokens": Coalesce(Sum("total_tokens"), 0),
-        "cost": Coalesce(Sum("cost"), Value(0), output_field=DecimalField()),
-    }
-    by_day = rows.annotate(day=TruncDate("created_at")).values("day").annotate(**measures)
-    by_alias = rows.values("alias").annotate(**measures)
+    """Requests, tokens and cost of ``owner_id``'s keys from the UTC day ``first`` up to
+    ``end`` (excluded): per day, per alias, and in total (one row). From the daily
+    rollups (:func:`chatparity.accounting.reports.usage_by_day_and_alias`), so a month
+    costs the same however busy it was."""
+    last = end - datetime.timedelta(days=1)
+    groups = reports.usage_by_day_and_alias(first, last, owner_id=owner_id)
     return {
-        "by_day": list(by_day.order_by("day")),
-        "by_alias": list(by_alias.order_by("alias")),
-        "total": [rows.aggregate(**measures)],
+        "by_day": _totals(groups, "day"),
+        "by_alias": _totals(groups, "alias"),
+        "total": [_summed(groups)],
     }
+
+
+def _summed(groups: list[dict[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = dict.fromkeys(MEASURES, 0)
+    for group in groups:
+        for measure in MEASURES:
+            total[measure] += group[measure]
+    return total
+
+
+def _totals(groups: list[dict[str, Any]], column: str) -> list[dict[str, Any]]:
+    """``groups`` summed per value of ``column``, in its order."""
+    parts: dict[Any, list[dict[str, Any]]] = {}
+    for group in groups:
+        parts.setdefault(group[column], []).append(group)
+    return [{column: value, **_summed(part)} for value, part in sorted(parts.items())]
 
 
 def recent_requests(owner_id: int, count: int) -> list[dict[str, Any]]:
     """The latest ``count`` requests of ``owner_id``'s keys, newest first."""
-    latest = _rows(owner_id).order_by("-created_at", "-pk")[:count]
+    rows = RequestLog.objects.filter(api_key__owner_id=owner_id)
+    latest = rows.order_by("-created_at", "-pk")[:count]
     return list(latest.values(*REQUEST_COLUMNS))

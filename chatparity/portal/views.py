@@ -153,11 +153,11 @@ def usage(request: HttpRequest) -> HttpResponse:
     context: dict[str, Any] = {"form": form}
     if not form.is_valid():
         return render(request, "usage.html", context, status=400)
-    start, end = form.span()
+    first, end = form.span()
     plan = Plan.objects.for_owner(user_id(request))
     context.update(
-        own.usage(user_id(request), start, end),
-        month=start,
+        own.usage(user_id(request), first, end),
+        month=first,
         plan=plan,
         owner_standing=_owner_standing(request, plan),
         key_standing=[

@@ -15,13 +15,15 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import Group, User
 from django.test import TestCase, override_settings
+from django.utils import timezone
 
 from chatparity.accounting import keys, limits
-from chatparity.models import ApiKey, Backend, ModelAlias, Plan, RequestLog, hash_key
+from chatparity.models import ApiKey, Backend, ModelAlias, Plan, hash_key
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.request import parse_chat_request
 from tests.scripted import SCRIPTED
 from tests.support.counters import OnRedis
+from tests.support.logs import logged
 from tests.support.processes import in_a_process
 
 
@@ -107,9 +109,9 @@ class PlanAliasTests(PlanTestCase):
     async def test_a_key_limited_further_keeps_only_what_both_allow(self):
         await self.set_plan(all_aliases=False)
         await self.plan.allowed_aliases.aset([self.other, self.echo])
-        await self.laptop.allowed_aliases.aset([self.echo])
         self.laptop.all_aliases = False
         await self.laptop.asave()
+        await self.laptop.allowed_aliases.aset([self.echo])
         assert (await self.ask(self.laptop_plaintext, "echo")).status_code == 200
         assert (await self.ask(self.laptop_plaintext, "other")).status_code == 404
 
@@ -138,22 +140,15 @@ class OwnerBudgetTests(PlanTestCase):
         assert (await self.ask(self.bobs_plaintext)).status_code == 200
 
     async def test_the_budget_counts_what_the_log_holds_for_any_of_the_keys(self):
-        await RequestLog.objects.acreate(
-            request_id="earlier", api_key=self.server, key_prefix=self.server.prefix,
-            status_code=200, duration_ms=1, total_tokens=98,
-        )  # fmt: skip
+        await sync_to_async(logged)(api_key=self.server, total_tokens=98)
         await self.set_plan(owner_token_budget=100)
         refused = await self.ask(self.laptop_plaintext)
         assert refused.status_code == 429
         assert refused.json()["error"]["code"] == "insufficient_quota"
 
     async def test_last_months_rows_do_not_count_against_a_monthly_budget(self):
-        row = await RequestLog.objects.acreate(
-            request_id="old", api_key=self.server, key_prefix=self.server.prefix,
-            status_code=200, duration_ms=1, total_tokens=95,
-        )  # fmt: skip
-        last_month = datetime.datetime.now(datetime.UTC).replace(day=1) - datetime.timedelta(1)
-        await RequestLog.objects.filter(pk=row.pk).aupdate(created_at=last_month)
+        last_month = timezone.now().replace(day=1) - datetime.timedelta(days=1)
+        await sync_to_async(logged)(at=last_month, api_key=self.server, total_tokens=98)
         await self.set_plan(owner_token_budget=100)
         assert (await self.ask(self.laptop_plaintext)).status_code == 200
 
@@ -164,6 +159,13 @@ class OwnerBudgetTests(PlanTestCase):
         await self.set_plan(owner_cost_budget=Decimal("0.65"))
         assert (await self.ask(self.laptop_plaintext)).status_code == 200
         assert (await self.ask(self.server_plaintext)).status_code == 429
+
+    async def test_a_deleted_keys_spending_still_counts(self):
+        doomed, _ = await sync_to_async(ApiKey.objects.create_key)("doomed", owner=self.alice)
+        await sync_to_async(logged)(api_key=doomed, total_tokens=98)
+        await doomed.adelete()
+        await self.set_plan(owner_token_budget=100)
+        assert (await self.ask(self.laptop_plaintext)).status_code == 429
 
     async def test_the_keys_own_budget_still_applies_within_the_owners(self):
         await self.set_plan(owner_token_budget=1000)

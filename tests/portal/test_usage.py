@@ -8,29 +8,20 @@ from decimal import Decimal
 
 from django.test import TestCase, override_settings
 
-from chatparity.models import ApiKey, Backend, ModelAlias, Plan, RequestLog
+from chatparity.models import ApiKey, Backend, ModelAlias, Plan
+from tests.support.logs import logged
 from tests.support.users import portal_user
 
 UTC = datetime.UTC
 
 
-def logged(key, when, alias="smollm2", prompt=10, completion=5, cost="0.001", **fields):
-    """A log row of ``key`` made at ``when``."""
-    row = RequestLog.objects.create(
-        request_id=f"req-{RequestLog.objects.count()}",
-        api_key=key,
-        key_prefix=key.prefix,
-        alias=alias,
-        status_code=200,
-        duration_ms=120.0,
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        total_tokens=prompt + completion,
-        cost=Decimal(cost),
-        **fields,
-    )
-    RequestLog.objects.filter(pk=row.pk).update(created_at=when)
-    return row
+def used(key, when, alias="smollm2", prompt=10, completion=5, cost="0.001", **fields):
+    """A request of ``key`` logged at ``when``."""
+    return logged(
+        at=when, api_key=key, key_prefix=key.prefix, alias=alias, prompt_tokens=prompt,
+        completion_tokens=completion, total_tokens=prompt + completion, cost=Decimal(cost),
+        duration_ms=120.0, **fields,
+    )  # fmt: skip
 
 
 def table(page, table_id):
@@ -54,11 +45,11 @@ class UsageTests(TestCase):
         cls.server, _ = ApiKey.objects.create_key("server", owner=cls.alice)
         cls.bobs, _ = ApiKey.objects.create_key("bobs", owner=cls.bob)
         march = datetime.datetime(2025, 3, 1, tzinfo=UTC)
-        logged(cls.laptop, march + datetime.timedelta(hours=1))
-        logged(cls.laptop, march + datetime.timedelta(days=1, hours=2), alias="gpt")
-        logged(cls.server, march + datetime.timedelta(days=1, hours=3), prompt=100, cost="0.01")
-        logged(cls.laptop, datetime.datetime(2025, 4, 1, tzinfo=UTC))  # the next month
-        logged(cls.bobs, march + datetime.timedelta(hours=5), prompt=9999)
+        used(cls.laptop, march + datetime.timedelta(hours=1))
+        used(cls.laptop, march + datetime.timedelta(days=1, hours=2), alias="gpt")
+        used(cls.server, march + datetime.timedelta(days=1, hours=3), prompt=100, cost="0.01")
+        used(cls.laptop, datetime.datetime(2025, 4, 1, tzinfo=UTC))  # the next month
+        used(cls.bobs, march + datetime.timedelta(hours=5), prompt=9999)
 
     def setUp(self):
         self.client.force_login(self.alice)
@@ -94,8 +85,8 @@ class UsageTests(TestCase):
 
     def test_what_is_left_of_the_owner_budget_and_each_keys_budget(self):
         this_month = datetime.datetime.now(UTC).replace(day=1, hour=0, minute=0, second=0)
-        logged(self.laptop, this_month, prompt=100, completion=20)
-        logged(self.server, this_month, prompt=200, completion=30)
+        used(self.laptop, this_month, prompt=100, completion=20)
+        used(self.server, this_month, prompt=200, completion=30)
         page = self.client.get("/portal/usage/")
         assert table(page, "owner-budget") == [["tokens this month (all your keys)", "350", "1000"]]
         html = page.content.decode()
@@ -112,14 +103,14 @@ class RecentRequestsTests(TestCase):
         bobs, _ = ApiKey.objects.create_key("bobs", owner=cls.bob)
         start = datetime.datetime(2025, 3, 1, tzinfo=UTC)
         for minute in range(5):
-            logged(
+            used(
                 cls.key,
                 start + datetime.timedelta(minutes=minute),
                 alias=f"model-{minute}",
                 request_body={"messages": [{"role": "user", "content": "my secret prompt"}]},
                 response_body="the model's private answer",
             )
-        logged(bobs, start, alias="bobs-model")
+        used(bobs, start, alias="bobs-model")
 
     def setUp(self):
         self.client.force_login(self.alice)
