@@ -15,6 +15,7 @@ from .framework import Check, Result, Runner, client, first_model, select
 CHECK_MODULES = (
     "chatparity.conformance.chat",
     "chatparity.conformance.responses",
+    "chatparity.conformance.messages",
 )
 """The modules whose ``CHECKS`` make up the suite, in the report's order."""
 

@@ -62,7 +62,7 @@ def upstream_request(request: ChatRequest, model: str, forwarded: dict[str, Any]
     ]
     body: dict[str, Any] = {
         "model": model or request.model,
-        "max_tokens": request.max_tokens or DEFAULT_MAX_TOKENS,
+        "max_tokens": request.most_completion_tokens or DEFAULT_MAX_TOKENS,
         "messages": list(_turns(request.messages)),
         "stream": True,
     }
@@ -78,7 +78,7 @@ def upstream_request(request: ChatRequest, model: str, forwarded: dict[str, Any]
         body["metadata"] = {"user_id": request.user}
     if "service_tier" in forwarded:
         body["service_tier"] = "auto" if forwarded["service_tier"] == "auto" else "standard_only"
-    if request.tools and "tools" in forwarded:
+    if request.tools and not forwarded.keys().isdisjoint(("tools", "functions")):
         body["tools"] = [
             _tool(tool.name, tool.description, tool.parameters, tool.strict)
             for tool in request.tools

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
+from chatparity.conformance.messages import CHECKS as MESSAGES_CHECKS
 from chatparity.conformance.responses import CHECKS as RESPONSES_CHECKS
 from chatparity.conformance.suite import CHECKS
 
@@ -83,8 +84,38 @@ LLAMA_CPP_DEFECTS = {
     "errors.check-order": ["HTTP 200 (application/json), expected 400"],
     "errors.refusal-part": ["HTTP 500 (application/json), expected 400"],
 }
-# It has no /v1/responses.
-LLAMA_CPP_DEFECTS |= {check.name: ["HTTP 404 (application/json)"] for check in RESPONSES_CHECKS}
+# It has no /v1/responses, and no /v1/messages (its 404 is not Anthropic's either).
+LLAMA_CPP_DEFECTS |= {
+    check.name: ["HTTP 404 (application/json)"] for check in (*RESPONSES_CHECKS, *MESSAGES_CHECKS)
+}
+LLAMA_CPP_DEFECTS["messages.error.model"] = [
+    "no request-id header",
+    'body is {"detail":"Not Found"}, expected {"type": "error"',
+]
+
+
+def test_chatparity_chained_through_its_messages_api_passes_the_messages_checks(daphne_server):
+    """An alias whose upstream is chatparity itself spoken to on /v1/messages
+    (``wire_api: messages``): Anthropic's API in front of Anthropic's API."""
+    daphne_server.manage(
+        "shell",
+        "-c",
+        "from chatparity.models import Backend, ModelAlias;"
+        " backend = Backend.objects.create(name='chained', kind='openai',"
+        f" base_url='{daphne_server.base_url}', secret='{daphne_server.key}',"
+        " options={'wire_api': 'messages', 'retries': 0});"
+        " ModelAlias.objects.create(public_id='chained', backend=backend, model='smollm2')",
+    )
+    daphne_server.wait_for_models("chained")
+    out = StringIO()
+    call_command(
+        "chatparity_conformance", daphne_server.base_url, "--key", daphne_server.key,
+        "--model", "chained", "--only", "messages.", stdout=out,
+    )  # fmt: skip
+    table = out.getvalue()
+    print(table)
+    checks = len(MESSAGES_CHECKS)
+    assert table.splitlines()[-1] == f"{checks} checks: {checks} passed, 0 failed"
 
 
 def test_llama_cpp_server_fails_with_its_real_defects(llama_cpp_server):

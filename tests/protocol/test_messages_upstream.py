@@ -117,6 +117,21 @@ def test_calls_are_tool_uses_and_tool_messages_results_in_one_user_turn():
     assert body["max_tokens"] == 300
 
 
+def test_the_deprecated_functions_are_tools_too():
+    function = WEATHER["function"]
+    body = asked(
+        forwarded=frozenset({"functions", "function_call"}),
+        functions=[function],
+        function_call={"name": "get_weather"},
+    )
+    assert [tool["name"] for tool in body["tools"]] == ["get_weather"]
+    assert body["tool_choice"] == {
+        "type": "tool",
+        "name": "get_weather",
+        "disable_parallel_tool_use": True,
+    }
+
+
 @pytest.mark.parametrize(
     ("choice", "expected"),
     [

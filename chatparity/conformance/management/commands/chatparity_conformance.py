@@ -12,7 +12,8 @@ class Command(BaseCommand):
     requires_system_checks: list[str] = []
     help = (
         "Check an OpenAI-compatible server (BASE_URL like http://127.0.0.1:8000/v1) against"
-        " OpenAI's Chat Completions wire contract; exits non-zero if any check fails."
+        " OpenAI's Chat Completions and Responses wire contracts and Anthropic's Messages API;"
+        " exits non-zero if any check fails."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
