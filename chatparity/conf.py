@@ -116,7 +116,7 @@ DEFAULTS: dict[str, Any] = {
     # What /v1/responses does with the hosted tools a request asks for (web_search,
     # file_search, code_interpreter, image_generation, mcp) on an alias whose backend
     # cannot run them, by alias public id ("*": every other alias): "omit" leaves them
-    # out of what the model is offered (the server's log names them), "refuse" answers
+    # out of what the model is offered (the log row names them), "refuse" answers
     # 400 unsupported_value. An upstream that speaks the Responses API natively
     # (wire_api "responses") is given them whatever this says.
     "HOSTED_TOOLS": {"*": "omit"},

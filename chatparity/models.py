@@ -462,6 +462,12 @@ class RequestLog(models.Model):
     total_tokens = models.PositiveIntegerField(default=0)
     cached_tokens = models.PositiveIntegerField(default=0)
     reasoning_tokens = models.PositiveIntegerField(default=0)
+    omitted_tools = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Hosted tools (web_search, ...) the request asked for that its alias left"
+        " out of what the model was offered (CHATPARITY['HOSTED_TOOLS']).",
+    )
     usage_counted = models.BooleanField(
         default=False,
         help_text="The tokens were counted by the gateway: the backend reported none, or"

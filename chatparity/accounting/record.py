@@ -62,6 +62,8 @@ class UsageRecord:
     """The request's spans, when :mod:`chatparity.tracing` traces it."""
     headers: Mapping[str, str] = field(default_factory=dict)
     """The request's headers by lower-case name (a trace's ``traceparent``)."""
+    omitted_tools: list[str] = field(default_factory=list)
+    """The types of the hosted tools the serving alias left out (/v1/responses)."""
 
     def __post_init__(self) -> None:
         if not self.key_prefix and self.api_key is not None:
@@ -111,6 +113,7 @@ class UsageRecord:
             cached_tokens=usage.cached_tokens,
             reasoning_tokens=usage.reasoning_tokens,
             usage_counted=usage.counted,
+            omitted_tools=self.omitted_tools,
             time_to_first_token_ms=None if first is None else (first - self.started) * 1000,
             duration_ms=(now - self.started) * 1000,
             cost=self.model_alias.cost_of(usage.prompt_tokens, usage.completion_tokens)

@@ -99,9 +99,9 @@ async def _hosted_tools_served(
     requested: ResponsesRequest, chat: ChatRequest, grant: Grant, accounting: Accounting
 ) -> ChatRequest:
     """``chat`` with its hosted tools as the alias it names serves them: passed on to an
-    upstream that speaks the Responses API, else left out or refused (logged under the
-    alias) as the alias's :func:`hosted_tools_policy` says. A model no alias serves is
-    the pipeline's 404."""
+    upstream that speaks the Responses API, else left out (the log row names them) or
+    refused (logged under the alias) as the alias's :func:`hosted_tools_policy` says. A
+    model no alias serves is the pipeline's 404."""
     alias = (await keys.aliases()).find(chat.model, grant)
     if alias is None:
         return chat
@@ -111,8 +111,7 @@ async def _hosted_tools_served(
     if hosted_tools_policy(alias.public_id) == "refuse":
         accounting.served_by(alias)
         raise hosted_tool_refused(requested)
-    left_out = ", ".join(tool["type"] for tool in chat.hosted_tools)
-    logger.info("chatparity: %s: hosted tools left out: %s", alias.public_id, left_out)
+    accounting.record.omitted_tools = [tool["type"] for tool in chat.hosted_tools]
     return dataclasses.replace(chat, hosted_tools=())
 
 

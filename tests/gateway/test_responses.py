@@ -473,12 +473,10 @@ class ToolsTests(ResponsesTestCase):
 
     async def test_hosted_tools_are_left_out_by_default(self):
         tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
-        with self.assertLogs("chatparity.gateway.responses", "INFO") as logged:
-            status, response = await self.create(input="Hi", tools=[tool, WEB_SEARCH])
+        status, response = await self.create(input="Hi", tools=[tool, WEB_SEARCH])
         assert status == 200
-        assert logged.output == [
-            "INFO:chatparity.gateway.responses:chatparity: echo: hosted tools left out: web_search"
-        ]
+        row = await RequestLog.objects.aget()
+        assert row.omitted_tools == ["web_search"]
         assert response["tools"][1] == WEB_SEARCH  # repeated as asked
         served = ScriptBackend.served[0]
         assert [t.name for t in served.tools] == ["get_weather"]
