@@ -20,8 +20,8 @@ from chatparity.signals import request_logged
 from chatparity.transport.fastpath import FastPath
 from tests.accounting.test_limits import OnRedis
 from tests.asgi import http_scope
-from tests.backends.test_upstream import UpstreamTestCase
 from tests.scripted import SCRIPTED
+from tests.support.upstream import UpstreamTestCase
 
 CHAT = parse_chat_request(
     {"model": "echo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5}

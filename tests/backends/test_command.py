@@ -35,7 +35,7 @@ from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, Usage
 from chatparity.protocol.request import ChatRequest, Message, Tool, ToolChoice, parse_chat_request
-from tests.transport.test_disconnect import scope
+from tests.asgi import completion_scope
 
 LLM = str(Path(sys.executable).with_name("llm"))  # the llm CLI of this venv
 # Prints its own pid and a background child's, then waits: a process group to kill.
@@ -882,7 +882,7 @@ class CommandHangUpTests(TransactionTestCase):
             name="grandparent", kind="command", options={"command": "grandparent"}
         )
         await ModelAlias.objects.acreate(public_id="grandparent", backend=backend)
-        communicator = ApplicationCommunicator(get_asgi_application(), scope(plaintext))
+        communicator = ApplicationCommunicator(get_asgi_application(), completion_scope(plaintext))
         body = {"model": "grandparent", "messages": [{"role": "user", "content": "Hi"}]}
         await communicator.send_input(
             {"type": "http.request", "body": orjson.dumps({**body, "stream": True})}

@@ -12,79 +12,21 @@ import orjson
 from asgiref.sync import sync_to_async
 from asgiref.testing import ApplicationCommunicator
 from django.core.asgi import get_asgi_application
-from django.test import TestCase, TransactionTestCase, override_settings
+from django.test import TransactionTestCase, override_settings
 
 from chatparity.backends import _http1
 from chatparity.backends import upstream as upstream_backend
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.transport.fastpath import FastPath
+from tests.asgi import completion_scope, keep_test_connection
 from tests.backends import faulty_upstream
-from tests.transport.test_disconnect import keep_test_connection, scope
-
-SECRET = "sk-upstream-secret-0000"
+from tests.support.upstream import SECRET, UpstreamTestCase
 
 
 def closed_port() -> int:
     with closing(socket.socket()) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def frames(body: bytes) -> list:
-    """The JSON payloads of an SSE body, with ``[DONE]`` as a string."""
-    events = [e.removeprefix(b"data: ") for e in body.split(b"\n\n") if e]
-    return [e.decode() if e == b"[DONE]" else json.loads(e) for e in events]
-
-
-class UpstreamTestCase(TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.upstream, stop = faulty_upstream.start(SECRET)
-        cls.addClassCleanup(stop)
-        super().setUpClass()
-
-    @classmethod
-    def setUpTestData(cls):
-        cls.key, cls.plaintext = ApiKey.objects.create_key("tests")
-        cls.backend = Backend.objects.create(
-            name="faulty", kind="openai", base_url=cls.upstream.base_url, secret=SECRET,
-            timeout=5, options={"backoff": 0.01},
-        )  # fmt: skip
-
-    def setUp(self):
-        self.upstream.attempts.clear()
-
-    async def alias(self, behaviour, backend=None, **fields):
-        return await ModelAlias.objects.acreate(
-            public_id=f"up-{behaviour}", backend=backend or self.backend, model=behaviour, **fields
-        )
-
-    async def ask(self, behaviour, **body):
-        await self.alias(behaviour)
-        return await self.post(f"up-{behaviour}", **body)
-
-    def post(self, model, **body):
-        return self.async_client.post(
-            "/v1/chat/completions",
-            data=orjson.dumps(
-                {"model": model, "messages": [{"role": "user", "content": "Hi"}], **body}
-            ),
-            content_type="application/json",
-            headers={"Authorization": f"Bearer {self.plaintext}"},
-        )
-
-    @staticmethod
-    async def stream_of(response):
-        assert response.status_code == 200, response.content
-        return frames(b"".join([part async for part in response.streaming_content]))
-
-    @staticmethod
-    def text(chunks):
-        return "".join(
-            c["choices"][0]["delta"].get("content") or ""
-            for c in chunks
-            if isinstance(c, dict) and c.get("choices")
-        )
 
 
 class CanonicalForwardingTests(UpstreamTestCase):
@@ -176,6 +118,23 @@ class AllowListTests(UpstreamTestCase):
         assert (await self.post("up-whole")).status_code == 200
         assert "service_tier" not in self.upstream.bodies["whole"]
         assert self.upstream.bodies["whole"]["temperature"] == 0
+
+
+class CompletionLimitTests(UpstreamTestCase):
+    """A request that sets no max_tokens is sent with the completion its limits left it:
+    the upstream ends the answer where the budget does."""
+
+    async def test_what_a_budget_left_is_the_upstreams_max_tokens(self):
+        from django.core.cache import cache
+
+        cache.clear()
+        key = await ApiKey.objects.aget(pk=self.key.pk)
+        key.token_budget = 50
+        await key.asave(update_fields=["token_budget"])
+        assert (await self.ask("whole")).status_code == 200
+        assert self.upstream.bodies["whole"]["max_tokens"] == 50 - 4  # "Hi" is estimated at 4
+        assert (await self.post("up-whole", max_tokens=5)).status_code == 200
+        assert self.upstream.bodies["whole"]["max_tokens"] == 5  # the client's, as sent
 
 
 class RepairTests(UpstreamTestCase):
@@ -658,7 +617,7 @@ class HangUpTests(TransactionTestCase):
             name="up", kind="openai", base_url=self.upstream.base_url
         )
         await ModelAlias.objects.acreate(public_id="smollm2", backend=backend, model="slow-tokens")
-        communicator = ApplicationCommunicator(get_asgi_application(), scope(plaintext))
+        communicator = ApplicationCommunicator(get_asgi_application(), completion_scope(plaintext))
         body = {"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "stream": True}
         await communicator.send_input({"type": "http.request", "body": orjson.dumps(body)})
         assert (await communicator.receive_output(timeout=10))["status"] == 200
@@ -723,7 +682,7 @@ class BackPressureTests(TransactionTestCase):
 
         with mock.patch.object(_http1._Connection, "data_received", counting):
             served = asyncio.ensure_future(
-                FastPath(get_asgi_application())(scope(plaintext), receive, send)
+                FastPath(get_asgi_application())(completion_scope(plaintext), receive, send)
             )
             await asyncio.wait_for(stopped_reading.wait(), 10)
             await asyncio.sleep(0.5)  # the upstream goes on sending

@@ -14,7 +14,7 @@ from django.test import TestCase, override_settings
 from chatparity.backends.upstream import UpstreamBackend
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from tests.backends.faulty_upstream import _json, _stream
-from tests.backends.test_upstream import frames
+from tests.support.upstream import frames
 
 SECRET = "sk-native-secret-0000"
 

@@ -9,93 +9,24 @@ test backend, so a case costs milliseconds rather than a model's generation.
 Hand-written requests below cover what a schema cannot describe.
 """
 
-import asyncio
 import time
 from collections import Counter
 
 import orjson
 import pytest
-import schemathesis
-from asgiref.sync import sync_to_async
-from django.db import connections
 from django.test import TestCase, override_settings
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
-from schemathesis.checks import (
-    content_type_conformance,
-    negative_data_rejection,
-    not_a_server_error,
-    response_headers_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
-from schemathesis.python import asgi
 
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.errors import invalid_json
-from project.asgi import application
 from tests.scripted import SCRIPTED
+from tests.support.fuzz import ALIAS, CHECKS, MODES, bounded
 
-# Small limits, so that generated breaches of them stay small requests.
-FUZZ_SETTINGS = {
-    **SCRIPTED,
-    "LOG_BODIES": True,  # the request log stores whatever JSON was sent
-    "MAX_BODY_BYTES": 64 * 1024,
-    "MAX_MESSAGES": 8,
-    "MAX_CONTENT_CHARS": 256,
-}
-ALIAS = "scripted"
 RANDOM_EXAMPLES = 150  # per generation mode, for chat completions
 MODELS_EXAMPLES = 25  # per generation mode and models endpoint
 MIN_CHAT_CASES = 1000
-MODES = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
-# Schemathesis's checks that answers are as documented, and that what breaks the
-# document is refused. Not positive_data_acceptance: a body the schema allows
-# may still break a rule across fields (a tool message must answer a call just
-# made), which is OpenAI's 400.
-CHECKS = [
-    not_a_server_error,
-    status_code_conformance,
-    content_type_conformance,
-    response_headers_conformance,
-    response_schema_conformance,
-    negative_data_rejection,
-]
-
-
-def bounded(max_examples):
-    """A fixed number of cases from a fixed seed: bounded in time, the same in every run."""
-    return settings(
-        max_examples=max_examples,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
-
-
-@pytest.fixture
-def api(transactional_db):
-    """The loaded schema and a client with a valid key.
-
-    The data is committed, as the application answers on another thread.
-    """
-    with override_settings(CHATPARITY=FUZZ_SETTINGS):
-        _, plaintext = ApiKey.objects.create_key("fuzz")
-        backend = Backend.objects.create(
-            name="scripted", kind="scripted", options={"script": ["Hel", "lo"]}
-        )
-        ModelAlias.objects.create(public_id=ALIAS, backend=backend)
-        schema = schemathesis.openapi.from_asgi("/v1/openapi.json", application)
-        # Whole streams, however many events: the last one must be [DONE].
-        with asgi.get_client(application, max_stream_events=100_000) as client:
-            client.headers["Authorization"] = f"Bearer {plaintext}"
-            yield schema, client
-    # With no request context on the client's event loop, the application's database
-    # calls ran in asgiref's shared thread: close its connection, which would keep
-    # PostgreSQL from dropping the test database.
-    asyncio.run(sync_to_async(connections.close_all)())
 
 
 def assert_openai_answer(response):

@@ -7,8 +7,8 @@ from django.test import override_settings
 
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.messages_stream import PING
+from tests.asgi import FastPathTestCase
 from tests.scripted import SCRIPTED
-from tests.transport.test_fastpath import FastPathTestCase
 
 HI = [{"role": "user", "content": "Hi"}]
 WEATHER = {

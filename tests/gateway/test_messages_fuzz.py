@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from tests.gateway.test_fuzz import ALIAS, CHECKS, MODES, api, bounded  # noqa: F401  (api: a fixture)
+from tests.support.fuzz import ALIAS, CHECKS, MODES, bounded
 
 RANDOM_EXAMPLES = 150  # per generation mode
 
@@ -67,7 +67,7 @@ def fuzz(operation, mode, client, statuses):
 
 
 @pytest.mark.parametrize("path", ["/messages", "/messages/count_tokens"])
-def test_messages_never_answer_a_5xx(api, path):  # noqa: F811
+def test_messages_never_answer_a_5xx(api, path):
     schema, client = api
     statuses = Counter()
     for mode in MODES:

@@ -62,23 +62,39 @@ def keepalives_then_data(content):
     return comments, [frame.split(b"data: ", 1)[1][:-2] for frame in data]
 
 
+class ChatCompletions:
+    """Mixed into a gateway test class: its requests ask ``/v1/chat/completions``."""
+
+    path = "/v1/chat/completions"
+
+    @staticmethod
+    def request(model, **body):
+        return {"model": model, "messages": [{"role": "user", "content": "Hi"}], **body}
+
+
+class Responses:
+    """Mixed into a gateway test class: its requests ask ``/v1/responses``."""
+
+    path = "/v1/responses"
+
+    @staticmethod
+    def request(model, **body):
+        return {"model": model, "input": "Hi", **body}
+
+
 class GatewayTestCase(TestCase):
-    """Requests through the ASGI fast path, timed."""
+    """Requests through the ASGI fast path, timed, to the endpoint a mixin names
+    (:class:`ChatCompletions`, :class:`Responses`)."""
 
     def setUp(self):
         self.application = FastPath(get_asgi_application())
 
-    path = "/v1/chat/completions"
-
     async def send(self, model, **body):
-        if self.path == "/v1/responses":
-            request = {"model": model, "input": "Hi", **body}
-        else:
-            request = {"model": model, "messages": [{"role": "user", "content": "Hi"}], **body}
         headers = [("authorization", f"Bearer {self.plaintext}")]
         scope = http_scope("POST", self.path, headers)
         communicator = ApplicationCommunicator(self.application, scope)
-        await communicator.send_input({"type": "http.request", "body": orjson.dumps(request)})
+        request = orjson.dumps(self.request(model, **body))
+        await communicator.send_input({"type": "http.request", "body": request})
         return communicator
 
     async def ask(self, model, **body):
@@ -95,8 +111,10 @@ class GatewayTestCase(TestCase):
         return await RequestLog.objects.aget()
 
 
-@override_settings(CHATPARITY=SETTINGS)
-class SlowBackendTests(GatewayTestCase):
+class SlowBackend:
+    """Mixed into a gateway test class: aliases of slow backends, and what any endpoint
+    does with them."""
+
     @classmethod
     def setUpTestData(cls):
         cls.key, cls.plaintext = ApiKey.objects.create_key("tests")
@@ -114,6 +132,66 @@ class SlowBackendTests(GatewayTestCase):
     def setUp(self):
         super().setUp()
         SlowStartBackend.stopped.clear()
+
+    async def test_a_slow_request_that_is_invalid_still_gets_its_status(self):
+        start, _, content = await self.ask("slow", stream=True, temperature=7)
+        assert start["status"] == 400
+        assert orjson.loads(content)["error"]["param"] == "temperature"
+
+    @override_settings(CHATPARITY={**SETTINGS, "KEEPALIVE_SECONDS": 5.0, "FIRST_BYTE_TIMEOUT": 0.2})
+    async def test_a_timeout_before_the_first_keepalive_is_a_504(self):
+        start, started, content = await self.ask("silent", stream=True)
+        assert start["status"] == 504
+        assert 0.2 <= started < 2
+        assert orjson.loads(content)["error"]["code"] == "request_timeout"
+        row = await self.row()
+        assert (row.status_code, row.error_code) == (504, "request_timeout")
+
+    @override_settings(CHATPARITY={**SETTINGS, "FIRST_BYTE_TIMEOUT": 0.2})
+    async def test_a_non_stream_request_whose_backend_never_answers_is_a_504(self):
+        start, started, content = await self.ask("silent")
+        assert start["status"] == 504
+        assert 0.2 <= started < 2
+        error = orjson.loads(content)["error"]
+        assert (error["type"], error["code"]) == ("timeout_error", "request_timeout")
+        assert SlowStartBackend.stopped == ["silent"]
+        row = await self.row()
+        assert (row.status_code, row.error_code) == (504, "request_timeout")
+
+    async def test_a_client_that_leaves_during_keepalives_stops_the_backend(self):
+        communicator = await self.send("silent", stream=True)
+        start = await communicator.receive_output(timeout=10)
+        assert start["status"] == 200
+        assert (await communicator.receive_output(timeout=10))["body"] == KEEPALIVE
+        await communicator.send_input({"type": "http.disconnect"})
+        await communicator.wait(timeout=10)
+        assert SlowStartBackend.stopped == ["silent"]
+        row = await self.row()
+        assert (row.status_code, row.cancelled) == (200, True)
+
+    @override_settings(CHATPARITY={**SETTINGS, "FIRST_BYTE_TIMEOUT": 5.0})
+    async def test_a_client_gone_before_the_early_headers_stops_the_backend(self):
+        body = orjson.dumps(self.request("silent", stream=True))
+        messages = [{"type": "http.request", "body": body}]
+
+        async def receive():
+            return messages.pop() if messages else await asyncio.Event().wait()
+
+        async def send(message):
+            raise OSError("the connection is gone")
+
+        scope = http_scope("POST", self.path, [("authorization", f"Bearer {self.plaintext}")])
+        began = time.perf_counter()
+        await self.application(scope, receive, send)
+        assert time.perf_counter() - began < 2.5  # not the first-byte timeout's 5 s
+        assert SlowStartBackend.stopped == ["silent"]
+        row = await self.row()
+        assert (row.status_code, row.cancelled) == (200, True)
+
+
+@override_settings(CHATPARITY=SETTINGS)
+class SlowChatTests(ChatCompletions, SlowBackend, GatewayTestCase):
+    """Chat completions wait for a slow backend in chunks and data frames."""
 
     async def test_a_fast_backend_sends_no_keepalive(self):
         start, _, content = await self.ask("fast", stream=True)
@@ -159,11 +237,6 @@ class SlowBackendTests(GatewayTestCase):
         assert chunks[-1].choices[0].finish_reason == "stop"
         assert b"".join(sent).startswith(KEEPALIVE)
 
-    async def test_a_slow_request_that_is_invalid_still_gets_its_status(self):
-        start, _, content = await self.ask("slow", stream=True, temperature=7)
-        assert start["status"] == 400
-        assert orjson.loads(content)["error"]["param"] == "temperature"
-
     async def test_a_fallback_serves_while_only_keepalives_were_sent(self):
         start, _, content = await self.ask("overloaded-then-slow", stream=True)
         assert start["status"] == 200
@@ -198,61 +271,9 @@ class SlowBackendTests(GatewayTestCase):
         row = await self.row()
         assert (row.status_code, row.error_code, row.cancelled) == (200, "request_timeout", False)
 
-    @override_settings(CHATPARITY={**SETTINGS, "KEEPALIVE_SECONDS": 5.0, "FIRST_BYTE_TIMEOUT": 0.2})
-    async def test_a_timeout_before_the_first_keepalive_is_a_504(self):
-        start, started, content = await self.ask("silent", stream=True)
-        assert start["status"] == 504
-        assert 0.2 <= started < 2
-        assert orjson.loads(content)["error"]["code"] == "request_timeout"
-        row = await self.row()
-        assert (row.status_code, row.error_code) == (504, "request_timeout")
-
-    @override_settings(CHATPARITY={**SETTINGS, "FIRST_BYTE_TIMEOUT": 0.2})
-    async def test_a_non_stream_request_whose_backend_never_answers_is_a_504(self):
-        start, started, content = await self.ask("silent")
-        assert start["status"] == 504
-        assert 0.2 <= started < 2
-        error = orjson.loads(content)["error"]
-        assert (error["type"], error["code"]) == ("timeout_error", "request_timeout")
-        assert SlowStartBackend.stopped == ["silent"]
-        row = await self.row()
-        assert (row.status_code, row.error_code) == (504, "request_timeout")
-
-    async def test_a_client_that_leaves_during_keepalives_stops_the_backend(self):
-        communicator = await self.send("silent", stream=True)
-        start = await communicator.receive_output(timeout=10)
-        assert start["status"] == 200
-        assert (await communicator.receive_output(timeout=10))["body"] == KEEPALIVE
-        await communicator.send_input({"type": "http.disconnect"})
-        await communicator.wait(timeout=10)
-        assert SlowStartBackend.stopped == ["silent"]
-        row = await self.row()
-        assert (row.status_code, row.cancelled) == (200, True)
-
-    @override_settings(CHATPARITY={**SETTINGS, "FIRST_BYTE_TIMEOUT": 5.0})
-    async def test_a_client_gone_before_the_early_headers_stops_the_backend(self):
-        body = {"model": "silent", "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
-        messages = [{"type": "http.request", "body": orjson.dumps(body)}]
-
-        async def receive():
-            return messages.pop() if messages else await asyncio.Event().wait()
-
-        async def send(message):
-            raise OSError("the connection is gone")
-
-        scope = http_scope(
-            "POST", "/v1/chat/completions", [("authorization", f"Bearer {self.plaintext}")]
-        )
-        began = time.perf_counter()
-        await self.application(scope, receive, send)
-        assert time.perf_counter() - began < 2.5  # not the first-byte timeout's 5 s
-        assert SlowStartBackend.stopped == ["silent"]
-        row = await self.row()
-        assert (row.status_code, row.cancelled) == (200, True)
-
 
 @override_settings(CHATPARITY={**SETTINGS, "FIRST_BYTE_TIMEOUT": 0.5})
-class SilentUpstreamTests(GatewayTestCase):
+class SilentUpstreamTests(ChatCompletions, GatewayTestCase):
     """An upstream that accepts the connection and never answers (its backend's own
     timeout ten minutes away): the client hears keepalives, then a 504, in
     ``FIRST_BYTE_TIMEOUT``."""
@@ -313,10 +334,9 @@ class SlowBackendThroughViewsTests(TestCase):
         assert data[-1] == b"[DONE]"
 
 
-class SlowResponsesTests(SlowBackendTests):
+@override_settings(CHATPARITY=SETTINGS)
+class SlowResponsesTests(Responses, SlowBackend, GatewayTestCase):
     """The Responses API waits for a slow backend the same way, in its own events."""
-
-    path = "/v1/responses"
 
     async def test_a_slow_response_gets_keepalives_then_its_events(self):
         start, started, content = await self.ask("slow", stream=True)
@@ -350,11 +370,3 @@ class SlowResponsesTests(SlowBackendTests):
         }
         row = await self.row()
         assert (row.status_code, row.error_type) == (200, "server_error")
-
-    # The chat-shaped expectations of the tests inherited: run for chat completions only.
-    test_a_fast_backend_sends_no_keepalive = None
-    test_a_slow_stream_gets_its_headers_and_keepalives_until_its_first_event = None
-    test_openais_client_reads_a_kept_alive_stream_as_any_other = None
-    test_a_fallback_serves_while_only_keepalives_were_sent = None
-    test_a_failure_after_keepalives_is_an_error_frame_and_the_row_says_200 = None
-    test_a_stream_whose_backend_never_answers_ends_with_a_504_frame = None

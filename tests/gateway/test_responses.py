@@ -17,10 +17,9 @@ from chatparity.gateway import responses
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog, StoredResponse
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
-from tests.asgi import http_scope
+from tests.asgi import FastPathTestCase, http_scope
 from tests.protocol.test_responses_stream import TWO_DELTAS
 from tests.support.waiting import until
-from tests.transport.test_fastpath import FastPathTestCase
 
 
 class ScriptBackend:

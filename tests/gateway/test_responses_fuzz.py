@@ -13,14 +13,7 @@ from schemathesis import GenerationMode
 
 from chatparity.models import Backend, ModelAlias
 from chatparity.protocol.responses import HOSTED_TOOL_TYPES
-from tests.gateway.test_fuzz import (  # noqa: F401  (api: a fixture)
-    ALIAS,
-    CHECKS,
-    FUZZ_SETTINGS,
-    MODES,
-    api,
-    bounded,
-)
+from tests.support.fuzz import ALIAS, CHECKS, FUZZ_SETTINGS, MODES, bounded
 
 RANDOM_EXAMPLES = 150  # per generation mode
 
@@ -71,7 +64,7 @@ def fuzz_creating(operation, mode, client, statuses):
     fuzz()
 
 
-def test_creating_responses_never_answers_a_5xx(api):  # noqa: F811
+def test_creating_responses_never_answers_a_5xx(api):
     schema, client = api
     statuses = Counter()
     for mode in MODES:
@@ -83,7 +76,7 @@ def test_creating_responses_never_answers_a_5xx(api):  # noqa: F811
 @pytest.mark.parametrize(
     "path", ["/responses/{response_id}", "/responses/{response_id}/input_items"]
 )
-def test_reading_stored_responses_never_answers_a_5xx(api, path):  # noqa: F811
+def test_reading_stored_responses_never_answers_a_5xx(api, path):
     schema, client = api
     statuses = Counter()
     for method in schema[path]:
@@ -151,7 +144,7 @@ def answered(response, stream):
 
 
 @pytest.fixture
-def caller(api):  # noqa: F811
+def caller(api):
     """``api``'s client, and an alias whose backend calls every function it is offered."""
     backend = Backend.objects.create(
         name=CALLER, kind="scripted", options={"script": ["<call every tool>"]}

@@ -10,8 +10,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Histogram
 from chatparity import signals
 from chatparity.metrics.instruments import Metrics, _Tally, flush
 from chatparity.models import ApiKey, Backend, ModelAlias
-from tests.backends.test_upstream import UpstreamTestCase
 from tests.scripted import SCRIPTED
+from tests.support.upstream import UpstreamTestCase
 
 
 def sample(name, **labels):

@@ -17,7 +17,7 @@ from chatparity import signals
 from chatparity.models import ModelAlias, RequestLog
 from chatparity.tracing import spans
 from chatparity.tracing.spans import Tracing
-from tests.backends.test_upstream import UpstreamTestCase
+from tests.support.upstream import UpstreamTestCase
 
 
 class TracedTestCase(UpstreamTestCase):

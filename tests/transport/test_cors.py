@@ -6,8 +6,8 @@ from django.test import TestCase, override_settings
 
 from chatparity.models import ApiKey
 from chatparity.transport.cors import CorsPolicy, is_preflight
+from tests.asgi import FastPathTestCase
 from tests.scripted import SCRIPTED
-from tests.transport.test_fastpath import FastPathTestCase
 
 APP = "https://app.example.com"
 CORS = {**SCRIPTED, "CORS_ALLOWED_ORIGINS": [APP, "http://localhost:5173"]}

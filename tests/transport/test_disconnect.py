@@ -8,29 +8,14 @@ import orjson
 from asgiref.sync import sync_to_async
 from asgiref.testing import ApplicationCommunicator
 from django.core.asgi import get_asgi_application
-from django.core.signals import request_finished, request_started
-from django.db import close_old_connections
 from django.test import TransactionTestCase
 
 from chatparity.backends import local
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.transport.fastpath import FastPath
-from tests.asgi import http_scope
+from tests.asgi import completion_scope, keep_test_connection
 from tests.scripted import SCRIPTED, ScriptedBackend
 from tests.support.waiting import until
-
-
-def scope(plaintext):
-    headers = [("authorization", f"Bearer {plaintext}"), ("content-type", "application/json")]
-    return http_scope("POST", "/v1/chat/completions", headers)
-
-
-def keep_test_connection(test):
-    """As Django's test client does: keep the test database connection open."""
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    test.addCleanup(request_started.connect, close_old_connections)
-    test.addCleanup(request_finished.connect, close_old_connections)
 
 
 class DisconnectTests(TransactionTestCase):
@@ -43,7 +28,7 @@ class DisconnectTests(TransactionTestCase):
         _, plaintext = await sync_to_async(ApiKey.objects.create_key)("hang-up")
         backend = await Backend.objects.acreate(name="local", kind="local")
         await ModelAlias.objects.acreate(public_id="smollm2", backend=backend)
-        communicator = ApplicationCommunicator(self.application(), scope(plaintext))
+        communicator = ApplicationCommunicator(self.application(), completion_scope(plaintext))
         await communicator.send_input({"type": "http.request", "body": orjson.dumps(body)})
         start = await communicator.receive_output(timeout=60)
         assert start["status"] == 200
@@ -80,7 +65,7 @@ class DisconnectTests(TransactionTestCase):
                 name="hangs", kind="scripted", options={"script": ["Once", "<hang>"]}
             )
             await ModelAlias.objects.acreate(public_id="smollm2", backend=backend)
-            communicator = ApplicationCommunicator(self.application(), scope(plaintext))
+            communicator = ApplicationCommunicator(self.application(), completion_scope(plaintext))
             body = {"model": "smollm2", "messages": [{"role": "user", "content": "A story."}]}
             await communicator.send_input({"type": "http.request", "body": orjson.dumps(body)})
             await until(lambda: ScriptedBackend.hanging)  # waiting for the rest of the answer

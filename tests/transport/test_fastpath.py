@@ -7,15 +7,12 @@ from unittest import mock
 
 import orjson
 from asgiref.sync import sync_to_async
-from asgiref.testing import ApplicationCommunicator
-from django.core.asgi import get_asgi_application
-from django.test import TestCase, modify_settings, override_settings
+from django.test import modify_settings, override_settings
 
 from chatparity.accounting import inserts
-from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
+from chatparity.models import ApiKey, RequestLog
 from chatparity.signals import request_logged
-from chatparity.transport.fastpath import FastPath
-from tests.asgi import http_scope, reply_body
+from tests.asgi import FastPathTestCase, reply_body
 from tests.scripted import SCRIPTED
 
 # The production settings of SecurityMiddleware, behind a proxy that says the scheme.
@@ -32,55 +29,6 @@ SECURITY_HEADERS = (
     b"referrer-policy",
     b"cross-origin-opener-policy",
 )
-
-
-@override_settings(CHATPARITY=SCRIPTED)
-class FastPathTestCase(TestCase):
-    @classmethod
-    def setUpTestData(cls):
-        cls.key, cls.plaintext = ApiKey.objects.create_key("tests")
-        backend = Backend.objects.create(
-            name="scripted", kind="scripted", options={"script": ["Hello", " there"]}
-        )
-        ModelAlias.objects.create(public_id="echo", backend=backend)
-
-    def setUp(self):
-        self.application = FastPath(get_asgi_application())
-
-    def headers(self, **extra):
-        return [
-            ("authorization", f"Bearer {self.plaintext}"),
-            ("content-type", "application/json"),
-            ("user-agent", "fast-path-test/1.0"),
-            *extra.items(),
-        ]
-
-    def communicator(self, method, path, headers=None, query_string="", root_path=""):
-        headers = self.headers() if headers is None else headers
-        scope = http_scope(
-            method,
-            path,
-            headers,
-            query_string=query_string,
-            root_path=root_path,
-            client=("10.1.2.3", 50000),
-        )
-        return ApplicationCommunicator(self.application, scope)
-
-    async def exchange(self, method, path, body=b"", headers=None, query_string="", root_path=""):
-        """The response start, its body, and the communicator (still running)."""
-        communicator = self.communicator(method, path, headers, query_string, root_path)
-        await communicator.send_input({"type": "http.request", "body": body})
-        start = await communicator.receive_output(timeout=10)
-        return start, await reply_body(communicator), communicator
-
-    async def ask(self, **body):
-        request = {"model": "echo", "messages": [{"role": "user", "content": "Hi"}], **body}
-        start, content, communicator = await self.exchange(
-            "POST", "/v1/chat/completions", orjson.dumps(request)
-        )
-        await communicator.wait(timeout=10)
-        return start, content
 
 
 class FastPathTests(FastPathTestCase):
@@ -118,7 +66,7 @@ class FastPathTests(FastPathTestCase):
         await self.ask(stream=True)
         await self.ask(model="missing")
         rows = [row async for row in RequestLog.objects.order_by("id")]
-        assert [(row.alias, row.status_code) for row in rows] == [("echo", 200), ("missing", 404)]
+        assert [(row.alias, row.status_code) for row in rows] == [("echo", 200), ("unknown", 404)]
         assert rows[0].completion_tokens == 2
         assert (rows[0].client_ip, rows[0].user_agent) == ("10.1.2.3", "fast-path-test/1.0")
         key = await ApiKey.objects.aget(pk=self.key.pk)
