@@ -338,6 +338,14 @@ RESPONSES = Api(
     '"delta":"tok ',
     'string.find(body, "event: response.completed\\n", 1, true) ~= nil',
 )
+# Anthropic's Messages API on the same backend: its text deltas count the tokens.
+MESSAGES = Api(
+    "messages",
+    {"max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]},
+    "tok ",
+    '"text":"tok ',
+    'string.find(body, "event: message_stop\\n", 1, true) ~= nil',
+)
 
 
 def wrk(

@@ -9,7 +9,8 @@ with the same wrk load (non-stream and stream of 20 chunks, at concurrency 1
 and 32): the stub directly; chatparity through its ``openai`` backend under
 daphne (one worker) and uvicorn (one and two workers), request logging on,
 SQLite in a temporary file; the one uvicorn worker again through
-``/v1/responses`` (not stored, as chat completions are not); the LiteLLM
+``/v1/responses`` (not stored, as chat completions are not) and through
+Anthropic's ``/v1/messages``; the LiteLLM
 proxy (one worker, no database). Then the memory per open stream with many
 concurrent slow streams on one worker, and the local model's tokens/s through
 the HTTP stream against raw llama-cpp-python. It writes ``bench/RESULTS.md``,
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
+import itertools
 import json
 import os
 import platform
@@ -50,8 +52,10 @@ CHATPARITY = (
     ("chatparity uvicorn x2, NODELAY fix", "uvicorn-nodelay", 2),
 )
 ONE_WORKER = ("chatparity daphne x1", "chatparity uvicorn x1")
-# The same uvicorn worker, loaded through the Responses API instead.
+# The same uvicorn worker, loaded through the Responses API and the Messages API instead.
 RESPONSES = "chatparity uvicorn x1, /v1/responses"
+MESSAGES = "chatparity uvicorn x1, /v1/messages"
+OTHER_WIRES = ((RESPONSES, "/v1/responses"), (MESSAGES, "/v1/messages"))
 WORKLOADS = ((False, 1), (False, 32), (True, 1), (True, 32))  # (stream, concurrency)
 
 
@@ -157,6 +161,7 @@ def start_gateways(
         targets.append(Target(name, url, site.key, "stub"))
         if name == "chatparity uvicorn x1":
             targets.append(Target(RESPONSES, url, site.key, "stub", harness.RESPONSES))
+            targets.append(Target(MESSAGES, url, site.key, "stub", harness.MESSAGES))
     if litellm:
         port = harness.free_port()
         url = f"http://127.0.0.1:{port}/v1"
@@ -345,16 +350,16 @@ def targets_table(results: Results) -> list[str]:
                     f"{ratio:.2f}x ({cell.rps:.0f} vs {litellm.rps:.0f})",
                     ratio >= 10,
                 )
-    for stream, concurrency in WORKLOADS:
+    for (wire, path), (stream, concurrency) in itertools.product(OTHER_WIRES, WORKLOADS):
         chat = results.cell("chatparity uvicorn x1", stream, concurrency)
-        responses = results.cell(RESPONSES, stream, concurrency)
+        other = results.cell(wire, stream, concurrency)
         direct = results.cell(DIRECT, stream, concurrency)
-        if chat and responses and direct:
-            ratio = responses.rps / chat.rps
-            added = [cell.p50_ms - direct.p50_ms for cell in (chat, responses)]
+        if chat and other and direct:
+            ratio = other.rps / chat.rps
+            added = [cell.p50_ms - direct.p50_ms for cell in (chat, other)]
             row(
-                f"/v1/responses within 10% of chat completions, {chat.workload}, c={concurrency}",
-                RESPONSES,
+                f"{path} within 10% of chat completions, {chat.workload}, c={concurrency}",
+                wire,
                 f"{ratio:.2f}x req/s, added p50 {added[1]:+.2f} vs {added[0]:+.2f} ms",
                 ratio >= 0.9 and added[1] <= added[0] * 1.1 + 0.05,
             )

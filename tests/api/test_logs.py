@@ -34,6 +34,12 @@ def rows():
     ]  # fmt: skip
 
 
+def test_messages_rows_are_their_own_endpoint(admin_client, rows):
+    logged(DAY3, request_id="m", alias="claude", endpoint="messages")
+    assert ids(admin_client, endpoint="messages") == ["m"]
+    assert "m" not in ids(admin_client, endpoint="chat.completions")
+
+
 def test_newest_first(admin_client, rows):
     assert ids(admin_client) == ["d", "c", "b", "a"]
 

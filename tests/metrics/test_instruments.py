@@ -131,6 +131,26 @@ class RequestMetricsTests(ObservedTestCase):
         assert sample("chatparity_requests_in_flight") == in_flight
         assert sample("chatparity_log_rows_pending") == 0
 
+    async def test_a_message_is_counted_under_the_messages_endpoint(self):
+        labels = {
+            "endpoint": "messages",
+            "alias": "metered",
+            "backend": "scripted-metrics",
+            "status_class": "2xx",
+            "stream": "true",
+        }
+        before = Samples(key_of("chatparity_requests_total", **labels))
+        body = {"model": "metered", "max_tokens": 8, "stream": True,
+                "messages": [{"role": "user", "content": "Hi"}]}  # fmt: skip
+        response = await self.async_client.post(
+            "/v1/messages", data=orjson.dumps(body), content_type="application/json",
+            headers={"x-api-key": self.plaintext},
+        )  # fmt: skip
+        assert response.status_code == 200
+        async for _ in response.streaming_content:
+            pass
+        assert before.added("chatparity_requests_total", **labels) == 1
+
     async def test_models_no_alias_serves_fold_into_one_label(self):
         labels = {
             "endpoint": "chat.completions",
