@@ -16,7 +16,9 @@ from django.urls import include, path
 from chatparity.protocol.completion import CompletionAccumulator
 from chatparity.protocol.enums import FINISH_REASONS
 from chatparity.protocol.errors import APIError
-from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
+from chatparity.protocol.events import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from chatparity.protocol.messages import error_body, parse_messages_request
+from chatparity.protocol.messages_stream import MessageEncoder
 from chatparity.protocol.openapi import openapi_document
 from chatparity.protocol.request import Limits, parse_chat_request
 from chatparity.protocol.responses import parse_responses_request
@@ -378,3 +380,63 @@ def test_the_responses_endpoints_are_documented():
     assert set(paths["/responses/{response_id}"]) == {"get", "delete"}
     listing = paths["/responses/{response_id}/input_items"]["get"]
     assert [p["name"] for p in listing["parameters"]] == ["response_id", "limit", "order", "after"]
+
+
+# Anthropic's Messages API.
+
+MESSAGES_REQUEST = SCHEMAS["CreateMessageRequest"]
+
+
+def parse_message_request(key, value):
+    body = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "Hi"}]}
+    return parse_messages_request({**body, key: value}, Limits())
+
+
+@pytest.mark.parametrize("key", sorted(MESSAGES_REQUEST["properties"]))
+def test_every_documented_messages_parameter_is_one_the_server_checks(key):
+    schema = {**MESSAGES_REQUEST["properties"][key], "components": DOCUMENT["components"]}
+    validator = jsonschema_rs.Draft202012Validator(schema)
+    invalid = next(v for v in ([1], {"x": 1}, "x", 1.5, True) if not validator.is_valid(v))
+    with pytest.raises(APIError) as refused:
+        parse_message_request(key, invalid)
+    assert refused.value.param.startswith(key)
+    assert "Extra inputs" not in refused.value.message
+
+
+def test_a_messages_parameter_the_document_does_not_list_is_refused():
+    assert MESSAGES_REQUEST["additionalProperties"] is False
+    assert SCHEMAS["CountMessageTokensRequest"]["additionalProperties"] is False
+    with pytest.raises(APIError, match="n: Extra inputs are not permitted"):
+        parse_message_request("n", 2)
+
+
+def test_a_message_and_every_event_of_its_stream_are_as_documented():
+    encoder = MessageEncoder(message_id="msg_1", model="m", input_tokens=3, request_id="req_1")
+    events = encoder.opening()
+    for event in (
+        ReasoningDelta(0, "Hm."),
+        TextDelta(0, "Hi"),
+        ToolCallDelta(0, 0, "{}", id="toolu_1", name="f"),
+        Finish(0, "tool_calls"),
+        Usage(prompt_tokens=3, completion_tokens=2),
+    ):
+        events += encoder.encode(event)
+    events += encoder.closing()
+    event_schema = component_validator("MessageStreamEvent")
+    for event in [*events, *encoder.failing(APIError("late", status=502))]:
+        event_schema.validate(event)
+    component_validator("Message").validate(encoder.message())
+    component_validator("AnthropicError").validate(error_body(APIError("bad"), "req_1"))
+
+
+def test_the_messages_endpoints_answer_anthropics_errors_and_take_its_key():
+    for endpoint in ("/messages", "/messages/count_tokens"):
+        operation = DOCUMENT["paths"][endpoint]["post"]
+        assert operation["security"] == [{"apiKey": []}, {"bearerAuth": []}]
+        for status, answer in operation["responses"].items():
+            assert "request-id" in answer["headers"]
+            if status != "200":
+                assert answer["content"]["application/json"]["schema"] == {
+                    "$ref": "#/components/schemas/AnthropicError"
+                }
+    assert DOCUMENT["components"]["securitySchemes"]["apiKey"]["name"] == "x-api-key"
