@@ -24,11 +24,10 @@ from typing import Any
 
 import orjson
 
-from .events import Event, Finish, ReasoningDelta
+from .events import Event, Finish
 from .messages import MIN_THINKING_BUDGET
 from .messages_stream import tool_input
 from .request import ChatRequest, Message
-from .tokens import approximate_tokens
 from .upstream import ChunkReader, ServerSentEvent, believable_usage, well_shaped
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -268,13 +267,9 @@ class MessagesEventReader(ChunkReader):
     def _thinking(self, text: str) -> list[Event]:
         if not isinstance(text, str):
             raise TypeError("thinking is not a string")
-        index = self.indices.start
-        if not text or index in self._finished:
+        if not text:
             return []
-        self._seen.add(index)
-        tokens = approximate_tokens(len(text)) if self._whole else 1
-        self.completion_tokens += tokens
-        return [ReasoningDelta(index, text, tokens)]
+        return self._choice({"index": 0, "delta": {"reasoning_content": text}}, whole=self._whole)
 
     def _arguments(self, index: int, arguments: str) -> list[Event]:
         if not isinstance(arguments, str):

@@ -29,7 +29,16 @@ import orjson
 
 from .enums import FINISH_REASONS, FinishReason
 from .errors import APIError
-from .events import Event, Finish, TextDelta, TokenLogprob, ToolCallDelta, TopLogprob, Usage
+from .events import (
+    Event,
+    Finish,
+    ReasoningDelta,
+    TextDelta,
+    TokenLogprob,
+    ToolCallDelta,
+    TopLogprob,
+    Usage,
+)
 from .request import CHAT_COMPLETION_REQUEST
 from .tokens import approximate_tokens
 
@@ -269,6 +278,12 @@ class ChunkReader:
         self._seen.add(index)
         delta = choice.get("delta") or {}
         events: list[Event] = []
+        # Reasoning, as servers that show it name it (vLLM, llama.cpp, DeepSeek; OpenRouter).
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        if isinstance(reasoning, str) and reasoning:
+            tokens = _tokens(reasoning, whole)
+            self.completion_tokens += tokens
+            events.append(ReasoningDelta(index, reasoning, tokens))
         content = delta.get("content")
         if isinstance(content, str) and content:
             logprobs = _logprobs(choice.get("logprobs"))

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from chatparity.protocol.errors import APIError
-from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
+from chatparity.protocol.events import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from chatparity.protocol.upstream import (
     MAX_REPORTED_TOKENS,
     ChunkReader,
@@ -64,6 +64,19 @@ class TestChunkReader:
         assert reader.close(reader.indices) == [Finish(0, "stop"), Finish(1, "stop")]
         assert reader.close([0]) == []  # a choice finishes once
         assert reader.usage == Usage(3, 2, counted=True)
+
+    def test_reasoning_as_servers_name_it_is_read_and_counted(self):
+        reader = ChunkReader(n=1, prompt_tokens=3)
+        thought = {"choices": [{"index": 0, "delta": {"reasoning_content": "Hm, "}}]}
+        said = {"choices": [{"index": 0, "delta": {"reasoning": "a greeting.", "content": "Hi"}}]}
+        assert reader.read(message(thought)) + reader.read(message(said)) == [
+            ReasoningDelta(0, "Hm, "),
+            ReasoningDelta(0, "a greeting."),
+            TextDelta(0, "Hi"),
+        ]
+        odd = {"choices": [{"index": 0, "delta": {"reasoning": {"summary": "x"}}}]}
+        assert reader.read(message(odd)) == []  # not text: not reasoning we can show
+        assert reader.usage == Usage(3, 3, counted=True)
 
     def test_a_choice_asked_for_on_its_own_is_renumbered(self):
         reader = ChunkReader(n=1, prompt_tokens=0, first_index=2)
