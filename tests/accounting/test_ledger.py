@@ -18,9 +18,9 @@ from chatparity.protocol.errors import APIError
 from chatparity.protocol.request import parse_chat_request
 from chatparity.signals import request_logged
 from chatparity.transport.fastpath import FastPath
-from tests.accounting.test_limits import OnRedis
 from tests.asgi import http_scope
 from tests.scripted import SCRIPTED
+from tests.support.counters import OnRedis
 from tests.support.upstream import UpstreamTestCase
 
 CHAT = parse_chat_request(

@@ -3,11 +3,8 @@
 import asyncio
 import datetime
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from decimal import Decimal
 from unittest import mock
@@ -24,6 +21,8 @@ from chatparity.protocol.errors import APIError
 from chatparity.protocol.request import parse_chat_request
 from tests import services
 from tests.scripted import SCRIPTED
+from tests.support.counters import OnRedis
+from tests.support.processes import in_a_process
 
 
 async def save(instance, **fields):
@@ -267,19 +266,6 @@ class CompletionCapTests(LimitTestCase):
         assert (await self.ask(max_tokens=96)).status_code == 200
 
 
-class OnRedis:
-    """The same tests with the counters in Redis, emptied first."""
-
-    @pytest.fixture(autouse=True)
-    def _on_redis(self, redis_url):
-        from redis import Redis
-
-        with Redis.from_url(redis_url) as client:
-            client.flushdb()
-        with override_settings(CHATPARITY={**SCRIPTED, "REDIS_URL": redis_url}):
-            yield
-
-
 class RedisRequestsPerMinuteTests(OnRedis, RequestsPerMinuteTests):
     pass
 
@@ -441,19 +427,12 @@ def hold_a_slot(url: str, slots: str) -> None:
         asyncio.run(hold())
 
 
-def in_a_process(call: str) -> subprocess.Popen:
-    """``call`` (of this module) in a Python process of its own, its result on stdout."""
-    script = (
-        "import django, json; django.setup(); import tests.accounting.test_limits as t;"
-        f" print(json.dumps(t.{call}))"
-    )
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env)
-
-
 def test_two_processes_never_pass_a_limit_together(redis_url):
     counter = f"test:race:{time.time()}"
-    workers = [in_a_process(f"hammer({redis_url!r}, {counter!r}, 600, {seed})") for seed in (1, 2)]
+    workers = [
+        in_a_process(__name__, f"hammer({redis_url!r}, {counter!r}, 600, {seed})")
+        for seed in (1, 2)
+    ]
     used = [amount for worker in workers for amount in json.loads(worker.communicate()[0])]
     assert 0 < sum(used) <= 600
     (left,) = asyncio.run(RedisCounters(redis_url).values([counter]))
@@ -480,7 +459,7 @@ def test_a_slot_nobody_renews_expires(store, redis_url, settings):
 
 def test_a_killed_workers_slot_is_free_within_its_lease(redis_url):
     slots = f"test:slots:{time.time()}"
-    worker = in_a_process(f"hold_a_slot({redis_url!r}, {slots!r})")
+    worker = in_a_process(__name__, f"hold_a_slot({redis_url!r}, {slots!r})")
     assert worker.stdout.readline() == b"held\n"
     store = RedisCounters(redis_url)
     time.sleep(3)
