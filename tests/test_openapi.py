@@ -25,7 +25,7 @@ from chatparity.protocol.responses import parse_responses_request
 from chatparity.protocol.responses_stream import ResponseEncoder
 from chatparity.protocol.stream import ChunkEncoder
 from chatparity.protocol.upstream import ChunkReader, ServerSentEvent
-from tests.protocol.test_request import HI, WEATHER
+from tests.support.wire import HI, WEATHER
 
 # A site that mounts the app under /api/ (see test_the_servers_url_follows_the_mount_point).
 urlpatterns = [path("api/", include("chatparity.urls"))]

@@ -18,8 +18,8 @@ from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog, StoredRes
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
 from tests.asgi import FastPathTestCase, http_scope
-from tests.protocol.test_responses_stream import TWO_DELTAS
 from tests.support.waiting import until
+from tests.support.wire import TWO_DELTAS
 
 
 class ScriptBackend:

@@ -13,18 +13,9 @@ from chatparity.protocol.request import (
     parse_chat_request,
     with_defaults,
 )
+from tests.support.wire import HI, WEATHER
 
 ABSENT = object()  # a key left out of the body
-HI = [{"role": "user", "content": "Hi"}]
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-        "strict": True,
-    },
-}
 CALL = {
     "id": "call_1",
     "type": "function",

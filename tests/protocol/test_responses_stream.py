@@ -14,6 +14,7 @@ from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
 from chatparity.protocol.responses import ToolNames
 from chatparity.protocol.responses_stream import ResponseEncoder, sse_event
+from tests.support.wire import TWO_DELTAS
 
 GOLDEN = Path(__file__).parent / "golden"
 SETTINGS = {"store": True, "tools": [], "tool_choice": "auto"}
@@ -66,21 +67,6 @@ def test_stream_matches_golden_transcript(name, request):
     if request.config.getoption("--update-golden"):
         path.write_bytes(produced)
     assert produced == path.read_bytes()
-
-
-TWO_DELTAS = [
-    "response.created",
-    "response.in_progress",
-    "response.output_item.added",
-    "response.content_part.added",
-    "response.output_text.delta",
-    "response.output_text.delta",
-    "response.output_text.done",
-    "response.content_part.done",
-    "response.output_item.done",
-    "response.completed",
-]
-"""The events of a text answer in two pieces, in OpenAI's order."""
 
 
 def test_a_text_answer_streams_in_openais_order():
