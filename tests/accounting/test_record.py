@@ -96,14 +96,14 @@ class LogWriterTests(TestCase):
 
     async def test_rows_finishing_together_are_one_insert(self):
         batches = []
-        original = inserts.insert_rows
+        original = writer.LogWriter.save
 
-        def insert_rows(rows):
+        async def save(log_writer, rows):
             batches.append(len(rows))
-            return original(rows)
+            await original(log_writer, rows)
 
         log_writer = writer.LogWriter()
-        with mock.patch.object(inserts, "insert_rows", insert_rows):
+        with mock.patch.object(writer.LogWriter, "save", save):
             await asyncio.gather(*(log_writer.write(self.row(f"r{i}")) for i in range(10)))
         assert batches == [10]
         assert await RequestLog.objects.acount() == 10

@@ -2,7 +2,6 @@
 the ASGI fast path and the Django views, behind the same keys, limits and log as chat."""
 
 import asyncio
-import threading
 from datetime import timedelta
 from unittest import mock
 
@@ -14,6 +13,7 @@ from django.utils import timezone
 
 from chatparity.backends.base import BackendConfig
 from chatparity.gateway import responses
+from chatparity.gateway.responses import Keeper
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog, StoredResponse
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
@@ -300,7 +300,7 @@ class StoreTests(ResponsesTestCase):
         assert await StoredResponse.objects.filter(pk=response["id"]).aexists()
 
     async def test_the_database_away_costs_the_client_nothing_but_the_stored_copy(self):
-        failing = mock.patch.object(responses, "_save", side_effect=OperationalError("gone"))
+        failing = mock.patch.object(Keeper, "save", side_effect=OperationalError("gone"))
         with failing, self.assertLogs("chatparity.gateway.responses", "ERROR") as logs:
             status, response = await self.create(input="Hi")
         assert (status, response["status"]) == (200, "completed")
@@ -313,15 +313,15 @@ class StoreTests(ResponsesTestCase):
         assert stored == ids
 
     async def test_a_response_the_database_refuses_costs_only_its_own_copy(self):
-        original = responses._save
+        original = Keeper.save
 
-        def refusing(batch):
+        async def refusing(keeper, batch):
             if any(each.input_items[0]["content"][0]["text"] == "refused" for each in batch):
                 raise DataError("refused")
-            original(batch)
+            await original(keeper, batch)
 
         with (
-            mock.patch.object(responses, "_save", refusing),
+            mock.patch.object(Keeper, "save", refusing),
             self.assertLogs("chatparity.gateway.responses", "ERROR"),
         ):
             answered = await asyncio.gather(
@@ -517,19 +517,19 @@ class StoredTextTests(ResponsesTestCase):
 
 class StoringTests(ResponsesTestCase):
     async def test_a_client_leaving_while_its_response_is_stored_holds_up_no_other(self):
-        original, saving, release = responses._save, threading.Event(), threading.Event()
+        original, saving, release = Keeper.save, asyncio.Event(), asyncio.Event()
 
-        def held_save(batch):
+        async def held_save(keeper, batch):
             saving.set()
-            assert release.wait(10)  # a busy database: the batch takes until the test says
-            original(batch)
+            await release.wait()  # a busy database: the batch takes until the test says
+            await original(keeper, batch)
 
         body = orjson.dumps({"model": "echo", "input": "Hi"})
         headers = [("authorization", f"Bearer {self.plaintext}")]
-        with mock.patch.object(responses, "_save", held_save):
+        with mock.patch.object(Keeper, "save", held_save):
             first = self.communicator("POST", "/v1/responses", headers)
             await first.send_input({"type": "http.request", "body": body})
-            assert await asyncio.to_thread(saving.wait, 10)  # first's batch is being written
+            await asyncio.wait_for(saving.wait(), 10)  # first's batch is being written
             leaving = self.communicator("POST", "/v1/responses", headers)
             waiting = self.communicator("POST", "/v1/responses", headers)
             await leaving.send_input({"type": "http.request", "body": body})
