@@ -226,7 +226,7 @@ def check_commands(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             messages.append(
                 Error(
                     f"{exc}.",
-                    hint="See the command backend in the README: 'Command-line programs'.",
+                    hint="See docs/backends.md: 'Command-line programs'.",
                     id="chatparity.E021",
                 )
             )

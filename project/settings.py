@@ -239,7 +239,7 @@ def _program(name: str) -> str | None:
 
 
 def _commands() -> dict[str, dict[str, object]]:
-    """The programs a "command" backend may run (README: "Command-line programs"),
+    """The programs a "command" backend may run (docs/backends.md: "Command-line programs"),
     each declared only where it is installed."""
     commands: dict[str, dict[str, object]] = {}
     if llm := _program("llm"):
@@ -287,6 +287,6 @@ CHATPARITY: dict[str, object] = {
     # The portal's pages extend the site's own base template (templates/base.html).
     "PORTAL": {"BASE_TEMPLATE": "base.html"},
 }
-# The Prometheus metrics (README: "Observability"), served while anyone may scrape them.
+# The Prometheus metrics (docs/observability.md), served while anyone may scrape them.
 if _metrics["TOKEN"] or _metrics["ALLOWED_NETWORKS"]:
     INSTALLED_APPS.append("chatparity.metrics")
