@@ -524,6 +524,11 @@ class StoredResponse(models.Model):
         default=list, help_text="The items this response's request sent as its input."
     )
     response = models.JSONField(help_text="The response object, as the client received it.")
+    size = models.PositiveIntegerField(
+        default=0,
+        help_text="Bytes of its input items and response object, as stored: what"
+        ' CHATPARITY["STORED_RESPONSE_BYTES"] bounds.',
+    )
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:

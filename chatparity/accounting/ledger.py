@@ -29,6 +29,11 @@ from .writer import log
 logger = logging.getLogger(__name__)
 
 
+UNKNOWN_MODEL = "unknown"
+"""The alias logged for a request that names no model its key may use: a name a client
+made up is never stored or charted as sent (only in its body, with ``LOG_BODIES``)."""
+
+
 class Accounting:
     """What one request reserved and did, until its row is written.
 
@@ -45,15 +50,27 @@ class Accounting:
             observer.started(record)
 
     @property
+    def caller(self) -> str:
+        """Who asks, for backends that take turns among keys: the key, else who made an
+        admin's trial."""
+        key = self.record.api_key
+        return f"key {key.pk}" if key is not None else self.record.key_prefix
+
+    @property
     def headers(self) -> dict[str, str]:
         """The rate-limit headers of the reply: the limits the request was admitted under."""
         return self.admission.headers if self.admission is not None else {}
 
     def requested(self, chat: ChatRequest, body: Any) -> None:
-        """Note what the client asked for, before anything may refuse it."""
+        """Note what the client asked for, before anything may refuse it (the model it
+        names only once an alias serves it: :meth:`served_by`, :meth:`unknown_model`)."""
         record = self.record
         record.request_body = body
-        record.alias, record.stream, record.n = chat.model, chat.stream, chat.n
+        record.stream, record.n = chat.stream, chat.n
+
+    def unknown_model(self) -> None:
+        """The request names no model its key may use: logged as :data:`UNKNOWN_MODEL`."""
+        self.record.alias = UNKNOWN_MODEL
 
     def served_by(self, alias: ModelAlias) -> None:
         """Log the request under ``alias``, at its prices."""
@@ -65,7 +82,15 @@ class Accounting:
     async def admit(self, alias: ModelAlias, chat: ChatRequest) -> None:
         """Reserve ``chat`` as ``alias`` serves it: its prompt and its completion cap in
         every limit (OpenAI's 429 when one refuses it)."""
-        estimate = limits.Estimate.of(chat, alias)
+        await self.reserve(alias, limits.Estimate.of(chat, alias))
+
+    async def reserve(self, alias: ModelAlias | None, estimate: limits.Estimate) -> None:
+        """Reserve ``estimate`` on ``alias`` (None: under the key's own limits alone), or
+        raise the 429 of a limit that refuses it. A request admitted already, before it
+        read what it continues, has its reservation made ``estimate`` on ``alias``."""
+        if self.admission is not None:
+            await self.admission.switch(alias, estimate)
+            return
         observers = signals.observers
         for observer in observers:
             observer.admitting(self.record)

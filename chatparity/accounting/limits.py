@@ -43,7 +43,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Protocol
@@ -360,8 +360,9 @@ class CacheCounters:
             await self._call(_add, change.counter, -change.amount, change.ttl)
 
     async def settle(self, amounts: Sequence[tuple[str, int]], lease: Lease | None) -> None:
-        for slot in lease.held if lease is not None else ():
-            await self._call(_release, slot, lease.member)
+        if lease is not None:
+            for slot in lease.held:
+                await self._call(_release, slot, lease.member)
         for counter, amount in amounts:
             await self._call(_add_if_present, counter, amount)
 
@@ -607,7 +608,7 @@ class Admission:
     headers: dict[str, str] = field(default_factory=dict)
     settled: bool = False
 
-    async def switch(self, alias: ModelAlias, estimate: Estimate) -> None:
+    async def switch(self, alias: ModelAlias | None, estimate: Estimate) -> None:
         """Move the request, before it used anything, to ``alias`` (a fallback): reserve it
         under ``alias``'s own limits and budgets at its prices (OpenAI's 429 if they would
         be passed, leaving this admission as it was), and give back the tokens the
@@ -890,6 +891,37 @@ async def _spent(key: ApiKey | None, budget: Budget) -> int:
     column, scale = ("total_tokens", 1) if budget.kind == "tokens" else ("cost", MICRO)
     total = (await budget.spending(key).aaggregate(total=Sum(column)))["total"]
     return int((total or 0) * scale)
+
+
+# The bytes each key's stored responses hold, counted from the database this often.
+STORED_TTL = 3600
+
+
+async def stored_bytes(key_id: int, count: Callable[[], Awaitable[int]]) -> int | None:
+    """The bytes the stored responses of the key ``key_id`` hold as counted: started from
+    ``count()`` (what the database holds) when the counters have no count, or an hour
+    old, then moved by :func:`count_stored`. None while the counters cannot be reached
+    (logged): the bound it serves is not checked then."""
+    store = counters()
+    change = Change(f"cp:stored:{key_id}", 0, None, STORED_TTL, seeded=True)
+    try:
+        while True:
+            refusal, values = await store.reserve([change], None)
+            if refusal is None:
+                return values[0]
+            await store.seed(change.counter, await count(), STORED_TTL)
+    except Unavailable as exc:
+        _outage_log.warning("chatparity: stored bytes not checked (counters unavailable): %s", exc)
+        return None
+
+
+async def count_stored(key_id: int, amount: int) -> None:
+    """Add ``amount`` bytes (fewer, when negative) to what the key ``key_id`` stores, if
+    the counters have its count; never raises."""
+    try:
+        await counters().settle([(f"cp:stored:{key_id}", amount)], None)
+    except Unavailable as exc:
+        _outage_log.warning("chatparity: stored bytes not counted (counters unavailable): %s", exc)
 
 
 async def standing(key: ApiKey) -> list[tuple[str, str, str]]:

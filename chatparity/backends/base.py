@@ -4,6 +4,7 @@ configuration."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
@@ -11,6 +12,10 @@ from urllib.parse import urlsplit
 from ..protocol.embeddings import Embeddings, EmbeddingsRequest
 from ..protocol.events import Event
 from ..protocol.request import ChatRequest
+
+current_caller: ContextVar[str] = ContextVar("chatparity_caller", default="")
+"""Who asks, in the task of the request (the gateway names its API key), so a backend
+that many keys share can take turns among them."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,8 +3,9 @@
 Generation runs in worker threads, one model context each, so the event loop
 never blocks and two requests never share a context. Each worker checks a
 stop flag between tokens: closing the event stream stops the CPU work at once.
-Choices wait for a context in a queue that takes turns among callers (API keys):
-a key asking for many choices does not make another key wait behind all of them.
+Choices wait for a context in a queue that takes turns among callers (API keys, as
+:data:`~.base.current_caller` names them): a key asking for many choices does not
+make another key wait behind all of them.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from ..protocol.events import (
 )
 from ..protocol.request import ChatRequest, Message
 from . import grammars
-from .base import BackendConfig, known_options, no_base_url, number_option
+from .base import BackendConfig, current_caller, known_options, no_base_url, number_option
 from .text import TextStreamer
 
 if TYPE_CHECKING:
@@ -86,6 +87,7 @@ class _Job:
 
     index: int
     request: ChatRequest
+    caller: str
     prompt: list[int]
     grammars: _Grammars
     budget: int
@@ -109,8 +111,8 @@ class _TakingTurns:
 
     def put(self, job: _Job) -> None:
         with self._lock:
-            caller = job.request.caller
-            self._waiting.setdefault(caller, deque()).append((next(self._arrivals), job))
+            queue = self._waiting.setdefault(job.caller, deque())
+            queue.append((next(self._arrivals), job))
 
     def take(self) -> _Job:
         """The next job to run (one was put for each take)."""
@@ -127,7 +129,7 @@ class _TakingTurns:
 
     def done(self, job: _Job) -> None:
         with self._lock:
-            caller = job.request.caller
+            caller = job.caller
             self._running[caller] -= 1
             if not self._running[caller]:
                 del self._running[caller]
@@ -630,10 +632,12 @@ class LocalBackend:
                 stop.set()
 
         base_seed = request.seed if request.seed is not None else secrets.randbits(31)
+        caller = current_caller.get()
         for index in range(request.n):
             job = _Job(
                 index=index,
                 request=request,
+                caller=caller,
                 prompt=prompt,
                 grammars=prepared,
                 budget=request.max_tokens or room,

@@ -30,11 +30,12 @@ from typing import Any
 
 import orjson
 
-from ..accounting import keys
+from ..accounting import keys, limits
 from ..accounting.keys import Grant
 from ..accounting.ledger import Accounting
 from ..accounting.record import UsageRecord
 from ..backends import ChatBackend, get_backend
+from ..backends.base import current_caller
 from ..conf import app_settings
 from ..models import ModelAlias
 from ..protocol import errors
@@ -258,6 +259,19 @@ async def _resolve(model: str, grant: Grant | None) -> ModelAlias:
     if alias is None:
         raise errors.model_not_found(model)
     return alias
+
+
+async def serving(model: str, grant: Grant | None, accounting: Accounting) -> ModelAlias:
+    """The alias ``model`` names, if ``grant`` may use it. Else OpenAI's 404, once the
+    request is counted against its key's own limits (their 429 instead, if they refuse
+    it) and logged as :data:`~chatparity.accounting.ledger.UNKNOWN_MODEL`: a name made
+    up costs what any request costs, and is never stored as sent."""
+    try:
+        return await _resolve(model, grant)
+    except APIError:
+        accounting.unknown_model()
+        await accounting.reserve(None, limits.NOTHING)
+        raise
 
 
 @endpoint("POST")
@@ -539,7 +553,7 @@ async def _requested(
         requested = parse_chat_request(body, _limits())
     except APIError:
         if alias is None:
-            await _resolve(parse_model(body), grant)
+            await serving(parse_model(body), grant, accounting)
         raise
     accounting.requested(requested, body)
     return requested
@@ -560,7 +574,7 @@ async def _answer(
     try:
         async with asyncio.timeout(app_settings.FIRST_BYTE_TIMEOUT) as deadline:
             if alias is None:
-                alias = await _resolve(requested.model, grant)
+                alias = await serving(requested.model, grant, accounting)
             chat, backend, events, first = await _begin(requested, alias, grant, accounting)
     except TimeoutError:
         if not deadline.expired():
@@ -592,6 +606,7 @@ async def _begin(
     accounting.served_by(alias)
     chat = _as_served_by(alias, requested)
     await accounting.admit(alias, chat)
+    current_caller.set(accounting.caller)  # in this request's task: its backends see it
     while True:
         backend = get_backend(alias.backend)
         events = aiter(backend.stream(chat, alias.model))

@@ -13,20 +13,23 @@ key of the same owner, for ``RESPONSES_RETENTION`` seconds.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import re
 import time
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any, Literal, get_args
 from urllib.parse import parse_qs
 
+import orjson
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connections
-from django.db.models import Q, QuerySet
+from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
-from ..accounting import keys
+from ..accounting import keys, limits
 from ..accounting.batching import BatchWriter, PerLoop, reconnecting
 from ..accounting.keys import Grant
 from ..accounting.ledger import Accounting
@@ -60,6 +63,7 @@ from .pipeline import (
     json_reply,
     random_id,
     respond,
+    serving,
 )
 
 logger = logging.getLogger(__name__)
@@ -76,7 +80,7 @@ async def _responses_request(
     record = accounting.record
     record.endpoint = Endpoint.RESPONSES
     requested = parse_responses_request(body, _limits(), random_id)
-    history = await _history(requested.previous_response_id, grant)
+    history = await _history(requested, grant, accounting)
     chat = as_chat_request(requested, history, _limits())
     accounting.requested(chat, body)
     if chat.hosted_tools:
@@ -218,6 +222,8 @@ _keepers = PerLoop(Keeper)
 async def _store(request: ResponsesRequest, response: dict[str, Any], grant: Grant) -> None:
     """Keep ``response`` and its input. A database that cannot take it now costs the
     client nothing but later reads of it: logged, not raised."""
+    input_items = storable(request.input)  # PostgreSQL's JSON takes no NUL character
+    kept = storable(response)
     stored = StoredResponse(
         id=response["id"],
         api_key=grant.key,
@@ -225,24 +231,56 @@ async def _store(request: ResponsesRequest, response: dict[str, Any], grant: Gra
         previous_response_id=request.previous_response_id or "",
         model=request.model[: StoredResponse._meta.get_field("model").max_length],
         status=response["status"],
-        input_items=storable(request.input),  # PostgreSQL's JSON takes no NUL character
-        response=storable(response),
+        input_items=input_items,
+        response=kept,
+        size=_json_bytes(input_items) + _json_bytes(kept),
     )
     try:
         await _keepers.get().write(stored)
     except DatabaseError:
         logger.exception("chatparity: response %s was answered but not stored", stored.id)
+    else:
+        await limits.count_stored(grant.key.pk, stored.size)
 
 
-async def _history(response_id: str | None, grant: Grant) -> list[dict[str, Any]]:
-    """The items of the conversation ``response_id`` ends (its input and output, after
-    those of the responses it continued, oldest first); OpenAI's 400 if ``grant`` may
-    not see it. A response it continued that expired since ends the history there."""
-    if response_id is None:
+def _json_bytes(value: Any) -> int:
+    """The bytes of ``value`` as JSON: what the bounds of stored responses count."""
+    return len(orjson.dumps(value))
+
+
+async def _history(
+    requested: ResponsesRequest, grant: Grant, accounting: Accounting
+) -> list[dict[str, Any]]:
+    """The items of the conversation ``requested`` continues (the input and output of
+    the responses before it, oldest first); OpenAI's 400 if ``grant`` may not see the
+    one it names. A response it continued that expired since ends the history there.
+
+    A request that stores or continues a response is admitted under its key's limits
+    first (OpenAI checks the model first: a model it may not use is the 404), then
+    bounded by ``STORED_RESPONSE_BYTES`` before anything stored is read, with OpenAI's
+    400 past a bound. A request that does neither reads nothing here."""
+    response_id = requested.previous_response_id
+    if response_id is None and not requested.store:
         return []
+    bounds = app_settings.STORED_RESPONSE_BYTES
+    adding = _json_bytes(storable(requested.input)) if requested.store else 0
+    if adding > bounds["RESPONSE"]:
+        raise _too_large_to_store(adding, bounds["RESPONSE"])
+    alias = await serving(requested.model, grant, accounting)
+    accounting.served_by(alias)
+    cap = requested.chat.get("max_tokens") or limits.completion_cap(alias)
+    await accounting.reserve(alias, limits.Estimate(0, cap))
+    if response_id is not None and not _may_exist(response_id):
+        raise previous_response_not_found(response_id)
     try:
+        if requested.store:
+            await _check_room(grant, adding, bounds["KEY"])
+        if response_id is None:
+            return []
         most = _limits().max_messages
-        chain = await sync_to_async(_chain)(response_id, grant, None if most is None else most + 1)
+        chain = await sync_to_async(_chain)(
+            response_id, grant, None if most is None else most + 1, bounds["CHAIN"] - adding
+        )
     except DatabaseError:
         logger.exception("chatparity: stored responses could not be read")
         raise errors.service_unavailable("Stored responses cannot be read right now.") from None
@@ -252,33 +290,81 @@ async def _history(response_id: str | None, grant: Grant) -> list[dict[str, Any]
 
 
 @reconnecting
-def _chain(response_id: str, grant: Grant, most: int | None) -> list[StoredResponse]:
+def _held(key_id: int) -> int:
+    """The bytes the key's stored responses hold, within ``RESPONSES_RETENTION``."""
+    oldest = timezone.now() - timedelta(seconds=app_settings.RESPONSES_RETENTION)
+    kept = StoredResponse.objects.filter(api_key_id=key_id, created_at__gte=oldest)
+    return int(kept.aggregate(held=Sum("size"))["held"] or 0)
+
+
+def _may_exist(response_id: str) -> bool:
+    """Whether a stored response could have this id: none holds a NUL character (which
+    PostgreSQL refuses in a query) or more characters than the column."""
+    return "\x00" not in response_id and len(response_id) <= _ID_LENGTH
+
+
+_ID_LENGTH = StoredResponse._meta.get_field("id").max_length or 0
+
+
+def _too_large_to_store(size: int, most: int) -> APIError:
+    return APIError(
+        f"The input is too large to store: {size} bytes, above the {most} one stored"
+        " response may hold. Send it with 'store': false, or shorten it.",
+        param="input",
+    )
+
+
+async def _check_room(grant: Grant, adding: int, most: int) -> None:
+    """OpenAI's 400 unless ``grant``'s key has room for ``adding`` more bytes of stored
+    responses, within ``most`` for what it keeps (as counted: the database is asked an
+    hour at most)."""
+    key_id = grant.key.pk
+    held = await limits.stored_bytes(key_id, lambda: sync_to_async(_held)(key_id))
+    if held is not None and held + adding > most:
+        raise APIError(
+            f"This key's stored responses hold {held} bytes: {adding} more would pass the"
+            f" {most} a key may keep. Delete some, or send 'store': false.",
+            param="store",
+        )
+
+
+@reconnecting
+def _chain(
+    response_id: str, grant: Grant, most: int | None, most_bytes: int
+) -> list[StoredResponse]:
     """``response_id`` and the responses it continued, newest first, as far as ``grant``
     sees them, ``most`` of them at most: each gives the conversation one message at
     least, so more than ``MAX_MESSAGES`` is refused whatever the rest would be.
+    OpenAI's 400 if they hold more than ``most_bytes``, before any is read.
 
-    Two queries, not one a response: the chain's ids in one recursive query, over
-    what ``grant`` sees; then those responses."""
+    Two queries, not one a response: the chain's ids and sizes in one recursive query,
+    over what ``grant`` sees; then those responses."""
     visible = _visible(grant)
     database = visible.db
-    subquery, params = visible.values_list("id", "previous_response_id").query.sql_with_params()
+    columns = visible.values_list("id", "previous_response_id", "size")
+    subquery, params = columns.query.sql_with_params()
     statement = (
-        "WITH RECURSIVE chain(id, previous_response_id, depth) AS ("
-        f" SELECT v.id, v.previous_response_id, 1 FROM ({subquery}) v WHERE v.id = %s"
-        " UNION ALL SELECT v.id, v.previous_response_id, chain.depth + 1"
+        "WITH RECURSIVE chain(id, previous_response_id, size, depth) AS ("
+        f" SELECT v.id, v.previous_response_id, v.size, 1 FROM ({subquery}) v WHERE v.id = %s"
+        " UNION ALL SELECT v.id, v.previous_response_id, v.size, chain.depth + 1"
         f" FROM ({subquery}) v JOIN chain ON v.id = chain.previous_response_id"
         " WHERE chain.depth < %s"
-        ") SELECT id FROM chain ORDER BY depth"
+        ") SELECT id, size FROM chain ORDER BY depth"
     )
     depth = most if most is not None else 2**31 - 1
     with connections[database].cursor() as cursor:
         cursor.execute(statement, [*params, response_id, *params, depth])
-        ids = [row[0] for row in cursor.fetchall()]
-    found = StoredResponse.objects.using(database).in_bulk(ids)
-    chain: list[StoredResponse] = []
-    for each in dict.fromkeys(ids):  # a cycle (ids that collided) read once
-        chain.append(found[each])
-    return chain
+        sizes = dict(cursor.fetchall())  # by id, newest first; a cycle (ids that collided) once
+    held = sum(sizes.values())
+    if held > most_bytes:
+        raise APIError(
+            f"The conversation {response_id!r} ends is too large to continue: its"
+            f" responses hold {held} bytes, above the {most_bytes} left for it. Start a new"
+            " one, or send the items it needs as input.",
+            param="previous_response_id",
+        )
+    found = StoredResponse.objects.using(database).in_bulk(list(sizes))
+    return [found[each] for each in sizes]
 
 
 def _items_of(stored: StoredResponse) -> list[dict[str, Any]]:
@@ -286,9 +372,14 @@ def _items_of(stored: StoredResponse) -> list[dict[str, Any]]:
     return [*stored.input_items, *output]
 
 
-async def _find(grant: Grant, response_id: str) -> StoredResponse:
+async def _find(grant: Grant, response_id: str, *columns: str) -> StoredResponse:
+    """The stored response ``response_id`` if ``grant`` may see it (else OpenAI's 404),
+    only its ``columns`` read."""
+    if not _may_exist(response_id):
+        raise response_not_found(response_id)
     try:
-        stored = await sync_to_async(_first)(_visible(grant).filter(pk=response_id))
+        found = _visible(grant).filter(pk=response_id).only(*columns)
+        stored = await sync_to_async(_first)(found)
     except DatabaseError:
         logger.exception("chatparity: stored responses could not be read")
         raise errors.service_unavailable("Stored responses cannot be read right now.") from None
@@ -305,13 +396,28 @@ def _first(found: QuerySet[StoredResponse]) -> StoredResponse | None:
 # The endpoints of stored responses.
 
 
+@contextlib.asynccontextmanager
+async def _counted(grant: Grant) -> AsyncIterator[None]:
+    """A read of what ``grant``'s key stored, counted against the key's own limits (one
+    request, in flight while it lasts): their 429 before anything is read."""
+    admission = await limits.admit(grant.key, None, limits.NOTHING)
+    try:
+        yield
+    finally:
+        await admission.settle(0, 0)
+
+
 @endpoint("GET", "DELETE")
 async def response(call: Call, response_id: str) -> Reply:
     """``GET``: the stored response; ``DELETE``: forget it."""
-    stored = await _find(await _authenticate(call), response_id)
-    if call.method == "GET":
-        return json_reply(stored.response)
-    await sync_to_async(reconnecting(stored.delete))()
+    grant = await _authenticate(call)
+    async with _counted(grant):
+        if call.method == "GET":
+            return json_reply((await _find(grant, response_id, "response")).response)
+        stored = await _find(grant, response_id, "id", "size", "api_key")
+        await sync_to_async(reconnecting(stored.delete))()
+        if stored.api_key_id is not None:
+            await limits.count_stored(stored.api_key_id, -stored.size)
     return json_reply({"id": response_id, "object": "response", "deleted": True})
 
 
@@ -327,7 +433,8 @@ async def input_items(call: Call, response_id: str) -> Reply:
     query = {name: values[-1] for name, values in parse_qs(call.query).items()}
     limit = _LIMIT.parse(_number(query.get("limit", "20")), "limit")
     order = _ORDER.parse(query.get("order", "desc"), "order")
-    stored = await _find(grant, response_id)
+    async with _counted(grant):
+        stored = await _find(grant, response_id, "input_items")
     items: list[dict[str, Any]] = stored.input_items
     if order == "desc":
         items = items[::-1]

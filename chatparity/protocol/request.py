@@ -150,9 +150,6 @@ class ChatRequest:
     # Not the client's: what the serving alias lets an upstream receive beyond the
     # sampling and format parameters (ModelAlias.forwarded_params).
     forwarded_params: frozenset[str] = frozenset()
-    # Not the client's: who asks (the gateway names the API key), so a backend that
-    # many keys share can take turns among them.
-    caller: str = ""
 
     def tool_parameters_param(self, index: int) -> str:
         """Where the client sent the parameters of the ``index``-th tool, as an error's

@@ -124,6 +124,26 @@ class ConcurrencyTests(LimitTestCase):
         b"".join([part async for part in open_stream.streaming_content])  # the stream ends
         assert (await self.ask()).status_code == 200
 
+    async def test_each_choice_takes_a_slot_in_flight(self):
+        # Security round 3: n=4 on a key limited to 1 in flight took every context of
+        # the local model.
+        await save(self.alias, max_n=4)
+        await self.limit(max_concurrent=3)
+        refused = await self.ask(n=4)
+        assert refused.status_code == 429
+        assert refused.json()["error"]["message"] == (
+            "Too many requests in flight for this key: limit 3; this request's 4 choices"
+            " count as 4."
+        )
+        open_stream = await self.ask(stream=True, n=2)
+        assert open_stream.status_code == 200
+        assert (await self.ask(n=2)).status_code == 429  # 2 + 2 in flight would pass 3
+        assert (await self.ask(n=1)).status_code == 200
+        key = await ApiKey.objects.aget(pk=self.key.pk)
+        assert ("requests in flight", "2", "3") in await limits.standing(key)
+        b"".join([part async for part in open_stream.streaming_content])
+        assert (await self.ask(n=3)).status_code == 200
+
 
 class BudgetTests(LimitTestCase):
     async def test_a_budget_the_next_reservation_would_pass_is_insufficient_quota(self):
@@ -618,10 +638,10 @@ def test_releasing_a_slot_that_expired_leaves_its_new_holders(settings):
     store = limits.CacheCounters()
     first, second = Lease("cp:test:slots", 1), Lease("cp:test:slots", 1)
     assert asyncio.run(store.reserve([], first)) == (None, [])
-    cache.delete(first.held)  # its lease ran out (its worker stalled)
+    cache.delete_many(first.held)  # its lease ran out (its worker stalled)
     assert asyncio.run(store.reserve([], second)) == (None, [])
     asyncio.run(store.settle([], first))  # the stalled request ends at last
-    assert cache.get(second.held) == second.member
+    assert [cache.get(slot) for slot in second.held] == [second.member]
     assert asyncio.run(store.in_flight("cp:test:slots", 1)) == 1
 
 

@@ -8,7 +8,7 @@ import threading
 import jsonschema
 import pytest
 
-from chatparity.backends.base import BackendConfig
+from chatparity.backends.base import BackendConfig, current_caller
 from chatparity.backends.local import LocalBackend, smollm2_model_path
 from chatparity.protocol.completion import CompletionAccumulator
 from chatparity.protocol.errors import APIError
@@ -458,14 +458,15 @@ def test_tokenizing_a_long_prompt_does_not_hold_up_another_request(backend, monk
 def test_a_key_asking_for_many_choices_does_not_make_another_key_wait_behind_them(backend):
     # Two contexts, four long choices for one key: the other key's one-token request
     # takes the first context freed, before the many-choice key's last two begin.
-    story = ask("Tell me a long story about a dragon.", n=4, max_tokens=64, caller="key-many")
-    quick = ask(max_tokens=1, caller="key-one")
+    story = ask("Tell me a long story about a dragon.", n=4, max_tokens=64)
+    quick = ask(max_tokens=1)
     began: list[int] = []
 
     async def race():
         both_running = asyncio.Event()
 
         async def many():
+            current_caller.set("key-many")  # in this task only, as the gateway sets it
             async for event in backend.stream(story, "x"):
                 if isinstance(event, TextDelta) and event.index not in began:
                     began.append(event.index)
@@ -474,6 +475,7 @@ def test_a_key_asking_for_many_choices_does_not_make_another_key_wait_behind_the
 
         asking = asyncio.create_task(many())
         await both_running.wait()
+        current_caller.set("key-one")
         [event async for event in backend.stream(quick, "x")]
         before_quick = list(began)
         await asking

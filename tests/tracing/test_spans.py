@@ -149,6 +149,7 @@ class SpanTests(TracedTestCase):
         response = await self.post("no-such-model")
         assert response.status_code == 404
         _, request = self.finished()
+        assert request.name == "chat unknown"  # never a name the client made up
         assert request.status.status_code == StatusCode.ERROR
         assert request.attributes["error.type"] == "model_not_found"
         assert request.attributes["http.response.status_code"] == 404

@@ -175,7 +175,7 @@ class ErrorTests(ViewTestCase):
             }
         }
         row = await RequestLog.objects.aget()
-        assert (row.status_code, row.error_code, row.alias) == (404, "model_not_found", "gpt-9")
+        assert (row.status_code, row.error_code, row.alias) == (404, "model_not_found", "unknown")
 
     async def test_the_model_is_checked_before_the_rest_of_the_body(self):
         unknown = await self.post({"model": "gpt-9", "temperature": 9})
@@ -187,11 +187,28 @@ class ErrorTests(ViewTestCase):
         known = await self.post({"model": "smollm2", "temperature": 9})
         assert (known.status_code, known.json()["error"]["param"]) == (400, "messages")
 
-    async def test_a_300_character_unknown_model_is_logged_cut_to_its_column(self):
-        response = await self.ask(model="gpt-" + "9" * 296)
-        assert response.status_code == 404
-        row = await RequestLog.objects.aget()  # which PostgreSQL would refuse uncut
-        assert row.alias == "gpt-" + "9" * 196
+    async def test_made_up_models_are_logged_as_unknown_never_as_sent(self):
+        # Security round 3: 3,000 made-up names of ~2.9 KB each bloated the dashboard's
+        # charts, its alias list and the admin's alias filter.
+        for name in ("gpt-" + "9" * 2900, "<script>x</script>", "another"):
+            assert (await self.ask(model=name)).status_code == 404
+        assert {row.alias async for row in RequestLog.objects.all()} == {"unknown"}
+
+    @override_settings(CHATPARITY={"LOG_BODIES": True})
+    async def test_a_made_up_model_is_kept_as_sent_only_in_the_logged_body(self):
+        assert (await self.ask(model="gpt-9")).status_code == 404
+        row = await RequestLog.objects.aget()
+        assert (row.alias, row.request_body["model"]) == ("unknown", "gpt-9")
+
+    async def test_made_up_models_count_against_the_keys_limits(self):
+        # Security round 3: an unknown model was a 404 before any limit (12 of 12 on a
+        # key limited to 2 a minute).
+        cache.clear()
+        self.key.requests_per_minute = 2
+        await self.key.asave()
+        statuses = [(await self.ask(model=f"made-up-{i}")).status_code for i in range(3)]
+        assert statuses == [404, 404, 429]
+        assert (await self.ask(max_tokens=1)).status_code == 429  # the same minute's
 
     async def test_invalid_request_is_400_and_logged(self):
         response = await self.ask(n=0)
