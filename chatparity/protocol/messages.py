@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal, get_args
 
@@ -141,15 +141,12 @@ MAX_STOP_SEQUENCES = 4
 
 @dataclass(frozen=True, slots=True)
 class MessagesRequest:
-    """A validated ``POST /v1/messages`` (or ``count_tokens``) request. ``body`` keeps
-    the JSON object as sent."""
+    """A validated ``POST /v1/messages`` (or ``count_tokens``) request."""
 
     model: str
-    body: dict[str, Any]
     chat: dict[str, Any]
     """The Chat Completions body that serves it: its conversation and parameters."""
     stream: bool = False
-    stop_sequences: tuple[str, ...] = field(default_factory=tuple)
 
 
 # Errors, in Anthropic's words and envelope.
@@ -664,10 +661,8 @@ def parse_messages_request(body: Any, limits: Limits, *, counting: bool = False)
         }
     return MessagesRequest(
         model=given["model"],
-        body=body,
         chat=chat,
         stream=bool(chat.get("stream")),
-        stop_sequences=tuple(given.get("stop_sequences", ())),
     )
 
 
