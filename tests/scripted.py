@@ -32,7 +32,8 @@ SCRIPTED = {"BACKEND_CLASSES": {"scripted": "tests.scripted.ScriptedBackend"}}
 class ScriptedBackend:
     """``options["script"]``: a list of text pieces, ``"<fail>"``, ``"<error>"``,
     ``"<hang>"``, function calls (``{"call": name, "arguments": json_text}``) or
-    ``"<call every tool>"`` (a call of each function offered, in order, with ``{}``)."""
+    ``"<call every tool>"`` (a call of each function offered, in order, with ``{}``).
+    Each step is a completion token: a request's token limit cuts the script there."""
 
     system_fingerprint = "fp_scripted"
     hanging = 0
@@ -43,7 +44,12 @@ class ScriptedBackend:
 
     async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[Event]:
         sent = calls = 0
+        limit = request.most_completion_tokens
         for step in self._steps(request):
+            if sent == limit:
+                yield Finish(0, "length")
+                yield Usage(prompt_tokens=1, completion_tokens=sent)
+                return
             if step == "<fail>":
                 raise RuntimeError("backend crashed")
             if step == "<error>":

@@ -10,6 +10,7 @@ when the client left and when they are done with it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -79,10 +80,16 @@ class Accounting:
         record.model_alias = alias
         record.backend, record.upstream_model = alias.backend.name, alias.model
 
-    async def admit(self, alias: ModelAlias, chat: ChatRequest) -> None:
+    async def admit(self, alias: ModelAlias, chat: ChatRequest) -> ChatRequest:
         """Reserve ``chat`` as ``alias`` serves it: its prompt and its completion cap in
-        every limit (OpenAI's 429 when one refuses it)."""
+        every limit (OpenAI's 429 when one refuses it). Returns ``chat`` as the backend is
+        to serve it: with the completion limit its limits left it, when it set none."""
         await self.reserve(alias, limits.Estimate.of(chat, alias))
+        return self._limited(chat)
+
+    def _limited(self, chat: ChatRequest) -> ChatRequest:
+        limit = self.admission.completion_limit if self.admission is not None else None
+        return chat if limit is None else dataclasses.replace(chat, completion_limit=limit)
 
     async def reserve(self, alias: ModelAlias | None, estimate: limits.Estimate) -> None:
         """Reserve ``estimate`` on ``alias`` (None: under the key's own limits alone), or
@@ -104,14 +111,15 @@ class Accounting:
             observer.admitted(self.record, None)
         journal.begin(self.record)
 
-    async def switch(self, alias: ModelAlias, chat: ChatRequest) -> None:
+    async def switch(self, alias: ModelAlias, chat: ChatRequest) -> ChatRequest:
         """Move the admitted request to ``alias``, a fallback, under its own limits, as
-        ``chat`` (the request as ``alias`` serves it)."""
+        ``chat`` (the request as ``alias`` serves it); returns it as :meth:`admit` does."""
         assert self.admission is not None, "a request is admitted before it falls back"
         await self.admission.switch(alias, limits.Estimate.of(chat, alias))
         for observer in signals.observers:
             observer.fallback(self.record.backend)
         self.served_by(alias)
+        return self._limited(chat)
 
     async def first_event(self, events: AsyncIterator[Event]) -> Event:
         """The first of a backend's ``events``, the time waited for it noted (the

@@ -44,7 +44,7 @@ import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, Protocol
 
@@ -502,9 +502,11 @@ def rate_limited(message: str, kind: str, retry_after: float, headers: dict[str,
     return error
 
 
-def insufficient_quota(retry_after: float) -> APIError:
+def insufficient_quota(retry_after: float, detail: str = "") -> APIError:
+    """OpenAI's 429 for a spent budget, followed by ``detail`` (which budget, how much)."""
     error = APIError(
-        "You exceeded your current quota, please check your plan and billing details.",
+        "You exceeded your current quota, please check your plan and billing details."
+        + (f" {detail}" if detail else ""),
         status=429,
         type="insufficient_quota",
         code="insufficient_quota",
@@ -540,8 +542,11 @@ def _period(
 
 def completion_cap(alias: ModelAlias) -> int:
     """The completion tokens one choice may use on ``alias`` when the request sets no
-    ``max_tokens`` (nor does the alias's defaults): the alias's context window, else the
-    local model's ``n_ctx``, else :data:`DEFAULT_COMPLETION_CAP`."""
+    ``max_tokens`` (nor does the alias's defaults): the model's own cap on its output
+    (``max_output_tokens``), else the alias's context window, else the local model's
+    ``n_ctx``, else :data:`DEFAULT_COMPLETION_CAP`."""
+    if alias.max_output_tokens:
+        return int(alias.max_output_tokens)
     if alias.context_window:
         return int(alias.context_window)
     if alias.backend.kind == "local":
@@ -558,6 +563,11 @@ class Estimate:
     completion_tokens: int
     choices: int = 1
     """The slots in flight it takes: a choice is generated as a request is."""
+    fits: bool = False
+    """The request set no ``max_tokens``: its completion may be cut to what a limit has
+    left (:meth:`fitted`), down to one token a choice."""
+    completion_limit: int | None = None
+    """The completion tokens a choice may use once cut: the backend is told."""
 
     @property
     def total(self) -> int:
@@ -566,8 +576,37 @@ class Estimate:
     @classmethod
     def of(cls, chat: ChatRequest, alias: ModelAlias) -> Estimate:
         """The prompt (approximated) and, for each choice, ``max_tokens`` or the cap."""
-        completion = chat.max_tokens if chat.max_tokens is not None else completion_cap(alias)
-        return cls(approximate_prompt_tokens(chat.messages), completion * chat.n, chat.n)
+        prompt = approximate_prompt_tokens(chat.messages)
+        if chat.max_tokens is not None:
+            return cls(prompt, chat.max_tokens * chat.n, chat.n)
+        return cls(prompt, completion_cap(alias) * chat.n, chat.n, fits=True)
+
+    def fitted(self, charge: Charge, used: int, alias: ModelAlias | None) -> Estimate | None:
+        """This estimate with its completion cut to what ``charge``'s limit has left (its
+        counter at ``used``, without this request's own reservation), when the request set
+        no ``max_tokens``, the limit counts tokens or cost, and at least one token a choice
+        is left; else None."""
+        if not self.fits or charge.kind == "requests":
+            return None
+        left = charge.limit - used
+        if charge.kind == "tokens":
+            completion = left - self.prompt_tokens
+        elif alias is not None:
+            completion = _affordable(alias, self.prompt_tokens, left)
+        else:
+            return None
+        per_choice = completion // self.choices
+        if per_choice < 1 or per_choice * self.choices >= self.completion_tokens:
+            return None
+        return replace(self, completion_tokens=per_choice * self.choices,
+                       completion_limit=per_choice)  # fmt: skip
+
+
+def _affordable(alias: ModelAlias, prompt_tokens: int, micro_dollars: int) -> int:
+    """The completion tokens ``micro_dollars`` pay for on ``alias``, with the prompt."""
+    left = micro_dollars - alias.cost_of(prompt_tokens, 0) * MICRO
+    per_token = alias.cost_of(0, 1) * MICRO
+    return int(left // per_token) if per_token > 0 else 0
 
 
 NOTHING = Estimate(0, 0)
@@ -607,6 +646,9 @@ class Admission:
     lease: Lease | None = None
     headers: dict[str, str] = field(default_factory=dict)
     settled: bool = False
+    completion_limit: int | None = None
+    """The completion tokens a choice may use, when its limits cut what a request that set
+    no ``max_tokens`` reserved (:meth:`Estimate.fitted`): the backend is told."""
 
     async def switch(self, alias: ModelAlias | None, estimate: Estimate) -> None:
         """Move the request, before it used anything, to ``alias`` (a fallback): reserve it
@@ -617,20 +659,24 @@ class Admission:
         The request stays counted once against the key, and once against each alias
         it was sent to. Its cost will be counted at ``alias``'s prices.
         """
-        planned = _plan(self.key, alias, estimate)
         held = {charge.counter: charge.reserved for charge in self.charges}
-        changes = [
-            Change(c.counter, c.reserved - held.get(c.counter, 0), c.limit, c.ttl, c.budget)
-            for c in planned
-        ]
-        kept = {charge.counter for charge in planned}
-        changes += [
-            Change(charge.counter, -charge.reserved, None, charge.ttl)
-            for charge in self.charges
-            if charge.counter not in kept and charge.kind == "tokens" and charge.reserved
-        ]
-        if not changes or await _reserve(self, planned, changes, lease=None):
-            self.charges = planned
+
+        def changes(planned: list[Charge]) -> list[Change]:
+            kept = {charge.counter for charge in planned}
+            return [
+                Change(c.counter, c.reserved - held.get(c.counter, 0), c.limit, c.ttl, c.budget)
+                for c in planned
+            ] + [
+                Change(charge.counter, -charge.reserved, None, charge.ttl)
+                for charge in self.charges
+                if charge.counter not in kept and charge.kind == "tokens" and charge.reserved
+            ]
+
+        planned = _plan(self.key, alias, estimate)
+        if not changes(planned):
+            self.charges, self.completion_limit = planned, estimate.completion_limit
+        elif reserved := await _reserve(self, alias, estimate, planned, changes, None, held):
+            self.charges, self.completion_limit = reserved
         self.alias = alias
 
     async def settle(self, prompt_tokens: int, completion_tokens: int) -> None:
@@ -673,15 +719,19 @@ async def admit(key: ApiKey | None, alias: ModelAlias | None, estimate: Estimate
     admission = Admission(key, alias, counters())
     if not _limited(key, alias):
         return admission
-    charges = _plan(key, alias, estimate)
     lease = None
     if key is not None and key.max_concurrent is not None:
         lease = Lease(_in_flight(key), key.max_concurrent, estimate.choices)
-    changes = [Change(c.counter, c.reserved, c.limit, c.ttl, seeded=c.budget) for c in charges]
-    if not changes and lease is None:
+
+    def changes(charges: list[Charge]) -> list[Change]:
+        return [Change(c.counter, c.reserved, c.limit, c.ttl, seeded=c.budget) for c in charges]
+
+    charges = _plan(key, alias, estimate)
+    if not charges and lease is None:
         return admission
-    if await _reserve(admission, charges, changes, lease):
-        admission.charges, admission.lease = charges, lease
+    reserved = await _reserve(admission, alias, estimate, charges, changes, lease, {})
+    if reserved is not None:
+        (admission.charges, admission.completion_limit), admission.lease = reserved, lease
         if lease is not None:
             _renewers.get().add(admission.store, lease)
     else:  # served unreserved: what it uses is counted when it ends
@@ -692,18 +742,36 @@ async def admit(key: ApiKey | None, alias: ModelAlias | None, estimate: Estimate
 
 
 async def _reserve(
-    admission: Admission, charges: list[Charge], changes: list[Change], lease: Lease | None
-) -> bool:
-    """Apply ``changes`` (the first ``len(charges)`` of which are ``charges``) and take
-    ``lease``, or raise the 429 of the limit that refuses them. False: the store is
-    unavailable and the policy serves the request unreserved (else its 503)."""
+    admission: Admission,
+    alias: ModelAlias | None,
+    estimate: Estimate,
+    charges: list[Charge],
+    changes: Callable[[list[Charge]], list[Change]],
+    lease: Lease | None,
+    held: dict[str, int],
+) -> tuple[list[Charge], int | None] | None:
+    """Reserve ``estimate`` on ``alias`` (its ``charges``, applied as ``changes`` makes
+    them; ``held``: what the request holds already in each counter) and take ``lease``,
+    or raise the 429 of the limit that refuses it. A request that set no ``max_tokens`` is
+    reserved again with its completion cut to what the refusing limit has left, while
+    one token a choice is left.
+
+    The charges reserved and the completion limit of a choice (when cut); None: the
+    store is unavailable and the policy serves the request unreserved (else its 503)."""
     store = admission.store
     try:
         while True:
-            refusal, values = await store.reserve(changes, lease)
-            if refusal is None or not refusal.unseeded:
+            refusal, values = await store.reserve(changes(charges), lease)
+            if refusal is not None and refusal.unseeded:
+                await _seed(store, admission.key, charges[refusal.index])
+                continue
+            if refusal is None or refusal.index < 0:
                 break
-            await _seed(store, admission.key, charges[refusal.index])
+            refused = charges[refusal.index]
+            fitted = estimate.fitted(refused, refusal.value - held.get(refused.counter, 0), alias)
+            if fitted is None:
+                break
+            estimate, charges = fitted, _plan(admission.key, alias, fitted)
     except (Unavailable, DatabaseError) as exc:
         closed = app_settings.LIMITS_WHEN_UNAVAILABLE == "closed"
         policy = "refused" if closed else "served unchecked"
@@ -711,11 +779,11 @@ async def _reserve(
         if closed:
             _count_refusal("unavailable")
             raise limits_unavailable() from exc
-        return False
+        return None
     if refusal is not None:
-        raise _refused(admission, charges, refusal, lease)
+        raise _refused(admission, charges, refusal, lease, estimate)
     _note_headers(admission, charges, values)
-    return True
+    return charges, estimate.completion_limit
 
 
 def _note_headers(admission: Admission, charges: list[Charge], values: list[int]) -> None:
@@ -735,7 +803,11 @@ def _count_refusal(kind: str) -> None:
 
 
 def _refused(
-    admission: Admission, charges: list[Charge], refusal: Refusal, lease: Lease | None
+    admission: Admission,
+    charges: list[Charge],
+    refusal: Refusal,
+    lease: Lease | None,
+    estimate: Estimate,
 ) -> APIError:
     if refusal.index < 0:
         _count_refusal("concurrent")
@@ -749,18 +821,38 @@ def _refused(
             admission.headers,
         )
     charge = charges[refusal.index]
+    # A request that set no max_tokens was cut to what was left, down to one token a choice.
+    fitting = (
+        " This request sets no max_tokens: it was offered what was left, less than its"
+        f" prompt ({estimate.prompt_tokens} tokens) and one completion token a choice."
+        if estimate.fits and charge.kind != "requests"
+        else ""
+    )
     if charge.budget:
         _count_refusal("budget")
-        return insufficient_quota(charge.resets_in)
+        detail = _budget_refusal(admission.key, charge, refusal.value)
+        return insufficient_quota(charge.resets_in, detail + fitting)
     _count_refusal(charge.kind)
     admission.headers.update(charge.headers(refusal.value))
     return rate_limited(
         f"Rate limit reached for {charge.kind} per minute: limit {charge.limit},"
-        f" used {refusal.value}, requested {charge.reserved}.",
+        f" used {refusal.value}, requested {charge.reserved}.{fitting}",
         charge.kind,
         charge.resets_in,
         admission.headers,
     )
+
+
+def _budget_refusal(key: ApiKey | None, charge: Charge, used: int) -> str:
+    """Which budget refused a request, and what it asked of it."""
+    budget = next(b for b in _budgets(key) if b.counter == charge.counter) if key else None
+    name = budget.name if budget is not None else charge.kind
+    if charge.kind == "cost":
+        return (
+            f"Budget: {name}, limit ${Decimal(charge.limit) / MICRO}, used"
+            f" ${Decimal(used) / MICRO}, requested ${Decimal(charge.reserved) / MICRO}."
+        )
+    return f"Budget: {name}, limit {charge.limit}, used {used}, requested {charge.reserved}."
 
 
 def _limited(key: ApiKey | None, alias: ModelAlias | None) -> bool:

@@ -667,8 +667,8 @@ class CommandBackend:
             for name, value in request.body.items()
             if name in _PARAMETERS and name in declaration.fields and isinstance(value, Scalar)
         )
-        if request.max_tokens is not None:
-            values["max_tokens"] = str(request.max_tokens)
+        if request.most_completion_tokens is not None:
+            values["max_tokens"] = str(request.most_completion_tokens)
         values["prompt"] = prompt
         if model:
             values["model"] = model
@@ -720,7 +720,9 @@ class CommandBackend:
                 code="spawn_error",
             ) from exc
         logger.debug("chatparity: started %s (pid %d)", name, process.pid)
-        output = _Output(index, request.stop, request.max_tokens, trim=self.options.trim)
+        output = _Output(
+            index, request.stop, request.most_completion_tokens, trim=self.options.trim
+        )
         run = _Run(index, name, process, output)
         run.helpers = [
             asyncio.create_task(_collect_stderr(process.stderr, run.stderr)),

@@ -640,7 +640,7 @@ class LocalBackend:
                 caller=caller,
                 prompt=prompt,
                 grammars=prepared,
-                budget=request.max_tokens or room,
+                budget=min(room, request.most_completion_tokens or room),
                 seed=(base_seed + index) & 0x7FFFFFFF,
                 stop=stop,
                 emit=emit,

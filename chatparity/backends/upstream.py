@@ -271,6 +271,8 @@ class UpstreamBackend:
             body = messages_upstream.upstream_request(request, model, body)
         else:
             body = functions_as_tools(body)  # what every OpenAI-compatible server knows
+            if request.max_tokens is None and request.completion_limit is not None:
+                body["max_tokens"] = request.completion_limit  # what its admission reserved
             # Streamed only when the client streams: a whole answer is cheaper to read.
             body.update(model=model or request.model, stream=request.stream)
             if request.stream:
@@ -285,7 +287,7 @@ class UpstreamBackend:
             call_finish="stop" if choice.mode == "function" else "tool_calls",
             max_tokens=body.get("max_output_tokens", body.get("max_tokens"))
             if one_choice
-            else request.max_tokens,
+            else request.most_completion_tokens,
         )
         deadline = asyncio.get_running_loop().time() + self.config.timeout
         # The Responses and Messages APIs answer one choice: each of n is asked on its own.

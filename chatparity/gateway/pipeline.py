@@ -604,8 +604,7 @@ async def _begin(
     """
     fallbacks = list(alias.fallbacks)
     accounting.served_by(alias)
-    chat = _as_served_by(alias, requested)
-    await accounting.admit(alias, chat)
+    chat = await accounting.admit(alias, _as_served_by(alias, requested))
     current_caller.set(accounting.caller)  # in this request's task: its backends see it
     while True:
         backend = get_backend(alias.backend)
@@ -641,11 +640,9 @@ async def _fall_back(
         except APIError:
             continue
         try:
-            await accounting.switch(alias, chat)
+            return alias, await accounting.switch(alias, chat)
         except APIError as refusal:
             failure = refusal
-            continue
-        return alias, chat
     raise failure
 
 

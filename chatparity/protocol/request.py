@@ -150,6 +150,16 @@ class ChatRequest:
     # Not the client's: what the serving alias lets an upstream receive beyond the
     # sampling and format parameters (ModelAlias.forwarded_params).
     forwarded_params: frozenset[str] = frozenset()
+    completion_limit: int | None = None
+    """Not the client's: the completion tokens a choice of a request that sets no
+    ``max_tokens`` may use, as its admission reserved them (what a budget has left). An
+    answer that reaches it ends with ``length``; it is never refused as too long."""
+
+    @property
+    def most_completion_tokens(self) -> int | None:
+        """The completion tokens a choice may use: ``max_tokens``, else
+        ``completion_limit`` (None: as many as the context holds)."""
+        return self.max_tokens if self.max_tokens is not None else self.completion_limit
 
     def tool_parameters_param(self, index: int) -> str:
         """Where the client sent the parameters of the ``index``-th tool, as an error's

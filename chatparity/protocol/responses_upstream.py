@@ -45,9 +45,9 @@ def upstream_request(request: ChatRequest, model: str, forwarded: dict[str, Any]
             body[name] = forwarded[name]
     if "service_tier" in forwarded:
         body["service_tier"] = forwarded["service_tier"]
-    if request.max_tokens is not None:
+    if request.most_completion_tokens is not None:
         # OpenAI's smallest cap: a smaller one is asked as it (the answer may be longer).
-        body["max_output_tokens"] = max(request.max_tokens, MIN_OUTPUT_TOKENS)
+        body["max_output_tokens"] = max(request.most_completion_tokens, MIN_OUTPUT_TOKENS)
     if request.reasoning_effort is not None and "reasoning_effort" in forwarded:
         body["reasoning"] = {"effort": request.reasoning_effort}
     if request.tools and "tools" in forwarded:

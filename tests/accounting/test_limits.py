@@ -154,7 +154,7 @@ class BudgetTests(LimitTestCase):
         assert refused.status_code == 429
         assert refused.json()["error"] == {
             "message": "You exceeded your current quota, please check your plan and billing"
-            " details.",
+            " details. Budget: tokens this day, limit 11, used 6, requested 6.",
             "type": "insufficient_quota",
             "param": None,
             "code": "insufficient_quota",
@@ -252,8 +252,10 @@ class FallbackTests(LimitTestCase):
 
 
 class CompletionCapTests(LimitTestCase):
-    """With max_tokens omitted a request is reserved at its completion cap: nothing is
-    admitted unpriced."""
+    """With max_tokens omitted a request is reserved at its completion cap (the model's
+    own max_output_tokens, else its context), or at what a limit has left of it, down to
+    one token a choice: a budget is spent to its last tokens and never past them, and an
+    answer cut where the budget ends finishes with length."""
 
     async def test_the_aliases_context_window_is_reserved_per_choice(self):
         await save(self.alias, context_window=40, max_n=2)
@@ -261,17 +263,23 @@ class CompletionCapTests(LimitTestCase):
         response = await self.ask(n=2)
         assert response["x-ratelimit-remaining-tokens"] == str(1000 - (4 + 2 * 40))
 
+    async def test_the_models_max_output_tokens_comes_before_its_context(self):
+        await save(self.alias, context_window=4000, max_output_tokens=30)
+        await self.limit(tokens_per_minute=1000)
+        response = await self.ask()
+        assert response["x-ratelimit-remaining-tokens"] == str(1000 - (4 + 30))
+
     async def test_the_aliases_default_max_tokens_comes_first(self):
         await save(self.alias, context_window=40, default_params={"max_tokens": 10})
         await self.limit(tokens_per_minute=1000)
         response = await self.ask()
         assert response["x-ratelimit-remaining-tokens"] == str(1000 - (4 + 10))
 
-    async def test_an_unknown_context_reserves_the_default_cap(self):
+    async def test_an_unknown_context_reserves_the_default_cap_or_what_is_left(self):
         await self.limit(tokens_per_minute=limits.DEFAULT_COMPLETION_CAP)
-        refused = await self.ask()  # 4 + the default cap would pass the limit
-        assert refused.status_code == 429
-        assert (await self.ask(max_tokens=100)).status_code == 200
+        response = await self.ask()  # 4 + the default cap would pass the limit
+        assert response.status_code == 200
+        assert response["x-ratelimit-remaining-tokens"] == "0"  # all that was left
 
     def test_a_local_backend_is_capped_at_its_n_ctx(self):
         local = Backend(name="local", kind="local", options={"n_ctx": 1024})
@@ -279,11 +287,48 @@ class CompletionCapTests(LimitTestCase):
         default = Backend(name="local", kind="local", options={})
         assert limits.completion_cap(ModelAlias(public_id="l", backend=default)) == 2048
 
-    async def test_a_budget_refuses_what_the_cap_would_pass(self):
-        await save(self.alias, context_window=100)
-        await self.limit(token_budget=100)
-        assert (await self.ask()).status_code == 429  # 4 + 100 reserved > 100
-        assert (await self.ask(max_tokens=96)).status_code == 200
+    async def spend(self):
+        """Four requests without max_tokens, against a limit of 11 tokens: each
+        answer is 2 tokens and 1 of prompt; its prompt is estimated at 4."""
+        answers = [await self.ask() for _ in range(4)]
+        assert [answer.status_code for answer in answers] == [200, 200, 200, 429]
+        # 4 + 7 reserved, 3 used; 4 + 4, 3 used; 4 + 1, cut at its one token: 2 used.
+        finishes = [answer.json()["choices"][0]["finish_reason"] for answer in answers[:3]]
+        assert finishes == ["stop", "stop", "length"]
+        rows = [row async for row in RequestLog.objects.order_by("id")]
+        assert [row.total_tokens for row in rows] == [3, 3, 2, 0]
+        return answers[3].json()["error"]
+
+    async def test_a_token_budget_admits_what_fits_down_to_its_last_tokens(self):
+        await self.limit(token_budget=11, budget_period="day")
+        assert (await self.spend())["message"] == (
+            "You exceeded your current quota, please check your plan and billing details."
+            " Budget: tokens this day, limit 11, used 8, requested 4100. This request sets no"
+            " max_tokens: it was offered what was left, less than its prompt (4 tokens) and"
+            " one completion token a choice."
+        )
+
+    async def test_tokens_per_minute_admit_what_fits_down_to_the_last_tokens(self):
+        await self.limit(tokens_per_minute=11)
+        assert (await self.spend())["message"] == (
+            "Rate limit reached for tokens per minute: limit 11, used 8, requested 4100."
+            " This request sets no max_tokens: it was offered what was left, less than its"
+            " prompt (4 tokens) and one completion token a choice."
+        )
+
+    async def test_a_cost_budget_admits_the_completion_tokens_it_still_pays_for(self):
+        # 10 cents a token: $1.10 pays for what 11 tokens do.
+        price = Decimal(100_000)  # dollars per million tokens
+        await save(self.alias, input_price=price, output_price=price)
+        await self.limit(cost_budget=Decimal("1.10"), budget_period="day")
+        error = await self.spend()
+        assert error["type"] == "insufficient_quota"
+        assert "Budget: cost this day, limit $1.1, used $0.8, requested $410." in error["message"]
+
+    async def test_a_request_that_sets_max_tokens_is_never_cut(self):
+        await self.limit(token_budget=11, budget_period="day")
+        assert (await self.ask(max_tokens=8)).status_code == 429  # 4 + 8 would pass 11
+        assert (await self.ask(max_tokens=7)).status_code == 200
 
 
 class RedisRequestsPerMinuteTests(OnRedis, RequestsPerMinuteTests):
@@ -295,6 +340,10 @@ class RedisTokensPerMinuteTests(OnRedis, TokensPerMinuteTests):
 
 
 class RedisConcurrencyTests(OnRedis, ConcurrencyTests):
+    pass
+
+
+class RedisCompletionCapTests(OnRedis, CompletionCapTests):
     pass
 
 

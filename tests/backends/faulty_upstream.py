@@ -99,6 +99,20 @@ LONG = [
 ]
 
 
+def _capped(max_tokens: int | None) -> list[str]:
+    """LONG, cut at ``max_tokens`` completion tokens with finish ``length``, as a server
+    that honours its request's ``max_tokens``."""
+    if max_tokens is None or max_tokens >= LONG_CHUNKS:
+        return LONG
+    usage = {"prompt_tokens": 5, "completion_tokens": max_tokens, "total_tokens": 5 + max_tokens}
+    return [
+        *LONG[: 1 + max_tokens],
+        data(chunk(finish="length")),
+        data({**chunk(), "choices": [], "usage": usage}),
+        LONG[-1],
+    ]
+
+
 def _with_usage(completion_tokens: int) -> list[str]:
     """LONG, its usage claiming ``completion_tokens``."""
     usage = {"prompt_tokens": 5, "completion_tokens": completion_tokens, "total_tokens": 5}
@@ -320,6 +334,10 @@ def behaviours(upstream: FaultyUpstream) -> dict[str, Handler]:
         "slow-tokens": slow_tokens,
         "long": lambda w: _stream(w, LONG, pause=0.01),
         "long-slow": lambda w: _stream(w, LONG, pause=0.1),
+        # Read as it is called, before any await: the body of this very request.
+        "long-capped": lambda w: _stream(
+            w, _capped(upstream.bodies["long-capped"].get("max_tokens")), pause=0.01
+        ),
         # Garbage a careless or broken upstream sends.
         "negative-usage": lambda w: _stream(w, _with_usage(-5), pause=0.01),
         "huge-usage": lambda w: _stream(w, _with_usage(3_000_000_000), pause=0.01),

@@ -73,6 +73,12 @@ def test_max_tokens_gives_length_with_exactly_that_many_tokens(backend):
     assert sum(e.tokens for e in events if isinstance(e, TextDelta)) == 7
 
 
+def test_a_completion_limit_its_admission_set_ends_the_answer_with_length(backend):
+    events = run(backend, ask(max_tokens=None, completion_limit=5))
+    assert events[-2] == Finish(0, "length")
+    assert events[-1].completion_tokens == 5
+
+
 def test_greedy_text_is_reproducible(backend):
     assert text_of(run(backend, ask())) == text_of(run(backend, ask()))
 

@@ -48,12 +48,18 @@ LEASE_SECONDS = 60.0  # after a crash, the key is whole again within this
 INTERRUPTED = "interrupted"  # the error code of the row of a request its worker died in
 STREAM_MEMORY_KIB = 64  # per stream a client stopped reading
 
-KEYS: dict[str, dict[str, object]] = {
-    "open": {},
+LIMITS: dict[str, dict[str, object]] = {
     "requests-per-minute": {"requests_per_minute": LIMIT},
     "tokens-per-minute": {"tokens_per_minute": LIMIT * TOKENS},
     "token-budget": {"token_budget": LIMIT * TOKENS, "budget_period": "day"},
     "cost-budget": {"cost_budget": str(LIMIT * TOKENS * PRICE / 1_000_000), "budget_period": "day"},
+}
+OMITTED = ["tokens-per-minute", "token-budget", "cost-budget"]
+KEYS: dict[str, dict[str, object]] = {
+    "open": {},
+    **LIMITS,
+    # The same limits, on keys whose requests set no max_tokens (see over_admission).
+    **{f"{kind}, max_tokens omitted": LIMITS[kind] for kind in OMITTED},
     "max-concurrent": {"max_concurrent": MAX_CONCURRENT},
     "sequential-clients": {"max_concurrent": MAX_CONCURRENT},
     "kill-worker": {"max_concurrent": MAX_CONCURRENT},
@@ -66,9 +72,18 @@ ALIASES = {
     "load": "long",
     "slow": "long-slow",
     "priced": "long",
+    "wide": "long-capped",
+    "wide-priced": "long-capped",
     "huge-stream": "huge-stream",
     **{behaviour: behaviour for behaviour in GARBAGE_BEHAVIOURS},
 }
+
+
+# A completion cap (context window) more than a limited key's whole limit: the aliases
+# for requests that set no max_tokens. The others' is less than one request's worth.
+WIDE_CONTEXT = 2 * LIMIT * TOKENS
+CONTEXTS = {"wide": WIDE_CONTEXT, "wide-priced": WIDE_CONTEXT}
+PRICED = {"priced", "wide-priced"}
 
 
 @dataclass(frozen=True)
@@ -397,24 +412,31 @@ def _outage_checks(
     row.require(bool(after) and not failed, f"after the outage: {dict(failed)} of {len(after)}")
 
 
-def over_admission(kind: str, lab: Lab) -> Row:
+def over_admission(kind: str, lab: Lab, *, omitted: bool = False) -> Row:
     """Concurrency 64 across both workers on a key with one limit of ``kind``: what it
-    admitted against the limit."""
-    row = Row(
-        f"concurrency 64, {kind}",
-        "admitted ≤ limit +1% + one request" + ("; exact" if kind == "requests-per-minute" else ""),
-    )
+    admitted against the limit. ``omitted``: no request sets max_tokens, on an alias whose
+    completion cap is more than the whole limit, so each is given what is left (its
+    upstream honours max_tokens): some are admitted, and none past the limit."""
+    name = f"{kind}, max_tokens omitted" if omitted else kind
+    target = "admitted ≤ limit +1% + one request"
+    if kind == "requests-per-minute":
+        target += "; exact"
+    row = Row(f"concurrency 64, {name}", target + ("; admitted > 0" if omitted else ""))
     if kind in ("requests-per-minute", "tokens-per-minute"):
         _early_in_minute(6)
 
     def body(model: str, n: int) -> dict:
-        # Half give max_tokens, half leave it to the gateway's cap.
-        return chat(model, stream=n % 2 == 0, **({"max_tokens": 20} if n % 4 < 2 else {}))
+        # Half give max_tokens, half leave it to the gateway's cap (all, when omitted).
+        given = not omitted and n % 4 < 2
+        return chat(model, stream=n % 2 == 0, **({"max_tokens": 20} if given else {}))
 
-    model = "priced" if kind == "cost-budget" else "load"
+    if omitted:
+        model = "wide-priced" if kind == "cost-budget" else "wide"
+    else:
+        model = "priced" if kind == "cost-budget" else "load"
     started = time.time()
     outcomes = asyncio.run(
-        clients(lab, lab.keys[kind], requests=4 * LIMIT, concurrency=64, model=model, body=body)
+        clients(lab, lab.keys[name], requests=4 * LIMIT, concurrency=64, model=model, body=body)
     )
     spent = time.time() - started
     # A burst across a minute's end meets a per-minute limit twice, the second time
@@ -430,6 +452,8 @@ def over_admission(kind: str, lab: Lab) -> Row:
     over = used / limit - 1
     row.over_admission = f"{used}{unit} of {limit}{unit}: {over:+.1%} ({spent:.1f} s)"
     row.require(used <= limit * Decimal("1.01") + one, f"over-admitted {over:+.1%}")
+    if omitted:
+        row.require(used > 0, "admitted nothing")
     if kind == "requests-per-minute" and minutes == 1:
         row.require(used == limit, f"admitted {used} of {limit}")
     row.memory = lab.memory()
@@ -447,7 +471,7 @@ def _limit_and_use(
         return Decimal(LIMIT * TOKENS), sum(tokens, Decimal(0)), max(tokens, default=0), " tok"
     if kind == "cost-budget":
         costs = [Decimal(served_row["cost"]) for served_row in served]
-        limit = Decimal(str(KEYS["cost-budget"]["cost_budget"]))
+        limit = Decimal(str(LIMITS["cost-budget"]["cost_budget"]))
         return limit, sum(costs, Decimal(0)).normalize(), max(costs, default=0), " USD"
     return Decimal(MAX_CONCURRENT), Decimal(_peak(outcomes)), Decimal(1), " at once"
 
@@ -690,6 +714,7 @@ SCENARIOS: dict[str, Callable[[Lab], Row]] = {
     "token-budget": partial(over_admission, "token-budget"),
     "cost-budget": partial(over_admission, "cost-budget"),
     "max-concurrent": partial(over_admission, "max-concurrent"),
+    **{f"{kind}-omitted": partial(over_admission, kind, omitted=True) for kind in OMITTED},
     "sequential-clients": sequential_clients,
     "garbage-upstream": garbage_upstream,
     "redis-frozen": partial(redis_outage, "frozen"),
@@ -708,10 +733,10 @@ from chatparity.models import ApiKey, Backend, ModelAlias
 upstream = Backend.objects.create(
     name="faulty", kind="openai", base_url={upstream_url!r}, options={{"retries": 0}})
 for public_id, behaviour in {ALIASES!r}.items():
-    price = {str(PRICE)!r} if public_id == "priced" else 0
+    price = {str(PRICE)!r} if public_id in {sorted(PRICED)!r} else 0
     ModelAlias.objects.create(
-        public_id=public_id, backend=upstream, model=behaviour, context_window=256,
-        input_price=price, output_price=price)
+        public_id=public_id, backend=upstream, model=behaviour,
+        context_window={CONTEXTS!r}.get(public_id, 256), input_price=price, output_price=price)
 keys = {{name: ApiKey.objects.create_key(name, **limits)[1] for name, limits in {KEYS!r}.items()}}
 print(json.dumps(keys))
 """

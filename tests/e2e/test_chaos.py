@@ -15,6 +15,8 @@ SHORT = [
     "requests-per-minute",
     "tokens-per-minute",
     "cost-budget",
+    "tokens-per-minute-omitted",
+    "cost-budget-omitted",
     "max-concurrent",
     "garbage-upstream",
     "redis-stopped",
@@ -22,6 +24,7 @@ SHORT = [
 ]
 LONG_ONLY = {
     "token-budget": "the same reservation as cost-budget, in tokens",
+    "token-budget-omitted": "the same reservation as cost-budget-omitted, in tokens",
     "sequential-clients": "fails at times (3 of 800 plain requests refused in one run, 0 of"
     " 400 in the next): a slot is given back after the response's last byte, so a client's"
     " next request on the other worker can find it still taken",
