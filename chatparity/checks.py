@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
+import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +170,32 @@ def check_responses_retention(app_configs: Any = None, **kwargs: Any) -> list[Ch
 
 
 @register()
+def check_stored_response_bytes(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """``STORED_RESPONSE_BYTES`` bounds each of RESPONSE, CHAIN and KEY with a positive
+    number of bytes: anything else would refuse every stored response, or none."""
+    if not isinstance(getattr(settings, "CHATPARITY", {}), dict):
+        return []  # chatparity.E001 says so
+    bounds = app_settings.STORED_RESPONSE_BYTES
+    wrong = {
+        name: bounds.get(name) if isinstance(bounds, dict) else bounds
+        for name in DEFAULTS["STORED_RESPONSE_BYTES"]
+        if not isinstance(bounds, dict)
+        or isinstance(bounds.get(name), bool)
+        or not isinstance(bounds.get(name), int)
+        or bounds[name] <= 0
+    }
+    if not wrong:
+        return []
+    return [
+        Error(
+            f"CHATPARITY['STORED_RESPONSE_BYTES'] gives {wrong!r}: RESPONSE, CHAIN and KEY are"
+            " each a positive number of bytes.",
+            id="chatparity.E052",
+        )
+    ]
+
+
+@register()
 def check_hosted_tools(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """``HOSTED_TOOLS`` maps alias public ids (or ``"*"``) to a policy /v1/responses
     knows: any other value would be read as "omit" without a word."""
@@ -322,3 +350,54 @@ def check_stored_configuration(
                     )
                 )
     return messages
+
+
+@register()
+def check_spool_dir(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """A ``SPOOL_DIR`` another user of the machine may write to, or put in its place, is
+    refused when a row is first spooled (rows and journals there would be read back as
+    this server's): said before that, when the site starts."""
+    if not isinstance(getattr(settings, "CHATPARITY", {}), dict):
+        return []  # chatparity.E001 says so
+    configured = app_settings.SPOOL_DIR
+    problem = spool_dir_problem(Path(configured)) if configured else ""
+    if not problem:
+        return []
+    return [
+        Warning(
+            f"CHATPARITY['SPOOL_DIR'] ({configured}) {problem}",
+            hint="Use a folder only this server's user may write to, in a folder other users"
+            " may not write to either; or leave SPOOL_DIR unset (a folder named by a keyed"
+            " hash in the temporary directory).",
+            id="chatparity.W070",
+        )
+    ]
+
+
+def spool_dir_problem(path: Path) -> str:
+    """Why another user of the machine could write to the spool folder ``path``, or put a
+    folder or link of theirs in its place; "" if they cannot."""
+    try:
+        status = path.lstat()
+    except FileNotFoundError:
+        status = None
+    except OSError as exc:
+        return f"cannot be checked: {exc}."
+    if status is not None:
+        if stat.S_ISLNK(status.st_mode):
+            return "is a symlink: whoever may change it chooses where the rows go."
+        if status.st_uid != os.getuid():
+            return "belongs to another user."
+        if status.st_mode & 0o022:
+            return "may be written to by other users."
+    try:
+        parent = path.absolute().parent.stat()
+    except OSError:
+        return ""  # made with its parents when first needed, by this user
+    if not parent.st_mode & 0o002:
+        return ""
+    if not parent.st_mode & stat.S_ISVTX:
+        return "is in a folder any user may write to: they may put theirs in its place."
+    if status is None:
+        return "does not exist yet, in a folder where any user may make it first."
+    return ""

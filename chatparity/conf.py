@@ -60,8 +60,10 @@ DEFAULTS: dict[str, Any] = {
     "STALE_SECONDS": 300.0,
     # Folder where log rows the database cannot take now are kept (one file per
     # process, fsynced) until it can, and where each worker journals its requests in
-    # flight. Shared by the workers of one machine; None: a folder in the system's
-    # temporary directory, per database the log is written to.
+    # flight. Shared by the workers of one machine, this user's alone (else refused, and
+    # check chatparity.W070 says so); None: a folder in the system's temporary directory
+    # per database the log is written to, named by a hash keyed with SECRET_KEY (other
+    # users of the machine cannot know its name).
     "SPOOL_DIR": None,
     # Store request and response bodies in RequestLog.
     "LOG_BODIES": False,

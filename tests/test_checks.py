@@ -15,6 +15,8 @@ from chatparity.checks import (
     check_embedding_model,
     check_hosted_tools,
     check_responses_retention,
+    check_spool_dir,
+    check_stored_response_bytes,
 )
 from project import settings as project_settings
 
@@ -196,3 +198,65 @@ def test_an_embedding_model_file_not_there_is_a_warning(tmp_path):
         (warning,) = check_embedding_model()
     assert warning.id == "chatparity.W005"
     assert repr(missing) in warning.msg
+
+
+# Security round 3: the spool folder and the bounds of stored responses.
+
+
+def spool_reported(path):
+    with override_settings(CHATPARITY={"SPOOL_DIR": str(path)}):
+        reported = [(message.id, message.msg) for message in check_spool_dir()]
+        assert {id for id, _ in reported} <= {message.id for message in run_checks()}
+    return reported
+
+
+def test_a_spool_folder_of_this_users_alone_passes(tmp_path):
+    mine = tmp_path / "spool"
+    mine.mkdir(mode=0o700)
+    assert spool_reported(mine) == []
+    assert spool_reported(tmp_path / "made-when-needed") == []
+    with override_settings(CHATPARITY={"SPOOL_DIR": None}):
+        assert check_spool_dir() == []
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (lambda path: path.mkdir(mode=0o777) or path.chmod(0o777), "may be written to by other"),
+        (lambda path: path.symlink_to(path.parent), "is a symlink"),
+    ],
+    ids=["writable by others", "a symlink"],
+)
+def test_a_spool_folder_others_may_write_or_point_elsewhere_is_a_warning(tmp_path, make, problem):
+    spool = tmp_path / "spool"
+    make(spool)
+    ((id, message),) = spool_reported(spool)
+    assert id == "chatparity.W070"
+    assert problem in message
+
+
+def test_a_spool_folder_in_a_folder_anyone_may_write_to_is_a_warning(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # no sticky bit: anyone may rename what is in it
+    ((_, replaced),) = spool_reported(shared / "spool")
+    assert "they may put theirs in its place" in replaced
+    shared.chmod(0o1777)  # as /tmp: only its owner may, but anyone may make it first
+    ((_, squatted),) = spool_reported(shared / "spool")
+    assert "any user may make it first" in squatted
+    (shared / "spool").mkdir(mode=0o700)
+    assert spool_reported(shared / "spool") == []
+
+
+def test_positive_bounds_of_stored_responses_pass():
+    with override_settings(CHATPARITY={"STORED_RESPONSE_BYTES": {"KEY": 10**12}}):
+        assert check_stored_response_bytes() == []
+
+
+@pytest.mark.parametrize("bound", [0, -1, "2MiB", None, True, 1.5])
+def test_a_bound_of_stored_responses_that_is_not_a_positive_integer_is_an_error(bound):
+    with override_settings(CHATPARITY={"STORED_RESPONSE_BYTES": {"CHAIN": bound}}):
+        (message,) = check_stored_response_bytes()
+        assert "chatparity.E052" in {message.id for message in run_checks()}
+    assert message.id == "chatparity.E052"
+    assert f"{{'CHAIN': {bound!r}}}" in message.msg

@@ -23,7 +23,6 @@ import mmap
 import os
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -48,12 +47,14 @@ INTERRUPTED_CODE = "interrupted"
 
 
 class Journal:
-    """One process's journal, locked for as long as the process lives."""
+    """One process's journal, locked for as long as the process lives, in the spool
+    folder (its files made, renamed and deleted relative to it: :class:`spool.Folder`)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: spool.Folder) -> None:
         self.pid = os.getpid()
-        self.path = folder / f"{_PREFIX}{self.pid}{_SUFFIX}"
-        self._file = _MappedFile(self.path, COMPACT_BYTES)
+        self.folder = folder
+        self.name = f"{_PREFIX}{self.pid}{_SUFFIX}"
+        self._file = _MappedFile(folder, self.name, COMPACT_BYTES)
         # id -> (record, the tokens last noted, -1 before the first note)
         self._open: dict[str, tuple[UsageRecord, int]] = {}
         self._lock = threading.RLock()
@@ -80,10 +81,10 @@ class Journal:
     def _close(self) -> None:
         """At a normal exit: its requests are over (the server waited for them)."""
         with self._lock:
-            self.path.unlink(missing_ok=True)
+            self.folder.unlink(self.name)
             self._file.close()
         with contextlib.suppress(OSError):  # not empty: other processes' files
-            self.path.parent.rmdir()
+            self.folder.path.rmdir()  # a folder only: a symlink put there stays
 
     def _note_progress(self) -> None:
         while True:
@@ -116,24 +117,24 @@ class Journal:
         kept = b"".join(
             _begin_line(record) + _progress_line(record) for record, _ in self._open.values()
         )
-        fresh = _MappedFile(self.path.with_suffix(".new"), max(COMPACT_BYTES, 2 * len(kept)))
+        fresh = _MappedFile(self.folder, f"{self.name}.new", max(COMPACT_BYTES, 2 * len(kept)))
         fresh.append(kept)
-        os.rename(fresh.path, self.path)
+        self.folder.rename(fresh.name, self.name)
         self._file.close()
-        fresh.path = self.path
         self._file = fresh
         if not fresh.append(data):  # one line larger than all the open requests
             self._compact(data)
 
 
 class _MappedFile:
-    """A locked file of ``capacity`` bytes, mapped into memory and filled from the
-    start; the bytes not yet written are zeros."""
+    """A new file ``name`` in ``folder``, locked, of ``capacity`` bytes, mapped into
+    memory and filled from the start; the bytes not yet written are zeros."""
 
-    def __init__(self, path: Path, capacity: int) -> None:
-        self.path = path
+    def __init__(self, folder: spool.Folder, name: str, capacity: int) -> None:
+        self.name = name
         self.size = 0
-        self._descriptor = _locked(path)
+        self._descriptor = folder.create(name)
+        fcntl.flock(self._descriptor, fcntl.LOCK_EX)
         os.ftruncate(self._descriptor, capacity)
         self._map = mmap.mmap(self._descriptor, capacity)
 
@@ -150,12 +151,6 @@ class _MappedFile:
     def close(self) -> None:
         self._map.close()
         os.close(self._descriptor)
-
-
-def _locked(path: Path) -> int:
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-    fcntl.flock(descriptor, fcntl.LOCK_EX)
-    return descriptor
 
 
 def _begin_line(record: UsageRecord) -> bytes:
@@ -200,7 +195,8 @@ def current() -> Journal:
         with _opening:
             journal = _current
             if journal is None or journal.pid != os.getpid():
-                folder = spool.folder()
+                folder = spool.open_folder()
+                assert folder is not None  # made
                 recover(folder)
                 journal = _current = Journal(folder)
     return journal
@@ -225,17 +221,22 @@ def end(request_id: str) -> None:
             logger.exception("chatparity: the end of request %s was not journalled", request_id)
 
 
-def recover(folder: Path | None = None) -> int:
+def recover(folder: spool.Folder | None = None) -> int:
     """Spool a row marked interrupted for each open request in the journals of dead
     processes, then delete those journals; how many rows were spooled."""
-    folder = folder or spool.folder(create=False)
-    if not folder.exists():
+    folder = folder or spool.open_folder(create=False)
+    if folder is None:
         return 0
     recovered = 0
-    for path in folder.glob(f"{_PREFIX}*"):
+    for name in folder.names():
+        if not name.startswith(_PREFIX):
+            continue
         try:
-            descriptor = os.open(path, os.O_RDONLY)
+            descriptor = folder.open(name, os.O_RDONLY)
         except FileNotFoundError:  # recovered by another process meanwhile
+            continue
+        except OSError:  # a symlink, or a file another user may write: not a journal
+            logger.warning("chatparity: %s is not this user's journal: left alone", name)
             continue
         try:
             try:
@@ -246,7 +247,7 @@ def recover(folder: Path | None = None) -> int:
                 rows = interrupted_rows(file.read())
             if rows:
                 spool.keep(rows)
-            path.unlink(missing_ok=True)
+            folder.unlink(name)
             recovered += len(rows)
         finally:
             os.close(descriptor)

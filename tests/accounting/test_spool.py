@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -107,7 +108,7 @@ def test_a_spool_folder_others_may_write_to_is_refused(spool_dir):
     spool_dir.mkdir(mode=0o777)
     spool_dir.chmod(0o777)
     with pytest.raises(PermissionError):
-        spool.folder()
+        spool.open_folder()
 
 
 KILLED_WORKER = """
@@ -168,7 +169,7 @@ def test_a_request_that_ends_while_its_progress_is_noted_stays_ended(spool_dir):
     # The progress pass runs on its own thread: a request ending in the middle of it
     # was put back as open, and a journal that never shrinks made every write compact.
     spool_dir.mkdir()
-    own = journal.Journal(spool_dir)
+    own = journal.Journal(spool.open_folder())
 
     class Ending(UsageRecord):
         @property
@@ -188,13 +189,13 @@ def test_a_request_that_ends_while_its_progress_is_noted_stays_ended(spool_dir):
 def test_a_journal_is_compacted_to_its_open_requests(spool_dir):
     spool_dir.mkdir()
     with mock.patch.object(journal, "COMPACT_BYTES", 2000):
-        own = journal.Journal(spool_dir)
+        own = journal.Journal(spool.open_folder())
         for index in range(50):
             record = UsageRecord(request_id=f"r{index}", key_prefix="sk-cp-abcd")
             own.begin(record)
             if index != 7:
                 own.end(record.request_id)
-    contents = own.path.read_bytes().rstrip(b"\0")
+    contents = (spool_dir / own.name).read_bytes().rstrip(b"\0")
     assert len(contents) < 2000
     assert [row.request_id for row in journal.interrupted_rows(contents)] == ["r7"]
 
@@ -279,8 +280,71 @@ def test_a_journal_of_many_open_requests_is_not_rewritten_on_every_write(spool_d
     # write would rewrite them all every time (a benchmark at c=32 ran at half speed).
     spool_dir.mkdir()
     with mock.patch.object(journal, "COMPACT_BYTES", 2000):
-        own = journal.Journal(spool_dir)
+        own = journal.Journal(spool.open_folder())
         with mock.patch.object(own, "_compact", wraps=own._compact) as compact:
             for index in range(200):
                 own.begin(UsageRecord(request_id=f"r{index}", key_prefix="sk-cp-abcd"))
     assert 1 <= compact.call_count <= 10
+
+
+# Security round 3: a local user of the machine pointed the spool folder's name at a
+# folder of the server's user (the check passed), then at one of theirs holding
+# journal-<pid>.new as a symlink to a victim file, which the journal's next compaction
+# truncated and filled; a planted 0666 rows file read the client addresses.
+
+
+def test_a_spool_folder_swapped_for_a_symlink_after_its_check_reaches_nothing_else(
+    spool_dir, tmp_path
+):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    spool_dir.mkdir(mode=0o700)
+    with mock.patch.object(journal, "COMPACT_BYTES", 2000):
+        own = journal.Journal(spool.open_folder())
+        kept = tmp_path / "kept-by-the-server"
+        spool_dir.rename(kept)
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o777)
+        theirs.chmod(0o777)
+        (theirs / f"{own.name}.new").symlink_to(victim)
+        planted = theirs / f"rows-{os.getpid()}.jsonl"
+        planted.touch(mode=0o666)
+        spool_dir.symlink_to(theirs)
+        for index in range(80):  # several compactions
+            own.begin(UsageRecord(request_id=f"r{index}", key_prefix="sk-cp-abcd"))
+        spool.keep([a_row("req-1")])
+    assert victim.read_bytes() == b"precious"
+    assert planted.read_bytes() == b""
+    assert sorted(path.name for path in kept.iterdir()) == [
+        own.name,
+        f"rows-{os.getpid()}.jsonl",
+    ]
+
+
+def test_a_spool_folder_that_is_a_symlink_is_refused(spool_dir, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    spool_dir.symlink_to(mine)
+    with pytest.raises(PermissionError, match="is not a folder"):
+        spool.open_folder()
+
+
+def test_a_file_planted_under_a_journals_name_is_replaced_never_written(spool_dir, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    spool_dir.mkdir(mode=0o700)
+    (spool_dir / f"journal-{os.getpid()}.jsonl").symlink_to(victim)
+    own = journal.Journal(spool.open_folder())
+    own.begin(UsageRecord(request_id="r1", key_prefix="sk-cp-abcd"))
+    assert victim.read_bytes() == b"precious"
+    assert not (spool_dir / own.name).is_symlink()
+
+
+def test_the_default_folder_is_named_by_a_key_no_other_user_knows(settings):
+    settings.CHATPARITY = {**SCRIPTED, "SPOOL_DIR": None}
+    default = spool.spool_path()
+    settings.SECRET_KEY = "another-site-entirely-" + "x" * 40
+    other = spool.spool_path()
+    assert default.parent == other.parent == Path(tempfile.gettempdir())
+    assert default != other
+    assert default.name.startswith(f"chatparity-spool-{os.getuid()}-")
