@@ -763,6 +763,24 @@ class TestRequestLogAdmin:
         assert (row_exported["user_agent"], row_exported["alias"]) == ("'" + user_agent, "'=1+1")
         assert row_exported["request_id"] == "req"
 
+    @pytest.mark.parametrize(
+        ("first_token", "duration", "shown"),
+        [
+            (0.4321, 8.2449, ["0.4 ms", "8.2 ms"]),
+            (245.3333, 12034.5678, ["245 ms", "12,035 ms"]),
+            (None, 99.95, ["—", "100 ms"]),
+        ],
+    )
+    def test_latencies_are_milliseconds_to_a_sensible_precision(
+        self, admin_client, db, first_token, duration, shown
+    ):
+        row = logged(time_to_first_token_ms=first_token, duration_ms=duration)
+        listed = page(admin_client.get(reverse("admin:chatparity_requestlog_changelist")))
+        detail = admin_client.get(reverse("admin:chatparity_requestlog_change", args=[row.pk]))
+        for text in (listed, page(detail)):
+            assert all(f">{latency}<" in text for latency in shown), shown
+            assert str(duration) not in text
+
     def test_the_list_says_which_endpoint_each_row_served(self, admin_client, rows):
         response = admin_client.get(reverse("admin:chatparity_requestlog_changelist"))
         assert "endpoint" in response.context["cl"].list_display

@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.core.checks import register
 
 
 class DashboardConfig(AppConfig):
@@ -9,6 +10,8 @@ class DashboardConfig(AppConfig):
 
     def ready(self) -> None:
         from ..signals import request_logged
+        from .checks import check_channels
         from .tail import publish
 
         request_logged.connect(publish, dispatch_uid="chatparity.dashboard.tail")
+        register(check_channels)
