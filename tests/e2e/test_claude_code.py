@@ -62,30 +62,27 @@ def upstream(task):
     scripted.close()
 
 
-@pytest.fixture
-def claude_alias(daphne_server, upstream):
-    """An alias whose backend is the scripted upstream, in chat completions."""
+def scripted_alias(daphne_server, upstream, wire_api):
+    """The alias, its backend the scripted upstream spoken to in ``wire_api``."""
     daphne_server.manage(
         "shell",
         "-c",
         "from chatparity.models import Backend, ModelAlias;"
-        " ModelAlias.objects.filter(public_id='claude-scripted').delete();"
+        f" ModelAlias.objects.filter(public_id='{ALIAS}').delete();"
         " Backend.objects.filter(name='claude-upstream').delete();"
         " backend = Backend.objects.create(name='claude-upstream', kind='openai',"
-        f" base_url='{upstream.base_url}', options={{'retries': 0}});"
+        f" base_url='{upstream.base_url}', options={{'retries': 0, 'wire_api': '{wire_api}'}});"
         f" ModelAlias.objects.create(public_id='{ALIAS}', backend=backend,"
         " model='scripted-model')",
     )
     daphne_server.wait_for_models(ALIAS)
-    return ALIAS
 
 
-def test_claude_code_print_mode_finishes_a_task_with_its_tools(
-    claude, claude_alias, daphne_server, upstream, task, tmp_path
-):
+def print_mode(claude, daphne_server, task, home):
+    """``claude -p`` set up as the README says; its finished process."""
     env = {
         "PATH": os.environ["PATH"],
-        "HOME": str(tmp_path),
+        "HOME": str(home),
         "ANTHROPIC_BASE_URL": daphne_server.url,
         "ANTHROPIC_AUTH_TOKEN": daphne_server.key,
         "ANTHROPIC_MODEL": ALIAS,
@@ -96,6 +93,22 @@ def test_claude_code_print_mode_finishes_a_task_with_its_tools(
         cwd=task, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert finished.returncode == 0, finished.stderr or finished.stdout
+    return finished
+
+
+def assert_logged(daphne_server, user_agent="claude-cli/"):
+    rows = daphne_server.written_rows(alias=ALIAS)
+    assert [(row["endpoint"], row["status_code"], row["stream"]) for row in rows[-2:]] == [
+        ("messages", 200, 1)
+    ] * 2
+    assert rows[-1]["user_agent"].startswith(user_agent)
+
+
+def test_claude_code_print_mode_finishes_a_task_with_its_tools(
+    claude, daphne_server, upstream, task, tmp_path
+):
+    scripted_alias(daphne_server, upstream, "chat")
+    finished = print_mode(claude, daphne_server, task, tmp_path)
     assert finished.stdout.strip() == "The task says: water the plants."
 
     first, last = upstream.requests
@@ -108,9 +121,28 @@ def test_claude_code_print_mode_finishes_a_task_with_its_tools(
     while result["role"] != "tool":  # Claude Code may add a reminder after it
         result = last["messages"][last["messages"].index(result) - 1]
     assert "water the plants" in result["content"]
+    assert_logged(daphne_server)
 
-    rows = daphne_server.written_rows(alias=claude_alias)
-    assert [(row["endpoint"], row["status_code"], row["stream"]) for row in rows] == [
-        ("messages", 200, 1)
-    ] * 2
-    assert rows[-1]["user_agent"].startswith("claude-cli/")
+
+def test_claude_code_through_an_upstream_that_speaks_the_messages_api(
+    claude, daphne_server, upstream, task, tmp_path
+):
+    """Anthropic's API on both sides (``wire_api: messages``), as in front of Claude."""
+    scripted_alias(daphne_server, upstream, "messages")
+    finished = print_mode(claude, daphne_server, task, tmp_path)
+    assert finished.stdout.strip() == "The task says: water the plants."
+
+    (path, headers), _ = upstream.heads
+    assert (path, headers["anthropic-version"]) == ("/v1/messages", "2023-06-01")
+    first, last = upstream.requests
+    assert {"Read", "Bash"} <= {tool["name"] for tool in first["tools"]}
+    assert isinstance(first["system"], str)
+    results = [
+        block
+        for turn in last["messages"]
+        if turn["role"] == "user"
+        for block in turn["content"]
+        if block["type"] == "tool_result"
+    ]
+    assert "water the plants" in results[-1]["content"]
+    assert_logged(daphne_server)
