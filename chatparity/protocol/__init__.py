@@ -7,4 +7,9 @@ same table), backends speak in :mod:`~chatparity.protocol.events`, and
 :class:`ChunkEncoder` / :class:`CompletionAccumulator` turn those events into
 the exact bytes OpenAI sends, streamed or not. OpenAI's enumerations (roles,
 finish reasons, ...) are defined once, in :mod:`~chatparity.protocol.enums`.
+
+The other wires are encodings of the same events, each parsed into the same chat
+request: OpenAI's Responses API (:mod:`~chatparity.protocol.responses`,
+``responses_stream``, ``responses_upstream``) and Anthropic's Messages API
+(:mod:`~chatparity.protocol.messages`, ``messages_stream``, ``messages_upstream``).
 """
