@@ -118,7 +118,7 @@ def check_embedding_model(app_configs: Any = None, **kwargs: Any) -> list[CheckM
     return []
 
 
-_LIMITS = ("MAX_BODY_BYTES", "MAX_MESSAGES", "MAX_CONTENT_CHARS")
+_LIMITS = ("MAX_BODY_BYTES", "MAX_MESSAGES", "MAX_CONTENT_CHARS", "MAX_EMBEDDING_INPUTS")
 
 
 @register()

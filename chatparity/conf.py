@@ -80,6 +80,10 @@ DEFAULTS: dict[str, Any] = {
     # 1 Mi characters is already far beyond any local model's context, and the
     # lower cap rejects such a message before it is tokenized.
     "MAX_CONTENT_CHARS": 1024 * 1024,
+    # Inputs in one /v1/embeddings request (OpenAI's cap: 2,048): more is OpenAI's 400
+    # array_above_max_length on 'input'. A list of token ids, as one input, is bounded by
+    # MAX_CONTENT_CHARS ids.
+    "MAX_EMBEDDING_INPUTS": 2048,
     # Fernet keys encrypting Backend.secret at rest: the first encrypts, all
     # decrypt. Empty: derived from SECRET_KEY and SECRET_KEY_FALLBACKS.
     "SECRET_KEYS": [],
@@ -190,6 +194,7 @@ class AppSettings:
     MAX_BODY_BYTES: Setting[int] = Setting()
     MAX_MESSAGES: Setting[int] = Setting()
     MAX_CONTENT_CHARS: Setting[int] = Setting()
+    MAX_EMBEDDING_INPUTS: Setting[int] = Setting()
     SECRET_KEYS: Setting[list[str]] = Setting()
     COMMANDS: Setting[dict[str, dict[str, Any]]] = Setting()
     MAX_N: Setting[dict[str, int]] = Setting()

@@ -19,6 +19,7 @@ urlpatterns = [
     path("v1/messages/count_tokens", views.count_message_tokens, name="messages-count-tokens"),
     # Anthropic's clients get Anthropic's 404 under /v1/messages/.
     re_path(r"^v1/messages/", views.messages_not_found, name="messages-not-found"),
+    path("v1/embeddings", views.create_embeddings, name="embeddings"),
     path("v1/models", views.list_models, name="models"),
     path("v1/models/<path:model>", views.retrieve_model, name="model"),
     path("v1/openapi.json", views.openapi, name="openapi"),

@@ -9,6 +9,7 @@ small model cannot be made to), for clients that run a task to its end.
 
 import asyncio
 import base64
+import contextlib
 import json
 import math
 import struct
@@ -153,7 +154,8 @@ class ScriptedUpstream:
                     self.send_header("Content-Length", str(len(payload)))
                     self.send_header("Connection", "close")
                     self.end_headers()
-                    self.wfile.write(payload)
+                    with contextlib.suppress(BrokenPipeError):  # a client that gave up
+                        self.wfile.write(payload)
                     return
                 if self.path.endswith("/messages"):
                     answer = upstream.message(body)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 from .. import signals
 from ..models import ModelAlias, RequestLog
@@ -28,6 +28,8 @@ from .record import UsageRecord
 from .writer import log
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 UNKNOWN_MODEL = "unknown"
@@ -116,14 +118,23 @@ class Accounting:
         ``chat`` (the request as ``alias`` serves it); returns it as :meth:`admit` does."""
         assert self.admission is not None, "a request is admitted before it falls back"
         await self.admission.switch(alias, limits.Estimate.of(chat, alias))
+        self.fell_back(alias)
+        return self._limited(chat)
+
+    def fell_back(self, alias: ModelAlias) -> None:
+        """The request, its admission moved, is served by ``alias``, a fallback."""
         for observer in signals.observers:
             observer.fallback(self.record.backend)
         self.served_by(alias)
-        return self._limited(chat)
 
     async def first_event(self, events: AsyncIterator[Event]) -> Event:
         """The first of a backend's ``events``, the time waited for it noted (the
         gateway's overhead is the rest)."""
+        return await self.answer(anext(events))
+
+    async def answer(self, answering: Awaitable[T]) -> T:
+        """What a backend answers (its first event, its vectors), the time waited for
+        it noted."""
         record = self.record
         if record.backend_started is None:
             record.backend_started = time.perf_counter()
@@ -131,7 +142,7 @@ class Accounting:
         for observer in observers:
             observer.calling_backend(record)
         try:
-            first = await anext(events)
+            answer = await answering
         except BaseException as failure:
             for observer in observers:
                 observer.backend_answered(record, failure)
@@ -139,7 +150,7 @@ class Accounting:
         record.backend_answered = time.perf_counter()
         for observer in observers:
             observer.backend_answered(record, None)
-        return first
+        return answer
 
     def backend_done(self) -> None:
         """The backend that answered sent its last event, or failed midway."""

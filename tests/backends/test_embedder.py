@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from chatparity.backends.base import BackendConfig, EmbeddingBackend
+from chatparity.backends.base import BackendConfig, EmbeddingBackend, current_caller
 from chatparity.backends.embedder import EmbedderBackend, packaged_model
 from chatparity.protocol.embeddings import EmbeddingsRequest, floats
 from chatparity.protocol.errors import APIError
@@ -144,13 +144,15 @@ def test_dimensions_are_refused_unless_the_model_is_shortenable(backend):
 def test_a_large_request_interleaves_with_others(backend):
     """A request of 2,048 inputs is run in batches: one input asked for meanwhile is
     answered long before it."""
-    many = ask(*[f"document number {i} about topic {i % 7}" for i in range(2048)], caller="bulk")
+    many = ask(*[f"document number {i} about topic {i % 7}" for i in range(2048)])
 
     async def both():
-        large = asyncio.ensure_future(backend.embed(many, "m"))
+        current_caller.set("bulk")
+        large = asyncio.ensure_future(backend.embed(many, "m"))  # in a copy of the context
         await asyncio.sleep(0.2)  # the large request is running
+        current_caller.set("other")
         started = time.perf_counter()
-        small = await backend.embed(ask("one question", caller="other"), "m")
+        small = await backend.embed(ask("one question"), "m")
         small_seconds = time.perf_counter() - started
         assert not large.done()
         answer = await large
@@ -164,7 +166,7 @@ def test_a_large_request_interleaves_with_others(backend):
 
 def test_a_request_whose_client_left_is_dropped(backend):
     model = asyncio.run(backend.model())
-    many = ask(*[f"text {i}" for i in range(2048)], caller="leaver")
+    many = ask(*[f"text {i}" for i in range(2048)])
 
     async def leave():
         task = asyncio.ensure_future(backend.embed(many, "m"))

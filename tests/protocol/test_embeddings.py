@@ -69,6 +69,16 @@ def test_at_most_2048_inputs():
     assert message.endswith("maximum length 2048, but got an array with length 2049 instead.")
 
 
+def test_a_list_of_token_ids_is_bounded_as_a_text_is_not_as_inputs_are():
+    limits = Limits(max_content_chars=3000, max_inputs=2)
+    body = {"model": "m", "input": [7] * 3000}
+    assert len(parse_embeddings_request(body, limits).inputs[0]) == 3000
+    assert refusal(model="m", input=[[7] * 101])[2:] == ("input[0]", "array_above_max_length")
+    with pytest.raises(APIError) as refused:
+        parse_embeddings_request({"model": "m", "input": ["a", "b", "c"]}, limits)
+    assert refused.value.code == "array_above_max_length"
+
+
 def test_a_text_longer_than_the_server_takes_is_refused_where_it_is():
     assert refusal(model="m", input=["ok", "x" * 101])[2:] == (
         "input[1]",

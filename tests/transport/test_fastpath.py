@@ -113,9 +113,10 @@ class FastPathTests(FastPathTestCase):
         assert orjson.loads(content)["error"]["message"].startswith("You didn't provide an API key")
         start, content, _ = await self.exchange("GET", "/v1/chat/completions")
         assert start["status"] == 405
-        start, content, _ = await self.exchange("GET", "/v1/embeddings")
+        start, content, _ = await self.exchange("GET", "/v1/images/generations")
         assert start["status"] == 404
-        assert orjson.loads(content)["error"]["message"] == "Invalid URL (GET /v1/embeddings)"
+        message = orjson.loads(content)["error"]["message"]
+        assert message == "Invalid URL (GET /v1/images/generations)"
 
     @override_settings(CHATPARITY={**SCRIPTED, "MAX_BODY_BYTES": 100})
     async def test_a_body_above_the_limit_is_413(self):

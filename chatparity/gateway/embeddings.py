@@ -1,0 +1,142 @@
+"""``POST /v1/embeddings``: OpenAI's Embeddings API on the keys, aliases, limits and log
+of the chat endpoints.
+
+The request is validated by :mod:`chatparity.protocol.embeddings` (the model
+first: an unknown one is OpenAI's 404 whatever else is wrong), served by the
+alias it names if that alias's backend embeds (else a 400 naming the model),
+admitted under the alias's and the key's limits for its input tokens (texts
+estimated, token ids counted; the reservation made exact by the usage), and
+answered by the backend, or, if it is unavailable (502, 503, 504), by the
+alias's fallbacks that embed. No answer within ``FIRST_BYTE_TIMEOUT`` seconds
+is a 504. The log row is an ``embeddings`` row: its input tokens and cost,
+never a vector (with ``LOG_BODIES`` the request body is kept, the answer not).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Any
+
+from ..accounting.keys import Grant
+from ..accounting.ledger import Accounting
+from ..accounting.limits import Estimate
+from ..backends import get_backend
+from ..backends.base import EmbeddingBackend, current_caller
+from ..conf import app_settings
+from ..kinds import serves_embeddings
+from ..models import Endpoint, ModelAlias
+from ..protocol import errors
+from ..protocol.embeddings import (
+    Embeddings,
+    EmbeddingsRequest,
+    counted_tokens,
+    embeddings_object,
+    parse_embeddings_request,
+)
+from ..protocol.errors import APIError
+from ..protocol.events import Usage
+from ..protocol.request import parse_model
+from .pipeline import (
+    _UNAVAILABLE,
+    Call,
+    Reply,
+    _limits,
+    endpoint,
+    first_byte_timeout,
+    first_usable,
+    json_reply,
+    serve,
+    serving,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@endpoint("POST")
+async def embeddings(call: Call) -> Reply:
+    return await serve(call, _embed)
+
+
+async def _embed(body: Any, accounting: Accounting, grant: Grant) -> Reply:
+    record = accounting.record
+    record.endpoint = Endpoint.EMBEDDINGS
+    record.request_body = body
+    record.body = None  # the answer is vectors: never logged
+    try:
+        request = parse_embeddings_request(body, _limits())
+    except APIError:
+        await serving(parse_model(body), grant, accounting)
+        raise
+    try:
+        async with asyncio.timeout(app_settings.FIRST_BYTE_TIMEOUT) as deadline:
+            alias = await serving(request.model, grant, accounting)
+            embedded = await _answer(request, alias, grant, accounting)
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        raise first_byte_timeout() from None
+    accounting.observe(Usage(embedded.prompt_tokens, 0, counted=embedded.counted))
+    answer = embeddings_object(
+        embedded, model=request.model, encoding_format=request.encoding_format
+    )
+    await accounting.settle()
+    return json_reply(answer)
+
+
+async def _answer(
+    request: EmbeddingsRequest, alias: ModelAlias, grant: Grant, accounting: Accounting
+) -> Embeddings:
+    """``request`` admitted on ``alias`` and embedded by its backend, or else by its
+    fallbacks that embed, in order."""
+    accounting.served_by(alias)
+    if not serves_embeddings(alias.backend.kind):
+        raise errors.not_an_embedding_model(alias.public_id)
+    estimate = Estimate(counted_tokens(request), 0)
+    await accounting.reserve(alias, estimate)
+    current_caller.set(accounting.caller)  # in this request's task: its backends see it
+    fallbacks = list(alias.fallbacks)
+    try:
+        while True:
+            backend = get_backend(alias.backend)
+            assert isinstance(backend, EmbeddingBackend), "its kind serves embeddings"
+            served = dataclasses.replace(
+                request,
+                forwarded_params=frozenset(
+                    name for name in alias.forwarded_params or () if isinstance(name, str)
+                ),
+            )
+            try:
+                return await accounting.answer(backend.embed(served, alias.model))
+            except APIError as error:
+                if error.status not in _UNAVAILABLE:
+                    raise
+                failed = alias
+                alias = await _fall_back(fallbacks, grant, accounting, estimate, error)
+                logger.warning(
+                    "chatparity: %s failed (%s), falling back to %s", failed, error, alias
+                )
+    finally:
+        accounting.backend_done()
+
+
+async def _fall_back(
+    fallbacks: list[str],
+    grant: Grant,
+    accounting: Accounting,
+    estimate: Estimate,
+    failure: APIError,
+) -> ModelAlias:
+    """The next of ``fallbacks`` that embeds, ``grant`` may use and whose limits admit
+    the request, the admission moved to it; else the last refusal of a limit, or
+    ``failure``."""
+    while (alias := await first_usable(fallbacks, grant, serves_embeddings)) is not None:
+        try:
+            await accounting.reserve(alias, estimate)
+        except APIError as refusal:
+            failure = refusal
+            continue
+        accounting.fell_back(alias)
+        return alias
+    raise failure
