@@ -23,11 +23,12 @@ from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
 from ..accounting.record import UsageRecord
 from ..conf import app_settings
-from ..models import RequestLog
+from ..models import Endpoint, RequestLog
 from ..protocol.completion import CompletionAccumulator
 from ..signals import Observer
 
 OPERATION = "chat"
+"""``gen_ai.operation.name`` of a request, until its endpoint says otherwise."""
 SYSTEM = "openai"
 """``gen_ai.provider.name``: the wire the gateway speaks, whatever serves it."""
 
@@ -64,6 +65,12 @@ def _spans(record: UsageRecord) -> _Spans | None:
     """The request's spans; None for one that began before tracing did."""
     spans = record.trace
     return spans if isinstance(spans, _Spans) else None
+
+
+def _operation(record: UsageRecord) -> str:
+    """The GenAI operation of the request: ``embeddings``, or ``chat`` (every other wire
+    carries a conversation)."""
+    return "embeddings" if record.endpoint == Endpoint.EMBEDDINGS else OPERATION
 
 
 def _failed(span: Span, failure: BaseException) -> None:
@@ -111,10 +118,11 @@ class Tracing(Observer):
         spans = _spans(record)
         if spans is None:
             return
-        span = spans.child(f"{OPERATION} {record.upstream_model}".rstrip(), SpanKind.CLIENT)
+        operation = _operation(record)
+        span = spans.child(f"{operation} {record.upstream_model}".rstrip(), SpanKind.CLIENT)
         span.set_attributes(
             {
-                "gen_ai.operation.name": OPERATION,
+                "gen_ai.operation.name": operation,
                 "gen_ai.provider.name": SYSTEM,
                 "gen_ai.request.model": record.upstream_model,
                 "chatparity.backend": record.backend,
@@ -161,9 +169,12 @@ class Tracing(Observer):
             self.backend_done(record)
         span = spans.request
         model = row.alias
-        span.update_name(f"{OPERATION} {model}".rstrip())
+        operation = _operation(record)
+        span.update_name(f"{operation} {model}".rstrip())
         span.set_attributes(
             {
+                "gen_ai.operation.name": operation,
+                "chatparity.endpoint": row.endpoint,
                 "gen_ai.request.model": model,
                 "gen_ai.response.model": model,
                 "http.response.status_code": row.status_code,
