@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .embeddings import embeddings_request
 from .enums import FINISH_REASONS, REASONING_EFFORTS, SERVICE_TIERS, TOOL_TYPES
 from .messages import ERROR_TYPES, STOP_REASONS, count_tokens_request, messages_request
 from .messages_stream import EVENT_TYPES as MESSAGE_EVENT_TYPES
@@ -34,6 +35,7 @@ from .schema import (
     Nullable,
     Number,
     Object,
+    OneOf,
     Schema,
     String,
     Tagged,
@@ -63,6 +65,10 @@ def _list(items: Node, description: str | None = None) -> Array:
 
 def _counts(*names: str) -> Object:
     return Object(tuple(_sometimes(name, Integer()) for name in names))
+
+
+def _counts_always(*names: str) -> Object:
+    return Object(tuple(_always(name, Integer()) for name in names))
 
 
 _TOP_LOGPROB = (
@@ -355,6 +361,33 @@ _INPUT_ITEM_LIST = Object(
     name="InputItemList",
 )
 
+_EMBEDDING_LIST = Object(
+    (
+        _always("object", _const("list")),
+        _always(
+            "data",
+            _list(
+                Object(
+                    (
+                        _always("object", _const("embedding")),
+                        _always("index", Integer()),
+                        _always(
+                            "embedding",
+                            OneOf((_list(Number()), String())),
+                            "Numbers, or with encoding_format base64 their little-endian"
+                            " float32 bytes in base64.",
+                        ),
+                    )
+                ),
+                "One vector per input, in input order.",
+            ),
+        ),
+        _always("model", String()),
+        _always("usage", _counts_always("prompt_tokens", "total_tokens")),
+    ),
+    name="CreateEmbeddingResponse",
+)
+
 # Anthropic's Messages API's answers.
 
 _CONTENT_BLOCK = Tagged(
@@ -564,8 +597,8 @@ def openapi_document(
             "title": "chatparity",
             "version": "1",
             "description": (
-                "An OpenAI-compatible Chat Completions and Responses API, and Anthropic's"
-                " Messages API."
+                "An OpenAI-compatible Chat Completions, Responses and Embeddings API, and"
+                " Anthropic's Messages API."
             ),
         },
         "servers": [{"url": server_url}],
@@ -588,6 +621,24 @@ def openapi_document(
                                 **_json(components.describe(_CHAT_COMPLETION)),
                                 "text/event-stream": {"schema": ref("ChatCompletionEvent")},
                             },
+                        ),
+                        **errors("400", "401", "404", "413", "429", "500", "502", "503", "504"),
+                    },
+                }
+            },
+            "/embeddings": {
+                "post": {
+                    "operationId": "createEmbedding",
+                    "summary": "Embed one input or many, as numbers or base64.",
+                    "requestBody": {
+                        "required": True,
+                        "description": f"A JSON object.{body_note}",
+                        "content": _json(components.describe(embeddings_request(limits))),
+                    },
+                    "responses": {
+                        "200": _answer(
+                            "A list of embeddings, in input order.",
+                            _json(components.describe(_EMBEDDING_LIST)),
                         ),
                         **errors("400", "401", "404", "413", "429", "500", "502", "503", "504"),
                     },
