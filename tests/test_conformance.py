@@ -25,6 +25,12 @@ from chatparity.conformance.responses import parse_event_stream
 from chatparity.conformance.suite import CHECKS
 from chatparity.protocol import errors
 from chatparity.protocol.completion import CompletionAccumulator
+from chatparity.protocol.embeddings import (
+    Embeddings,
+    embeddings_object,
+    packed,
+    parse_embeddings_request,
+)
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Event, Finish, TextDelta, ToolCallDelta, Usage
 from chatparity.protocol.messages import as_chat_request as messages_chat_request
@@ -41,8 +47,10 @@ from chatparity.protocol.responses_stream import ResponseEncoder, sse_event
 from chatparity.protocol.stream import DONE, ChunkEncoder, sse
 from chatparity.protocol.tokens import approximate_prompt_tokens
 from chatparity.transport.cors import CorsPolicy, is_preflight
+from tests.scripted import scripted_vector
 
 MODEL = "smollm2"
+EMBEDDING_MODEL = "embed-small"
 KEY = "sk-test"
 BASE_URL = "http://testserver/v1"
 WORDS = ["Once", " upon", " a", " time", ",", " a", " dragon", " slept", "."]
@@ -102,8 +110,13 @@ ANY_ORIGIN = CorsPolicy(["*"])
 
 def answer(request: httpx.Request) -> httpx.Response:
     if request.url.path == "/v1/models":
-        model = {"id": MODEL, "object": "model", "created": 1700000000, "owned_by": "me"}
-        return json_response({"object": "list", "data": [model]})
+        models = [
+            {"id": name, "object": "model", "created": 1700000000, "owned_by": "me"}
+            for name in (EMBEDDING_MODEL, MODEL)  # the chat model is not the first listed
+        ]
+        return json_response({"object": "list", "data": models})
+    if request.url.path == "/v1/embeddings":
+        return embeddings_server(request)
     if request.url.path.startswith("/v1/responses"):
         return responses_server(request)
     if request.url.path.startswith("/v1/messages"):
@@ -134,6 +147,23 @@ def answer(request: httpx.Request) -> httpx.Response:
     for chunk in chunks:
         accumulator.add(chunk)
     return json_response(accumulator.completion())
+
+
+def embeddings_server(request: httpx.Request) -> httpx.Response:
+    """A fake embeddings API: chatparity's own request parser and answer, each input's
+    vector made of its text (token ids: of their digits)."""
+    try:
+        asked = parse_embeddings_request(json.loads(request.content), NO_LIMITS)
+        if asked.model != EMBEDDING_MODEL:
+            raise errors.model_not_found(asked.model)
+    except APIError as error:
+        return json_response(error.envelope(), error.status)
+    texts = [text if isinstance(text, str) else repr(text) for text in asked.inputs]
+    vectors = [packed(scripted_vector(text, 8)) for text in texts]
+    answer = Embeddings(vectors, prompt_tokens=sum(len(text.split()) for text in texts))
+    return json_response(
+        embeddings_object(answer, model=asked.model, encoding_format=asked.encoding_format)
+    )
 
 
 STORED: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
@@ -240,8 +270,13 @@ def http(handler: Callable[[httpx.Request], httpx.Response] = canonical_server) 
 @pytest.fixture(scope="module")
 def canonical() -> dict[str, list[httpx.Response]]:
     """Each check's canonical responses, by check name."""
-    runner = Runner(http(), MODEL)
+    runner = Runner(http(), MODEL, EMBEDDING_MODEL)
     return {check.name: [runner.send(probe) for probe in check.probes] for check in CHECKS}
+
+
+def model_of(check: Check) -> str:
+    """The model ``check`` asks for (its API's kind of model)."""
+    return check.probes[0].model_of(Runner(http(), MODEL, EMBEDDING_MODEL))
 
 
 def test_the_canonical_server_passes_every_check_sending_each_probe_once():
@@ -251,10 +286,17 @@ def test_the_canonical_server_passes_every_check_sending_each_probe_once():
         sent.append(request)
         return canonical_server(request)
 
-    results = Runner(http(counting), MODEL).run_all(CHECKS)
+    runner = Runner(http(counting), MODEL, EMBEDDING_MODEL)
+    results = runner.run_all(CHECKS)
     assert [(r.name, r.problems) for r in results if not r.ok] == []
     assert [r.name for r in results] == [check.name for check in CHECKS]
-    assert len(sent) == len({probe.cache_key(MODEL) for check in CHECKS for probe in check.probes})
+    probes = {probe.cache_key(probe.model_of(runner)) for check in CHECKS for probe in check.probes}
+    assert len(sent) == len(probes)
+
+
+def test_without_an_embedding_model_the_embeddings_checks_are_not_run():
+    results = Runner(http(), MODEL).run_all(CHECKS)
+    assert [r.name for r in results] == [c.name for c in CHECKS if c.name[:11] != "embeddings."]
 
 
 # Defects: (check, a mutation of its last response, words the reason must contain).
@@ -676,14 +718,28 @@ MESSAGES_DEFECTS = [
 ]  # fmt: skip
 DEFECTS += MESSAGES_DEFECTS
 
+EMBEDDINGS_DEFECTS = [
+    ("embeddings.object", body("data.1", index=0), "index 0"),
+    ("embeddings.object", body(model="other"), 'model is "other"'),
+    ("embeddings.object", body("usage", total_tokens=0), "total_tokens must be"),
+    ("embeddings.object", body("data.2", embedding=["0.5"]), "expected numbers"),
+    ("embeddings.base64", body("data.0", embedding="AAAAAA=="), "not the float vector's float32"),
+    ("embeddings.base64", body("data.0", embedding="!!"), "expected base64"),
+    ("embeddings.batch", body("data.0", embedding=scripted_vector("other", 8)), "cosine"),
+    ("embeddings.token-ids", body(data=[]), "expected 2 embeddings"),
+    ("embeddings.errors.empty-input", replace_with(json_response({"data": []})), "HTTP 200"),
+    ("embeddings.errors.unknown-argument", body("error", type="x"), "error.type is"),
+]  # fmt: skip
+DEFECTS += EMBEDDINGS_DEFECTS
+
 
 @pytest.mark.parametrize(("name", "mutate", "reason"), DEFECTS)
 def test_a_defect_fails_its_check_with_a_useful_reason(canonical, name, mutate, reason):
     check = BY_NAME[name]
     responses = list(canonical[name])
-    assert check.judge(MODEL, responses) == []
+    assert check.judge(model_of(check), responses) == []
     responses[-1] = mutate(responses[-1])
-    problems = check.judge(MODEL, responses)
+    problems = check.judge(model_of(check), responses)
     assert problems, f"{name} passed a defective response"
     assert any(reason in problem for problem in problems), problems
 
@@ -720,7 +776,7 @@ def test_a_failed_request_fails_only_the_checks_that_need_it():
             raise httpx.ReadTimeout("timed out", request=request)
         return canonical_server(request)
 
-    results = {r.name: r for r in Runner(http(no_streams), MODEL).run_all(CHECKS)}
+    results = {r.name: r for r in Runner(http(no_streams), MODEL, EMBEDDING_MODEL).run_all(CHECKS)}
     failed = {name for name, result in results.items() if not result.ok}
     assert failed == {c.name for c in CHECKS if any(p.body.get("stream") for p in c.probes)}
     assert {"parity.stream-vs-nonstream", "errors.stream-status"} < failed

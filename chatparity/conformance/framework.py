@@ -76,12 +76,17 @@ class Probe:
         body = json.dumps(self.request_body(model), sort_keys=True)
         return f"{self.method} {self.path} {self.bad_key} {self.headers} {body}"
 
+    def model_of(self, runner: Runner) -> str:
+        """The model this probe asks for: the run's (an API for another kind of model
+        says which)."""
+        return runner.model
+
     def send(self, runner: Runner) -> httpx.Response:
         """Make the request; a probe that needs another's response first asks ``runner``."""
         headers = dict(self.headers)
         if self.bad_key:
             headers["Authorization"] = f"Bearer {BAD_KEY}"
-        body = self.request_body(runner.model)
+        body = self.request_body(self.model_of(runner))
         request = runner.http.build_request(self.method, self.path, json=body, headers=headers)
         if self.method == "OPTIONS":
             del request.headers["authorization"]  # a browser's preflight carries no key
@@ -313,13 +318,15 @@ def client(base_url: str, key: str, timeout: float = 60.0, **options: Any) -> ht
 class Runner:
     """Sends each distinct probe once and judges every check on the responses."""
 
-    def __init__(self, http: httpx.Client, model: str) -> None:
+    def __init__(self, http: httpx.Client, model: str, embedding_model: str = "") -> None:
         self.http = http
         self.model = model
+        self.embedding_model = embedding_model
+        """What embeddings probes ask for (empty: the run has none, nor such checks)."""
         self._sent: dict[str, httpx.Response | httpx.HTTPError] = {}
 
     def send(self, probe: Probe) -> httpx.Response:
-        key = probe.cache_key(self.model)
+        key = probe.cache_key(probe.model_of(self))
         if key not in self._sent:
             try:
                 self._sent[key] = probe.send(self)
@@ -337,23 +344,44 @@ class Runner:
             problems = [f"request failed: {type(exc).__name__}: {exc}"]
             return Result(check.name, tuple(problems), check.description)
         try:
-            problems = check.judge(self.model, responses)
+            model = check.probes[0].model_of(self) if check.probes else self.model
+            problems = check.judge(model, responses)
         except Exception as exc:  # a judge bug must not hide the other rows
             problems = [f"could not judge the response: {exc!r}"]
         return Result(check.name, tuple(problems), check.description)
 
     def run_all(self, checks: Iterable[Check]) -> list[Result]:
-        return [self.run(check) for check in checks]
+        """Each check's result; a check whose probes ask for no model (embeddings, when
+        the run has no embedding model) is not run."""
+        return [self.run(c) for c in checks if not c.probes or c.probes[0].model_of(self)]
 
 
-def first_model(http: httpx.Client) -> str:
-    """The first model id GET /models lists."""
+def model_ids(http: httpx.Client) -> list[str]:
+    """The model ids GET /models lists, in its order."""
     try:
         response = http.get("/models")
         response.raise_for_status()
-        return str(response.json()["data"][0]["id"])
+        ids = [str(model["id"]) for model in response.json()["data"]]
     except (httpx.HTTPError, ValueError, AttributeError, LookupError, TypeError):
-        raise ConformanceError("could not read a model id from GET /models; pass --model") from None
+        ids = []
+    if not ids:
+        raise ConformanceError("could not read a model id from GET /models; pass --model")
+    return ids
+
+
+def is_embedding_model(model: str) -> bool:
+    """Whether a model's id names it an embedding model, as OpenAI's do (``embed`` in it)."""
+    return "embed" in model.lower()
+
+
+def first_model(ids: Sequence[str]) -> str:
+    """The model to test chat on: the first of ``ids`` that is not an embedding model's."""
+    return next((model for model in ids if not is_embedding_model(model)), ids[0])
+
+
+def first_embedding_model(ids: Sequence[str]) -> str:
+    """The model to test embeddings on: the first of ``ids`` named as one (else none)."""
+    return next((model for model in ids if is_embedding_model(model)), "")
 
 
 def format_table(results: Sequence[Result]) -> str:
@@ -398,10 +426,13 @@ __all__ = [
     "Runner",
     "as_json",
     "client",
+    "first_embedding_model",
     "first_model",
     "format_table",
+    "is_embedding_model",
     "judge_error",
     "judge_json",
     "judge_parsed",
+    "model_ids",
     "select",
 ]

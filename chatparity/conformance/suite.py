@@ -10,12 +10,23 @@ from collections.abc import Sequence
 from importlib import import_module
 from typing import Any
 
-from .framework import Check, Result, Runner, client, first_model, select
+from .framework import (
+    Check,
+    ConformanceError,
+    Result,
+    Runner,
+    client,
+    first_embedding_model,
+    first_model,
+    model_ids,
+    select,
+)
 
 CHECK_MODULES = (
     "chatparity.conformance.chat",
     "chatparity.conformance.responses",
     "chatparity.conformance.messages",
+    "chatparity.conformance.embeddings",
 )
 """The modules whose ``CHECKS`` make up the suite, in the report's order."""
 
@@ -29,15 +40,27 @@ def run(
     key: str,
     *,
     model: str | None = None,
+    embedding_model: str | None = None,
     timeout: float = 60.0,
     only: Sequence[str] = (),
     skip: Sequence[str] = (),
     **client_options: Any,
 ) -> tuple[str, list[Result]]:
-    """Run the selected checks against ``base_url``; returns the model tested and the results."""
+    """Run the selected checks against ``base_url``; returns the model tested and the results.
+
+    ``model`` defaults to the first one ``GET /models`` lists that is not named an
+    embedding model, ``embedding_model`` to the first named one; with neither, the
+    embeddings checks are not run."""
     with client(base_url, key, timeout, **client_options) as http:
-        model = model or first_model(http)
-        return model, Runner(http, model).run_all(select(CHECKS, only=only, skip=skip))
+        if model is None:
+            model = first_model(model_ids(http))
+        if embedding_model is None:
+            try:
+                embedding_model = first_embedding_model(model_ids(http))
+            except ConformanceError:
+                embedding_model = ""
+        runner = Runner(http, model, embedding_model)
+        return model, runner.run_all(select(CHECKS, only=only, skip=skip))
 
 
 __all__ = ["CHECKS", "CHECK_MODULES", "run"]

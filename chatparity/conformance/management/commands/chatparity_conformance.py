@@ -12,7 +12,8 @@ class Command(BaseCommand):
     requires_system_checks: list[str] = []
     help = (
         "Check an OpenAI-compatible server (BASE_URL like http://127.0.0.1:8000/v1) against"
-        " OpenAI's Chat Completions and Responses wire contracts and Anthropic's Messages API;"
+        " OpenAI's Chat Completions, Responses and Embeddings wire contracts and Anthropic's"
+        " Messages API;"
         " exits non-zero if any check fails."
     )
 
@@ -24,7 +25,14 @@ class Command(BaseCommand):
             help="API key to send (default: $OPENAI_API_KEY).",
         )
         parser.add_argument(
-            "--model", help="Model id to request (default: the first id from GET /models)."
+            "--model",
+            help="Model id to request (default: the first id from GET /models that is not"
+            " named an embedding model).",
+        )
+        parser.add_argument(
+            "--embedding-model",
+            help="Model id of the embeddings checks (default: the first id from GET /models"
+            " with 'embed' in it; none: they are not run).",
         )
         parser.add_argument(
             "--timeout", type=float, default=60.0, help="Per-request timeout in seconds."
@@ -57,6 +65,7 @@ class Command(BaseCommand):
                 base_url,
                 options["key"],
                 model=options["model"],
+                embedding_model=options["embedding_model"],
                 timeout=options["timeout"],
                 only=options["only"],
                 skip=options["skip"],
