@@ -181,6 +181,23 @@ def llama_cpp_server(tmp_path_factory):
         yield LlamaCppServer(url, process)
 
 
+NPM_CACHE = ROOT / "var" / "npm"  # git-ignored
+OPENAI_NODE = "openai@6"
+
+
+@pytest.fixture(scope="session")
+def openai_node():
+    """The folder of openai-node's package, installed by npm unless it is there."""
+    package = NPM_CACHE / "node_modules" / "openai"
+    if not (package / "index.mjs").exists():
+        NPM_CACHE.mkdir(parents=True, exist_ok=True)
+        command = ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(NPM_CACHE)]
+        installed = subprocess.run([*command, OPENAI_NODE], capture_output=True, text=True)
+        if installed.returncode != 0:
+            pytest.fail(f"npm could not install {OPENAI_NODE}: {installed.stderr[-2000:]}")
+    return package
+
+
 @pytest.fixture
 def client(daphne_server):
     with OpenAI(base_url=daphne_server.base_url, api_key=daphne_server.key, max_retries=0) as sdk:

@@ -2,23 +2,19 @@
 real daphne with ``fetch`` and with openai-node's browser build. The allowed origin
 gets its answers, streamed or not; another origin is refused by the browser itself.
 
-openai-node is installed with npm into ``var/npm`` (git-ignored) the first time.
+openai-node is the e2e conftest's (installed with npm into ``var/npm`` the first time).
 """
 
 import json
-import subprocess
 import threading
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.e2e.conftest import ROOT, serving_with_cors
+from tests.e2e.conftest import serving_with_cors
 
 pytestmark = pytest.mark.e2e
-
-NPM_CACHE = ROOT / "var" / "npm"
-OPENAI_NODE = "openai@6"
 
 PAGE = """<!doctype html>
 <meta charset="utf-8">
@@ -67,19 +63,6 @@ SDK = """async ([baseURL, key, stream]) => {
     return {refused: `${error.constructor.name}: ${error.message}`};
   }
 }"""
-
-
-@pytest.fixture(scope="module")
-def openai_node():
-    """The folder of openai-node's package, installed by npm unless it is there."""
-    package = NPM_CACHE / "node_modules" / "openai"
-    if not (package / "index.mjs").exists():
-        NPM_CACHE.mkdir(parents=True, exist_ok=True)
-        command = ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(NPM_CACHE)]
-        installed = subprocess.run([*command, OPENAI_NODE], capture_output=True, text=True)
-        if installed.returncode != 0:
-            pytest.fail(f"npm could not install {OPENAI_NODE}: {installed.stderr[-2000:]}")
-    return package
 
 
 @pytest.fixture(scope="module")
