@@ -3,8 +3,9 @@
 Plain asyncio HTTP/1.1 with keep-alive and every response body built once at
 start-up, so the stub itself is never the bottleneck: ``POST
 /v1/chat/completions`` answers ``--chunks`` content chunks (stream or not, with
-usage when asked, in OpenAI's canonical envelope), ``GET /v1/models`` lists one
-model.
+usage when asked, in OpenAI's canonical envelope), ``POST /v1/embeddings`` answers
+one vector of :data:`DIMENSIONS` numbers per input (base64 or numbers, as asked), ``GET
+/v1/models`` lists one model.
 
 ``--hold`` makes slow streams for the memory test: each stream sends its role
 chunk, then one content chunk every ``--delay`` seconds until ``POST
@@ -20,9 +21,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
+import struct
 
 MODEL = "stub-model"
+DIMENSIONS = 1536  # text-embedding-3-small's
 ENVELOPE = {
     "id": "chatcmpl-stub",
     "object": "chat.completion.chunk",
@@ -117,6 +121,11 @@ class Stub:
                 "usage": _usage(chunks),
             }
         )
+        numbers = [((i * 7919) % 1000 - 500) / 12_500 for i in range(DIMENSIONS)]
+        self.vectors = {
+            False: _dumps(numbers),
+            True: _dumps(base64.b64encode(struct.pack(f"<{DIMENSIONS}f", *numbers)).decode()),
+        }
         self.models = _json_response(
             {
                 "object": "list",
@@ -155,10 +164,31 @@ class Stub:
         finally:
             writer.close()
 
+    def _embeddings(self, body: bytes) -> bytes:
+        """One canned vector per input, in the encoding asked for."""
+        request = json.loads(body or b"{}")
+        given = request.get("input")
+        count = len(given) if isinstance(given, list) and not isinstance(given[0], int) else 1
+        encoded = self.vectors[request.get("encoding_format") == "base64"]
+        data = b",".join(
+            b'{"object":"embedding","index":%d,"embedding":%s}' % (index, encoded)
+            for index in range(count)
+        )
+        usage = b'{"prompt_tokens":%d,"total_tokens":%d}' % (count * 8, count * 8)
+        body = b'{"object":"list","data":[%s],"model":"%s","usage":%s}' % (
+            data,
+            MODEL.encode(),
+            usage,
+        )
+        return _head("200 OK", "application/json", len(body)) + body
+
     async def _route(
         self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter
     ) -> None:
-        if method == "POST" and path.endswith("/chat/completions"):
+        if method == "POST" and path.endswith("/embeddings"):
+            writer.write(self._embeddings(body))
+            self.served += 1
+        elif method == "POST" and path.endswith("/chat/completions"):
             request = json.loads(body or b"{}")
             if not request.get("stream"):
                 writer.write(self.completion)
