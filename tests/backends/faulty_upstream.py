@@ -69,6 +69,17 @@ QUIRKY = [
 ]
 
 
+# A model that reasons first, as vLLM, llama.cpp and DeepSeek stream it.
+REASONING = [
+    data(chunk(role="assistant", content="")),
+    *(
+        data({**chunk(), "choices": [{"index": 0, "delta": {"reasoning_content": thought}}]})
+        for thought in ("The user ", "greets me.")
+    ),
+    *CANONICAL[1:],
+]
+
+
 def tool_delta(arguments: str) -> dict:
     """A tool-call chunk that repeats the call's id, type and name, as some servers do."""
     function = {"name": "get_weather", "arguments": arguments}
@@ -286,6 +297,7 @@ def behaviours(upstream: FaultyUpstream) -> dict[str, Handler]:
 
     return {
         "canonical": lambda w: _stream(w, CANONICAL),
+        "reasoning": lambda w: _stream(w, REASONING),
         "quirky": lambda w: _stream(w, QUIRKY),
         "tool-quirks": lambda w: _stream(w, TOOL_QUIRKS),
         "error-event": lambda w: _stream(w, ERROR_EVENT),

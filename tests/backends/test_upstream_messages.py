@@ -12,6 +12,7 @@ from chatparity.backends.upstream import UpstreamBackend
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from tests.backends import faulty_upstream
 from tests.scripted import Call, ScriptedUpstream
+from tests.support.upstream import UpstreamTestCase
 
 SECRET = "sk-ant-native-secret-0000"
 WEATHER = {
@@ -219,3 +220,30 @@ def test_wire_api_may_be_messages():
     UpstreamBackend.check_options({"wire_api": "messages"})
     with pytest.raises(ValueError, match='"chat", "responses" or "messages"'):
         UpstreamBackend.check_options({"wire_api": "anthropic"})
+
+
+class ReasoningTests(UpstreamTestCase):
+    """A chat upstream that streams its reasoning (``reasoning_content``)."""
+
+    async def test_a_messages_client_sees_it_as_thinking_and_a_chat_client_not_at_all(self):
+        await self.alias("reasoning")
+        body = {"model": "up-reasoning", "max_tokens": 64, "stream": True,
+                "messages": [{"role": "user", "content": "Hi"}]}  # fmt: skip
+        response = await self.async_client.post(
+            "/v1/messages", data=orjson.dumps(body), content_type="application/json",
+            headers={"x-api-key": self.plaintext},
+        )  # fmt: skip
+        streamed = b"".join([part async for part in response.streaming_content])
+        events = [orjson.loads(line[6:]) for line in streamed.split(b"\n") if line[:6] == b"data: "]
+        starts = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+        assert starts == ["thinking", "text"]
+        deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
+        assert [d.get("thinking", d.get("text")) for d in deltas] == [
+            "The user ",
+            "greets me.",
+            "Hello",
+            " world",
+        ]
+        completion = (await self.post("up-reasoning")).json()
+        assert completion["choices"][0]["message"]["content"] == "Hello world"
+        assert "The user" not in orjson.dumps(completion).decode()
