@@ -721,15 +721,18 @@ class TestRequestLogAdmin:
         ]
         assert table[3]["total_tokens"] == "7"
 
-    def test_messages_rows_are_filtered_and_exported_by_their_endpoint(self, admin_client, rows):
-        claude = logged(alias="claude", endpoint="messages")
+    @pytest.mark.parametrize("endpoint", ["messages", "embeddings"])
+    def test_messages_and_embeddings_rows_are_filtered_and_exported_by_their_endpoint(
+        self, admin_client, rows, endpoint
+    ):
+        other = logged(alias="other", endpoint=endpoint)
         url = reverse("admin:chatparity_requestlog_changelist")
-        listed = admin_client.get(url, {"endpoint__exact": "messages"})
-        assert [row.pk for row in listed.context["cl"].result_list] == [claude.pk]
-        response = run_action(admin_client, "requestlog", "export_csv", [*rows, claude])
+        listed = admin_client.get(url, {"endpoint__exact": endpoint})
+        assert [row.pk for row in listed.context["cl"].result_list] == [other.pk]
+        response = run_action(admin_client, "requestlog", "export_csv", [*rows, other])
         assert [(r["alias"], r["endpoint"]) for r in exported(response)][-1] == (
-            "claude",
-            "messages",
+            "other",
+            endpoint,
         )
 
     def test_csv_export_under_asgi_sends_each_chunk_as_it_is_read(

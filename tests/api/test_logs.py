@@ -34,9 +34,10 @@ def rows():
     ]  # fmt: skip
 
 
-def test_messages_rows_are_their_own_endpoint(admin_client, rows):
-    logged(DAY3, request_id="m", alias="claude", endpoint="messages")
-    assert ids(admin_client, endpoint="messages") == ["m"]
+@pytest.mark.parametrize("endpoint", ["messages", "embeddings"])
+def test_messages_and_embeddings_rows_are_their_own_endpoint(admin_client, rows, endpoint):
+    logged(DAY3, request_id="m", alias="other", endpoint=endpoint)
+    assert ids(admin_client, endpoint=endpoint) == ["m"]
     assert "m" not in ids(admin_client, endpoint="chat.completions")
 
 

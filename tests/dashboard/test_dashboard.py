@@ -230,18 +230,21 @@ def test_endpoint_filter_narrows_the_page_and_the_live_tail(admin_client):
     assert 'data-endpoint="responses"' in tail
 
 
-def test_messages_are_counted_and_filtered_as_their_own_endpoint(admin_client):
+@pytest.mark.parametrize("endpoint", ["messages", "embeddings"])
+def test_messages_and_embeddings_are_counted_and_filtered_as_their_own_endpoint(
+    admin_client, endpoint
+):
     log(endpoint="chat.completions", alias="chat-alias")
-    log(endpoint="messages", alias="claude-alias", total_tokens=30)
+    log(endpoint=endpoint, alias="other-alias", total_tokens=30)
     response = admin_client.get(URL)
     assertContains(
         response,
-        '<tr class="endpoint-row" data-endpoint="messages"><td><code>/v1/messages</code></td>'
-        '<td class="num">1</td><td class="num">30</td><td class="num">0</td></tr>',
+        f'<tr class="endpoint-row" data-endpoint="{endpoint}"><td><code>/v1/{endpoint}</code>'
+        '</td><td class="num">1</td><td class="num">30</td><td class="num">0</td></tr>',
         html=True,
     )
-    assertContains(response, '<option value="messages">/v1/messages</option>', html=True)
-    filtered = admin_client.get(URL, {"endpoint": "messages"})
+    assertContains(response, f'<option value="{endpoint}">/v1/{endpoint}</option>', html=True)
+    filtered = admin_client.get(URL, {"endpoint": endpoint})
     assert totals(filtered)["requests"] == "1"
     assertNotContains(filtered, 'data-alias="chat-alias"')
 
