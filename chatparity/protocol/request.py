@@ -224,22 +224,15 @@ def parse_chat_request(body: Any, limits: Limits = NO_LIMITS) -> ChatRequest:
     """Validate a decoded JSON body; raise :class:`APIError` as OpenAI would.
 
     The checks run in OpenAI's order: the model, the other required keys,
-    unknown keys, each parameter's JSON types and bounds in the order the body
-    lists them, the parameters that need another or exclude one, then the
-    values of ``logit_bias`` and ``modalities``, then the rules that span
-    several parameters or messages. ``limits`` are enforced with the errors
+    unknown keys, each parameter's JSON types, bounds and values (``modalities``
+    without text among them) in the order the body lists them, the parameters
+    that need another or exclude one, then the values of ``logit_bias``, then
+    the rules that span several parameters or messages. ``limits`` are enforced with the errors
     OpenAI gives for its own maximum lengths.
     """
     parse_model(body)
     given = chat_completion_request(limits).read(body, "", {})
     logit_bias = _token_biases(body["logit_bias"]) if "logit_bias" in given else {}
-    if "modalities" in given and "text" not in given["modalities"]:
-        raise APIError(
-            "Invalid value for 'modalities': audio output is only supported together with"
-            " text, as ['text', 'audio'].",
-            param="modalities",
-            code="invalid_value",
-        )
 
     tools: list[Tool] = given.get("tools", [])
     choice = _resolve_tool_choice(given.get("tool_choice"), tools, "tool_choice", "tools")
@@ -523,6 +516,22 @@ class _LogitBias(Map):
         }
 
 
+class _Modalities(Array):
+    """``modalities``: audio output only together with text. Checked with its values, at
+    its place among the parameters: OpenAI names it before a later parameter's type."""
+
+    def parse(self, value: Any, path: str) -> list[Any]:
+        modalities = super().parse(value, path)
+        if "text" not in modalities:
+            raise APIError(
+                "Invalid value for 'modalities': audio output is only supported together with"
+                " text, as ['text', 'audio'].",
+                param=path,
+                code="invalid_value",
+            )
+        return modalities
+
+
 def _token_biases(sent: dict[str, Any]) -> dict[int, float]:
     """``logit_bias`` as sent (its types checked) read as token ids and biases, in
     OpenAI's words: ``param`` is ``logit_bias`` itself, whichever entry is wrong."""
@@ -625,7 +634,7 @@ CHAT_COMPLETION_REQUEST = Parameters(
         ),
         Member(
             "modalities",
-            Array(Enum(MODALITIES)),
+            _Modalities(Enum(MODALITIES)),
             description="Audio only with text; answers are text only.",
         ),
         Member("n", Integer(1, 128)),
@@ -633,6 +642,21 @@ CHAT_COMPLETION_REQUEST = Parameters(
         Member("prediction", _PREDICTION, description="Accepted; not used to speed answers up."),
         Member("presence_penalty", _PENALTY),
         Member("prompt_cache_key", String()),
+        Member(
+            "prompt_cache_options",
+            Object(
+                (
+                    Member("mode", Enum(("implicit", "explicit"))),
+                    Member("ttl", Enum(("30m",))),
+                )
+            ),
+            description="Accepted; a hint for OpenAI's prompt cache.",
+        ),
+        Member(
+            "prompt_cache_retention",
+            Enum(("in_memory", "24h")),
+            description="Deprecated: see prompt_cache_options. Accepted.",
+        ),
         Member("reasoning_effort", Enum(REASONING_EFFORTS)),
         Member("response_format", _RESPONSE_FORMAT),
         Member("safety_identifier", String()),

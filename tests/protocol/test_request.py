@@ -4,6 +4,7 @@ import pytest
 
 from chatparity.protocol.errors import APIError, invalid_json
 from chatparity.protocol.request import (
+    CHAT_COMPLETION_REQUEST,
     ChatRequest,
     Message,
     ResponseFormat,
@@ -94,6 +95,8 @@ def test_every_field_is_parsed():
         store=True,
         prediction={"type": "content", "content": "Sunny"},
         prompt_cache_key="k",
+        prompt_cache_options={"mode": "explicit", "ttl": "30m"},
+        prompt_cache_retention="24h",
         safety_identifier="s",
         verbosity="medium",
         web_search_options={},
@@ -902,6 +905,16 @@ BOUNDARIES = [
     # modalities and audio.
     case({"modalities": ["audio"]}, *ONLY_AUDIO, id="audio alone"),
     case(
+        {"modalities": ["audio"], "logprobs": "yes"},
+        *ONLY_AUDIO,
+        id="audio alone before a later parameter's type",
+    ),
+    case(
+        {"n": "x", "modalities": ["audio"]},
+        *invalid_type("n", "an integer", "a string"),
+        id="an earlier parameter's type before audio alone",
+    ),
+    case(
         {"modalities": [""]},
         *unsupported("modalities[0]", "", "'text' and 'audio'"),
         id="an empty modality",
@@ -1042,6 +1055,35 @@ BOUNDARIES = [
         id="a function_call without arguments",
     ),
 ]
+
+
+# The parameters of CreateChatCompletionRequest in OpenAI's published OpenAPI document
+# (github.com/openai/openai-openapi, openapi.json), in its order: each is one this server
+# reads, or a deliberate refusal said here.
+OPENAI_PARAMETERS = [
+    "metadata", "top_logprobs", "temperature", "top_p", "user", "safety_identifier",
+    "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options", "messages", "model",
+    "service_tier", "modalities", "verbosity", "reasoning_effort", "max_completion_tokens",
+    "frequency_penalty", "presence_penalty", "web_search_options", "response_format", "audio",
+    "store", "moderation", "stream", "stop", "logit_bias", "logprobs", "max_tokens", "n",
+    "prediction", "seed", "stream_options", "tools", "tool_choice", "parallel_tool_calls",
+    "function_call", "functions",
+]  # fmt: skip
+NOT_READ = {
+    # Accepting it and answering unmoderated would be a lie; refused as unknown.
+    "moderation": "Unrecognized request argument supplied: moderation",
+}
+
+
+@pytest.mark.parametrize("name", OPENAI_PARAMETERS)
+def test_every_parameter_openai_documents_is_read_or_refused_on_purpose(name):
+    members = {member.name for member in CHAT_COMPLETION_REQUEST.members}
+    if name in NOT_READ:
+        assert name not in members
+        with pytest.raises(APIError, match=NOT_READ[name]):
+            parse(**{name: {"model": "omni-moderation-latest"}})
+    else:
+        assert name in members
 
 
 @pytest.mark.parametrize(("changes", "envelope"), [*ERRORS, *BOUNDARIES])
