@@ -205,6 +205,25 @@ def test_prune_logs_refuses_bad_arguments(args, problem):
     assert RequestLog.objects.count() == 1
 
 
+@pytest.mark.django_db
+def test_check_rollups_rebuilds_the_recent_days_whose_rollups_miss_rows():
+    for day in (days_ago(0), days_ago(1), days_ago(3)):
+        logged(day)
+    logged_without_rollups(
+        [RequestLog(key_prefix="sk-cp-old", status_code=200, duration_ms=1.0, created_at=noon(day))
+         for day in (days_ago(1), days_ago(3))]
+    )  # fmt: skip
+    out = StringIO()
+    call_command("chatparity_check_rollups", "--days", "2", stdout=out)
+    assert out.getvalue() == (
+        f"Checked the rollups of 2 day(s) from {days_ago(1).isoformat()} (UTC); rebuilt from"
+        f" the log: {days_ago(1).isoformat()}.\n"
+    )
+    assert requests_per_day() == {days_ago(0): 1, days_ago(1): 2, days_ago(3): 1}
+    with pytest.raises(CommandError, match="at least 1"):
+        call_command("chatparity_check_rollups", "--days", "0")
+
+
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="concurrent writers need PostgreSQL")
 @pytest.mark.django_db(transaction=True)
 @override_settings(CHATPARITY=SCRIPTED)

@@ -2,10 +2,9 @@
 rollups of the rows logged so far.
 
 Safe on a live PostgreSQL with millions of log rows, hence not atomic: the log's
-indexes are built CONCURRENTLY (writes go on meanwhile), the foreign key's own index
-(now the first column of chatparity_log_key_time) dropped CONCURRENTLY, and the
-rollups of the days logged so far filled one day per short transaction
-(chatparity.accounting.rollups.reconcile, the same as chatparity_prune_logs runs).
+indexes are built CONCURRENTLY (writes go on meanwhile), and the rollups of the days
+logged so far filled one day per short transaction (chatparity.accounting.rollups
+.reconcile, which chatparity_prune_logs runs too).
 """
 
 import datetime
@@ -64,38 +63,36 @@ def _concurrently(schema_editor):
 
 
 class AddIndexConcurrently(migrations.AddIndex):
-    """AddIndex, built CONCURRENTLY on PostgreSQL. (django.contrib.postgres has one; it
-    needs psycopg, which a site on SQLite does not install.)"""
+    """AddIndex, built CONCURRENTLY on PostgreSQL, there ``USING postgresql_using`` if
+    given. (django.contrib.postgres has one; it needs psycopg, which a site on SQLite
+    does not install.)"""
+
+    def __init__(self, model_name, index, postgresql_using=""):
+        super().__init__(model_name, index)
+        self.postgresql_using = postgresql_using
+
+    def deconstruct(self):
+        name, args, kwargs = super().deconstruct()
+        if self.postgresql_using:
+            kwargs["postgresql_using"] = self.postgresql_using
+        return name, args, kwargs
 
     def database_forwards(self, app_label, schema_editor, from_state, to_state):
         model = to_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            schema_editor.add_index(model, self.index, **_concurrently(schema_editor))
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
+            return
+        if schema_editor.connection.vendor == "postgresql":
+            using = f" USING {self.postgresql_using}" if self.postgresql_using else ""
+            schema_editor.execute(
+                self.index.create_sql(model, schema_editor, using=using, concurrently=True)
+            )
+        else:
+            schema_editor.add_index(model, self.index)
 
     def database_backwards(self, app_label, schema_editor, from_state, to_state):
         model = from_state.apps.get_model(app_label, self.model_name)
         if self.allow_migrate_model(schema_editor.connection.alias, model):
             schema_editor.remove_index(model, self.index, **_concurrently(schema_editor))
-
-
-def drop_key_index(apps, schema_editor):
-    """The foreign key's own index, dropped without AlterField (which on SQLite copies
-    the whole table)."""
-    log = apps.get_model("chatparity", "RequestLog")
-    if not router.allow_migrate_model(schema_editor.connection.alias, log):
-        return
-    how = "DROP INDEX CONCURRENTLY" if schema_editor.connection.vendor == "postgresql" else "DROP INDEX"
-    for name in schema_editor._constraint_names(log, ["api_key_id"], index=True):
-        schema_editor.execute(f"{how} IF EXISTS {schema_editor.quote_name(name)}")
-
-
-def restore_key_index(apps, schema_editor):
-    log = apps.get_model("chatparity", "RequestLog")
-    if router.allow_migrate_model(schema_editor.connection.alias, log):
-        field = log._meta.get_field("api_key")
-        schema_editor.execute(
-            schema_editor._create_index_sql(log, fields=[field], **_concurrently(schema_editor))
-        )
 
 
 def fill_rollups(apps, schema_editor):
@@ -165,18 +162,16 @@ class Migration(migrations.Migration):
         AddIndexConcurrently(
             model_name="requestlog",
             index=models.Index(fields=["request_id"], name="chatparity_log_request_id"),
+            postgresql_using="hash",
         ),
         AddIndexConcurrently(
             model_name="requestlog",
-            index=models.Index(fields=["completion_id"], name="chatparity_log_completion_id"),
+            index=models.Index(condition=models.Q(("completion_id", ""), _negated=True), fields=["completion_id"], name="chatparity_log_completion_id"),
+            postgresql_using="hash",
         ),
         AddIndexConcurrently(
             model_name="requestlog",
-            index=models.Index(fields=["api_key", "created_at"], name="chatparity_log_key_time"),
-        ),
-        AddIndexConcurrently(
-            model_name="requestlog",
-            index=models.Index(fields=["alias", "created_at"], name="chatparity_log_alias_time"),
+            index=models.Index(fields=["alias"], name="chatparity_log_alias"),
         ),
         AddIndexConcurrently(
             model_name="requestlog",
@@ -185,16 +180,6 @@ class Migration(migrations.Migration):
                 fields=["created_at"],
                 name="chatparity_log_failed_time",
             ),
-        ),
-        migrations.SeparateDatabaseAndState(
-            state_operations=[
-                migrations.AlterField(
-                    model_name="requestlog",
-                    name="api_key",
-                    field=models.ForeignKey(db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, to="chatparity.apikey"),
-                ),
-            ],
-            database_operations=[migrations.RunPython(drop_key_index, restore_key_index)],
         ),
         migrations.RunPython(fill_rollups, migrations.RunPython.noop),
     ]
