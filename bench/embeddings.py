@@ -7,8 +7,9 @@
    log row.
 2. An upstream's embeddings (``bench/stub_upstream.py``: 1,536 numbers a vector,
    base64) asked directly and through chatparity (an ``openai`` alias), one request
-   at a time: the latency percentiles side by side, and the difference, which is
-   what the gateway adds (reading, checking and re-encoding the vectors included).
+   at a time, the two alternating: the latency percentiles side by side, and the
+   difference, which is what the gateway adds (reading, checking and re-encoding
+   the vectors included).
 
     python bench/embeddings.py [--requests 200]
 
@@ -124,17 +125,22 @@ def over_http(client: httpx.Client, model: str) -> Callable[[list[str]], object]
     return embed
 
 
-def latencies(client: httpx.Client, model: str, requests: int) -> list[float]:
-    """Milliseconds of ``requests`` embeddings of one sentence, one after the other, as
-    openai-python asks (base64)."""
-    body = {"model": model, "input": sentences(1)[0], "encoding_format": "base64"}
-    for _ in range(20):  # warm
-        client.post("/embeddings", json=body).raise_for_status()
-    times = []
-    for _ in range(requests):
-        started = time.perf_counter()
-        client.post("/embeddings", json=body).raise_for_status()
-        times.append((time.perf_counter() - started) * 1000)
+def latencies(
+    direct: httpx.Client, gateway: httpx.Client, requests: int
+) -> tuple[list[float], list[float]]:
+    """Milliseconds of ``requests`` embeddings of one sentence asked directly and as many
+    through chatparity, alternately (so both see the same load), as openai-python asks
+    (base64)."""
+    sides = ((direct, "stub-model"), (gateway, "stub-embed"))
+    text = sentences(1)[0]
+    times: tuple[list[float], list[float]] = ([], [])
+    for round in range(requests + 20):  # the first 20 warm
+        for (client, model), spent in zip(sides, times, strict=True):
+            body = {"model": model, "input": text, "encoding_format": "base64"}
+            started = time.perf_counter()
+            client.post("/embeddings", json=body).raise_for_status()
+            if round >= 20:
+                spent.append((time.perf_counter() - started) * 1000)
     return times
 
 
@@ -182,8 +188,7 @@ def main() -> None:
                     (f"embedded model via /v1/embeddings, batch {batch}", f"{rate:,.0f} inputs/s")
                 )
             log("an upstream's embeddings, direct and through chatparity")
-            plain = latencies(direct, "stub-model", args.requests)
-            through = latencies(gateway, "stub-embed", args.requests)
+            plain, through = latencies(direct, gateway, args.requests)
     for name, values in (("upstream direct", plain), ("upstream via chatparity", through)):
         rows.append(
             (

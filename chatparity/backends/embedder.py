@@ -123,6 +123,10 @@ class EmbeddingModel:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = n_threads
         options.inter_op_num_threads = 1
+        # Threads that wait for work sleep instead of spinning: a spinning pool takes the
+        # cores the event loop and other requests need (measured under load: a one-input
+        # batch 3x, a 32-input batch 1.5x slower spinning).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._session = onnxruntime.InferenceSession(
             model_path, options, providers=["CPUExecutionProvider"]
         )
