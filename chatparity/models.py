@@ -569,7 +569,7 @@ def _count(help_text: str = "") -> models.PositiveBigIntegerField[int, int]:
     return models.PositiveBigIntegerField(default=0, help_text=help_text)
 
 
-class DailyUsage(models.Model):
+class UsageTotals(models.Model):
     """What the log's rows of one UTC day say, summed: kept when the rows are pruned.
 
     Written with the rows (``chatparity.accounting.rollups``), in their transaction;
@@ -577,8 +577,6 @@ class DailyUsage(models.Model):
     """
 
     day = models.DateField(help_text="UTC.")
-    alias = models.CharField(max_length=200, blank=True)
-    endpoint = models.CharField(max_length=32, choices=Endpoint.choices)
     requests = _count()
     errors = _count("Answered with an error status, or failed after streaming began.")
     cancelled = _count("The client hung up.")
@@ -588,6 +586,16 @@ class DailyUsage(models.Model):
     cached_tokens = _count()
     reasoning_tokens = _count()
     cost = models.DecimalField(max_digits=20, decimal_places=8, default=0, help_text="USD.")
+
+    class Meta:
+        abstract = True
+
+
+class DailyUsage(UsageTotals):
+    """The totals of one alias through one endpoint, with their latencies."""
+
+    alias = models.CharField(max_length=200, blank=True)
+    endpoint = models.CharField(max_length=32, choices=Endpoint.choices)
     duration_ms = models.FloatField(default=0, help_text="Sum of the requests' durations.")
     first_token_ms = models.FloatField(
         default=0, help_text="Sum of the times to first token, over first_tokens requests."
@@ -635,6 +643,23 @@ class DailyKeyUsage(DailyUsage):
 
     def __str__(self) -> str:
         return f"{self.day} {self.key_prefix} {self.alias} {self.endpoint}"
+
+
+class DailyKeyTotal(UsageTotals):
+    """One key's requests on one UTC day, every alias and endpoint together: the table of
+    keys over a long range reads a row per key and day."""
+
+    key_prefix = models.CharField(max_length=32, help_text="Kept when the key is deleted.")
+
+    class Meta:
+        verbose_name = "daily total of a key"
+        verbose_name_plural = "daily totals of keys"
+        constraints = [
+            models.UniqueConstraint(fields=["day", "key_prefix"], name="chatparity_key_total_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.key_prefix}"
 
 
 class DailyAliasUsage(DailyUsage):

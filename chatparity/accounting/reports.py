@@ -20,8 +20,10 @@ from ..models import (
     LATENCY_BOUNDS_MS,
     ApiKey,
     DailyAliasUsage,
+    DailyKeyTotal,
     DailyKeyUsage,
     RequestLog,
+    UsageTotals,
 )
 from .rollups import day_start
 
@@ -66,11 +68,16 @@ class LogFilter:
             rows = rows.filter(endpoint=self.endpoint)
         return rows
 
-    def rollups(self, *, per_key: bool = False) -> QuerySet[Any]:
-        """The daily rollups it covers: per key when it names one or ``per_key``, else
-        the site's per alias (fewer rows by as many keys)."""
-        model = DailyKeyUsage if per_key or self.key_prefix else DailyAliasUsage
-        rows: QuerySet[Any] = model.objects.order_by()
+    def rollups(self, per: Sequence[Dimension] = (), *, latency: bool = False) -> QuerySet[Any]:
+        """The daily rollups it covers, from the smallest table that holds what is asked:
+        ``per`` these dimensions, with the latency histograms if ``latency``."""
+        by_key = "key" in per or bool(self.key_prefix)
+        by_alias = latency or bool({"alias", "endpoint"} & set(per) or self.alias or self.endpoint)
+        if by_key:
+            model: type[UsageTotals] = DailyKeyUsage if by_alias else DailyKeyTotal
+        else:
+            model = DailyAliasUsage
+        rows: QuerySet[Any] = model._default_manager.order_by()
         if self.since is not None:
             rows = rows.filter(day__gte=self.since)
         if self.until is not None:
@@ -115,7 +122,7 @@ def key_names(prefixes: set[str]) -> dict[str, str]:
 def usage(log_filter: LogFilter, dimensions: Sequence[Dimension]) -> list[dict[str, Any]]:
     """Requests, errors, hang-ups and tokens per group of ``dimensions``, in group order;
     no dimensions: one row of totals. A key's group also has its ``key_name``."""
-    rollups = log_filter.rollups(per_key="key" in dimensions)
+    rollups = log_filter.rollups(dimensions)
     groups = sums(rollups, [_COLUMNS[dimension] for dimension in dimensions], USAGE_MEASURES)
     if "key" in dimensions:
         names = key_names({group["key_prefix"] for group in groups})
@@ -138,7 +145,7 @@ def usage_by_day_and_alias(
     From the rollups alone, two small indexed queries at most: a user's month costs
     the same whatever their traffic, and pruned rows still count.
     """
-    rows = LogFilter(since=since, until=until, key_prefix=key_prefix).rollups(per_key=True)
+    rows = LogFilter(since=since, until=until, key_prefix=key_prefix).rollups(["key", "alias"])
     if owner_id is not None:
         rows = rows.filter(owner_id=owner_id)
     measures = (*USAGE_MEASURES, "cost")
@@ -170,7 +177,8 @@ def percentile(counts: Sequence[int], fraction: float) -> float | None:
 def latency_by_alias(log_filter: LogFilter) -> list[dict[str, Any]]:
     """Per alias: requests, error rate, p50/p95 duration and time to first token (ms)."""
     buckets = (*DURATION_BUCKETS, *FIRST_TOKEN_BUCKETS)
-    groups = sums(log_filter.rollups(), ["alias"], ("requests", "errors", *buckets))
+    rollups = log_filter.rollups(["alias"], latency=True)
+    groups = sums(rollups, ["alias"], ("requests", "errors", *buckets))
     return [_latency(group) for group in groups if group["requests"]]
 
 

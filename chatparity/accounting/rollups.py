@@ -1,4 +1,5 @@
-"""The log's daily rollups (DailyKeyUsage, DailyAliasUsage), which every report reads.
+"""The log's daily rollups (DailyKeyUsage, DailyAliasUsage, DailyKeyTotal), which every
+report reads.
 
 The log writer adds each batch of rows to their days' rollups in the transaction that
 inserts them (:func:`record`): no query on a request's path, and rows that come late
@@ -16,6 +17,8 @@ from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from typing import Any
 
+from django.apps import apps as global_apps
+from django.apps.registry import Apps
 from django.db import connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Count, Max, Model, Q, Sum
@@ -26,7 +29,9 @@ from ..models import (
     LATENCY_BOUNDS_MS,
     ApiKey,
     DailyAliasUsage,
+    DailyKeyTotal,
     DailyKeyUsage,
+    DailyUsage,
     RequestLog,
 )
 
@@ -40,10 +45,11 @@ MEASURES = (
     "first_tokens", *DURATION_BUCKETS, *FIRST_TOKEN_BUCKETS,
 )  # fmt: skip
 TOKENS = MEASURES[3:8]
+# What a key's daily total sums: the measures up to the cost, no latency.
+TOTALS = MEASURES[: MEASURES.index("cost") + 1]
 _AT = {name: index for index, name in enumerate(MEASURES)}
 
 KeyGrain = tuple[datetime.date, str, str, str]  # day, key prefix, alias, endpoint
-AliasGrain = tuple[datetime.date, str, str]  # day, alias, endpoint
 
 
 def grain(model: type[Model]) -> tuple[str, ...]:
@@ -98,13 +104,16 @@ def tally(rows: Iterable[RequestLog]) -> dict[KeyGrain, tuple[int | None, list[A
     return groups
 
 
-def per_alias(groups: dict[KeyGrain, tuple[int | None, list[Any]]]) -> dict[AliasGrain, list[Any]]:
-    """Per-key tallies summed per day, alias and endpoint."""
-    totals: dict[AliasGrain, list[Any]] = {}
-    for (day, _, alias, endpoint), (_, sums) in groups.items():
-        total = totals.setdefault((day, alias, endpoint), _empty_tally())
-        for index, value in enumerate(sums):
-            total[index] += value
+def summed_per(
+    groups: dict[KeyGrain, tuple[int | None, list[Any]]], keep: tuple[int, ...], width: int
+) -> dict[tuple[Any, ...], list[Any]]:
+    """Per-key tallies summed per the grain's parts at ``keep`` (0 is the day, 1 the key,
+    2 the alias, 3 the endpoint), their first ``width`` measures."""
+    totals: dict[tuple[Any, ...], list[Any]] = {}
+    for of, (_, sums) in groups.items():
+        total = totals.setdefault(tuple(of[at] for at in keep), _empty_tally()[:width])
+        for index in range(width):
+            total[index] += sums[index]
     return totals
 
 
@@ -113,17 +122,21 @@ def record(rows: Sequence[RequestLog], connection: BaseDatabaseWrapper) -> None:
     the transaction that inserted them. In a fixed order of rows, so that two workers
     adding to the same rollups wait for each other rather than deadlock."""
     groups = tally(rows)
-    key_values = [
+    per_key = [
         [*_grain_values(of, connection), api_key_id, api_key_id, *_sum_values(sums, connection)]
         for of, (api_key_id, sums) in sorted(groups.items())
     ]
-    alias_values = [
-        [*_grain_values(of, connection), *_sum_values(sums, connection)]
-        for of, sums in sorted(per_alias(groups).items())
-    ]
+    per_alias, per_key_total = (
+        [
+            [*_grain_values(of, connection), *_sum_values(sums, connection)]
+            for of, sums in sorted(summed_per(groups, keep, width).items())
+        ]
+        for keep, width in (((0, 2, 3), len(MEASURES)), ((0, 1), len(TOTALS)))
+    )
     with connection.cursor() as cursor:
-        cursor.executemany(_upsert_sql(connection, DailyKeyUsage), key_values)
-        cursor.executemany(_upsert_sql(connection, DailyAliasUsage), alias_values)
+        cursor.executemany(_upsert_sql(connection, DailyKeyUsage), per_key)
+        cursor.executemany(_upsert_sql(connection, DailyAliasUsage), per_alias)
+        cursor.executemany(_upsert_sql(connection, DailyKeyTotal), per_key_total)
 
 
 def _grain_values(of: tuple[Any, ...], connection: BaseDatabaseWrapper) -> list[Any]:
@@ -148,7 +161,7 @@ def _upsert_sql(connection: BaseDatabaseWrapper, model: type[Model]) -> str:
     quote = connection.ops.quote_name
     table = quote(model._meta.db_table)
     per = [quote(column) for column in grain(model)]
-    sums = [quote(column) for column in MEASURES]
+    sums = [quote(column) for column in (MEASURES if issubclass(model, DailyUsage) else TOTALS)]
     columns, values = [*per], ["%s"] * len(per)
     updates = [f"{column} = {table}.{column} + excluded.{column}" for column in sums]
     if model is DailyKeyUsage:
@@ -166,41 +179,37 @@ def _upsert_sql(connection: BaseDatabaseWrapper, model: type[Model]) -> str:
     return statement
 
 
-def reconcile(
-    day: datetime.date,
-    *,
-    using: str | None = None,
-    log: type[RequestLog] = RequestLog,
-    per_key: type[DailyKeyUsage] = DailyKeyUsage,
-    per_alias_model: type[DailyAliasUsage] = DailyAliasUsage,
-) -> bool:
+def reconcile(day: datetime.date, *, using: str | None = None, apps: Apps = global_apps) -> bool:
     """Rebuild ``day``'s rollups from its log rows if they sum fewer; whether it did.
 
-    On ``using``, else the database the site's routers write the log to; the models
-    can be a migration's. On PostgreSQL the rollups are locked against
-    writes meanwhile: a batch written now waits (milliseconds) and adds its rows to the
-    rebuilt rollups, which did not count them. On SQLite a batch committed between the
-    count and the rebuild makes the rebuild fail ("database is locked"), not miscount.
+    On ``using``, else the database the site's routers write the log to; with the models
+    of ``apps`` (a migration's, or the project's). On PostgreSQL the rollups are locked
+    against writes meanwhile: a batch written now waits (milliseconds) and adds its rows
+    to the rebuilt rollups, which did not count them. On SQLite a batch committed
+    between the count and the rebuild makes the rebuild fail ("database is locked"), not
+    miscount.
     """
+    log, per_key, per_alias, per_key_total = (
+        apps.get_model("chatparity", name)
+        for name in ("RequestLog", "DailyKeyUsage", "DailyAliasUsage", "DailyKeyTotal")
+    )
     database = using or router.db_for_write(log)
     connection = connections[database]
     start = day_start(day)
     rows = log.objects.using(database).filter(
         created_at__gte=start, created_at__lt=start + datetime.timedelta(days=1)
     )
+    models = (per_key, per_alias, per_key_total)
+    rollups = [model.objects.using(database).filter(day=day) for model in models]
     with transaction.atomic(using=database):
         if connection.vendor == "postgresql":
-            tables = ", ".join(
-                connection.ops.quote_name(model._meta.db_table)
-                for model in (per_key, per_alias_model)
-            )
+            tables = ", ".join(connection.ops.quote_name(m._meta.db_table) for m in models)
             with connection.cursor() as cursor:
                 cursor.execute(f"LOCK TABLE {tables} IN SHARE ROW EXCLUSIVE MODE")
-        summed = per_key.objects.using(database).filter(day=day).aggregate(n=Sum("requests"))
-        if rows.count() <= (summed["n"] or 0):
+        if rows.count() <= (rollups[0].aggregate(n=Sum("requests"))["n"] or 0):
             return False
-        per_key.objects.using(database).filter(day=day).delete()
-        per_alias_model.objects.using(database).filter(day=day).delete()
+        for days_rollups in rollups:
+            days_rollups.delete()
         per_key.objects.using(database).bulk_create(
             [
                 per_key(
@@ -215,18 +224,18 @@ def reconcile(
             ],
             batch_size=500,
         )
-        alias_sums = {f"sum_{name}": Sum(name) for name in MEASURES}
-        per_alias_model.objects.using(database).bulk_create(
-            [
-                per_alias_model(day=day, **_unprefixed(facts))
-                for facts in per_key.objects.using(database)
-                .filter(day=day)
-                .order_by()
-                .values("alias", "endpoint")
-                .annotate(**alias_sums)
-            ],
-            batch_size=500,
-        )
+        for model, per, measures in (
+            (per_alias, ("alias", "endpoint"), MEASURES),
+            (per_key_total, ("key_prefix",), TOTALS),
+        ):
+            sums = {f"sum_{name}": Sum(name) for name in measures}
+            model.objects.using(database).bulk_create(
+                [
+                    model(day=day, **_unprefixed(facts))
+                    for facts in rollups[0].order_by().values(*per).annotate(**sums)
+                ],
+                batch_size=500,
+            )
     return True
 
 

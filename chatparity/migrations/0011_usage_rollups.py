@@ -35,12 +35,10 @@ def _count(help_text=""):
     return models.PositiveBigIntegerField(default=0, help_text=help_text)
 
 
-def _usage_fields():
+def _total_fields():
     return [
         ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
         ("day", models.DateField(help_text="UTC.")),
-        ("alias", models.CharField(blank=True, max_length=200)),
-        ("endpoint", models.CharField(choices=ENDPOINTS, max_length=32)),
         ("requests", _count()),
         ("errors", _count("Answered with an error status, or failed after streaming began.")),
         ("cancelled", _count("The client hung up.")),
@@ -50,6 +48,14 @@ def _usage_fields():
         ("cached_tokens", _count()),
         ("reasoning_tokens", _count()),
         ("cost", models.DecimalField(decimal_places=8, default=0, help_text="USD.", max_digits=20)),
+    ]
+
+
+def _usage_fields():
+    return [
+        *_total_fields(),
+        ("alias", models.CharField(blank=True, max_length=200)),
+        ("endpoint", models.CharField(choices=ENDPOINTS, max_length=32)),
         ("duration_ms", models.FloatField(default=0, help_text="Sum of the requests' durations.")),
         ("first_token_ms", models.FloatField(default=0, help_text="Sum of the times to first token, over first_tokens requests.")),
         ("first_tokens", _count("Requests that sent a first token.")),
@@ -109,13 +115,7 @@ def fill_rollups(apps, schema_editor):
         return
     day = utc_day(first)
     while day <= utc_day(last):
-        reconcile(
-            day,
-            using=database,
-            log=log,
-            per_key=apps.get_model("chatparity", "DailyKeyUsage"),
-            per_alias_model=apps.get_model("chatparity", "DailyAliasUsage"),
-        )
+        reconcile(day, using=database, apps=apps)
         day += datetime.timedelta(days=1)
 
 
@@ -156,6 +156,20 @@ class Migration(migrations.Migration):
                 "indexes": [
                     models.Index(fields=["key_prefix", "day"], name="chatparity_key_usage_key_day"),
                     models.Index(fields=["owner", "day"], name="chatparity_key_usage_owner_day"),
+                ],
+            },
+        ),
+        migrations.CreateModel(
+            name="DailyKeyTotal",
+            fields=[
+                *_total_fields(),
+                ("key_prefix", models.CharField(help_text="Kept when the key is deleted.", max_length=32)),
+            ],
+            options={
+                "verbose_name": "daily total of a key",
+                "verbose_name_plural": "daily totals of keys",
+                "constraints": [
+                    models.UniqueConstraint(fields=("day", "key_prefix"), name="chatparity_key_total_once"),
                 ],
             },
         ),

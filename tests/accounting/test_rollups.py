@@ -23,7 +23,9 @@ from chatparity.models import (
     LATENCY_BOUNDS_MS,
     ApiKey,
     DailyAliasUsage,
+    DailyKeyTotal,
     DailyKeyUsage,
+    DailyUsage,
     RequestLog,
 )
 from tests.scripted import SCRIPTED
@@ -113,19 +115,22 @@ def in_rollups(model, per):
 
 
 def assert_rollups_sum_the_log(rows=None):
-    """Both rollups hold exactly the log's rows (``rows``, else those in the table)."""
+    """Every rollup holds exactly the log's rows (``rows``, else those in the table)."""
     rows = list(RequestLog.objects.all()) if rows is None else rows
-    for model in (DailyKeyUsage, DailyAliasUsage):
+    for model in (DailyKeyUsage, DailyAliasUsage, DailyKeyTotal):
         per = rollups.grain(model)
         expected, found = summed(rows, per), in_rollups(model, per)
         assert set(found) == set(expected), model
+        latency = issubclass(model, DailyUsage)
+        measures = SUMS if latency else rollups.TOTALS
         for of, total in expected.items():
             rollup = found[of]
-            assert {name: getattr(rollup, name) for name in SUMS} == {
-                name: total[name] for name in SUMS
+            assert {name: getattr(rollup, name) for name in measures} == {
+                name: total[name] for name in measures
             }, (model, of)
-            assert rollup.duration_ms == pytest.approx(total["duration_ms"])
-            assert rollup.first_token_ms == pytest.approx(total["first_token_ms"])
+            if latency:
+                assert rollup.duration_ms == pytest.approx(total["duration_ms"])
+                assert rollup.first_token_ms == pytest.approx(total["first_token_ms"])
 
 
 @pytest.mark.django_db
@@ -142,9 +147,8 @@ def test_a_batch_is_one_insert_and_one_upsert_per_rollup_whatever_its_size():
     with CaptureQueriesContext(connection) as queries:
         insert_rows(varied_rows(120, seed=2))
     statements = [q["sql"] for q in queries if "chatparity_" in q["sql"]]
-    assert len(statements) == 3
-    assert "ON CONFLICT" in statements[1]
-    assert "ON CONFLICT" in statements[2]
+    assert len(statements) == 4
+    assert all("ON CONFLICT" in upsert for upsert in statements[1:])
 
 
 @pytest.mark.django_db
