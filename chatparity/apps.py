@@ -28,6 +28,9 @@ class ChatparityConfig(AppConfig):
             related.append(get_user_model().groups)
         for relation in related:
             m2m_changed.connect(forget, sender=relation.through)
+        # A user or group deleted leaves plans and keys without them, with no m2m signal.
+        for owner in (get_user_model(), "auth.Group"):
+            post_delete.connect(forget, sender=owner, dispatch_uid=f"chatparity.forget.{owner}")
         setting_changed.connect(forget)
         # A key for every alias names none, whichever side adds one.
         m2m_changed.connect(

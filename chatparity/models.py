@@ -66,6 +66,12 @@ class ApiKey(models.Model):
     )
     is_active = models.BooleanField(default=True)
     expires_at = models.DateTimeField(null=True, blank=True)
+    needs_plan = models.BooleanField(
+        "needs a plan",
+        default=False,
+        help_text="Serves only while its owner has a plan, within it (the keys made in the"
+        " portal): an owner who loses their plan, or is deleted, loses the key too.",
+    )
     all_aliases = models.BooleanField(
         default=True,
         help_text="May use every alias, present and future. Off: only the aliases selected.",

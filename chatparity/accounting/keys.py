@@ -3,7 +3,9 @@
 aliases it may use (those of the key that its owner's plan allows).
 
 A key serves while it is active and so is its owner (``is_active``, as Django's
-logins read it): deactivating a user stops their keys too.
+logins read it): deactivating a user stops their keys too. A key that needs a plan
+(``ApiKey.needs_plan``: those made in the portal) serves only while its owner has one,
+never wider once the plan is gone.
 
 A save or delete of a key, an alias, a backend or a plan, or a change of who is in
 a group, in this process empties the cache at once (see :func:`forget`, connected to
@@ -187,6 +189,8 @@ def _load_grant(hashed_key: str) -> Grant | None:
         None if key.all_aliases else frozenset(key.allowed_aliases.values_list("pk", flat=True))
     )
     key.owner_plan = Plan.objects.for_owner(key.owner_id)
+    if key.owner_plan is None and key.needs_plan:
+        return None  # made under a plan its owner no longer has (or owner deleted)
     if key.owner_plan is not None and (planned := key.owner_plan.alias_ids()) is not None:
         allowed = planned if allowed is None else allowed & planned
     return Grant(key, allowed)

@@ -46,9 +46,10 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
     class Meta:
         model = ApiKey
         fields = [
-            "id", "name", "prefix", "owner", "is_active", "expires_at", "all_aliases",
-            "allowed_aliases", "requests_per_minute", "tokens_per_minute", "max_concurrent",
-            "token_budget", "cost_budget", "budget_period", "created_at", "last_used_at",
+            "id", "name", "prefix", "owner", "is_active", "expires_at", "needs_plan",
+            "all_aliases", "allowed_aliases", "requests_per_minute", "tokens_per_minute",
+            "max_concurrent", "token_budget", "cost_budget", "budget_period", "created_at",
+            "last_used_at",
         ]  # fmt: skip
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

@@ -10,12 +10,24 @@ from django.utils import timezone
 
 from ..models import ModelAlias, Plan
 
+# The latest expiry a key may be given: later is "never", which is a blank expiry.
+LONGEST_LIFE = datetime.timedelta(days=100 * 366)
+
+
+class UTCDateTimeField(forms.DateTimeField):
+    """A time as ``<input type="datetime-local">`` sends it (no zone), read in UTC as the
+    label says, whatever the site's ``TIME_ZONE``."""
+
+    def to_python(self, value: Any) -> datetime.datetime | None:
+        with timezone.override(datetime.UTC):
+            return super().to_python(value)
+
 
 class NewKeyForm(forms.Form):
     """A key's name, its expiry and its aliases, among those the user's plan allows."""
 
     name = forms.CharField(max_length=200)
-    expires_at = forms.DateTimeField(
+    expires_at = UTCDateTimeField(
         label="Expires at (UTC)",
         required=False,
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
@@ -36,8 +48,11 @@ class NewKeyForm(forms.Form):
 
     def clean_expires_at(self) -> datetime.datetime | None:
         expires_at: datetime.datetime | None = self.cleaned_data["expires_at"]
-        if expires_at is not None and expires_at <= timezone.now():
-            raise forms.ValidationError("Give a time in the future, or leave it blank.")
+        now = timezone.now()
+        if expires_at is not None and not now < expires_at <= now + LONGEST_LIFE:
+            raise forms.ValidationError(
+                "Give a time in the future, within 100 years, or leave it blank (never)."
+            )
         return expires_at
 
 
@@ -47,6 +62,12 @@ class MonthForm(forms.Form):
     month = forms.DateField(
         input_formats=["%Y-%m"], widget=forms.DateInput(attrs={"type": "month"}, format="%Y-%m")
     )
+
+    def clean_month(self) -> datetime.date:
+        first: datetime.date = self.cleaned_data["month"]
+        if first.year >= datetime.MAXYEAR:  # its month's end is past the last date there is
+            raise forms.ValidationError(f"Give a month before {datetime.MAXYEAR}.")
+        return first
 
     def span(self) -> tuple[datetime.date, datetime.date]:
         """The month's first day and the next month's."""

@@ -119,6 +119,7 @@ def create_key(request: HttpRequest) -> HttpResponse:
             form.cleaned_data["name"],
             owner_id=user_id(request),
             expires_at=form.cleaned_data["expires_at"],
+            needs_plan=True,  # bounded by the plan while the user has it, refused after
             all_aliases=not aliases,
             **plan.key_limits(),
         )

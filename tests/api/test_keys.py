@@ -11,7 +11,8 @@ from .helpers import url
 pytestmark = pytest.mark.django_db
 
 FIELDS = {
-    "id", "name", "prefix", "owner", "is_active", "expires_at", "all_aliases", "allowed_aliases",
+    "id", "name", "prefix", "owner", "is_active", "expires_at", "needs_plan", "all_aliases",
+    "allowed_aliases",
     "requests_per_minute", "tokens_per_minute", "max_concurrent", "token_budget",
     "cost_budget", "budget_period", "created_at", "last_used_at",
 }  # fmt: skip

@@ -6,6 +6,7 @@ import re
 from decimal import Decimal
 
 import orjson
+from django.contrib.auth.models import Group
 from django.test import Client, TestCase, override_settings
 from django.utils import timezone
 
@@ -112,6 +113,18 @@ class KeyLifeTests(PortalTestCase):
         key = ApiKey.objects.get(hashed_key=hash_key(plaintext_of(created)))
         assert key.expires_at == ahead
 
+    def test_an_expiry_is_read_in_utc_and_at_most_a_century_ahead(self):
+        # West of UTC, 9999-12-31T23:59 in the site's zone is past the last time there is.
+        with override_settings(TIME_ZONE="America/New_York"):
+            for absurd in ("9999-12-31T23:59", "9999-12-31T20:00", "2200-01-01T00:00"):
+                refused = self.create(expires_at=absurd)
+                assert refused.status_code == 400, absurd
+                assert "within 100 years" in refused.content.decode()
+            created = self.create(expires_at="2100-06-01T12:00")
+        key = ApiKey.objects.get(hashed_key=hash_key(plaintext_of(created)))
+        assert key.expires_at == datetime.datetime(2100, 6, 1, 12, tzinfo=datetime.UTC)
+        assert not ApiKey.objects.exclude(pk=key.pk).exists()
+
     def test_the_listing_shows_status_scope_and_limits(self):
         ApiKey.objects.create_key("old", owner=self.alice, is_active=False)
         scoped, _ = ApiKey.objects.create_key("scoped", owner=self.alice, all_aliases=False)
@@ -182,6 +195,60 @@ class IsolationTests(PortalTestCase):
         listing = self.client.get(KEYS).content.decode()
         assert f'value="{self.other_alias.pk}"' in listing
         assert f'value="{self.smollm2.pk}"' not in listing
+
+
+class PlanLossTests(PortalTestCase):
+    """A key made in the portal is bounded by its owner's plan while they have it, and
+    refused once they lose it: never the wider key that bounds nothing."""
+
+    def setUp(self):
+        super().setUp()
+        self.plan.all_aliases = False
+        self.plan.save()
+        self.plan.allowed_aliases.set([self.smollm2])
+        self.plaintext = plaintext_of(self.create())  # none ticked: all the plan allows
+        self.key = ApiKey.objects.get(hashed_key=hash_key(self.plaintext))
+
+    def assert_refused(self):
+        for model in ("smollm2", "other"):
+            refused = self.ask(self.plaintext, model)
+            assert refused.status_code == 401, refused.content
+            assert refused.json()["error"]["code"] == "invalid_api_key"
+
+    def test_the_key_needs_the_plan_and_serves_within_it(self):
+        assert self.key.needs_plan
+        assert self.ask(self.plaintext, "other").status_code == 404
+        assert self.ask(self.plaintext, "smollm2").status_code == 200
+
+    def test_a_user_whose_plan_is_taken_away_loses_the_key_at_once(self):
+        self.plan.users.remove(self.alice)
+        self.assert_refused()
+        listing = self.client.get(KEYS).content.decode()
+        assert re.search(r'laptop</td>.*?class="status">no plan', listing, re.S)
+        self.plan.users.add(self.alice)
+        assert self.ask(self.plaintext, "smollm2").status_code == 200
+
+    def test_a_user_removed_from_the_group_giving_the_plan_loses_the_key(self):
+        group = Group.objects.create(name="team")
+        self.plan.groups.add(group)
+        self.plan.users.remove(self.alice)
+        self.alice.groups.add(group)
+        assert self.ask(self.plaintext, "smollm2").status_code == 200
+        group.user_set.remove(self.alice)
+        self.assert_refused()
+
+    def test_a_deleted_plan_or_owner_leaves_the_key_refused(self):
+        self.plan.delete()
+        self.assert_refused()
+        Plan.objects.create(name="again").users.add(self.alice)
+        assert self.ask(self.plaintext, "other").status_code == 200
+        self.alice.delete()  # the key is no one's now: still no plan
+        self.assert_refused()
+
+    def test_a_key_staff_issued_without_needing_a_plan_keeps_serving(self):
+        _, staffs = ApiKey.objects.create_key("staff-issued", owner=self.alice)
+        self.plan.users.remove(self.alice)
+        assert self.ask(staffs, "other").status_code == 200
 
 
 class PermissionTests(PortalTestCase):
