@@ -127,21 +127,25 @@ def over_http(client: httpx.Client, model: str) -> Callable[[list[str]], object]
 
 def latencies(
     direct: httpx.Client, gateway: httpx.Client, requests: int
-) -> tuple[list[float], list[float]]:
+) -> tuple[list[float], list[float], list[float]]:
     """Milliseconds of ``requests`` embeddings of one sentence asked directly and as many
     through chatparity, alternately (so both see the same load), as openai-python asks
-    (base64)."""
+    (base64); and the gateway's own milliseconds of each (its overhead header)."""
     sides = ((direct, "stub-model"), (gateway, "stub-embed"))
     text = sentences(1)[0]
     times: tuple[list[float], list[float]] = ([], [])
+    overhead: list[float] = []
     for round in range(requests + 20):  # the first 20 warm
         for (client, model), spent in zip(sides, times, strict=True):
             body = {"model": model, "input": text, "encoding_format": "base64"}
             started = time.perf_counter()
-            client.post("/embeddings", json=body).raise_for_status()
+            answer = client.post("/embeddings", json=body)
+            answer.raise_for_status()
             if round >= 20:
                 spent.append((time.perf_counter() - started) * 1000)
-    return times
+                if client is gateway:
+                    overhead.append(float(answer.headers["x-chatparity-overhead-ms"]))
+    return *times, overhead
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -188,7 +192,7 @@ def main() -> None:
                     (f"embedded model via /v1/embeddings, batch {batch}", f"{rate:,.0f} inputs/s")
                 )
             log("an upstream's embeddings, direct and through chatparity")
-            plain, through = latencies(direct, gateway, args.requests)
+            plain, through, own = latencies(direct, gateway, args.requests)
     for name, values in (("upstream direct", plain), ("upstream via chatparity", through)):
         rows.append(
             (
@@ -198,6 +202,12 @@ def main() -> None:
         )
     added = statistics.median(through) - statistics.median(plain)
     rows.append(("added by chatparity (p50)", f"{added:.2f} ms"))
+    rows.append(
+        (
+            "of which its own time (overhead header)",
+            f"p50 {percentile(own, 0.5):.2f} ms, p99 {percentile(own, 0.99):.2f} ms",
+        )
+    )
     width = max(len(name) for name, _ in rows)
     print(f"\n{'measure'.ljust(width)}  result")
     print(f"{'-' * width}  {'-' * 36}")
