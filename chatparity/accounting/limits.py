@@ -1053,13 +1053,23 @@ async def _budget_standing(
 ) -> list[tuple[str, str, str]]:
     rows = []
     for budget in budgets:
-        await store.seed(budget.counter, await _spent(key, budget), budget.ttl)
-        (used,) = await store.values([budget.counter])
+        used = await _budget_used(store, key, budget)
         if budget.kind == "cost":
             rows.append((budget.name, f"${used / MICRO:.4f}", f"${budget.limit / MICRO:.4f}"))
         else:
             rows.append((budget.name, str(used), str(budget.limit)))
     return rows
+
+
+async def _budget_used(store: Counters, key: ApiKey | None, budget: Budget) -> int:
+    """What ``budget``'s counter holds, seeded from the log (or the rollups) only when it
+    has none: a page showing what is left sums no month of rows while the counter lives."""
+    change = Change(budget.counter, 0, None, budget.ttl, seeded=True)
+    while True:
+        refusal, values = await store.reserve([change], None)
+        if refusal is None:
+            return values[0]
+        await store.seed(budget.counter, await _spent(key, budget), budget.ttl)
 
 
 def _key_scope(key: ApiKey) -> str:

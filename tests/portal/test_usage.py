@@ -6,7 +6,9 @@ import datetime
 import re
 from decimal import Decimal
 
+from django.db import connection
 from django.test import TestCase, override_settings
+from django.test.utils import CaptureQueriesContext
 
 from chatparity.models import ApiKey, Backend, ModelAlias, Plan
 from tests.support.logs import logged
@@ -93,6 +95,19 @@ class UsageTests(TestCase):
         html = page.content.decode()
         laptop = re.search(r"laptop <code>.*?<tbody>(.*?)</tbody>", html, re.S)[1]
         assert re.findall(r"<td[^>]*>(.*?)</td>", laptop) == ["tokens this month", "120", "500"]
+
+    def test_showing_what_is_left_again_sums_no_rows(self):
+        # The counters, once seeded, say what is left: a user reloading the page must not
+        # make the database sum a month of their keys' rows each time.
+        this_month = datetime.datetime.now(UTC).replace(day=1, hour=0, minute=0, second=0)
+        used(self.laptop, this_month, prompt=100, completion=20)
+        self.client.get("/portal/usage/")
+        with CaptureQueriesContext(connection) as queries:
+            page = self.client.get("/portal/usage/")
+        assert table(page, "owner-budget") == [["tokens this month (all your keys)", "120", "1000"]]
+        sums = [query["sql"] for query in queries if "SUM(" in query["sql"].upper()]
+        assert not [sql for sql in sums if "chatparity_requestlog" in sql], sums
+        assert len(sums) == 1, sums  # the month's table, from the rollups
 
 
 class RecentRequestsTests(TestCase):
