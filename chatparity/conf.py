@@ -120,11 +120,12 @@ DEFAULTS: dict[str, Any] = {
         "KEY": 256 * 1024 * 1024,
     },
     # What /v1/responses does with the hosted tools a request asks for (web_search,
-    # file_search, code_interpreter, image_generation, mcp) on an alias whose backend
-    # cannot run them, by alias public id ("*": every other alias): "omit" leaves them
-    # out of what the model is offered (the log row names them), "refuse" answers
-    # 400 unsupported_value. An upstream that speaks the Responses API natively
-    # (wire_api "responses") is given them whatever this says.
+    # file_search, code_interpreter, image_generation, mcp), by alias public id ("*":
+    # every other alias): "omit" leaves them out of what the model is offered (the log
+    # row names them), "refuse" answers 400 unsupported_value, "pass" gives them as sent
+    # to an upstream that speaks the Responses API natively (wire_api "responses"),
+    # which runs them on its account (its vector stores, files, MCP, paid tools), and
+    # leaves them out elsewhere.
     "HOSTED_TOOLS": {"*": "omit"},
     # Origins (scheme://host[:port]) whose browser pages may call /v1, or ["*"];
     # answered on the fast path and the views alike, preflight included. Empty: none.

@@ -88,7 +88,7 @@ async def _responses_request(
     return chat, ResponsesWire(requested, grant, record)
 
 
-HostedToolsPolicy = Literal["omit", "refuse"]
+HostedToolsPolicy = Literal["omit", "refuse", "pass"]
 HOSTED_TOOLS_POLICIES: tuple[HostedToolsPolicy, ...] = get_args(HostedToolsPolicy)
 
 
@@ -102,17 +102,24 @@ def hosted_tools_policy(public_id: str) -> str:
 async def _hosted_tools_served(
     requested: ResponsesRequest, chat: ChatRequest, grant: Grant, accounting: Accounting
 ) -> ChatRequest:
-    """``chat`` with its hosted tools as the alias it names serves them: passed on to an
-    upstream that speaks the Responses API, else left out (the log row names them) or
-    refused (logged under the alias) as the alias's :func:`hosted_tools_policy` says. A
-    model no alias serves is the pipeline's 404."""
-    alias = (await keys.aliases()).find(chat.model, grant)
+    """``chat`` with its hosted tools as the alias it names serves them, as its
+    :func:`hosted_tools_policy` says: passed on to an upstream that speaks the Responses
+    API only when the policy is ``"pass"`` (they run on the deployer's upstream account:
+    its vector stores, files, MCP servers and paid tools), else left out (the log row
+    names them) or refused (logged under the alias). A model no alias serves is the
+    pipeline's 404, with nothing hosted passed on."""
+    alias = (await keys.aliases()).find(chat.model, grant, servable=False)
     if alias is None:
-        return chat
+        return dataclasses.replace(chat, hosted_tools=())
+    policy = hosted_tools_policy(alias.public_id)
     backend = get_backend(alias.backend)
-    if isinstance(backend, UpstreamBackend) and backend.wire_api == "responses":
+    if (
+        policy == "pass"
+        and isinstance(backend, UpstreamBackend)
+        and backend.wire_api == "responses"
+    ):
         return chat
-    if hosted_tools_policy(alias.public_id) == "refuse":
+    if policy == "refuse":
         accounting.served_by(alias)
         raise hosted_tool_refused(requested)
     accounting.record.omitted_tools = [tool["type"] for tool in chat.hosted_tools]

@@ -251,7 +251,7 @@ class NativeResponsesTests(TestCase):
         ]  # fmt: skip
         assert body["tool_choice"] == "auto"
 
-    async def test_hosted_tools_are_passed_on_and_namespaces_offered_flat(self):
+    async def test_hosted_tools_are_passed_on_when_the_alias_says_so(self):
         agents = {"type": "namespace", "name": "agents", "description": "Sub-agents.",
                   "tools": [{"type": "function", "name": "close", "strict": False}]}  # fmt: skip
         search = {"type": "web_search", "external_web_access": False}
@@ -259,7 +259,7 @@ class NativeResponsesTests(TestCase):
         await ModelAlias.objects.filter(public_id="searching").aupdate(
             default_params={"temperature": 0.5}
         )
-        with override_settings(CHATPARITY={"HOSTED_TOOLS": {"*": "refuse"}}):
+        with override_settings(CHATPARITY={"HOSTED_TOOLS": {"*": "refuse", "SEARCHING": "pass"}}):
             answer = await self.post(
                 "/v1/responses", model="searching", input="Hi", tools=[agents, search]
             )
@@ -273,6 +273,32 @@ class NativeResponsesTests(TestCase):
              "parameters": {"type": "object", "properties": {}}, "strict": False},
             search,
         ]  # fmt: skip
+
+    async def test_hosted_tools_never_reach_the_upstream_unless_its_alias_passes_them(self):
+        # A key holder naming the deployer's vector stores, files and an MCP server of
+        # their own: run on the deployer's upstream account if passed on.
+        hosted = [
+            {"type": "file_search", "vector_store_ids": ["vs_the_deployers"]},
+            {"type": "code_interpreter", "container": {"type": "auto", "file_ids": ["file-x"]}},
+            {"type": "mcp", "server_label": "mine", "server_url": "https://attacker.example/mcp",
+             "require_approval": "never"},
+        ]  # fmt: skip
+        for policies in ({}, {"*": "omit"}, {"*": "pass", "searching": "omit"}):
+            with override_settings(CHATPARITY={"HOSTED_TOOLS": policies}):
+                answer = await self.post(
+                    "/v1/responses", model="searching", input="Hi", tools=hosted
+                )
+            assert answer.status_code == 200, answer.content
+            _, body = self.sent("searching")
+            assert "tools" not in body, policies
+            row = await RequestLog.objects.alatest("created_at")
+            assert row.omitted_tools == ["file_search", "code_interpreter", "mcp"]
+        asked = len(self.upstream.requests["searching"])
+        with override_settings(CHATPARITY={"HOSTED_TOOLS": {"*": "refuse"}}):
+            answer = await self.post("/v1/responses", model="searching", input="Hi", tools=hosted)
+        assert answer.status_code == 400
+        assert answer.json()["error"]["code"] == "unsupported_value"
+        assert len(self.upstream.requests["searching"]) == asked
 
     async def test_earlier_calls_and_their_outputs_are_sent_as_items(self):
         call = {"id": "call_1", "type": "function",
