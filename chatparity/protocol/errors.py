@@ -83,8 +83,7 @@ def model_not_found(model: str) -> APIError:
 def not_a_chat_model(model: str) -> APIError:
     """A chat endpoint asked of an alias that serves embeddings only."""
     return APIError(
-        f"The model `{model}` is an embedding model: it serves /v1/embeddings, not this"
-        " endpoint.",
+        f"The model `{model}` is an embedding model: it serves /v1/embeddings, not this endpoint.",
         param="model",
         code="model_not_supported",
     )
