@@ -6,6 +6,8 @@ many-to-many change lists the related objects before and after. An entry is
 written in the change's own transaction (a change rolled back leaves none) and
 announced by :data:`~chatparity.audit.signals.audit_logged` once it commits.
 
+The deletion of a user, a group or an alias, which empties a key's owner or a plan's
+members or aliases with no signal of theirs, is recorded on each of them as well.
 Changes made with a queryset's ``update()`` send no signal and leave no entry.
 """
 
@@ -18,7 +20,7 @@ from typing import Any
 from django.contrib.contenttypes.models import ContentType
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models, transaction
-from django.db.models.signals import m2m_changed, post_delete, post_save, pre_save
+from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete, pre_save
 
 from .. import actors
 from ..encryption import EncryptedTextField
@@ -32,6 +34,9 @@ SECRET = "(secret)"
 # Never shown as they are: a key's hash (what the key is checked against) and any
 # encrypted field.
 SECRET_FIELDS = {"hashed_key"}
+# JSON fields whose member maps names to values that may be credentials: a backend's
+# extra request headers (an Azure "api-key", a gateway's token). Names are shown.
+SECRET_MEMBERS: dict[tuple[type[models.Model], str], str] = {(Backend, "options"): "headers"}
 # Stamped by chatparity itself, not changed by anyone.
 STAMPS = {"last_used_at"}
 
@@ -50,6 +55,40 @@ def connect() -> None:
             m2m_changed.connect(
                 _related_changed, sender=through, dispatch_uid=f"{uid}.{field.name}"
             )
+    for target in {field.related_model for _, field in _dependents()}:
+        pre_delete.connect(
+            _dependent_changed, sender=target, dispatch_uid=f"chatparity.audit.of.{target}"
+        )
+
+
+def _dependents() -> list[tuple[type[models.Model], models.Field[Any, Any]]]:
+    """The fields of audited models that the deletion of another object changes with no
+    signal of their own: many-to-many fields (their rows go with it) and foreign keys
+    set to null (a user deleted leaves their keys to no one)."""
+    return [
+        (model, field)
+        for model in AUDITED
+        for field in [*model._meta.concrete_fields, *model._meta.local_many_to_many]
+        if field.many_to_many
+        or (field.many_to_one and getattr(field.remote_field, "on_delete", None) is models.SET_NULL)
+    ]
+
+
+def _dependent_changed(
+    sender: type[models.Model], instance: models.Model, using: str, **kwargs: Any
+) -> None:
+    """``instance`` is about to be deleted: an entry for each audited object that loses
+    it, from a foreign key or a many-to-many field."""
+    gone = str(instance)
+    for model, field in _dependents():
+        if field.related_model is not sender:
+            continue
+        for obj in model._base_manager.using(using).filter(**{field.name: instance}):
+            change: dict[str, Any] = {"before": gone, "after": None}
+            if isinstance(field, models.ManyToManyField):
+                before = _related(obj, field, using)
+                change = {"before": before, "after": [name for name in before if name != gone]}
+            _record(model, obj, Action.UPDATE, {field.name: change}, using)
 
 
 def recorded_fields(model: type[models.Model]) -> list[models.Field[Any, Any]]:
@@ -76,6 +115,9 @@ def _shown(field: models.Field[Any, Any], value: Any, using: str) -> Any:
     if field.is_relation and value is not None:
         related = field.related_model._base_manager.using(using).filter(pk=value).first()  # type: ignore[union-attr]
         return str(related) if related is not None else f"#{value}"
+    member = SECRET_MEMBERS.get((field.model, field.name))
+    if member is not None and isinstance(value, dict) and isinstance(value.get(member), dict):
+        value = {**value, member: dict.fromkeys(value[member], SECRET)}
     return json.loads(json.dumps(value, cls=DjangoJSONEncoder))
 
 

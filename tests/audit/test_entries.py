@@ -155,6 +155,36 @@ class ChangeTests(AuditTestCase):
             {"users": {"before": ["erin"], "after": []}},
         ]
 
+    def test_deleting_a_user_group_or_alias_records_what_lost_it(self):
+        # Their deletion empties a key's owner and a plan's members with a plain UPDATE
+        # and DELETE, which send no signal of the key's or the plan's own.
+        erin, frank = User.objects.create_user("erin"), User.objects.create_user("frank")
+        group = Group.objects.create(name="team")
+        other = ModelAlias.objects.create(public_id="other", backend=self.backend)
+        plan = Plan.objects.create(name="pro", all_aliases=False)
+        plan.users.add(erin, frank)
+        plan.groups.add(group)
+        plan.allowed_aliases.add(self.alias, other)
+        key, _ = ApiKey.objects.create_key("erins", owner=erin, all_aliases=False)
+        key.allowed_aliases.add(self.alias, other)
+        client = Client()
+        client.force_login(self.admin)
+        deleted = client.post(f"/admin/auth/user/{erin.pk}/delete/", {"post": "yes"})
+        assert deleted.status_code == 302
+        group.delete()
+        other.delete()
+        owner = entries(key)[-2]
+        assert (owner.source, owner.actor_name) == ("admin", "root")
+        assert owner.changes == {"owner": {"before": "erin", "after": None}}
+        assert entries(key)[-1].changes == {
+            "allowed_aliases": {"before": ["other", "smollm2"], "after": ["smollm2"]}
+        }
+        assert [entry.changes for entry in entries(plan)[-3:]] == [
+            {"users": {"before": ["erin", "frank"], "after": ["frank"]}},
+            {"groups": {"before": ["team"], "after": []}},
+            {"allowed_aliases": {"before": ["other", "smollm2"], "after": ["smollm2"]}},
+        ]
+
     def test_a_change_rolled_back_leaves_no_entry_and_sends_nothing(self):
         sent = []
         audit_logged.connect(lambda entry, **kw: sent.append(entry), weak=False, dispatch_uid="t")
@@ -201,6 +231,26 @@ class SecretTests(AuditTestCase):
         assert created.changes["secret"] == {"before": None, "after": "(secret)"}
         assert changed.changes == {"secret": {"before": "(secret)", "after": "(secret)"}}
         assert cleared.changes == {"secret": {"before": "(secret)", "after": ""}}
+        assert SECRET not in self.all_entries_text()
+
+    def test_a_credential_in_a_backends_extra_headers(self):
+        # An Azure-style upstream takes its key in a header of the backend's options.
+        backend = Backend.objects.create(
+            name="azure", kind="openai", base_url="https://azure.test/v1",
+            options={"headers": {"api-key": SECRET}, "retries": 1},
+        )  # fmt: skip
+        backend.options = {"headers": {"api-key": SECRET + "-2", "x-team": "a"}, "retries": 1}
+        backend.save()
+        pk = backend.pk
+        backend.delete()
+        created, changed, deleted = entries(Backend(pk=pk))
+        masked = {"api-key": "(secret)"}
+        assert created.changes["options"]["after"] == {"headers": masked, "retries": 1}
+        assert changed.changes["options"] == {
+            "before": {"headers": masked, "retries": 1},
+            "after": {"headers": {**masked, "x-team": "(secret)"}, "retries": 1},
+        }
+        assert deleted.changes["options"]["before"]["headers"] == {**masked, "x-team": "(secret)"}
         assert SECRET not in self.all_entries_text()
 
     def test_a_keys_plaintext_and_hash(self):
