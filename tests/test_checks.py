@@ -214,6 +214,8 @@ def test_a_spool_folder_of_this_users_alone_passes(tmp_path):
     mine = tmp_path / "spool"
     mine.mkdir(mode=0o700)
     assert spool_reported(mine) == []
+    mine.chmod(0o755)  # others may read it, not write to it
+    assert spool_reported(mine) == []
     assert spool_reported(tmp_path / "made-when-needed") == []
     with override_settings(CHATPARITY={"SPOOL_DIR": None}):
         assert check_spool_dir() == []
@@ -222,10 +224,12 @@ def test_a_spool_folder_of_this_users_alone_passes(tmp_path):
 @pytest.mark.parametrize(
     ("make", "problem"),
     [
-        (lambda path: path.mkdir(mode=0o777) or path.chmod(0o777), "may be written to by other"),
+        (lambda path: path.mkdir() or path.chmod(0o760), "may be written to by other"),
+        (lambda path: path.mkdir() or path.chmod(0o706), "may be written to by other"),
+        (lambda path: path.mkdir() or path.chmod(0o777), "may be written to by other"),
         (lambda path: path.symlink_to(path.parent), "is a symlink"),
     ],
-    ids=["writable by others", "a symlink"],
+    ids=["writable by its group", "writable by any user", "writable by anyone", "a symlink"],
 )
 def test_a_spool_folder_others_may_write_or_point_elsewhere_is_a_warning(tmp_path, make, problem):
     spool = tmp_path / "spool"

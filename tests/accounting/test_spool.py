@@ -104,11 +104,55 @@ def test_rows_the_database_cannot_take_are_spooled_then_written_when_it_answers(
     assert ids == ["r0", "r1", "r2"]
 
 
-def test_a_spool_folder_others_may_write_to_is_refused(spool_dir):
-    spool_dir.mkdir(mode=0o777)
-    spool_dir.chmod(0o777)
-    with pytest.raises(PermissionError):
+# Modes by who else may write: each bit of the mask alone, and every bit.
+OTHERS_MAY_WRITE = pytest.mark.parametrize(
+    "mode", [0o760, 0o706, 0o777], ids=["its group", "any user", "anyone at all"]
+)
+
+
+@OTHERS_MAY_WRITE
+def test_a_spool_folder_others_may_write_to_is_refused(spool_dir, mode):
+    spool_dir.mkdir()
+    spool_dir.chmod(mode)
+    with pytest.raises(PermissionError, match="is not this user's alone"):
         spool.open_folder()
+
+
+def test_a_spool_folder_others_may_only_read_is_used(spool_dir):
+    spool_dir.mkdir()
+    spool_dir.chmod(0o755)
+    spool.keep([a_row("req-1")])
+    assert spool.count() == 1
+
+
+@OTHERS_MAY_WRITE
+def test_a_rows_file_others_may_write_to_is_never_appended_to(spool_dir, mode):
+    spool_dir.mkdir(mode=0o700)
+    planted = spool_dir / f"rows-{os.getpid()}.jsonl"
+    planted.touch()
+    planted.chmod(mode & 0o666)
+    with pytest.raises(PermissionError, match="is not this user's alone"):
+        spool.keep([a_row("req-1")])
+    assert planted.read_bytes() == b""
+
+
+@OTHERS_MAY_WRITE
+def test_a_journal_others_may_write_to_is_never_recovered(spool_dir, mode):
+    spool_dir.mkdir(mode=0o700)
+    planted = spool_dir / "journal-999999.jsonl"
+    planted.write_bytes(journal._begin_line(UsageRecord(request_id="req-planted")))
+    planted.chmod(mode & 0o666)
+    assert journal.recover() == 0
+    assert planted.exists()
+    assert not spool.pending()
+
+
+def test_a_journal_others_may_only_read_is_recovered(spool_dir):
+    spool_dir.mkdir(mode=0o700)
+    left = spool_dir / "journal-999999.jsonl"
+    left.write_bytes(journal._begin_line(UsageRecord(request_id="req-left")))
+    left.chmod(0o755)
+    assert journal.recover() == 1
 
 
 KILLED_WORKER = """
