@@ -23,16 +23,6 @@ def backend_class(kind: str) -> type[ChatBackend]:
     return cast("type[ChatBackend]", import_string(app_settings.BACKEND_CLASSES[kind]))
 
 
-def serves_chat(kind: str) -> bool:
-    """Whether backends of ``kind`` serve the chat endpoints (their class streams events)."""
-    return hasattr(backend_class(kind), "stream")
-
-
-def serves_embeddings(kind: str) -> bool:
-    """Whether backends of ``kind`` serve ``/v1/embeddings`` (their class embeds)."""
-    return hasattr(backend_class(kind), "embed")
-
-
 def config_errors(kind: str, base_url: str, options: Any) -> dict[str, str]:
     """What is wrong with a Backend row of ``kind``, by field (none: nothing), as the
     kind's class checks it (``check_base_url`` and ``check_options``, see

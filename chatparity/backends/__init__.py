@@ -37,4 +37,22 @@ def get_backend(row: Backend) -> ChatBackend:
     return backend
 
 
-__all__ = ["BackendConfig", "ChatBackend", "backend_class", "config_errors", "get_backend"]
+def serves_chat(row: Backend) -> bool:
+    """Whether the backend of ``row`` serves the chat endpoints (it streams events)."""
+    return hasattr(get_backend(row), "stream")
+
+
+def serves_embeddings(row: Backend) -> bool:
+    """Whether the backend of ``row`` serves ``/v1/embeddings`` (it embeds)."""
+    return hasattr(get_backend(row), "embed")
+
+
+__all__ = [
+    "BackendConfig",
+    "ChatBackend",
+    "backend_class",
+    "config_errors",
+    "get_backend",
+    "serves_chat",
+    "serves_embeddings",
+]

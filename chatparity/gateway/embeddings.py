@@ -22,10 +22,9 @@ from typing import Any
 from ..accounting.keys import Grant
 from ..accounting.ledger import Accounting
 from ..accounting.limits import Estimate
-from ..backends import get_backend
+from ..backends import get_backend, serves_embeddings
 from ..backends.base import EmbeddingBackend, current_caller
 from ..conf import app_settings
-from ..kinds import serves_embeddings
 from ..models import Endpoint, ModelAlias
 from ..protocol import errors
 from ..protocol.embeddings import (
@@ -91,7 +90,7 @@ async def _answer(
     """``request`` admitted on ``alias`` and embedded by its backend, or else by its
     fallbacks that embed, in order."""
     accounting.served_by(alias)
-    if not serves_embeddings(alias.backend.kind):
+    if not serves_embeddings(alias.backend):
         raise errors.not_an_embedding_model(alias.public_id)
     estimate = Estimate(counted_tokens(request), 0)
     await accounting.reserve(alias, estimate)

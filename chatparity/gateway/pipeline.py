@@ -34,11 +34,10 @@ from ..accounting import keys, limits
 from ..accounting.keys import Grant
 from ..accounting.ledger import Accounting
 from ..accounting.record import UsageRecord
-from ..backends import ChatBackend, get_backend
+from ..backends import ChatBackend, get_backend, serves_chat
 from ..backends.base import current_caller
 from ..conf import app_settings
-from ..kinds import serves_chat
-from ..models import ModelAlias
+from ..models import Backend, ModelAlias
 from ..protocol import errors
 from ..protocol.completion import CompletionAccumulator
 from ..protocol.errors import APIError
@@ -626,7 +625,7 @@ async def _begin(
     """
     fallbacks = list(alias.fallbacks)
     accounting.served_by(alias)
-    if not serves_chat(alias.backend.kind):
+    if not serves_chat(alias.backend):
         raise errors.not_a_chat_model(alias.public_id)
     chat = await accounting.admit(alias, _as_served_by(alias, requested))
     current_caller.set(accounting.caller)  # in this request's task: its backends see it
@@ -702,16 +701,16 @@ def _max_n(alias: ModelAlias) -> int:
 
 
 async def first_usable(
-    public_ids: list[str], grant: Grant | None, serves: Callable[[str], bool] = serves_chat
+    public_ids: list[str], grant: Grant | None, serves: Callable[[Backend], bool] = serves_chat
 ) -> ModelAlias | None:
     """Pop ``public_ids`` up to the first alias that exists, ``grant`` may use and
-    ``serves`` the endpoint (given its backend's kind)."""
+    ``serves`` the endpoint (given its backend's row)."""
     while public_ids:
         try:
             alias = await _resolve(public_ids.pop(0), grant)
         except APIError:
             continue
-        if serves(alias.backend.kind):
+        if serves(alias.backend):
             return alias
     return None
 
