@@ -23,6 +23,28 @@ class UTCDateTimeField(forms.DateTimeField):
             return super().to_python(value)
 
 
+class AliasesField(forms.ModelMultipleChoiceField):
+    """Aliases by id; an id past what a database integer holds is refused as any id not
+    offered (Django's ``pk__in`` look-up of it is an error on SQLite, not no rows)."""
+
+    def _check_values(self, value: Any) -> Any:
+        for pk in value:
+            if _past_any_id(pk):
+                raise forms.ValidationError(
+                    self.error_messages["invalid_choice"],
+                    code="invalid_choice",
+                    params={"value": pk},
+                )
+        return super()._check_values(value)
+
+
+def _past_any_id(pk: Any) -> bool:
+    try:
+        return abs(int(pk)) >= 2**63
+    except (TypeError, ValueError):
+        return False  # not a number: the field's own message
+
+
 class NewKeyForm(forms.Form):
     """A key's name, its expiry and its aliases, among those the user's plan allows."""
 
@@ -33,7 +55,7 @@ class NewKeyForm(forms.Form):
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
         help_text="Blank: never.",
     )
-    aliases = forms.ModelMultipleChoiceField(
+    aliases = AliasesField(
         queryset=ModelAlias.objects.none(),
         required=False,
         widget=forms.CheckboxSelectMultiple,
@@ -43,7 +65,7 @@ class NewKeyForm(forms.Form):
     def __init__(self, *args: Any, plan: Plan, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         field = self.fields["aliases"]
-        assert isinstance(field, forms.ModelMultipleChoiceField)
+        assert isinstance(field, AliasesField)
         field.queryset = plan.usable_aliases().order_by("public_id")
 
     def clean_expires_at(self) -> datetime.datetime | None:
