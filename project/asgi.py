@@ -1,6 +1,5 @@
 """ASGI entry point: ``uvicorn project.asgi:application --lifespan off`` (or daphne)."""
 
-import gc
 import os
 
 from channels.auth import AuthMiddlewareStack
@@ -14,7 +13,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 # a production deployment serves them from STATIC_ROOT in front of the workers.
 http = ASGIStaticFilesHandler(get_asgi_application())  # also sets Django up
 
-from chatparity.asgi import FastPath  # noqa: E402
+from chatparity.asgi import FastPath, tune_gc_for_serving  # noqa: E402
 from chatparity.dashboard.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -27,7 +26,5 @@ application = ProtocolTypeRouter(
     }
 )
 
-# What start-up loaded (Django, the apps, the URLconf) lives as long as the
-# process: out of the garbage collector's way, full collections stop rescanning
-# it (they took about 60 ms each under load).
-gc.freeze()
+# What start-up loaded lives as long as the process: frozen, out of the collector's way.
+tune_gc_for_serving()

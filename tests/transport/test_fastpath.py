@@ -7,13 +7,16 @@ from unittest import mock
 
 import orjson
 from asgiref.sync import sync_to_async
+from django.core.asgi import get_asgi_application
 from django.test import modify_settings, override_settings
+from django.urls import clear_url_caches, get_resolver
 
 from chatparity.accounting import inserts
-from chatparity.models import ApiKey, RequestLog
+from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.signals import request_logged
+from chatparity.transport.fastpath import FastPath
 from tests.asgi import FastPathTestCase, reply_body
-from tests.scripted import SCRIPTED
+from tests.scripted import SCRIPTED, ScriptedBackend
 
 # The production settings of SecurityMiddleware, behind a proxy that says the scheme.
 HTTPS = {
@@ -61,6 +64,67 @@ class FastPathTests(FastPathTestCase):
         assert frames[-2:] == [b"data: [DONE]", b""]
         pieces = [orjson.loads(frame[6:])["choices"][0]["delta"] for frame in frames[:-2]]
         assert "".join(piece.get("content") or "" for piece in pieces) == "Hello there"
+
+    async def test_frames_ready_together_go_in_one_message_with_the_end(self):
+        communicator = self.communicator("POST", "/v1/chat/completions")
+        body = orjson.dumps(self.request(stream=True))
+        await communicator.send_input({"type": "http.request", "body": body})
+        assert (await communicator.receive_output(timeout=10))["status"] == 200
+        only = await communicator.receive_output(timeout=10)  # one write, not five
+        assert not only.get("more_body")
+        assert only["body"].count(b"data: ") == 5  # role, two pieces, finisher, [DONE]
+        assert only["body"].endswith(b"data: [DONE]\n\n")
+        await communicator.wait(timeout=10)
+
+    async def test_no_frame_waits_for_the_next(self):
+        await self.hanging_alias()
+        communicator = self.communicator("POST", "/v1/chat/completions")
+        body = self.request(model="hangs", stream=True)
+        await communicator.send_input({"type": "http.request", "body": orjson.dumps(body)})
+        assert (await communicator.receive_output(timeout=10))["status"] == 200
+        sent = await communicator.receive_output(timeout=10)  # while the backend hangs
+        assert sent["more_body"]
+        assert b'"content":"Once"' in sent["body"]
+        assert ScriptedBackend.hanging == 1
+        await communicator.send_input({"type": "http.disconnect"})
+        await communicator.wait(timeout=10)
+        assert ScriptedBackend.hanging == 0
+        row = await RequestLog.objects.aget()
+        assert (row.cancelled, row.completion_tokens) == (True, 1)
+
+    async def test_a_client_gone_while_the_next_frame_is_awaited_stops_the_backend(self):
+        # The frames ready go out when the stream must wait: the client is gone by then,
+        # and the step left waiting is unwound as its task would have unwound it.
+        await self.hanging_alias()
+        request = orjson.dumps(self.request(model="hangs", stream=True))
+        messages = [{"type": "http.request", "body": request}]
+        sent = []
+
+        async def receive():
+            if messages:
+                return messages.pop()
+            await asyncio.Event().wait()  # no disconnect: the send fails instead
+
+        async def send(message):
+            if message.get("more_body"):
+                raise OSError("the client is gone")
+            sent.append(message)
+
+        scope = self.communicator("POST", "/v1/chat/completions").scope
+        await asyncio.wait_for(self.application(scope, receive, send), timeout=10)
+        assert [message["type"] for message in sent] == ["http.response.start"]
+        assert ScriptedBackend.hanging == 0
+        row = await RequestLog.objects.aget()
+        assert (row.cancelled, row.completion_tokens) == (True, 1)
+
+    def request(self, **body):
+        return {"model": "echo", "messages": [{"role": "user", "content": "Hi"}], **body}
+
+    async def hanging_alias(self):
+        backend = await Backend.objects.acreate(
+            name="hangs", kind="scripted", options={"script": ["Once", "<hang>"]}
+        )
+        await ModelAlias.objects.acreate(public_id="hangs", backend=backend)
 
     async def test_every_request_leaves_its_log_row(self):
         await self.ask(stream=True)
@@ -151,6 +215,13 @@ class FastPathTests(FastPathTestCase):
         start, content, _ = await self.exchange("GET", "/gw/v1/models", root_path="/gw")
         assert start["status"] == 200
         assert orjson.loads(content)["object"] == "list"
+
+    def test_the_urlconf_is_loaded_when_the_fast_path_is_made_not_by_a_request(self):
+        # So that what a site freezes after start-up (tune_gc_for_serving) includes it.
+        clear_url_caches()
+        assert "url_patterns" not in vars(get_resolver())
+        FastPath(get_asgi_application())
+        assert "url_patterns" in vars(get_resolver())
 
     async def test_other_requests_go_to_django(self):
         start, content, _ = await self.exchange("GET", "/admin/login/", headers=[])
