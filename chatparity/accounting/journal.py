@@ -243,6 +243,10 @@ def recover(folder: spool.Folder | None = None) -> int:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:  # its process is alive
                 continue
+            # Since it was opened, another process recovered it, or its live process
+            # compacted it (a new file under its name) and let go of this one.
+            if not folder.names_file(name, descriptor):
+                continue
             with open(descriptor, "rb", closefd=False) as file:
                 rows = interrupted_rows(file.read())
             if rows:

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from decimal import Decimal
 from pathlib import Path
 from unittest import mock
@@ -26,6 +25,7 @@ from chatparity.protocol.events import Usage
 from tests import services
 from tests.asgi import ask_fast_path as ask
 from tests.scripted import SCRIPTED
+from tests.support.waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -169,9 +169,6 @@ streaming.alias, streaming.backend, streaming.stream = "echo", "scripted", True
 streaming.endpoint = "responses"
 journal.begin(streaming)
 streaming.completion_id, streaming.completion_tokens_sent = "chatcmpl-k", 7
-done = UsageRecord(request_id="req-done", key_prefix="sk-cp-abcd")
-journal.begin(done)
-journal.end("req-done")
 print("serving", flush=True)
 time.sleep(60)
 """
@@ -188,25 +185,112 @@ def test_the_requests_a_killed_worker_had_in_flight_become_interrupted_rows(spoo
     )
     try:
         assert worker.stdout.readline() == b"serving\n"
-        time.sleep(journal.PROGRESS_SECONDS + 0.5)  # its tokens so far are noted
-        assert journal.recover() == 0  # alive: its requests are its own
+        [its_journal] = spool_dir.glob("journal-*")
+        asyncio.run(until(lambda: b'"completion_tokens":7' in its_journal.read_bytes()))
     finally:
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=10)
 
     assert journal.recover() == 1
-    assert list(spool_dir.glob("journal-*")) == []
     assert spool.drain() == 1
     row = RequestLog.objects.get()
-    assert (row.request_id, row.completion_id, row.key_prefix) == (
+    assert (row.request_id, row.endpoint, row.key_prefix) == (
         "req-killed",
-        "chatcmpl-k",
+        "responses",
         "sk-cp-abcd",
     )
-    assert (row.status_code, row.error_code, row.completion_tokens) == (500, "interrupted", 7)
-    assert row.usage_counted
-    assert (row.alias, row.stream, row.client_ip) == ("echo", True, "::1")
-    assert row.endpoint == "responses"
+    assert (row.status_code, row.error_type, row.error_code) == (500, "server_error", "interrupted")
+    assert (row.completion_id, row.completion_tokens, row.total_tokens) == ("chatcmpl-k", 7, 7)
+    assert row.usage_counted  # the tokens it sent, as the gateway counted them
+    assert (row.alias, row.backend, row.stream, row.client_ip) == ("echo", "scripted", True, "::1")
+
+
+def in_flight(request_id):
+    return UsageRecord(request_id=request_id, key_prefix="sk-cp-abcd")
+
+
+def left_by_a_killed_worker(spool_dir, live):
+    """The journal ``live``'s worker would leave if killed now: its lines as they are,
+    under the name of a process that is gone, locked by no one."""
+    left = spool_dir / "journal-999999.jsonl"
+    left.write_bytes((spool_dir / live.name).read_bytes())
+    left.chmod(0o600)
+    return left
+
+
+def test_a_live_workers_requests_are_its_own(spool_dir):
+    spool_dir.mkdir(mode=0o700)
+    live = journal.Journal(spool.open_folder())
+    live.begin(in_flight("req-streaming"))
+    assert journal.recover() == 0
+    assert (spool_dir / live.name).exists()
+    assert not spool.pending()
+
+
+def test_a_live_workers_requests_are_its_own_while_it_compacts_its_journal(spool_dir):
+    # A recoverer opened the journal; the worker then compacted it (a new file under its
+    # name) and closed the old one, whose lock a recoverer could now take.
+    spool_dir.mkdir(mode=0o700)
+    with mock.patch.object(journal, "COMPACT_BYTES", 2000):
+        live = journal.Journal(spool.open_folder())
+        live.begin(in_flight("req-streaming"))
+        first = (spool_dir / live.name).stat().st_ino
+
+        class CompactedMeanwhile(spool.Folder):
+            def open(self, name, flags):
+                descriptor = super().open(name, flags)
+                for index in range(20):
+                    live.begin(in_flight(f"req-{index}"))
+                assert (spool_dir / live.name).stat().st_ino != first  # compacted
+                return descriptor
+
+        folder = spool.open_folder()
+        assert journal.recover(CompactedMeanwhile(folder.path, folder.descriptor)) == 0
+    assert (spool_dir / live.name).exists()
+    assert not spool.pending()
+
+
+def test_a_request_whose_row_was_written_leaves_no_interrupted_row(spool_dir):
+    spool_dir.mkdir(mode=0o700)
+    live = journal.Journal(spool.open_folder())
+    live.begin(in_flight("req-done"))
+    live.begin(in_flight("req-streaming"))
+    live.end("req-done")
+    left_by_a_killed_worker(spool_dir, live)
+    assert journal.recover() == 1
+    [spooled] = spool_dir.glob("rows-*")
+    assert spool.decode(spooled.read_bytes()).request_id == "req-streaming"
+
+
+def test_a_recovered_journal_is_deleted_and_never_recovered_again(spool_dir):
+    spool_dir.mkdir(mode=0o700)
+    live = journal.Journal(spool.open_folder())
+    live.begin(in_flight("req-streaming"))
+    left = left_by_a_killed_worker(spool_dir, live)
+    assert journal.recover() == 1
+    assert not left.exists()
+    assert journal.recover() == 0
+    assert spool.count() == 1
+
+
+def test_a_journal_two_workers_recover_at_once_is_recovered_once(spool_dir):
+    spool_dir.mkdir(mode=0o700)
+    live = journal.Journal(spool.open_folder())
+    live.begin(in_flight("req-streaming"))
+    left = left_by_a_killed_worker(spool_dir, live)
+
+    class RecoveredMeanwhile(spool.Folder):
+        """A recoverer that opened the journal, then another took it whole."""
+
+        def open(self, name, flags):
+            descriptor = super().open(name, flags)
+            if name == left.name:
+                assert journal.recover() == 1
+            return descriptor
+
+    folder = spool.open_folder()
+    assert journal.recover(RecoveredMeanwhile(folder.path, folder.descriptor)) == 0
+    assert spool.count() == 1
 
 
 def test_a_request_that_ends_while_its_progress_is_noted_stays_ended(spool_dir):
