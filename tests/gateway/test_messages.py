@@ -246,6 +246,7 @@ class ErrorTests(MessagesTestCase):
         body = {"model": "broken", "max_tokens": 5, "messages": HI}
         # The scripted backend says "Hel" first: without streaming, the failure is the answer.
         message, headers = await self.assert_error(502, "api_error", body=body)
+        assert message == "upstream refused"
         row = await RequestLog.objects.aget(request_id=headers["request-id"])
         assert row.status_code == 502
 
