@@ -20,7 +20,7 @@ from .. import signals
 from ..models import ModelAlias, RequestLog
 from ..protocol import errors
 from ..protocol.errors import APIError
-from ..protocol.events import Event, Finish, TextDelta, ToolCallDelta, Usage
+from ..protocol.events import Event, Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from ..protocol.request import ChatRequest
 from . import journal, limits
 from .limits import Admission
@@ -168,7 +168,7 @@ class Accounting:
 
     def observe(self, event: Event) -> None:
         record = self.record
-        if isinstance(event, TextDelta | ToolCallDelta):
+        if isinstance(event, TextDelta | ToolCallDelta | ReasoningDelta):  # thinking is output
             if record.first_token_at is None:
                 record.first_token_at = time.perf_counter()
             record.completion_tokens_sent += event.tokens

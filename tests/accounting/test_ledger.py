@@ -15,6 +15,7 @@ from chatparity.accounting.ledger import Accounting
 from chatparity.accounting.record import UsageRecord
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.errors import APIError
+from chatparity.protocol.events import ReasoningDelta, TextDelta
 from chatparity.protocol.request import parse_chat_request
 from chatparity.signals import request_logged
 from chatparity.transport.fastpath import FastPath
@@ -183,3 +184,11 @@ class OverheadHeaderTests(UpstreamTestCase):
         )
         processing, overhead = self.times(response)
         assert abs(processing - overhead) <= 0.5
+
+
+def test_thinking_is_output_the_first_token_and_the_tokens_sent():
+    accounting = Accounting(UsageRecord(request_id="req-thinking"))
+    accounting.observe(ReasoningDelta(0, "Let me see", tokens=3))
+    assert accounting.record.first_token_at is not None
+    accounting.observe(TextDelta(0, "Hi"))
+    assert accounting.record.completion_tokens_sent == 4
