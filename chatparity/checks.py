@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import DEFAULT_CACHE_ALIAS
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DatabaseError
@@ -370,6 +371,27 @@ def check_spool_dir(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
             " may not write to either; or leave SPOOL_DIR unset (a folder named by a keyed"
             " hash in the temporary directory).",
             id="chatparity.W070",
+        )
+    ]
+
+
+@register()
+def check_counters(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Limits and budgets count in Redis (``REDIS_URL``) or the default cache: a cache that
+    keeps nothing (Django's dummy cache) counts nothing."""
+    if not isinstance(getattr(settings, "CHATPARITY", {}), dict):
+        return []  # chatparity.E001 says so
+    backend = settings.CACHES.get(DEFAULT_CACHE_ALIAS, {}).get("BACKEND", "")
+    if app_settings.REDIS_URL or backend != "django.core.cache.backends.dummy.DummyCache":
+        return []
+    return [
+        Warning(
+            "The default cache is Django's dummy cache and CHATPARITY['REDIS_URL'] is not set:"
+            " rate limits and budgets (a key's, a plan's) cannot be counted, so limited keys"
+            " are served unchecked (refused with LIMITS_WHEN_UNAVAILABLE 'closed').",
+            hint="Set CHATPARITY['REDIS_URL'], or a default cache every worker shares (Redis,"
+            " memcached; local memory for one process).",
+            id="chatparity.W080",
         )
     ]
 

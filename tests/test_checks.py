@@ -12,6 +12,7 @@ from chatparity.backends.command import parse_declaration
 from chatparity.checks import (
     check_commands,
     check_cors_origins,
+    check_counters,
     check_embedding_model,
     check_hosted_tools,
     check_responses_retention,
@@ -264,3 +265,16 @@ def test_a_bound_of_stored_responses_that_is_not_a_positive_integer_is_an_error(
         assert "chatparity.E052" in {message.id for message in run_checks()}
     assert message.id == "chatparity.E052"
     assert f"{{'CHAIN': {bound!r}}}" in message.msg
+
+
+DUMMY_CACHE = {"default": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}}
+
+
+def test_a_cache_that_keeps_nothing_and_no_redis_is_a_warning():
+    with override_settings(CACHES=DUMMY_CACHE, CHATPARITY={}):
+        (message,) = check_counters()
+        assert "chatparity.W080" in {message.id for message in run_checks()}
+    assert "rate limits and budgets" in message.msg
+    with override_settings(CACHES=DUMMY_CACHE, CHATPARITY={"REDIS_URL": "redis://x"}):
+        assert check_counters() == []
+    assert check_counters() == []  # the tests' own cache keeps what it is given

@@ -759,10 +759,15 @@ async def _reserve(
     The charges reserved and the completion limit of a choice (when cut); None: the
     store is unavailable and the policy serves the request unreserved (else its 503)."""
     store = admission.store
+    seeded: set[str] = set()
     try:
         while True:
             refusal, values = await store.reserve(changes(charges), lease)
             if refusal is not None and refusal.unseeded:
+                counter = charges[refusal.index].counter
+                if counter in seeded:
+                    raise _keeps_nothing(counter)
+                seeded.add(counter)
                 await _seed(store, admission.key, charges[refusal.index])
                 continue
             if refusal is None or refusal.index < 0:
@@ -994,14 +999,9 @@ async def stored_bytes(key_id: int, count: Callable[[], Awaitable[int]]) -> int 
     ``count()`` (what the database holds) when the counters have no count, or an hour
     old, then moved by :func:`count_stored`. None while the counters cannot be reached
     (logged): the bound it serves is not checked then."""
-    store = counters()
     change = Change(f"cp:stored:{key_id}", 0, None, STORED_TTL, seeded=True)
     try:
-        while True:
-            refusal, values = await store.reserve([change], None)
-            if refusal is None:
-                return values[0]
-            await store.seed(change.counter, await count(), STORED_TTL)
+        return await _seeded_value(counters(), change, count)
     except Unavailable as exc:
         _outage_log.warning("chatparity: stored bytes not checked (counters unavailable): %s", exc)
         return None
@@ -1065,11 +1065,26 @@ async def _budget_used(store: Counters, key: ApiKey | None, budget: Budget) -> i
     """What ``budget``'s counter holds, seeded from the log (or the rollups) only when it
     has none: a page showing what is left sums no month of rows while the counter lives."""
     change = Change(budget.counter, 0, None, budget.ttl, seeded=True)
-    while True:
+    return await _seeded_value(store, change, lambda: _spent(key, budget))
+
+
+async def _seeded_value(
+    store: Counters, change: Change, count: Callable[[], Awaitable[int]]
+) -> int:
+    """What the counter of ``change`` (an amount of 0) holds, seeded with ``count()`` when
+    it has none; :class:`Unavailable` if it still has none after that."""
+    for _ in range(2):
         refusal, values = await store.reserve([change], None)
         if refusal is None:
             return values[0]
-        await store.seed(budget.counter, await _spent(key, budget), budget.ttl)
+        await store.seed(change.counter, await count(), change.ttl)
+    raise _keeps_nothing(change.counter)
+
+
+def _keeps_nothing(counter: str) -> Unavailable:
+    """A counter seeded that is still missing: a store that keeps nothing (Django's dummy
+    cache) would have the request seed it again from the database for ever."""
+    return Unavailable(f"the counters keep nothing ({counter} is gone once seeded)")
 
 
 def _key_scope(key: ApiKey) -> str:

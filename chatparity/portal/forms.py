@@ -23,19 +23,19 @@ class UTCDateTimeField(forms.DateTimeField):
             return super().to_python(value)
 
 
-class AliasesField(forms.ModelMultipleChoiceField):
+class AliasesField(forms.ModelMultipleChoiceField):  # type: ignore[type-arg]
     """Aliases by id; an id past what a database integer holds is refused as any id not
     offered (Django's ``pk__in`` look-up of it is an error on SQLite, not no rows)."""
 
-    def _check_values(self, value: Any) -> Any:
-        for pk in value:
+    def clean(self, value: Any) -> Any:
+        for pk in value if isinstance(value, list | tuple) else ():
             if _past_any_id(pk):
                 raise forms.ValidationError(
                     self.error_messages["invalid_choice"],
                     code="invalid_choice",
                     params={"value": pk},
                 )
-        return super()._check_values(value)
+        return super().clean(value)
 
 
 def _past_any_id(pk: Any) -> bool:

@@ -657,6 +657,41 @@ class RedisAwayTests(LimitTestCase):
             ]
 
 
+class NothingKeptTests(LimitTestCase):
+    """A default cache that keeps nothing (Django's dummy cache) and no Redis: a budget's
+    counter, seeded from the log, is gone at once. A request is served unchecked (open) or
+    refused (closed), as when the counters are away; before, it seeded the counter from
+    the database again and again, for ever."""
+
+    def nothing_kept(self, policy):
+        dummy = {"default": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}}
+        chatparity = {**SCRIPTED, "LIMITS_WHEN_UNAVAILABLE": policy}
+        return override_settings(CACHES=dummy, CHATPARITY=chatparity)
+
+    async def test_a_budgeted_key_is_answered_as_the_policy_says(self):
+        await self.limit(token_budget=100)
+        for policy, status in (("open", 200), ("closed", 503)):
+            with self.nothing_kept(policy):
+                response = await asyncio.wait_for(self.ask(), 10)
+            assert response.status_code == status, policy
+
+    async def test_what_is_left_is_unknown_not_waited_for(self):
+        await self.limit(token_budget=100)
+        with self.nothing_kept("open"):
+            key = await ApiKey.objects.aget(pk=self.key.pk)
+            rows = await asyncio.wait_for(limits.standing(key), 10)
+        assert rows == [("usage", "unknown", "its limits (the counters are unavailable)")]
+
+    async def test_the_bytes_a_key_stores_are_not_checked(self):
+        with self.nothing_kept("open"), self.assertLogs("chatparity.accounting.limits") as logs:
+            counted = await asyncio.wait_for(limits.stored_bytes(self.key.pk, self.count), 10)
+        assert counted is None
+        assert "stored bytes not checked" in logs.output[0]
+
+    async def count(self):
+        return 0
+
+
 def test_a_reserved_counter_expires_with_its_window(redis_url):
     from redis import Redis
 
