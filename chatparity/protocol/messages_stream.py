@@ -6,7 +6,11 @@
 ``content_block_start``, its deltas (``thinking_delta``, ``text_delta``,
 ``input_json_delta``) and ``content_block_stop``, then ``message_delta`` (the
 stop reason and the cumulative usage) and ``message_stop``. A block ends when
-the next begins, or the choice finishes. The non-stream object is
+the next begins, or the choice finishes. A tool use's input is sent whole, as
+one ``input_json_delta`` when its block ends: a backend's arguments may not be
+a JSON object (cut short, or not JSON at all), and a client joins the deltas
+into the object Anthropic promises; calls a backend streams side by side are
+sent one after the other. The non-stream object is
 :meth:`MessageEncoder.message` once every event was encoded: the very blocks
 the stream carried, so the two cannot disagree.
 """
@@ -87,6 +91,9 @@ class _Block:
             return {"type": "thinking", "thinking": "", "signature": ""}
         return {"type": "tool_use", "id": self.id, "name": self.name, "input": {}}
 
+    def start_event(self) -> dict[str, Any]:
+        return {"type": "content_block_start", "index": self.index, "content_block": self.start()}
+
     def value(self) -> dict[str, Any]:
         """The block as the message holds it."""
         text = "".join(self.fragments)
@@ -134,6 +141,7 @@ class MessageEncoder:
         self._blocks: list[_Block] = []
         self._current: _Block | None = None
         self._calls: dict[int, _Block] = {}
+        self._waiting: list[_Block] = []  # calls begun while another's block is open
         self._reason: str | None = None
         self._stop_sequence: str | None = None
         self._usage: Usage | None = None
@@ -213,12 +221,7 @@ class MessageEncoder:
         self._current = block
         if not self._streaming:
             return events
-        start = {
-            "type": "content_block_start",
-            "index": block.index,
-            "content_block": block.start(),
-        }
-        return [*events, start]
+        return [*events, block.start_event()]
 
     def _delta(
         self, kind: Literal["thinking", "text"], text: str, tokens: int
@@ -247,16 +250,15 @@ class MessageEncoder:
         if block is None:
             block = _Block(len(self._blocks), "tool_use", id=delta.id or "", name=delta.name or "")
             self._calls[delta.call_index] = block
-            events = self._open(block)
-        if not delta.arguments:
-            return events
-        block.fragments.append(delta.arguments)
-        if self._streaming:
-            # A fragment of an earlier call (calls interleaved) goes to that call's block.
-            json_delta = {"type": "input_json_delta", "partial_json": delta.arguments}
-            events.append(
-                {"type": "content_block_delta", "index": block.index, "delta": json_delta}
-            )
+            current = self._current
+            if current is not None and current.kind == "tool_use":
+                self._blocks.append(block)  # sent once the open call's block ends
+                self._waiting.append(block)
+            else:
+                events = self._open(block)
+        if block is self._current or block in self._waiting:
+            # Else its input was sent (text came between): what the stream said stands.
+            block.fragments.append(delta.arguments)
         return events
 
     def _finish(self, finish: Finish) -> list[dict[str, Any]]:
@@ -266,6 +268,23 @@ class MessageEncoder:
 
     def _close_current(self) -> list[dict[str, Any]]:
         block, self._current = self._current, None
+        waiting, self._waiting = self._waiting, []
         if block is None or not self._streaming:
             return []
-        return [{"type": "content_block_stop", "index": block.index}]
+        if block.kind != "tool_use":
+            return [{"type": "content_block_stop", "index": block.index}]
+        events: list[dict[str, Any]] = []
+        for call in (block, *waiting):
+            if call is not block:
+                events.append(call.start_event())
+            given = call.value()["input"]
+            if given:
+                json_delta = {
+                    "type": "input_json_delta",
+                    "partial_json": orjson.dumps(given).decode(),
+                }
+                events.append(
+                    {"type": "content_block_delta", "index": call.index, "delta": json_delta}
+                )
+            events.append({"type": "content_block_stop", "index": call.index})
+        return events

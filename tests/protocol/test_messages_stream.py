@@ -179,6 +179,54 @@ def test_parallel_calls_are_blocks_in_order():
     assert [block["id"] for block in enc.message()["content"]] == ["toolu_golden", "toolu_2"]
 
 
+@pytest.mark.parametrize(
+    ("arguments", "finish", "expected"),
+    [
+        (['{"city": ', '"Pa'], "length", {}),  # cut short by max_tokens
+        (["not ", "json"], "tool_calls", {}),
+        (["[1, 2]"], "tool_calls", {}),
+        (['{"city": ', '"Paris"}'], "tool_calls", {"city": "Paris"}),
+    ],
+)
+def test_a_calls_input_json_deltas_join_into_the_object_of_the_message(arguments, finish, expected):
+    """Whatever a backend's arguments are, the deltas a client joins are the JSON object
+    the message holds: the real SDK reads them without raising."""
+    calls = [
+        ToolCallDelta(0, 0, "", id="toolu_1", name="get_weather"),
+        *(ToolCallDelta(0, 0, fragment) for fragment in arguments),
+    ]
+    events, enc = events_of([*calls, Finish(0, finish), USAGE])
+    joined = "".join(
+        event["delta"]["partial_json"] for event in events if event["type"] == "content_block_delta"
+    )
+    assert tool_input(joined) == expected == enc.message()["content"][0]["input"]
+    assert read_by_the_sdk(b"".join(map(sse_event, events))).to_dict() == enc.message()
+
+
+def test_calls_streamed_side_by_side_are_blocks_one_after_the_other():
+    """Each block is started, given its input and stopped before the next starts."""
+    interleaved = [
+        ToolCallDelta(0, 0, "", id="toolu_a", name="a"),
+        ToolCallDelta(0, 1, "", id="toolu_b", name="b"),
+        ToolCallDelta(0, 0, '{"x": '),
+        ToolCallDelta(0, 1, '{"y": '),
+        ToolCallDelta(0, 0, "1}"),
+        ToolCallDelta(0, 1, "2}"),
+    ]
+    events, enc = events_of([*interleaved, Finish(0, "tool_calls"), USAGE])
+    blocks = [(e["type"], e["index"]) for e in events if e["type"].startswith("content_block")]
+    assert blocks == [
+        ("content_block_start", 0),
+        ("content_block_delta", 0),
+        ("content_block_stop", 0),
+        ("content_block_start", 1),
+        ("content_block_delta", 1),
+        ("content_block_stop", 1),
+    ]
+    assert [block["input"] for block in enc.message()["content"]] == [{"x": 1}, {"y": 2}]
+    assert read_by_the_sdk(b"".join(map(sse_event, events))).to_dict() == enc.message()
+
+
 def test_an_empty_answer_has_no_blocks():
     events, enc = events_of([Finish(0, "stop"), USAGE])
     assert types(events) == ["message_start", "message_delta", "message_stop"]
