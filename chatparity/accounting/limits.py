@@ -59,7 +59,7 @@ from ..conf import app_settings
 from ..models import ApiKey, DailyKeyUsage, ModelAlias, Plan, RequestLog
 from ..protocol.errors import APIError
 from ..protocol.request import ChatRequest
-from ..protocol.tokens import approximate_prompt_tokens
+from ..protocol.tokens import approximate_request_tokens
 from .batching import OncePerInterval, PerLoop
 
 logger = logging.getLogger(__name__)
@@ -575,8 +575,9 @@ class Estimate:
 
     @classmethod
     def of(cls, chat: ChatRequest, alias: ModelAlias) -> Estimate:
-        """The prompt (approximated) and, for each choice, ``max_tokens`` or the cap."""
-        prompt = approximate_prompt_tokens(chat.messages)
+        """The prompt (approximated, its tools and calls too) and, for each choice,
+        ``max_tokens`` or the cap."""
+        prompt = approximate_request_tokens(chat)
         if chat.max_tokens is not None:
             return cls(prompt, chat.max_tokens * chat.n, chat.n)
         return cls(prompt, completion_cap(alias) * chat.n, chat.n, fits=True)

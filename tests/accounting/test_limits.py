@@ -189,6 +189,30 @@ class BudgetTests(LimitTestCase):
         assert (await self.ask(max_tokens=2)).status_code == 200  # $0.005 spent, $0.008 fits
         assert (await self.ask(max_tokens=2)).status_code == 429  # $0.010 spent, $0.008 not
 
+    async def test_tools_calls_and_schemas_are_reserved_as_the_prompt_they_are(self):
+        # A "Hi" carrying 40,000 characters of tool schema, of a call's arguments, or of a
+        # format's schema: a backend is given all of it (an upstream bills it), so it is
+        # reserved as ~10,000 prompt tokens, not the 4 of "Hi".
+        await self.limit(token_budget=5000)
+        big = {"type": "object", "description": "x" * 40_000}
+        tool = {"type": "function", "function": {"name": "f", "parameters": big}}
+        call = {
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "f", "arguments": "1" * 40_000},
+        }
+        history = [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        ]
+        schema = {"type": "json_schema", "json_schema": {"name": "s", "schema": big}}
+        for body in ({"tools": [tool]}, {"messages": history}, {"response_format": schema}):
+            refused = await self.ask(max_tokens=2, **body)
+            assert refused.status_code == 429, body
+            assert refused.json()["error"]["code"] == "insufficient_quota"
+        assert (await self.ask(max_tokens=2)).status_code == 200
+
 
 class StandingTests(LimitTestCase):
     async def test_the_key_admin_shows_usage_against_each_limit(self):
