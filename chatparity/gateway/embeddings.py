@@ -55,12 +55,11 @@ logger = logging.getLogger(__name__)
 
 @endpoint("POST")
 async def embeddings(call: Call) -> Reply:
-    return await serve(call, _embed)
+    return await serve(call, _embed, logged_as=Endpoint.EMBEDDINGS)
 
 
 async def _embed(body: Any, accounting: Accounting, grant: Grant) -> Reply:
     record = accounting.record
-    record.endpoint = Endpoint.EMBEDDINGS
     record.request_body = body
     record.body = None  # the answer is vectors: never logged
     try:

@@ -80,7 +80,11 @@ def error_reply(error: APIError, call: Call) -> Reply:
 @endpoint("POST", answer_error=error_reply)
 async def create_message(call: Call) -> Reply:
     reply = await respond(
-        call, _messages_request, authenticate=_authenticate, answer_error=error_reply
+        call,
+        _messages_request,
+        authenticate=_authenticate,
+        answer_error=error_reply,
+        logged_as=Endpoint.MESSAGES,
     )
     reply.headers["request-id"] = call.request_id
     return reply
@@ -89,12 +93,10 @@ async def create_message(call: Call) -> Reply:
 async def _messages_request(
     body: Any, accounting: Accounting, grant: Grant
 ) -> tuple[ChatRequest, Wire]:
-    record = accounting.record
-    record.endpoint = Endpoint.MESSAGES
     requested = parse_messages_request(body, _limits())
     chat = as_chat_request(requested, _limits())
     accounting.requested(chat, body)
-    return chat, MessagesWire(requested, chat, record)
+    return chat, MessagesWire(requested, chat, accounting.record)
 
 
 class MessagesWire(Wire):

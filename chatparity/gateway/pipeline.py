@@ -38,6 +38,7 @@ from ..backends import ChatBackend, get_backend, serves_chat
 from ..backends.base import current_caller
 from ..conf import app_settings
 from ..models import Backend, ModelAlias
+from ..models import Endpoint as LoggedEndpoint
 from ..protocol import errors
 from ..protocol.completion import CompletionAccumulator
 from ..protocol.errors import APIError
@@ -298,6 +299,7 @@ async def respond(
     *,
     authenticate: Callable[[Call], Awaitable[Grant]] = _authenticate,
     answer_error: ErrorReply = openai_error,
+    logged_as: LoggedEndpoint = LoggedEndpoint.CHAT_COMPLETIONS,
 ) -> Reply:
     """Serve ``call`` through the one pipeline (:func:`serve`): the body validated by
     ``prepare``, the answer streamed or whole, in ``prepare``'s wire."""
@@ -311,7 +313,9 @@ async def respond(
         reply.stream = await _stream(answering, accounting, wire)
         return reply
 
-    return await serve(call, answer, authenticate=authenticate, answer_error=answer_error)
+    return await serve(
+        call, answer, authenticate=authenticate, answer_error=answer_error, logged_as=logged_as
+    )
 
 
 Answerer = Callable[[Any, Accounting, Grant], Awaitable[Reply]]
@@ -324,15 +328,18 @@ async def serve(
     *,
     authenticate: Callable[[Call], Awaitable[Grant]] = _authenticate,
     answer_error: ErrorReply = openai_error,
+    logged_as: LoggedEndpoint = LoggedEndpoint.CHAT_COMPLETIONS,
 ) -> Reply:
     """Serve ``call``: the key checked (by ``authenticate``), the request's accounting
     opened, the body read and ``answer``ed, a failure as ``answer_error`` says (the log
-    row records the status the client got), the reply given the rate-limit headers and
-    the accounting its transport closes."""
+    row, of endpoint ``logged_as`` from the start, whatever is wrong with the body,
+    records the status the client got), the reply given the rate-limit headers and the
+    accounting its transport closes."""
     grant = await authenticate(call)
     accounting = Accounting(
         UsageRecord(
             request_id=call.request_id,
+            endpoint=logged_as,
             api_key=grant.key,
             client_ip=call.client_ip,
             user_agent=call.headers.get("user-agent", ""),

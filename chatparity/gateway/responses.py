@@ -71,14 +71,13 @@ logger = logging.getLogger(__name__)
 
 @endpoint("POST")
 async def create_response(call: Call) -> Reply:
-    return await respond(call, _responses_request)
+    return await respond(call, _responses_request, logged_as=Endpoint.RESPONSES)
 
 
 async def _responses_request(
     body: Any, accounting: Accounting, grant: Grant
 ) -> tuple[ChatRequest, Wire]:
     record = accounting.record
-    record.endpoint = Endpoint.RESPONSES
     requested = parse_responses_request(body, _limits(), random_id)
     history = await _history(requested, grant, accounting)
     chat = as_chat_request(requested, history, _limits())

@@ -137,6 +137,13 @@ class RequestTests(EmbeddingsTestCase):
         row = await self.last_row()
         assert (row.endpoint, row.status_code) == (Endpoint.EMBEDDINGS, 404)
 
+    async def test_a_body_that_is_not_json_leaves_a_row_of_this_endpoint(self):
+        start, _, communicator = await self.exchange("POST", "/v1/embeddings", b"{")
+        await communicator.wait(timeout=30)
+        assert start["status"] == 400
+        row = await self.last_row()
+        assert (row.endpoint, row.status_code) == (Endpoint.EMBEDDINGS, 400)
+
     async def test_a_chat_alias_is_refused_for_embeddings(self):
         status, _, answer = await self.embed(model="echo", input="hi")
         assert status == 400

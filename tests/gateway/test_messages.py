@@ -205,7 +205,10 @@ class ErrorTests(MessagesTestCase):
         assert message == "Missing required parameter: 'max_tokens'."
         row = await RequestLog.objects.aget(request_id=headers["request-id"])
         assert (row.endpoint, row.status_code) == ("messages", 400)
-        await self.assert_error(400, "invalid_request_error", body=None)  # no JSON at all
+        # No JSON at all: still a row of this endpoint's.
+        _, headers = await self.assert_error(400, "invalid_request_error", body=None)
+        row = await RequestLog.objects.aget(request_id=headers["request-id"])
+        assert (row.endpoint, row.status_code) == ("messages", 400)
 
     async def test_an_unknown_model_is_not_found(self):
         body = {"model": "claude-nope", "max_tokens": 5, "messages": HI}

@@ -185,6 +185,12 @@ class CreateTests(ResponsesTestCase):
         assert row.request_body == {"model": "echo", "input": "Hi"}
         assert orjson.loads(row.response_body) == response
 
+    async def test_a_body_that_is_not_json_leaves_a_row_of_this_endpoint(self):
+        status, _, _ = await self.fast("POST", "/v1/responses")
+        assert status == 400
+        row = await RequestLog.objects.aget()
+        assert (row.endpoint, row.status_code) == ("responses", 400)
+
     async def test_an_invalid_stream_request_is_a_400_envelope(self):
         status, headers, content = await self.fast(
             "POST", "/v1/responses", {"model": "echo", "input": "Hi", "stream": True, "n": 2}
