@@ -145,7 +145,7 @@ def instrument() -> None:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.sqlite3 import base as sqlite
 
-    from chatparity.accounting import keys, ledger, limits, record, writer
+    from chatparity.accounting import inserts, keys, ledger, limits, record, writer
     from chatparity.backends import _http1
     from chatparity.dashboard import tail
     from chatparity.gateway import pipeline

@@ -28,10 +28,17 @@ def draw(results: dict[str, object], path: Path) -> None:
         (axes[1], "p50_ms", "p50 latency, ms (log scale, lower is better)"),
     ):
         for offset, target in enumerate(targets):
-            values = [float(by_key[(target, w, c)][field]) for w, c in groups]  # type: ignore[arg-type]
+            # NaN where a target has no such workload (an endpoint that does not stream).
+            values = [
+                float(by_key[(target, w, c)][field]) if (target, w, c) in by_key else float("nan")  # type: ignore[arg-type]
+                for w, c in groups
+            ]
             positions = [i + offset * width for i in range(len(groups))]
             bars = axis.bar(positions, values, width, label=target)
-            labels = [f"{v:,.0f}" if v >= 10 else f"{v:.2g}" for v in values]
+            labels = [
+                "" if v != v else f"{v:,.0f}" if v >= 10 else f"{v:.2g}"  # v != v: NaN
+                for v in values
+            ]
             axis.bar_label(bars, labels=labels, fontsize=6, rotation=90, padding=2)
         axis.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))])
         axis.set_xticklabels([f"{w}\nconcurrency {c}" for w, c in groups], fontsize=8)

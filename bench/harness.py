@@ -5,6 +5,7 @@ Used by ``bench/run.py`` (the benchmark) and ``bench/hotpath.py`` (the profile).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -13,13 +14,16 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
+import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -29,8 +33,8 @@ ASGI_APP = "project.asgi:application"
 UVICORN_QUIET = ("--no-access-log", "--log-level", "warning")
 CHUNKS = 20
 
-# Pinned: what `pip install 'litellm[proxy]'` gave when the harness was written.
-LITELLM_VERSION = "1.106.2"
+# Pinned: the version issue 28 measured against (`pip install 'litellm[proxy]'` then).
+LITELLM_VERSION = "1.108.7"
 LITELLM_VENV = BENCH / ".venv-litellm"
 # matplotlib for the chart and py-spy for the profile, kept out of the project's venv.
 TOOLS_VENV = BENCH / ".venv-tools"
@@ -192,6 +196,155 @@ def chatparity_command(server: str, port: int, workers: int = 1) -> list[str]:
     return [PYTHON, *uvicorn, ASGI_APP, *options.split(), *UVICORN_QUIET]
 
 
+def checkout(stack: ExitStack, revision: str, tree: Path) -> Path:
+    """``revision`` in a temporary git worktree at ``tree``, removed when ``stack`` closes."""
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(tree), revision],
+        cwd=ROOT, check=True, capture_output=True,
+    )  # fmt: skip
+    stack.callback(
+        subprocess.run, ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False
+    )
+    return tree
+
+
+# -- PostgreSQL and Redis ---------------------------------------------------------
+
+
+@dataclass
+class Services:
+    """A PostgreSQL database (with pg_stat_statements) and a Redis of the bench's own."""
+
+    database: str
+    redis: str
+    redis_port: int
+
+
+@contextmanager
+def services(work: Path) -> Iterator[Services]:
+    """PostgreSQL and Redis on loopback under ``work`` (as ``.ci/run`` starts them, fsync
+    off), stopped after; PostgreSQL counts the statements it runs (pg_stat_statements)."""
+    binaries = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
+    if not binaries or not shutil.which("redis-server"):
+        sys.exit("PostgreSQL and Redis are needed: apt-get install -y postgresql redis-server")
+    # Not under ``work`` (mkdtemp's, which only its owner may enter): the postgres user's.
+    data = Path(tempfile.mkdtemp(prefix="chatparity-bench-pg-"))
+    as_postgres = []
+    if os.geteuid() == 0:  # initdb refuses to run as root
+        shutil.chown(data, "postgres")
+        as_postgres = ["runuser", "-u", "postgres", "--"]
+    pg_ctl = [*as_postgres, str(binaries[-1] / "pg_ctl"), "-D", str(data / "data")]
+    initdb = [*as_postgres, str(binaries[-1] / "initdb"), "-D", str(data / "data")]
+    subprocess.run([*initdb, "-A", "trust", "-U", "postgres"], check=True, capture_output=True)
+    pg_port, redis_port = free_port(), free_port()
+    options = (
+        f"-p {pg_port} -k {data} -c listen_addresses=127.0.0.1 -c fsync=off"
+        " -c max_connections=300 -c shared_preload_libraries=pg_stat_statements"
+        " -c pg_stat_statements.track=top"
+    )
+    start = [*pg_ctl, "-l", str(data / "log"), "-w", "-o", options, "start"]
+    subprocess.run(start, check=True, capture_output=True)
+    redis = subprocess.Popen(
+        ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(work)],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        server = f"postgres://postgres@127.0.0.1:{pg_port}"
+        with psycopg.connect(f"{server}/postgres", autocommit=True) as connection:
+            connection.execute("CREATE DATABASE chatparity")
+        with psycopg.connect(f"{server}/chatparity", autocommit=True) as connection:
+            connection.execute("CREATE EXTENSION pg_stat_statements")
+        yield Services(f"{server}/chatparity", f"redis://127.0.0.1:{redis_port}/0", redis_port)
+    finally:
+        redis.terminate()
+        redis.wait()
+        subprocess.run([*pg_ctl, "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@dataclass
+class RoundTrips:
+    """What the database and Redis did for the requests of one wrk run."""
+
+    requests: int
+    statements: int  # SQL statements PostgreSQL ran (BEGIN and COMMIT included)
+    transactions: int  # of which COMMIT: the transactions of more than one statement
+    rows: int  # of which the log rows' INSERTs: a batch's are one executemany
+    redis_commands: int  # commands clients sent Redis (those of its Lua scripts left out)
+    redis_scripts: int  # of which EVAL/EVALSHA: a script is one round trip
+
+    def per_request(self, count: int) -> float:
+        return count / self.requests if self.requests else 0.0
+
+    @property
+    def database_round_trips(self) -> int:
+        """The statements, less the log rows but one per batch: psycopg sends the rows of
+        an ``executemany`` in one round trip (pipeline mode), and a batch is one
+        transaction."""
+        return self.statements - self.rows + self.transactions
+
+
+@contextmanager
+def _redis_monitor(port: int) -> Iterator[list[str]]:
+    """The commands Redis runs meanwhile, as MONITOR lists them (``... [0 lua] ...`` for
+    those of scripts)."""
+    lines: list[str] = []
+    connection = socket.create_connection(("127.0.0.1", port))
+    connection.sendall(b"MONITOR\r\n")
+    reader = connection.makefile("rb")
+    assert reader.readline() == b"+OK\r\n"
+
+    def read() -> None:
+        with contextlib.suppress(OSError, ValueError):  # the socket closed under it
+            for line in reader:
+                lines.append(line.decode(errors="replace"))
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    try:
+        yield lines
+    finally:
+        time.sleep(0.2)  # the last lines arrived
+        connection.shutdown(socket.SHUT_RDWR)
+        thread.join()
+        connection.close()
+
+
+def count_round_trips(
+    site: Chatparity, url: str, key: str, *, stream: bool, seconds: int, work: Path
+) -> RoundTrips:
+    """One request at a time for ``seconds``: the statements and transactions PostgreSQL
+    ran and the commands Redis received (through MONITOR) meanwhile, and after it until
+    the last rows are written."""
+    assert site.services is not None
+    common = {"stream": stream, "concurrency": 1, "work": work}
+    wrk(url, key, "stub", seconds=1, agent="bench/round-trips/warm-up", **common)  # type: ignore[arg-type]
+    time.sleep(1)  # the warm-up's rows written
+    with psycopg.connect(site.services.database, autocommit=True) as db:
+        db.execute("SELECT pg_stat_statements_reset()")
+        with _redis_monitor(site.services.redis_port) as lines:
+            summary = wrk(url, key, "stub", seconds=seconds, agent="bench/round-trips", **common)  # type: ignore[arg-type]
+            time.sleep(1)  # the last rows written
+        sent = [line for line in lines if " lua] " not in line]
+        counted = dict(
+            db.execute(
+                "SELECT CASE WHEN query = 'COMMIT' THEN 'commit'"
+                " WHEN query LIKE 'INSERT INTO \"chatparity_requestlog\"%' THEN 'row'"
+                " ELSE 'other' END, sum(calls) FROM pg_stat_statements"
+                " WHERE query NOT LIKE '%pg_stat_statements%' GROUP BY 1"
+            ).fetchall()
+        )
+    return RoundTrips(
+        requests=int(summary["requests"]),
+        statements=int(sum(counted.values())),
+        transactions=int(counted.get("commit", 0)),
+        rows=int(counted.get("row", 0)),
+        redis_commands=len(sent),
+        redis_scripts=sum(1 for line in sent if '"EVAL' in line.upper()),
+    )
+
+
 # -- the chatparity database ----------------------------------------------------
 
 
@@ -202,10 +355,14 @@ class Chatparity:
     database: Path
     env: dict[str, str]
     key: str
+    tree: Path = ROOT
+    """The source tree served (another revision's checkout: see :func:`make_chatparity`)."""
+    services: Services | None = None
+    """PostgreSQL and Redis, when the site runs on them (else SQLite, local memory)."""
 
     def manage(self, *args: str) -> str:
         command = [PYTHON, "manage.py", *args]
-        run = subprocess.run(command, cwd=ROOT, env=self.env, check=True, capture_output=True)
+        run = subprocess.run(command, cwd=self.tree, env=self.env, check=True, capture_output=True)
         return run.stdout.decode().strip()
 
     def add_upstream(self, alias: str, base_url: str) -> None:
@@ -221,12 +378,17 @@ class Chatparity:
     def request_log(self, user_agent_prefix: str) -> dict[str, int]:
         """What the RequestLog says of the measured requests (warm-ups left out)
         whose User-Agent starts so."""
-        with closing(sqlite3.connect(self.database, timeout=30)) as db:
-            rows = db.execute(
-                "SELECT status_code, error_type, cancelled FROM chatparity_requestlog"
-                " WHERE user_agent LIKE ? AND user_agent NOT LIKE '%/warm-up'",
-                (user_agent_prefix + "%",),
-            ).fetchall()
+        query = (
+            "SELECT status_code, error_type, cancelled FROM chatparity_requestlog"
+            " WHERE user_agent LIKE %s AND user_agent NOT LIKE '%%/warm-up'"
+        )
+        if self.services is not None:
+            with psycopg.connect(self.services.database) as db:
+                rows = db.execute(query, (user_agent_prefix + "%",)).fetchall()
+        else:
+            with closing(sqlite3.connect(self.database, timeout=30)) as db:
+                sqlite_query = query.replace("%s", "?").replace("%%", "%")
+                rows = db.execute(sqlite_query, (user_agent_prefix + "%",)).fetchall()
         return {
             "rows": len(rows),
             "ok": sum(
@@ -238,17 +400,22 @@ class Chatparity:
         }
 
 
-def make_chatparity(work: Path) -> Chatparity:
-    """Migrate a fresh SQLite file under ``work`` and create the bench's key."""
+def make_chatparity(work: Path, tree: Path = ROOT, services: Services | None = None) -> Chatparity:
+    """Migrate a fresh database and create the bench's key: a SQLite file under ``work``,
+    or on ``services`` (PostgreSQL for the models, Redis for the cache, the limits and the
+    channel layer); ``tree``: a checkout of another revision to serve instead of this one
+    (its servers run there)."""
     database = work / "chatparity.sqlite3"
     env = {
         **os.environ,
-        "DATABASE_URL": f"sqlite:///{database}",
+        "DATABASE_URL": services.database if services else f"sqlite:///{database}",
+        **({"REDIS_URL": services.redis} if services else {}),
         "DJANGO_ENV": "development",
         "DEBUG": "0",  # DEBUG keeps every query in memory
         "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": str(tree),  # ahead of the venv's editable install
     }
-    site = Chatparity(database, env, key="")
+    site = Chatparity(database, env, key="", tree=tree, services=services)
     site.manage("migrate", "-v0")
     site.key = site.manage("createapikey", "bench")
     return site
@@ -320,6 +487,8 @@ class Api:
     token: str  # found once per token in a whole answer
     stream_token: str  # found once per token in a stream
     stream_ended: str  # a Lua expression on ``body``: the stream ended as it should
+    expected: int = CHUNKS  # how often ``token`` is in a whole answer
+    streams: bool = True  # whether the endpoint streams
 
 
 CHAT = Api(
@@ -337,6 +506,24 @@ RESPONSES = Api(
     "tok ",
     '"delta":"tok ',
     'string.find(body, "event: response.completed\\n", 1, true) ~= nil',
+)
+# Anthropic's Messages API: the text's deltas count the tokens of a stream.
+MESSAGES = Api(
+    "messages",
+    {"max_tokens": 256, "messages": [{"role": "user", "content": "hi"}]},
+    "tok ",
+    '"text_delta","text":"tok ',
+    'string.find(body, "event: message_stop\\n", 1, true) ~= nil',
+)
+# One input, one vector of the stub's (1,536 numbers, asked of it in base64, sent as floats).
+EMBEDDINGS = Api(
+    "embeddings",
+    {"input": "hi"},
+    '"object":"embedding"',
+    "",
+    "false",
+    expected=1,
+    streams=False,
 )
 # Anthropic's Messages API on the same backend: its text deltas count the tokens.
 MESSAGES = Api(
@@ -361,7 +548,7 @@ def wrk(
     api: Api = CHAT,
 ) -> dict[str, float]:
     """Run wrk against ``url``/``api.path``; its JSON summary."""
-    body = {"model": model, **api.request, "stream": stream}
+    body = {"model": model, **api.request, **({"stream": stream} if api.streams else {})}
     script = work / f"wrk-{os.getpid()}.lua"
     script.write_text(
         WRK_SCRIPT
@@ -370,7 +557,7 @@ def wrk(
             "agent": agent,
             "body": json.dumps(json.dumps(body)),
             "stream": "true" if stream else "false",
-            "chunks": CHUNKS,
+            "chunks": api.expected,
             "token": json.dumps(api.stream_token if stream else api.token),
             "ended": api.stream_ended,
         }
@@ -413,6 +600,14 @@ def measure(
     before = httpx.get(stub_stats).json() if stub_stats else {}
     summary = wrk(url, key, model, seconds=seconds, agent=agent, **common)  # type: ignore[arg-type]
     after = httpx.get(stub_stats).json() if stub_stats else {}
+    cell = cell_of(target, stream, concurrency, summary)
+    cell.upstream_requests = after.get("served", 0) - before.get("served", 0)
+    cell.upstream_connections = after.get("connections", 0) - before.get("connections", 0)
+    return cell
+
+
+def cell_of(target: str, stream: bool, concurrency: int, summary: dict[str, float]) -> Cell:
+    """The Cell of wrk's JSON ``summary``."""
     failures = sum(int(summary[name]) for name in ("connect", "read", "write", "status", "timeout"))
     return Cell(
         target=target,
@@ -423,8 +618,6 @@ def measure(
         p50_ms=summary["p50_us"] / 1000,
         p99_ms=summary["p99_us"] / 1000,
         failures=failures + int(summary["bad"]),
-        upstream_requests=after.get("served", 0) - before.get("served", 0),
-        upstream_connections=after.get("connections", 0) - before.get("connections", 0),
     )
 
 

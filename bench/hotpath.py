@@ -69,16 +69,16 @@ PRIORITY: tuple[tuple[str, str], ...] = (
         r"(close_old_connections|BaseDatabaseWrapper\._?close|DatabaseWrapper\.close) \(django/db",
     ),
     (
-        "DB: INSERT RequestLog batch (usage.insert_rows: executemany, BEGIN, COMMIT)",
-        r"insert_rows \(chatparity/usage\.py",
+        "DB: INSERT RequestLog batch and rollups (inserts.insert_rows: executemany, BEGIN, COMMIT)",
+        r"insert_rows \(chatparity/accounting/inserts\.py",
     ),
     (
-        "DB: UPDATE ApiKey.last_used_at (usage._mark_used, once a minute per key)",
-        r"_mark_used \(chatparity/usage\.py",
+        "DB: UPDATE ApiKey.last_used_at (inserts.mark_used, once a minute per key)",
+        r"mark_used \(chatparity/accounting/inserts\.py",
     ),
     (
-        "DB: SELECT key, aliases on a cache miss (lookups._load_grant, _load_aliases)",
-        r"(_load_grant|_load_aliases) \(chatparity/lookups\.py",
+        "DB: SELECT key, aliases on a cache miss (keys: loads on a cache miss)",
+        r"_load\w* \(chatparity/accounting/keys\.py",
     ),
     (
         "DB: other statements (budgets, Django views)",
@@ -103,7 +103,7 @@ OWNERS = re.compile(
 )
 OWNER: tuple[tuple[str, str], ...] = (
     ("chatparity: live tail publish (channel layer)", r"\(chatparity/dashboard/tail\.py"),
-    ("chatparity: rate limit admit/settle, cost", r"\(chatparity/ratelimit\.py"),
+    ("chatparity: rate limit admit/settle, cost", r"\(chatparity/accounting/limits\.py"),
     ("chatparity: settings reads (conf.AppSettings.__getattr__)", r"\(chatparity/conf\.py"),
     (
         "chatparity: HTTP/1.1 client to the upstream (backends/_http1.py)",
@@ -119,18 +119,21 @@ OWNER: tuple[tuple[str, str], ...] = (
         r"\(chatparity/protocol/(stream|completion)\.py",
     ),
     (
-        "chatparity: log row and batching (usage.py: UsageRecord, row, LogWriter)",
-        r"\(chatparity/usage\.py",
+        "chatparity: log row and batching (record.py, writer.py, batching.py, journal.py)",
+        r"\(chatparity/accounting/(record|writer|batching|journal|inserts|rollups)\.py",
     ),
     (
-        "chatparity: key and alias cache hits (lookups.py, auth.py)",
-        r"\(chatparity/(lookups|auth)\.py",
+        "chatparity: key and alias cache hits (accounting/keys.py, gateway/auth.py)",
+        r"\(chatparity/(accounting/keys|gateway/auth)\.py",
     ),
     (
-        "chatparity: endpoint (gateway.py: chat_completions, start, _chunks; accounting.py)",
-        r"\(chatparity/(gateway|accounting)\.py",
+        "chatparity: endpoint (gateway/*.py: pipeline, wires; accounting/ledger.py)",
+        r"\(chatparity/(gateway/\w+|accounting/ledger)\.py",
     ),
-    ("chatparity: ASGI fast path (asgi.py: route, headers, body, send)", r"\(chatparity/asgi\.py"),
+    (
+        "chatparity: ASGI fast path (transport/fastpath.py: route, headers, body, send)",
+        r"\(chatparity/transport/fastpath\.py",
+    ),
     ("chatparity: other", r"\(chatparity/"),
     ("Django: other (ORM objects, URL resolver, settings)", r"\(django/"),
     (
@@ -181,7 +184,9 @@ class Workload:
 WAITS = re.compile(
     r"^(_worker \(concurrent/futures/thread\.py:81\)|Condition\.wait |Event\.wait |"
     r"EpollSelector\.select |_PollLikeSelector\.select |Thread\._wait_for_tstate_lock |"
-    r"Connection\._recv |SimpleQueue\.get |Queue\.get |select |sleep )"
+    r"Connection\._recv |SimpleQueue\.get |Queue\.get |select |sleep |"
+    # The journal's thread between two notes of progress (time.sleep: no frame of its own).
+    r"Journal\._note_progress )"
 )
 FRAME = re.compile(r"^(?P<function>.+) \((?P<file>[^()]+):(?P<line>\d+)\)$")
 

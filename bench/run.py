@@ -1,20 +1,26 @@
 """Side-by-side gateway benchmark: direct stub vs chatparity vs LiteLLM, on loopback.
 
-    .venv/bin/python bench/run.py [--duration 10] [--streams 1000] [--skip-litellm]
+    .venv/bin/python bench/run.py [--duration 10] [--rounds 1] [--base REVISION]
+        [--streams 1000] [--skip-litellm] [--skip-scaling] [--skip-memory] [--skip-local]
 
 One command. It installs what it lacks (wrk from apt when root; LiteLLM
 pinned in ``bench/.venv-litellm``; matplotlib and py-spy in
 ``bench/.venv-tools``), starts a fast canonical stub upstream, then measures,
 with the same wrk load (non-stream and stream of 20 chunks, at concurrency 1
 and 32): the stub directly; chatparity through its ``openai`` backend under
-daphne (one worker) and uvicorn (one and two workers), request logging on,
-SQLite in a temporary file; the one uvicorn worker again through
-``/v1/responses`` (not stored, as chat completions are not) and through
-Anthropic's ``/v1/messages``; the LiteLLM
-proxy (one worker, no database). Then the memory per open stream with many
-concurrent slow streams on one worker, and the local model's tokens/s through
-the HTTP stream against raw llama-cpp-python. It writes ``bench/RESULTS.md``,
-``bench/results.json`` and ``bench/results.png``.
+daphne and uvicorn (one worker each), request logging on, SQLite in a temporary
+file; the uvicorn worker again through ``/v1/responses`` (not stored, as chat
+completions are not), ``/v1/messages`` and ``/v1/embeddings`` (one input, the
+stub's 1,536 numbers); with ``--base``, another revision of chatparity served the
+same way beside this one; chatparity on PostgreSQL and Redis (servers of its own)
+with one, two and four uvicorn workers, and the database statements and Redis
+commands one request costs there (with a key without limits and one with them);
+the LiteLLM proxy (one worker, no database). ``--rounds`` repeats the
+measurements, each round in the other order of targets; the tables give the
+medians, and each ratio is the median of the ratios within a round. Then the
+memory per open stream with many concurrent slow streams on one worker, and the
+local model's tokens/s through the HTTP stream against raw llama-cpp-python. It
+writes ``bench/RESULTS.md``, ``bench/results.json`` and ``bench/results.png``.
 
 Quote the ratios, which come from one run on one machine; the absolute numbers
 move with whatever else the machine is doing.
@@ -25,11 +31,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
-import itertools
 import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -44,30 +50,34 @@ from harness import BENCH, CHUNKS, Cell, Chatparity, log
 
 DIRECT = "direct (stub)"
 LITELLM = "LiteLLM proxy x1"
-# (label, ASGI server, workers): every chatparity configuration measured.
-CHATPARITY = (
-    ("chatparity daphne x1", "daphne", 1),
-    ("chatparity uvicorn x1", "uvicorn", 1),
-    ("chatparity uvicorn x2", "uvicorn", 2),
-    ("chatparity uvicorn x2, NODELAY fix", "uvicorn-nodelay", 2),
+DAPHNE = "chatparity daphne x1"
+UVICORN = "chatparity uvicorn x1"
+ONE_WORKER = (DAPHNE, UVICORN)
+# The uvicorn worker, loaded through the other endpoints (within 10% of chat: the target).
+RESPONSES = f"{UVICORN}, /v1/responses"
+MESSAGES = f"{UVICORN}, /v1/messages"
+EMBEDDINGS = f"{UVICORN}, /v1/embeddings"
+ENDPOINTS = (
+    (RESPONSES, harness.RESPONSES),
+    (MESSAGES, harness.MESSAGES),
+    (EMBEDDINGS, harness.EMBEDDINGS),
 )
-ONE_WORKER = ("chatparity daphne x1", "chatparity uvicorn x1")
-# The same uvicorn worker, loaded through the Responses API and the Messages API instead.
-RESPONSES = "chatparity uvicorn x1, /v1/responses"
-MESSAGES = "chatparity uvicorn x1, /v1/messages"
-OTHER_WIRES = ((RESPONSES, "/v1/responses"), (MESSAGES, "/v1/messages"))
+# uvicorn workers on PostgreSQL + Redis: (label, workers).
+SCALED = tuple((f"chatparity uvicorn x{n}, PostgreSQL + Redis", n) for n in (1, 2, 4))
 WORKLOADS = ((False, 1), (False, 32), (True, 1), (True, 32))  # (stream, concurrency)
 
 
 @dataclass
 class Target:
-    """Something wrk can load: its base URL, key and model name."""
+    """Something wrk can load: its base URL, key and model name, the endpoint loaded, and
+    the chatparity site serving it (None: not chatparity)."""
 
     name: str
     url: str
     key: str
     model: str
     api: harness.Api = harness.CHAT
+    site: Chatparity | None = None
 
 
 @dataclass
@@ -76,8 +86,10 @@ class Results:
 
     title: str
     environment: dict[str, str]
-    cells: list[Cell] = field(default_factory=list)
+    rounds: list[list[Cell]] = field(default_factory=list)
+    cells: list[Cell] = field(default_factory=list)  # the medians over rounds
     request_log: dict[str, dict[str, int]] = field(default_factory=dict)
+    round_trips: dict[str, harness.RoundTrips] = field(default_factory=dict)
     memory: dict[str, slow_streams.Report] = field(default_factory=dict)
     local: dict[str, tuple[local_model.Run, local_model.Run]] = field(default_factory=dict)
     server_logs: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -92,12 +104,47 @@ class Results:
             None,
         )
 
+    def ratio(self, target: str, other: str, stream: bool, concurrency: int) -> float | None:
+        """The median over rounds of ``target``'s req/s over ``other``'s in the same round."""
+        ratios = []
+        for cells in self.rounds:
+            by_target = {
+                c.target: c for c in cells if (c.stream, c.concurrency) == (stream, concurrency)
+            }
+            if target in by_target and other in by_target and by_target[other].rps:
+                ratios.append(by_target[target].rps / by_target[other].rps)
+        return statistics.median(ratios) if ratios else None
+
+    def summarise(self) -> None:
+        """``cells``: each cell's median over the rounds (failures summed)."""
+        measured: dict[tuple[str, bool, int], list[Cell]] = {}
+        for cells in self.rounds:
+            for c in cells:
+                measured.setdefault((c.target, c.stream, c.concurrency), []).append(c)
+        self.cells = [
+            Cell(
+                target=target,
+                stream=stream,
+                concurrency=concurrency,
+                requests=sum(c.requests for c in runs),
+                rps=statistics.median(c.rps for c in runs),
+                p50_ms=statistics.median(c.p50_ms for c in runs),
+                p99_ms=statistics.median(c.p99_ms for c in runs),
+                failures=sum(c.failures for c in runs),
+                upstream_requests=sum(c.upstream_requests for c in runs),
+                upstream_connections=sum(c.upstream_connections for c in runs),
+            )
+            for (target, stream, concurrency), runs in measured.items()
+        ]
+
     def as_json(self) -> dict[str, object]:
         return {
             "title": self.title,
             "environment": self.environment,
             "cells": [cell.as_dict() for cell in self.cells],
+            "rounds": [[cell.as_dict() for cell in cells] for cells in self.rounds],
             "request_log": self.request_log,
+            "round_trips": {name: asdict(trips) for name, trips in self.round_trips.items()},
             "memory": {
                 name: {**asdict(r), "kib_per_stream": r.kib_per_stream, "dropped": r.dropped}
                 for name, r in self.memory.items()
@@ -146,22 +193,43 @@ def environment(litellm: bool) -> dict[str, str]:
 
 
 def start_gateways(
-    stack: ExitStack, site: Chatparity, stub_url: str, work: Path, litellm: bool
+    stack: ExitStack,
+    sites: dict[str, Chatparity],
+    stub_url: str,
+    work: Path,
+    litellm: bool,
 ) -> list[Target]:
-    """Start every target (stub already up); they idle while another is measured."""
+    """Start every target (stub already up); they idle while another is measured. ``sites``:
+    the SQLite site, and, when measured, the other revision's and the PostgreSQL one."""
     targets = [Target(DIRECT, stub_url, "sk-stub", harness.STUB_MODEL)]
-    auth = {"Authorization": f"Bearer {site.key}"}
-    for name, server, workers in CHATPARITY:
+
+    def start(name: str, server: str, workers: int, site: Chatparity) -> str:
         port = harness.free_port()
         url = f"http://127.0.0.1:{port}/v1"
         command = harness.chatparity_command(server, port, workers)
+        auth = {"Authorization": f"Bearer {site.key}"}
+        log_file = work / f"{slug(name)}.log"
         stack.enter_context(
-            harness.serve(command, f"{url}/models", auth, site.env, work / f"{slug(name)}.log")
+            harness.serve(command, f"{url}/models", auth, site.env, log_file, cwd=site.tree)
         )
-        targets.append(Target(name, url, site.key, "stub"))
-        if name == "chatparity uvicorn x1":
-            targets.append(Target(RESPONSES, url, site.key, "stub", harness.RESPONSES))
-            targets.append(Target(MESSAGES, url, site.key, "stub", harness.MESSAGES))
+        return url
+
+    site = sites["sqlite"]
+    for name, server in ((DAPHNE, "daphne"), (UVICORN, "uvicorn")):
+        url = start(name, server, 1, site)
+        targets.append(Target(name, url, site.key, "stub", site=site))
+        if name == UVICORN:
+            targets += [Target(label, url, site.key, "stub", api, site) for label, api in ENDPOINTS]
+    for name, base in sites.items():
+        if name.startswith(UVICORN):  # another revision
+            targets.append(
+                Target(name, start(name, "uvicorn", 1, base), base.key, "stub", site=base)
+            )
+    if "postgresql" in sites:
+        scaled = sites["postgresql"]
+        for name, workers in SCALED:
+            url = start(name, "uvicorn", workers, scaled)
+            targets.append(Target(name, url, scaled.key, "stub", site=scaled))
     if litellm:
         port = harness.free_port()
         url = f"http://127.0.0.1:{port}/v1"
@@ -203,28 +271,69 @@ def slug(name: str) -> str:
 
 
 def gateways(
-    results: Results, targets: list[Target], seconds: int, work: Path, stub_stats: str
+    results: Results,
+    targets: list[Target],
+    seconds: int,
+    rounds: int,
+    work: Path,
+    stub_stats: str,
 ) -> None:
-    """Every workload, each target in turn, so drift hits them alike."""
-    for stream, concurrency in WORKLOADS:
-        for target in targets:
-            cell = harness.measure(
-                target.name,
-                target.url,
-                target.key,
-                target.model,
-                stream=stream,
-                concurrency=concurrency,
-                seconds=seconds,
-                work=work,
-                stub_stats=stub_stats,
-                api=target.api,
+    """Every workload, each target in turn, so drift hits them alike; each round takes the
+    targets in the other order."""
+    for number in range(rounds):
+        order = targets if number % 2 == 0 else targets[::-1]
+        cells: list[Cell] = []
+        results.rounds.append(cells)
+        for stream, concurrency in WORKLOADS:
+            for target in order:
+                if stream and not target.api.streams:
+                    continue
+                cell = harness.measure(
+                    target.name,
+                    target.url,
+                    target.key,
+                    target.model,
+                    stream=stream,
+                    concurrency=concurrency,
+                    seconds=seconds,
+                    work=work,
+                    stub_stats=stub_stats,
+                    api=target.api,
+                )
+                cells.append(cell)
+                log(
+                    f"  {number + 1}/{rounds} {target.name:45} {cell.workload:18}"
+                    f" c={concurrency:<3} {cell.rps:9.1f} req/s  p50 {cell.p50_ms:8.2f} ms"
+                    f"  p99 {cell.p99_ms:8.2f} ms  failures {cell.failures}"
+                )
+    results.summarise()
+
+
+LIMITED_KEY = (
+    "from chatparity.models import ApiKey\n"
+    "_, plaintext = ApiKey.objects.create_key('limited', requests_per_minute=10**7,"
+    " tokens_per_minute=2 * 10**9, max_concurrent=1000)\n"
+    "print(plaintext)\n"
+)
+
+
+def round_trips(results: Results, targets: list[Target], seconds: int, work: Path) -> None:
+    """What one request costs the database and Redis, one worker on PostgreSQL + Redis:
+    with the bench's key (no limits) and with a key with limits (admitted in Redis)."""
+    target = next(t for t in targets if t.name == SCALED[0][0])
+    assert target.site is not None
+    limited = target.site.manage("shell", "--no-imports", "-c", LIMITED_KEY)
+    for label, key in (("key without limits", target.key), ("key with limits", limited)):
+        for stream in (False, True):
+            trips = harness.count_round_trips(
+                target.site, target.url, key, stream=stream, seconds=seconds, work=work
             )
-            results.cells.append(cell)
+            name = f"{label}, {'stream' if stream else 'non-stream'}"
+            results.round_trips[name] = trips
             log(
-                f"  {target.name:24} {cell.workload:18} c={concurrency:<3} {cell.rps:9.1f} req/s"
-                f"  p50 {cell.p50_ms:8.2f} ms  p99 {cell.p99_ms:8.2f} ms  failures"
-                f" {cell.failures}"
+                f"  {name}: {trips.per_request(trips.database_round_trips):.2f} database"
+                f" round trips ({trips.per_request(trips.statements):.2f} statements),"
+                f" {trips.per_request(trips.redis_commands):.2f} Redis commands per request"
             )
 
 
@@ -293,22 +402,19 @@ def _ratio(value: float) -> str:
 
 def main_table(results: Results) -> list[str]:
     lines = [
-        "| target | workload | conc. | req/s | p50 ms | p99 ms | p50 added over direct, ms"
-        " | req/s vs LiteLLM | failures | upstream connections per request |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| target | workload | conc. | req/s | p50 ms | p99 ms | p99 / p50 |"
+        " p50 added over direct, ms | req/s vs LiteLLM | failures |"
+        " upstream connections per request |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for stream, concurrency in WORKLOADS:
         direct = results.cell(DIRECT, stream, concurrency)
-        litellm = results.cell(LITELLM, stream, concurrency)
         for cell in (
             c for c in results.cells if (c.stream, c.concurrency) == (stream, concurrency)
         ):
             added = f"{cell.p50_ms - direct.p50_ms:+.2f}" if direct and cell is not direct else ""
-            versus = (
-                _ratio(cell.rps / litellm.rps)
-                if litellm and cell.target.startswith("chatparity")
-                else ""
-            )
+            ratio = results.ratio(cell.target, LITELLM, stream, concurrency)
+            versus = _ratio(ratio) if ratio and cell.target.startswith("chatparity") else ""
             reuse = (
                 f"{cell.upstream_connections / cell.upstream_requests:.2f}"
                 if cell is not direct and cell.upstream_requests
@@ -316,53 +422,143 @@ def main_table(results: Results) -> list[str]:
             )
             lines.append(
                 f"| {cell.target} | {cell.workload} | {concurrency} | {cell.rps:,.0f} |"
-                f" {cell.p50_ms:.2f} | {cell.p99_ms:.2f} | {added} | {versus} | {cell.failures} |"
-                f" {reuse} |"
+                f" {cell.p50_ms:.2f} | {cell.p99_ms:.2f} | {cell.p99_ms / cell.p50_ms:.1f} |"
+                f" {added} | {versus} | {cell.failures} | {reuse} |"
             )
     return lines
 
 
+def issue_table(results: Results) -> list[str]:
+    """Issue 28's table: each workload direct, through chatparity (uvicorn x1, and the
+    other revision when measured) and through LiteLLM, and the ratio of requests/s."""
+    gateways = [UVICORN, *(c.target for c in results.cells if c.target.startswith(f"{UVICORN} at"))]
+    gateways = list(dict.fromkeys(gateways))
+    head = " | ".join(gateways)
+    ratios = " | ".join(f"{name} / LiteLLM" for name in gateways)
+    lines = [
+        f"| workload | direct | {head} | LiteLLM | {ratios} |",
+        "|---|---|" + "---|" * len(gateways) + "---|" + "---:|" * len(gateways),
+    ]
+    for stream, concurrency in WORKLOADS:
+        direct = results.cell(DIRECT, stream, concurrency)
+        litellm = results.cell(LITELLM, stream, concurrency)
+        cells = [results.cell(name, stream, concurrency) for name in gateways]
+        if direct is None or None in cells:
+            continue
+
+        def shown(cell: Cell | None, over: Cell | None = None) -> str:
+            """A cell's figures; ``over``: with its p50 added over that one's."""
+            if cell is None:
+                return ""
+            text = f"{cell.rps:,.0f} req/s, p50 {cell.p50_ms:.2f} ms"
+            if over is not None:
+                text += f" (**{cell.p50_ms - over.p50_ms:+.2f} ms**)"
+            return text + f", p99 {cell.p99_ms:.2f} ms"
+
+        versus = [results.ratio(name, LITELLM, stream, concurrency) for name in gateways]
+        lines.append(
+            f"| {'stream 20 chunks' if stream else 'non-stream'} c={concurrency} |"
+            f" {shown(direct)} | "
+            + " | ".join(shown(cell, direct if concurrency == 1 else None) for cell in cells)
+            + f" | {shown(litellm)} | "
+            + " | ".join(_ratio(ratio) if ratio else "" for ratio in versus)
+            + " |"
+        )
+    return lines
+
+
+def scaling_table(results: Results) -> list[str]:
+    lines = [
+        "| configuration | workload | conc. | req/s | p50 ms | p99 ms | vs one worker |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for stream, concurrency in WORKLOADS:
+        for name, _ in SCALED:
+            cell = results.cell(name, stream, concurrency)
+            if cell is None:
+                continue
+            versus = results.ratio(name, SCALED[0][0], stream, concurrency)
+            lines.append(
+                f"| {name} | {cell.workload} | {concurrency} | {cell.rps:,.0f} |"
+                f" {cell.p50_ms:.2f} | {cell.p99_ms:.2f} | {versus:.2f}x |"
+            )
+    return lines
+
+
+def round_trips_table(results: Results) -> list[str]:
+    lines = [
+        "| one request, one worker on PostgreSQL + Redis | requests | SQL statements |"
+        " of which log rows | of which COMMIT (log batches) | database round trips |"
+        " Redis commands sent | of which scripts (EVAL) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, trips in results.round_trips.items():
+        per = trips.per_request
+        lines.append(
+            f"| {name} | {trips.requests:,} | {per(trips.statements):.2f} | {per(trips.rows):.2f} |"
+            f" {per(trips.transactions):.3f} | {per(trips.database_round_trips):.2f} |"
+            f" {per(trips.redis_commands):.2f} | {per(trips.redis_scripts):.2f} |"
+        )
+    return lines
+
+
 def targets_table(results: Results) -> list[str]:
-    """The issue's targets, each against every one-worker configuration."""
+    """Issue 28's targets, each against the one-worker configurations measured."""
     lines = ["| target | configuration | measured | met |", "|---|---|---|:---:|"]
 
     def row(goal: str, name: str, measured: str, met: bool) -> None:
         lines.append(f"| {goal} | {name} | {measured} | {'yes' if met else '**no**'} |")
 
-    for name in ONE_WORKER:
+    one_worker = [
+        *ONE_WORKER,
+        *dict.fromkeys(c.target for c in results.cells if c.target.startswith(f"{UVICORN} at")),
+    ]
+    for name in one_worker:
         direct, cell = results.cell(DIRECT, False, 1), results.cell(name, False, 1)
         if direct and cell:
             added = cell.p50_ms - direct.p50_ms
             row(
-                "added p50 over direct, c=1, non-stream, logging on: <= 1 ms",
+                "added p50 over direct, c=1, non-stream, logging on: <= 0.5 ms",
                 name,
                 f"{added:.2f} ms",
-                added <= 1.0,
+                added <= 0.5,
             )
-    for name in ONE_WORKER:
+    for name in one_worker:
+        for stream in (False, True):
+            cell = results.cell(name, stream, 32)
+            if cell:
+                row(
+                    f"p99 <= 3x p50 at c=32, {cell.workload}",
+                    name,
+                    f"{cell.p99_ms / cell.p50_ms:.1f}x ({cell.p99_ms:.1f} vs {cell.p50_ms:.1f} ms)",
+                    cell.p99_ms <= 3 * cell.p50_ms,
+                )
+    for name in one_worker:
         for stream in (False, True):
             cell, litellm = results.cell(name, stream, 32), results.cell(LITELLM, stream, 32)
-            if cell and litellm:
-                ratio = cell.rps / litellm.rps
+            ratio = results.ratio(name, LITELLM, stream, 32)
+            if cell and litellm and ratio:
                 row(
-                    f"req/s at c=32, {cell.workload}: >= 10x LiteLLM",
+                    f"req/s at c=32, {cell.workload}: >= 30x LiteLLM",
                     name,
-                    f"{ratio:.2f}x ({cell.rps:.0f} vs {litellm.rps:.0f})",
-                    ratio >= 10,
+                    f"{ratio:.1f}x ({cell.rps:.0f} vs {litellm.rps:.0f})",
+                    ratio >= 30,
                 )
-    for (wire, path), (stream, concurrency) in itertools.product(OTHER_WIRES, WORKLOADS):
-        chat = results.cell("chatparity uvicorn x1", stream, concurrency)
-        other = results.cell(wire, stream, concurrency)
-        direct = results.cell(DIRECT, stream, concurrency)
-        if chat and other and direct:
-            ratio = other.rps / chat.rps
-            added = [cell.p50_ms - direct.p50_ms for cell in (chat, other)]
-            row(
-                f"{path} within 10% of chat completions, {chat.workload}, c={concurrency}",
-                wire,
-                f"{ratio:.2f}x req/s, added p50 {added[1]:+.2f} vs {added[0]:+.2f} ms",
-                ratio >= 0.9 and added[1] <= added[0] * 1.1 + 0.05,
-            )
+    for endpoint, api in ENDPOINTS:
+        for stream, concurrency in WORKLOADS:
+            chat = results.cell(UVICORN, stream, concurrency)
+            other = results.cell(endpoint, stream, concurrency)
+            direct = results.cell(DIRECT, stream, concurrency)
+            ratio = results.ratio(endpoint, UVICORN, stream, concurrency)
+            if chat and other and direct and ratio:
+                added = [cell.p50_ms - direct.p50_ms for cell in (chat, other)]
+                row(
+                    f"/v1/{api.path} within 10% of chat completions, {chat.workload},"
+                    f" c={concurrency}",
+                    endpoint,
+                    f"{ratio:.2f}x req/s, added p50 {added[1]:+.2f} vs {added[0]:+.2f} ms",
+                    ratio >= 0.9,
+                )
     for name, report in results.memory.items():
         row(
             f"{report.count:,} open streams: < 64 KiB each, none dropped",
@@ -376,7 +572,7 @@ def targets_table(results: Results) -> list[str]:
     return lines
 
 
-def report(results: Results, seconds: int, chart: bool) -> str:
+def report(results: Results, seconds: int, rounds: int, chart: bool) -> str:
     env = results.environment
     out = [
         "# chatparity gateway benchmark",
@@ -408,17 +604,25 @@ def report(results: Results, seconds: int, chart: bool) -> str:
         " at the stub, a key with no limits, **request logging on** (one RequestLog row per"
         " request, the default, written once the response is sent), the database **SQLite in"
         " a temporary file** on local disk (WAL), local-memory cache. daphne: one process;"
-        " uvicorn: `--workers 1|2 --lifespan off --no-access-log`.",
-        "- `chatparity uvicorn x2, NODELAY fix`: the same two workers through"
-        " `bench/uvicorn_nodelay.py`, which works around uvicorn's multi-worker socket bug"
-        " (https://github.com/Kludex/uvicorn/issues/3149: with `--workers N` accepted"
-        " connections lack TCP_NODELAY, so a keep-alive response written in two parts waits"
-        " for the client's delayed ACK, about 40 ms on Linux).",
+        " uvicorn: `--workers N --lifespan off --no-access-log`. The uvicorn worker also"
+        " serves the `/v1/responses` (`store: false`), `/v1/messages` and `/v1/embeddings`"
+        " (one input) rows. A target `... at REVISION` is another revision served the same"
+        " way from a checkout of its own.",
+        "- PostgreSQL + Redis: servers of the bench's own on loopback (PostgreSQL with"
+        " `fsync=off`, as CI runs it, and pg_stat_statements), the same project with"
+        " `DATABASE_URL` and `REDIS_URL` (Redis for the cache, the limits and the channel"
+        " layer), one, two and four uvicorn workers on the same cores.",
         "- Upstream connections per request: connections the stub accepted / completions it"
         " served during the cell; 1.00 means no upstream connection was reused.",
         "- LiteLLM: `litellm[proxy]` from PyPI in `bench/.venv-litellm`, `--num_workers 1`,"
         " no database, a master key (keys are checked on both sides), pointed at the same stub"
         " (its own venv brings uvloop).",
+        f"- {rounds} round(s), each taking the targets in the other order; the tables give"
+        " each cell's median, and each ratio is the median of the ratios within a round.",
+        "",
+        "## Issue 28's table",
+        "",
+        *issue_table(results),
         "",
         "## Requests",
         "",
@@ -428,6 +632,29 @@ def report(results: Results, seconds: int, chart: bool) -> str:
     if chart:
         out += ["![requests/s and p50 latency per target and workload](results.png)", ""]
     out += ["## Targets", "", *targets_table(results), ""]
+    if any(name in {c.target for c in results.cells} for name, _ in SCALED):
+        out += [
+            "## Workers on PostgreSQL + Redis",
+            "",
+            *scaling_table(results),
+            "",
+        ]
+    if results.round_trips:
+        out += [
+            "## What one request costs the database and Redis",
+            "",
+            "One worker on PostgreSQL + Redis, one request at a time for a few seconds, counted"
+            " by the servers: the statements PostgreSQL ran (pg_stat_statements, top level:"
+            " BEGIN and COMMIT included), of which the log rows' INSERTs, which psycopg sends"
+            " as one round trip per batch (an `executemany` in pipeline mode), hence the round"
+            " trips; and the commands clients sent Redis (MONITOR, those its Lua scripts run"
+            " left out). Keys and aliases are cached for `CACHE_SECONDS`, so"
+            " their loads per request fall as the request rate rises. The key with limits has"
+            " requests and tokens per minute and a concurrency limit.",
+            "",
+            *round_trips_table(results),
+            "",
+        ]
     if results.memory:
         out += [
             "## Memory per open stream",
@@ -511,9 +738,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--duration", type=int, default=10, help="measured seconds per cell")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds, in alternating order")
+    parser.add_argument("--base", metavar="REVISION", help="a revision to serve beside this one")
     parser.add_argument("--streams", type=int, default=1000, help="slow streams, memory test")
     parser.add_argument("--tokens", type=int, default=200, help="local model tokens per run")
     parser.add_argument("--skip-litellm", action="store_true")
+    parser.add_argument("--skip-scaling", action="store_true", help="no PostgreSQL + Redis")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-local", action="store_true")
     parser.add_argument("--out", type=Path, default=BENCH / "RESULTS.md")
@@ -530,39 +760,59 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="chatparity-bench-"))
     log(f"Work directory (database, server logs): {work}")
-    site = harness.make_chatparity(work)
     stub_port, slow_port = harness.free_port(), harness.free_port()
     stub_url = f"http://127.0.0.1:{stub_port}/v1"
     slow_url = f"http://127.0.0.1:{slow_port}/v1"
-    site.add_upstream("stub", stub_url)
-    site.add_upstream("slow", slow_url)
     results = Results(
         title=f"chatparity vs LiteLLM vs direct, {env['cpu']}, {env['date']}", environment=env
     )
-    with ExitStack() as stubs:
-        stubs.enter_context(harness.serve(harness.stub_command(stub_port), f"{stub_url}/models"))
+    with ExitStack() as stack:
+        (work / "sqlite").mkdir()
+        sites = {"sqlite": harness.make_chatparity(work / "sqlite")}
+        if args.base:
+            (work / "base").mkdir()
+            tree = harness.checkout(stack, args.base, work / "base" / "tree")
+            sites[f"{UVICORN} at {args.base}"] = harness.make_chatparity(work / "base", tree)
+        if not args.skip_scaling:
+            services = stack.enter_context(harness.services(work))
+            (work / "postgresql").mkdir()
+            sites["postgresql"] = harness.make_chatparity(work / "postgresql", services=services)
+        for site in sites.values():
+            site.add_upstream("stub", stub_url)
+        site = sites["sqlite"]
+        site.add_upstream("slow", slow_url)
+        stack.enter_context(harness.serve(harness.stub_command(stub_port), f"{stub_url}/models"))
         slow = harness.stub_command(slow_port, "--hold")
-        stubs.enter_context(harness.serve(slow, f"{slow_url}/models"))
+        stack.enter_context(harness.serve(slow, f"{slow_url}/models"))
         with ExitStack() as servers:
-            targets = start_gateways(servers, site, stub_url, work, litellm)
+            targets = start_gateways(servers, sites, stub_url, work, litellm)
             stats = stub_url.removesuffix("/v1") + "/bench/stats"
-            step("Gateways", lambda: gateways(results, targets, args.duration, work, stats))
-        for name, *_ in CHATPARITY:
-            results.request_log[name] = site.request_log(f"bench/{name}/")
+            step(
+                "Gateways",
+                lambda: gateways(results, targets, args.duration, args.rounds, work, stats),
+            )
+            if not args.skip_scaling:
+                step(
+                    "Database and Redis round trips",
+                    lambda: round_trips(results, targets, args.duration, work),
+                )
+        for target in targets:
+            if target.site is not None:
+                results.request_log[target.name] = target.site.request_log(f"bench/{target.name}/")
         if not args.skip_memory:
             step(
                 f"{args.streams} slow streams",
                 lambda: memory(results, site, args.streams, slow_url, work),
             )
-    if not args.skip_local:
-        step("Local model", lambda: local(results, site, args.tokens, work))
+        if not args.skip_local:
+            step("Local model", lambda: local(results, site, args.tokens, work))
     results.server_logs = scan_logs(work)
 
     data = BENCH / "results.json"
     data.write_text(json.dumps(results.as_json(), indent=2) + "\n")
     chart = BENCH / "results.png"
     drawn = subprocess.run([str(tools), str(BENCH / "chart.py"), str(data), str(chart)])
-    text = report(results, args.duration, drawn.returncode == 0)
+    text = report(results, args.duration, args.rounds, drawn.returncode == 0)
     kept = harness.kept_section(args.out)  # the HTTP clients compared, bench/transports.py's
     args.out.write_text(text + ("\n" + kept if kept else ""))
     print(text)

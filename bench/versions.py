@@ -31,6 +31,7 @@ from harness import (
     STUB_MODEL,
     UVICORN_QUIET,
     Cell,
+    checkout,
     free_port,
     log,
     measure,
@@ -80,18 +81,6 @@ def _site(
         yield url, key
 
 
-def _checkout(stack: ExitStack, revision: str, tree: Path) -> Path:
-    """``revision`` in a temporary git worktree at ``tree``, removed when ``stack`` closes."""
-    subprocess.run(
-        ["git", "worktree", "add", "--detach", str(tree), revision],
-        cwd=ROOT, check=True, capture_output=True,
-    )  # fmt: skip
-    stack.callback(
-        subprocess.run, ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False
-    )
-    return tree
-
-
 def _median_ratio(pairs: list[tuple[float, float]]) -> float:
     return statistics.median(new / old for old, new in pairs)
 
@@ -137,8 +126,8 @@ def main() -> None:
     raise_file_limit()
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cp-versions-")))
-        base_tree = _checkout(stack, args.base, work / "base-tree")
-        head_tree = _checkout(stack, args.head, work / "head-tree") if args.head else ROOT
+        base_tree = checkout(stack, args.base, work / "base-tree")
+        head_tree = checkout(stack, args.head, work / "head-tree") if args.head else ROOT
         stub_port = free_port()
         stub = f"http://127.0.0.1:{stub_port}/v1"
         stack.enter_context(
