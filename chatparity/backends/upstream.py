@@ -350,7 +350,8 @@ class UpstreamBackend:
                             for item in reader.read(event):
                                 yield item
                         if line is None:
-                            break  # the body ended without [DONE]: what is open gets finished
+                            reader.body_ended()  # before [DONE]: what is open gets finished
+                            break
                 except _http1.Timeout:
                     raise timeout_error() from None
                 except _http1.TooLarge as exc:

@@ -28,7 +28,7 @@ from .events import Event, Finish
 from .messages import MIN_THINKING_BUDGET
 from .messages_stream import tool_input
 from .request import ChatRequest, Message
-from .upstream import ChunkReader, ServerSentEvent, believable_usage, well_shaped
+from .upstream import ChunkReader, ServerSentEvent, believable_usage, malformed, well_shaped
 
 ANTHROPIC_VERSION = "2023-06-01"
 """The ``anthropic-version`` header an upstream is called with."""
@@ -212,6 +212,13 @@ class MessagesEventReader(ChunkReader):
             ]
             self._note_usage(message.get("usage"))
             return events + self._end(message)
+
+    def body_ended(self) -> None:
+        """A message's stream says why it stopped (``message_delta``) before it ends: one
+        that ended before is cut short (the upstream's connection dropped), never taken
+        for a whole answer."""
+        if not self._finished:
+            raise malformed("the stream ended before the message did")
 
     def _event(self, event: dict[str, Any]) -> list[Event]:
         kind = event.get("type")

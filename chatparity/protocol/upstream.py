@@ -312,6 +312,10 @@ class ChunkReader:
         name = function.get("name") or ""
         return [ToolCallDelta(index, slot, arguments, id=call_id, name=name, tokens=0)]
 
+    def body_ended(self) -> None:
+        """The stream's body ended before its end: chat servers that leave out ``[DONE]``
+        are many, and what is open is finished."""
+
     def unseen(self) -> list[int]:
         """The choices the upstream sent nothing for (some servers ignore ``n``)."""
         return [index for index in self.indices if index not in self._seen]

@@ -143,6 +143,18 @@ def _huge_stream() -> list[str]:
 LONG_LINE = 4096  # bytes: the cap the tests set (CHATPARITY["MAX_UPSTREAM_LINE_BYTES"])
 OVERLONG = data(chunk("x" * LONG_LINE))
 
+# A Messages stream whose body ends (properly framed) before the message says why it stopped.
+MESSAGE_CUT = [
+    f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+    for event in (
+        {"type": "message_start", "message": {"id": "msg_1", "type": "message",
+         "role": "assistant", "model": "m", "content": [], "stop_reason": None,
+         "usage": {"input_tokens": 5, "output_tokens": 1}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hel"}},
+    )
+]  # fmt: skip
+
 ERROR_EVENT = [
     data(chunk(role="assistant", content="")),
     data(chunk("partial")),
@@ -340,6 +352,7 @@ def behaviours(upstream: FaultyUpstream) -> dict[str, Handler]:
             {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
         ),
         "not-json-error": lambda w: _json(w, 502, "<html>bad gateway</html>"),
+        "message-cut": lambda w: _stream(w, MESSAGE_CUT),
         "flaky": fail_twice_then_answer,
         "slow-first-byte": slow_first_byte,
         "endless": endless,

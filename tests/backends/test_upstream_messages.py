@@ -60,6 +60,7 @@ class NativeMessagesTests(TestCase):
             timeout=5, options={"wire_api": "messages", "retries": 1, "backoff": 0},
         )  # fmt: skip
         ModelAlias.objects.create(public_id="overloaded", backend=faulty, model="overloaded")
+        ModelAlias.objects.create(public_id="cut", backend=faulty, model="message-cut")
 
     def post(self, path, headers=None, **body):
         return self.async_client.post(
@@ -214,6 +215,21 @@ class NativeMessagesTests(TestCase):
         assert response.status_code == 502
         assert response.json()["error"]["type"] == "api_error"
         assert "Overloaded" not in response.json()["error"]["message"], "the upstream's words stay"
+
+    async def test_a_stream_cut_before_its_message_delta_is_an_error_not_an_answer(self):
+        """The body ended cleanly, but the message never said why it stopped: cut short
+        (its connection dropped behind a proxy, or the gateway upstream gave up)."""
+        response = await self.messages("cut")
+        assert response.status_code == 502
+        assert response.json()["error"] == {
+            "type": "api_error",
+            "message": "The upstream sent a malformed stream: the stream ended before the"
+            " message did.",
+        }
+        streamed = await self.messages("cut", stream=True)
+        events = frames(b"".join([part async for part in streamed.streaming_content]))
+        assert [event["type"] for event in events][-2:] == ["content_block_delta", "error"]
+        assert (await self.chat("cut")).status_code == 502
 
 
 def test_wire_api_may_be_messages():
