@@ -1,99 +1,248 @@
 """Mutation testing of the modules where money and access are at stake, with cosmic-ray.
 
-    .venv/bin/python bench/mutation.py [MODULE ...] [--timeout 120]
+    .venv/bin/python bench/mutation.py [MODULE ...] [--only NAME ...] [--timeout 120]
+                                       [--session-dir DIR]
 
-Each module (default: all of :data:`TARGETS`) is mutated in a scratch copy of the tree,
-never in place; every mutant runs the tests that speak for that module. The table
-gives, per module, the mutants made, killed, survived and timed out, and the score.
-Survivors are listed (``cr-report``) under the table: each is a missing test or a change
-that does not alter behaviour (say which in docs/development.md).
+Each module (default: all of :data:`TARGETS`) is mutated in a scratch copy of the
+committed tree (``git archive HEAD``: commit first; never the shared working tree, where
+others' edits in progress may fail the tests, and never in place); the copy's tests must
+pass unmutated, then every mutant runs the tests that speak for that module. ``--only``
+mutates only the named functions, classes or methods (``Class.method``) of the modules
+given, for a module too large to run whole on the machine at hand. Mutants of type
+annotations are skipped: the modules import ``annotations`` from ``__future__``, so an
+annotation is never evaluated and no test could tell ``int | None`` from ``int & None``.
+``--session-dir`` keeps the copies and cosmic-ray's sessions there: a run cut short
+goes on from where it stopped when started again with the same arguments.
+
+The table gives, per module, the mutants made (annotations left out), killed, survived
+and timed out (counted as killed: the tests noticed), and the score. Each survivor is
+printed with its diff: a missing test, or a change that does not alter behaviour (say
+which in docs/development.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+from cosmic_ray.work_db import WorkDB, use_db
+from cosmic_ray.work_item import MutationSpec, TestOutcome, WorkerOutcome, WorkResult
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
-# module -> the tests that speak for it
+# The writer and the spool over a PostgreSQL of its own that it stops (10 s): the spool's
+# own tests speak for each of its lines.
+WITHOUT_OUTAGE = (
+    "--deselect tests/accounting/test_spool.py::test_no_row_is_lost_over_a_postgresql_outage"
+)
+# module -> the tests that speak for it, the quickest to fail first (pytest stops there)
 TARGETS = {
     "chatparity/gateway/auth.py": "tests/gateway/test_auth.py tests/transport/test_views.py",
     "chatparity/accounting/keys.py": "tests/accounting/test_keys.py tests/transport/test_views.py",
     "chatparity/accounting/limits.py": "tests/accounting/test_limits.py",
-    "chatparity/accounting/spool.py": "tests/accounting/test_spool.py",
-    "chatparity/accounting/journal.py": "tests/accounting/test_spool.py",
+    "chatparity/accounting/spool.py": f"tests/accounting/test_spool.py {WITHOUT_OUTAGE}",
+    "chatparity/accounting/journal.py": f"tests/accounting/test_spool.py {WITHOUT_OUTAGE}",
     "chatparity/gateway/responses.py": "tests/gateway/test_responses.py",
+}
+# Plugins these tests do not use, which cost each mutant's run seconds to import.
+PYTEST = (
+    "-x -q -p no:cacheprovider -p no:randomly"
+    " -p no:langsmith_plugin -p no:hypothesispytest -p no:schemathesis"
+)
+
+# Bytecode written and read (the shell may say not to), so that each run imports the
+# unchanged modules compiled, not from source.
+ENVIRONMENT = {
+    name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"
 }
 
 CONFIG = """[cosmic-ray]
 module-path = "{module}"
 timeout = {timeout}
 excluded-modules = []
-test-command = "{python} -m pytest -x -q -p no:cacheprovider -p no:randomly {tests}"
+test-command = "{command}"
 
 [cosmic-ray.distributor]
 name = "local"
 """
 
+Span = tuple[tuple[int, int], tuple[int, int]]
 
-def mutate(module: str, tests: str, timeout: float, scratch: Path) -> tuple[dict[str, int], str]:
-    """Run every mutant of ``module``: the counts, and cosmic-ray's report."""
-    tree = scratch / "tree"
+
+def mutate(
+    module: str, tests: str, only: list[str], timeout: float, scratch: Path
+) -> tuple[dict[str, int], list[str]]:
+    """Run every mutant of ``module`` (of the functions named in ``only``, if any): the
+    counts, and the survivors' diffs."""
+    stem = Path(module).stem
+    tree, config = scratch / f"{stem}-tree", scratch / f"{stem}.toml"
+    session = scratch / f"{stem}-{'-'.join(only) or 'all'}.sqlite"
+    original = scratch / f"{stem}.original.py"
+    if session.exists():  # a run cut short, maybe with a mutant in place
+        shutil.copyfile(original, tree / module)
+    else:
+        _copy_committed_tree(tree)
+        shutil.copyfile(tree / module, original)
+        test_command = f"{sys.executable} -m pytest {PYTEST} {tests}"
+        baseline = subprocess.run(test_command.split(), cwd=tree, env=ENVIRONMENT)
+        assert baseline.returncode == 0, f"the tests of {module} fail unmutated"
+        config.write_text(CONFIG.format(module=module, timeout=timeout, command=test_command))
+        subprocess.run([BIN / "cosmic-ray", "init", config, session], cwd=tree, check=True)
+        _skip_unwanted(session, (tree / module).read_text(), only)
+    subprocess.run(
+        [BIN / "cosmic-ray", "exec", config, session], cwd=tree, env=ENVIRONMENT, check=True
+    )
+    return _results(session)
+
+
+def _copy_committed_tree(tree: Path) -> None:
+    """HEAD's files in ``tree``, compiled to bytecode checked against its source's hash:
+    each run imports the modules unchanged from it, and recompiles the mutated one (a
+    mutant of the same size, written within the same second, has another hash)."""
     if tree.exists():
         shutil.rmtree(tree)
-    shutil.copytree(
-        ROOT, tree, ignore=shutil.ignore_patterns(".venv", ".git", ".cache", "__pycache__")
+    tree.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", "--invalidation-mode", "checked-hash", "."],
+        cwd=tree,
+        stdout=subprocess.DEVNULL,
+        check=True,
     )
-    config, session = scratch / "config.toml", scratch / f"{Path(module).stem}.sqlite"
-    config.write_text(
-        CONFIG.format(module=module, timeout=timeout, python=sys.executable, tests=tests)
-    )
-    session.unlink(missing_ok=True)
-    subprocess.run([BIN / "cosmic-ray", "init", config, session], cwd=tree, check=True)
-    subprocess.run([BIN / "cosmic-ray", "exec", config, session], cwd=tree, check=True)
-    report = subprocess.run(
-        [BIN / "cr-report", session, "--show-pending"], cwd=tree, capture_output=True, text=True
-    ).stdout
-    counts = {"made": 0, "killed": 0, "survived": 0, "timeout": 0}
-    for line in report.splitlines():
-        if line.startswith("[job-id]"):
+
+
+def _skip_unwanted(session: Path, source: str, only: list[str]) -> None:
+    """Mark as skipped the mutants of annotations, and those outside ``only``."""
+    tree = ast.parse(source)
+    annotations = list(_annotation_spans(tree))
+    wanted = list(_named_spans(tree, only)) if only else None
+    skipped = WorkResult(worker_outcome=WorkerOutcome.SKIPPED)
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        for item in db.work_items:
+            for mutation in item.mutations:
+                if any(_within(mutation, span) for span in annotations) or (
+                    wanted is not None and not any(_within(mutation, span) for span in wanted)
+                ):
+                    db.set_result(item.job_id, skipped)
+
+
+def _annotation_spans(tree: ast.Module) -> Iterator[Span]:
+    assert any(
+        isinstance(node, ast.ImportFrom)
+        and node.module == "__future__"
+        and any(alias.name == "annotations" for alias in node.names)
+        for node in tree.body
+    ), "annotations are evaluated in this module: their mutants count"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            arguments = node.args
+            for argument in [
+                *arguments.posonlyargs,
+                *arguments.args,
+                *arguments.kwonlyargs,
+                arguments.vararg,
+                arguments.kwarg,
+            ]:
+                if argument is not None and argument.annotation is not None:
+                    yield _span(argument.annotation)
+            if node.returns is not None:
+                yield _span(node.returns)
+        elif isinstance(node, ast.AnnAssign):
+            yield _span(node.annotation)
+
+
+def _named_spans(tree: ast.Module, names: list[str]) -> Iterator[Span]:
+    """The spans of the functions and classes named (``Class.method`` for a method)."""
+    found = set()
+
+    def walk(body: list[ast.stmt], prefix: str) -> Iterator[Span]:
+        for node in body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = prefix + node.name
+                if name in names or node.name in names:
+                    found.add(name if name in names else node.name)
+                    yield _span(node)
+                elif isinstance(node, ast.ClassDef):
+                    yield from walk(node.body, f"{name}.")
+
+    yield from walk(tree.body, "")
+    missing = set(names) - found
+    assert not missing, f"not in the module: {', '.join(sorted(missing))}"
+
+
+def _span(node: ast.expr | ast.stmt) -> Span:
+    assert node.end_lineno is not None
+    assert node.end_col_offset is not None
+    return (node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset)
+
+
+def _within(mutation: MutationSpec, span: Span) -> bool:
+    start, end = span
+    return start <= tuple(mutation.start_pos) and tuple(mutation.end_pos) <= end
+
+
+def _results(session: Path) -> tuple[dict[str, int], list[str]]:
+    counts = {"made": 0, "killed": 0, "survived": 0, "timeout": 0, "pending": 0}
+    survivors = []
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        done = {item.job_id: result for item, result in db.completed_work_items}
+        for item in db.work_items:
+            result = done.get(item.job_id)
+            if result is not None and result.worker_outcome == WorkerOutcome.SKIPPED:
+                continue
             counts["made"] += 1
-        elif "test outcome: TestOutcome.KILLED" in line:
-            counts["killed"] += 1
-        elif "test outcome: TestOutcome.SURVIVED" in line:
-            counts["survived"] += 1
-        elif "WorkerOutcome.ABNORMAL" in line or "timeout" in line.lower():
-            counts["timeout"] += 1
-    return counts, report
+            if result is None:
+                counts["pending"] += 1
+            elif result.test_outcome == TestOutcome.SURVIVED:
+                counts["survived"] += 1
+                [mutation] = item.mutations
+                survivors.append(
+                    f"{mutation.module_path}:{mutation.start_pos[0]} "
+                    f"{mutation.operator_name}\n{result.diff}"
+                )
+            elif result.output == "timeout":
+                counts["timeout"] += 1
+            else:
+                counts["killed"] += 1
+    return counts, survivors
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("modules", nargs="*", default=list(TARGETS))
+    parser.add_argument("--only", nargs="+", default=[], metavar="NAME")
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--session-dir", type=Path)
     args = parser.parse_args()
-    rows, reports = [], []
-    with tempfile.TemporaryDirectory(prefix="chatparity-mutation-") as folder:
+    rows, survivors = [], []
+    with tempfile.TemporaryDirectory(prefix="chatparity-mutation-") as temporary:
+        scratch = args.session_dir or Path(temporary)
+        scratch.mkdir(parents=True, exist_ok=True)
         for module in args.modules:
-            counts, report = mutate(module, TARGETS[module], args.timeout, Path(folder))
+            counts, diffs = mutate(module, TARGETS[module], args.only, args.timeout, scratch)
             rows.append((module, counts))
-            reports.append(report)
+            survivors.extend(diffs)
     print("| module | mutants | killed | survived | timed out | score |")
     print("|---|---|---|---|---|---|")
     for module, c in rows:
-        score = (c["killed"] + c["timeout"]) / c["made"] if c["made"] else 0.0
+        tested = c["made"] - c["pending"]
+        score = (c["killed"] + c["timeout"]) / tested if tested else 0.0
+        pending = f" ({c['pending']} not run)" if c["pending"] else ""
         print(
-            f"| {module} | {c['made']} | {c['killed']} | {c['survived']} | {c['timeout']} "
-            f"| {score:.0%} |"
+            f"| {module}{' (' + ', '.join(args.only) + ')' if args.only else ''} | {c['made']}"
+            f"{pending} | {c['killed']} | {c['survived']} | {c['timeout']} | {score:.0%} |"
         )
-    for report in reports:
-        print("\n" + "\n".join(line for line in report.splitlines() if "SURVIVED" in line))
+    for diff in survivors:
+        print(f"\nSURVIVED {diff}")
 
 
 if __name__ == "__main__":
