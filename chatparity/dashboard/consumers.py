@@ -34,6 +34,7 @@ class LiveTailConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         """The tail only talks; whatever the client sends is ignored."""
 
-    async def tail_request(self, event: dict[str, Any]) -> None:
-        """A request finished (``tail.publish``): forward its summary."""
-        await self.send_json({"type": "request", "request": event["request"]})
+    async def tail_requests(self, event: dict[str, Any]) -> None:
+        """Requests finished (``tail.publish``): forward each one's summary."""
+        for request in event["requests"]:
+            await self.send_json({"type": "request", "request": request})

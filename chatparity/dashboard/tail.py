@@ -1,11 +1,13 @@
 """The live tail: a compact summary of every finished request, sent to a channel layer group.
 
 A finished request only queues its summary: one task per event loop sends the
-queue to the layer, one summary at a time, so a worker holds one of the layer's
-connections for the tail however many requests end at once (a burst of 500
-concurrent sends took 200 connections per worker and failed most of them). What
-the queue or the layer cannot take is dropped and counted (:data:`publisher`),
-and logged at most once per ``LOG_INTERVAL``.
+queue to the layer, what it holds at a time as one message, so a worker holds one of
+the layer's connections for the tail however many requests end at once (a burst of
+500 concurrent sends took 200 connections per worker and failed most of them), and
+the requests of a busy worker cost the layer a message per batch, not one each (on
+Redis a group send is two commands, even with no tail open). What the queue or the
+layer cannot take is dropped and counted (:data:`publisher`), and logged at most
+once per ``LOG_INTERVAL``.
 """
 
 from __future__ import annotations
@@ -25,13 +27,15 @@ logger = logging.getLogger(__name__)
 
 TAIL_PATH = "ws/chatparity/tail/"
 GROUP = "chatparity.tail"
-# The consumer method that receives it: LiveTailConsumer.tail_request.
-MESSAGE_TYPE = "tail.request"
+# The consumer method that receives it: LiveTailConsumer.tail_requests.
+MESSAGE_TYPE = "tail.requests"
 # Seconds one summary may take to send: a slow or unreachable layer (e.g. Redis
 # down) drops it rather than holding up the ones behind it.
 PUBLISH_TIMEOUT = 1.0
 # Summaries waiting to be sent, per event loop: past this many, new ones are dropped.
 MAX_QUEUED = 1000
+# Summaries in one message at most.
+MAX_BATCH = 100
 # Seconds between two log lines about dropped summaries.
 LOG_INTERVAL = 60.0
 
@@ -66,21 +70,22 @@ def _nobody_watching(layer: Any) -> bool:
 
 
 class Publisher:
-    """Sends the tail's messages to the channel layer in the background: a bounded
-    queue per event loop, drained one message at a time by one task while it has any."""
+    """Sends the tail's summaries to the channel layer in the background: a bounded
+    queue per event loop, drained by one task while it has any, what is queued at a time
+    sent as one message (of at most ``MAX_BATCH``)."""
 
     def __init__(self) -> None:
         self.sent = 0
-        """Messages the layer took."""
+        """Summaries the layer took."""
         self.dropped = 0
-        """Messages lost: the queue was full, or the layer failed or was too slow."""
+        """Summaries lost: the queue was full, or the layer failed or was too slow."""
         self._queues: dict[asyncio.AbstractEventLoop, deque[dict[str, Any]]] = {}
         self._drains: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
         self._unlogged = 0  # dropped since the last log line
         self._logged_at = -math.inf
 
-    def put(self, message: dict[str, Any]) -> None:
-        """Queue ``message`` for the group; at once, without waiting for anything."""
+    def put(self, summary: dict[str, Any]) -> None:
+        """Queue a request's ``summary`` for the group; at once, without waiting."""
         loop = asyncio.get_running_loop()
         queue = self._queues.get(loop)
         if queue is None:
@@ -89,7 +94,7 @@ class Publisher:
         if len(queue) >= MAX_QUEUED:
             self._drop("the queue is full")
         else:
-            queue.append(message)
+            queue.append(summary)
 
     async def drained(self) -> None:
         """Wait until what this event loop queued is sent or dropped."""
@@ -100,21 +105,22 @@ class Publisher:
     async def _drain(self, loop: asyncio.AbstractEventLoop, queue: deque[dict[str, Any]]) -> None:
         try:
             while queue:
-                message = queue.popleft()
+                batch = [queue.popleft() for _ in range(min(len(queue), MAX_BATCH))]
+                message = {"type": MESSAGE_TYPE, "requests": batch}
                 try:
                     async with asyncio.timeout(PUBLISH_TIMEOUT):
                         await get_channel_layer().group_send(GROUP, message)
                 except Exception as exc:
-                    self._drop(repr(exc))
+                    self._drop(repr(exc), len(batch))
                 else:
-                    self.sent += 1
+                    self.sent += len(batch)
         finally:  # the loop is empty (no await since the last check), or it is closing
             self.dropped += len(queue)
             del self._queues[loop], self._drains[loop]
 
-    def _drop(self, reason: str) -> None:
-        self.dropped += 1
-        self._unlogged += 1
+    def _drop(self, reason: str, count: int = 1) -> None:
+        self.dropped += count
+        self._unlogged += count
         now = time.monotonic()
         if now - self._logged_at >= LOG_INTERVAL:
             logger.warning(
@@ -138,4 +144,4 @@ async def publish(row: RequestLog, **kwargs: Any) -> None:
     layer = get_channel_layer()
     if layer is None or _nobody_watching(layer):
         return
-    publisher.put({"type": MESSAGE_TYPE, "request": summary(row)})
+    publisher.put(summary(row))

@@ -169,7 +169,7 @@ class LiveTailTests(TransactionTestCase):
         communicator, connected = await self.connect(self.admin)
         assert connected
         await communicator.send_to(text_data="not json")
-        await communicator.send_json_to({"type": "tail.request", "request": "spoofed"})
+        await communicator.send_json_to({"type": "tail.requests", "requests": ["spoofed"]})
         assert await communicator.receive_nothing(timeout=0.2)
         await tail.publish(await self.row())
         assert (await communicator.receive_json_from(timeout=2))["type"] == "request"
@@ -432,7 +432,7 @@ class RedisLayerTests(TransactionTestCase):
         await self.layer.group_add(tail.GROUP, channel)
         await tail.publish(await self.row("req-redis"))
         message = await asyncio.wait_for(self.layer.receive(channel), timeout=5)
-        assert message["request"]["request_id"] == "req-redis"
+        assert [request["request_id"] for request in message["requests"]] == ["req-redis"]
         await self.layer.flush()
 
     async def test_500_requests_ending_at_once_wait_for_nothing_and_take_one_connection(self):
@@ -455,8 +455,26 @@ class RedisLayerTests(TransactionTestCase):
         await observer.aclose()
         assert (self.publisher.sent, self.publisher.dropped) == (500, 0)
         assert most == 1
-        received = [await asyncio.wait_for(self.layer.receive(channel), 5) for _ in range(500)]
-        assert {message["request"]["request_id"] for message in received} == {"req-burst"}
+        received = []
+        while len(received) < 500:
+            message = await asyncio.wait_for(self.layer.receive(channel), 5)
+            received += message["requests"]
+        assert len(received) == 500
+        assert {request["request_id"] for request in received} == {"req-burst"}
+        await self.layer.flush()
+
+    async def test_requests_ending_together_cost_the_layer_one_message(self):
+        channel = await self.layer.new_channel()
+        await self.layer.group_add(tail.GROUP, channel)
+        row = await self.row("req-batch")
+        with mock.patch.object(self.layer, "group_send", wraps=self.layer.group_send) as group_send:
+            for _ in range(tail.MAX_BATCH + 1):  # the rows of one log batch, announced at once
+                await tail.publish(row)
+            await self.publisher.drained()
+        assert group_send.await_count == 2  # the most one message takes, then the rest
+        first = await asyncio.wait_for(self.layer.receive(channel), 5)
+        second = await asyncio.wait_for(self.layer.receive(channel), 5)
+        assert (len(first["requests"]), len(second["requests"])) == (tail.MAX_BATCH, 1)
         await self.layer.flush()
 
 
