@@ -610,7 +610,6 @@ async def test_the_deadline_bounds_the_whole_body():
 def certificate(tmp_path_factory):
     """A self-signed certificate for localhost: the server's context and a client's
     context trusting it."""
-    pytest.importorskip("cryptography")
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
