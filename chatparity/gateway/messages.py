@@ -26,6 +26,7 @@ from ..accounting.keys import Grant
 from ..accounting.ledger import Accounting
 from ..accounting.record import UsageRecord
 from ..backends import ChatBackend, get_backend
+from ..conf import app_settings
 from ..models import Endpoint
 from ..protocol import messages
 from ..protocol.errors import APIError
@@ -115,6 +116,7 @@ class MessagesWire(Wire):
             input_tokens=approximate_prompt_tokens(chat.messages),
             request_id=record.request_id,
             streaming=request.stream,
+            ping_every=app_settings.KEEPALIVE_SECONDS,
         )
 
     def begin(self, request: ChatRequest, backend: ChatBackend) -> None:

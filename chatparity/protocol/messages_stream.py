@@ -17,6 +17,7 @@ the stream carried, so the two cannot disagree.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -122,7 +123,9 @@ class MessageEncoder:
     :meth:`encode` the events of each backend event (choice 0: a message has
     one), :meth:`closing` the end and :meth:`failing` a failure after the first
     byte (an ``error`` event). Not ``streaming``, it makes no event of each
-    delta: only the message is sent.
+    delta: only the message is sent. While a tool use's input is held, a ``ping``
+    goes out every ``ping_every`` seconds that its fragments keep coming: a long
+    input (a file written whole) is no silence a client or a proxy gives up on.
     """
 
     def __init__(
@@ -133,6 +136,7 @@ class MessageEncoder:
         input_tokens: int,
         request_id: str,
         streaming: bool = True,
+        ping_every: float = 15.0,
     ) -> None:
         self._base = {"id": message_id, "type": "message", "role": "assistant", "model": model}
         self._input_tokens = input_tokens
@@ -142,6 +146,8 @@ class MessageEncoder:
         self._current: _Block | None = None
         self._calls: dict[int, _Block] = {}
         self._waiting: list[_Block] = []  # calls begun while another's block is open
+        self._ping_every = ping_every
+        self._ping_at = time.monotonic() + ping_every  # while an input is held
         self._reason: str | None = None
         self._stop_sequence: str | None = None
         self._usage: Usage | None = None
@@ -259,7 +265,13 @@ class MessageEncoder:
         if block is self._current or block in self._waiting:
             # Else its input was sent (text came between): what the stream said stands.
             block.fragments.append(delta.arguments)
-        return events
+        if events or not self._streaming:
+            return events
+        now = time.monotonic()
+        if now < self._ping_at:
+            return events
+        self._ping_at = now + self._ping_every
+        return [{"type": "ping"}]
 
     def _finish(self, finish: Finish) -> list[dict[str, Any]]:
         self._reason = finish.reason

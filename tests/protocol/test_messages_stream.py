@@ -227,6 +227,19 @@ def test_calls_streamed_side_by_side_are_blocks_one_after_the_other():
     assert read_by_the_sdk(b"".join(map(sse_event, events))).to_dict() == enc.message()
 
 
+def test_pings_go_out_while_a_long_input_is_held():
+    enc = MessageEncoder(
+        message_id="msg_golden", model="claude-sonnet", input_tokens=8,
+        request_id="req_golden", ping_every=0,
+    )  # fmt: skip
+    events = enc.opening()
+    for event in [*WEATHER_CALL, Finish(0, "tool_calls"), USAGE]:
+        events += enc.encode(event)
+    events += enc.closing()
+    assert types(events)[1:5] == ["content_block_start", "ping", "ping", "content_block_delta"]
+    assert read_by_the_sdk(b"".join(map(sse_event, events))).to_dict() == enc.message()
+
+
 def test_an_empty_answer_has_no_blocks():
     events, enc = events_of([Finish(0, "stop"), USAGE])
     assert types(events) == ["message_start", "message_delta", "message_stop"]
