@@ -142,8 +142,8 @@ def usage_by_day_and_alias(
     requests, errors, tokens and cost (USD, a Decimal) of the keys ``owner_id`` owned when
     the requests were logged, or of the key ``key_prefix``, or both at once.
 
-    From the rollups alone, two small indexed queries at most: a user's month costs
-    the same whatever their traffic, and pruned rows still count.
+    One query of the rollups (indexed by owner and by key): a user's month costs the
+    same whatever their traffic, and pruned rows still count.
     """
     rows = LogFilter(since=since, until=until, key_prefix=key_prefix).rollups(["key", "alias"])
     if owner_id is not None:
