@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.db import DatabaseError, connections, router, transaction
@@ -26,13 +27,19 @@ def insert_rows(rows: list[RequestLog]) -> None:
     days' rollups in the same transaction.
 
     Not ``bulk_create``: compiling its query costs twice the insert itself, and a
-    log row needs no id back. Each value is still prepared by its model field.
+    log row needs no id back. Each value is still prepared by its model field. The rows
+    of a batch are created at one moment, that of their insert (as ``auto_now_add``
+    would stamp each); a spooled row keeps the moment it was first written.
     """
     database = router.db_for_write(RequestLog)
     connection = connections[database]
-    fields = _insert_fields()
+    now = timezone.now()
+    for row in rows:
+        if row.created_at is None:
+            row.created_at = now
+    columns = _insert_columns()
     values = [
-        [field.get_db_prep_save(_value(field, row), connection) for field in fields] for row in rows
+        [prepare(getattr(row, name), connection) for name, prepare in columns] for row in rows
     ]
     with transaction.atomic(using=database):
         with connection.cursor() as cursor:
@@ -40,15 +47,21 @@ def insert_rows(rows: list[RequestLog]) -> None:
         rollups.record(rows, connection)
 
 
-def _value(field: Field[Any, Any], row: RequestLog) -> Any:
-    if field.attname == "created_at" and row.created_at is not None:
-        return row.created_at  # a spooled row's: when it was first written
-    return field.pre_save(row, True)
-
-
 @functools.cache
 def _insert_fields() -> list[Field[Any, Any]]:
     return [field for field in RequestLog._meta.concrete_fields if not field.primary_key]
+
+
+@functools.cache
+def _insert_columns() -> list[tuple[str, Callable[[Any, BaseDatabaseWrapper], Any]]]:
+    """Each inserted field's attribute and what prepares its value for the database. A
+    field's ``pre_save`` only reads the attribute, but ``created_at``'s (``auto_now_add``),
+    which :func:`insert_rows` sets instead."""
+    fields = _insert_fields()
+    assert all(
+        type(field).pre_save is Field.pre_save or field.attname == "created_at" for field in fields
+    ), "a field that makes its value as it is saved"
+    return [(field.attname, field.get_db_prep_save) for field in fields]
 
 
 _insert_statements: dict[str, str] = {}  # by database vendor

@@ -1,6 +1,7 @@
 """What one request's log row holds."""
 
 import asyncio
+import datetime
 import threading
 from decimal import Decimal
 from unittest import mock
@@ -10,6 +11,7 @@ from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.db import IntegrityError
 from django.db.models import CharField
 from django.test import TestCase
+from django.utils import timezone
 
 from chatparity.accounting import inserts, writer
 from chatparity.accounting.record import UsageRecord
@@ -140,6 +142,16 @@ class LogWriterTests(TestCase):
         }
         assert stored.finish_reasons == ["stop", "length"]
         assert stored.created_at is not None
+
+    def test_the_rows_of_a_batch_are_created_at_its_insert_a_spooled_one_keeps_its_time(self):
+        spooled = self.row("spooled")
+        spooled.created_at = first_written = timezone.now() - datetime.timedelta(hours=1)
+        before = timezone.now()
+        inserts.insert_rows([self.row("a"), spooled, self.row("b")])
+        after = timezone.now()
+        stored = {row.request_id: row.created_at for row in RequestLog.objects.all()}
+        assert stored["spooled"] == first_written
+        assert before <= stored["a"] == stored["b"] <= after
 
     async def test_a_row_whose_writer_was_cancelled_is_still_written(self):
         log_writer = writer.LogWriter()
