@@ -11,6 +11,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from chatparity.backends import config_errors
+from chatparity.conf import DEFAULTS
 from chatparity.models import ApiKey, Backend, ModelAlias
 from tests.configs import BAD_ALIASES, BAD_BACKENDS, GOOD_ALIAS, GOOD_BACKENDS
 from tests.scripted import SCRIPTED
@@ -51,10 +52,11 @@ class TestBackend:
         cli.base_url = "https://example.com/v1"
         assert "leave the base URL blank" in refusal(cli)["base_url"][0]
 
-    def test_a_kind_not_configured_is_refused(self):
+    def test_a_kind_not_configured_is_refused(self, settings):
+        settings.CHATPARITY = {"BACKEND_CLASSES": {"mine": "x.Mine"}}  # with the defaults
+        configured = ", ".join(sorted([*DEFAULTS["BACKEND_CLASSES"], "mine"]))
         assert config_errors("nowhere", "", {}) == {
-            "kind": "'nowhere' is not a kind in CHATPARITY[\"BACKEND_CLASSES\"]"
-            " (command, local, openai)."
+            "kind": f"'nowhere' is not a kind in CHATPARITY[\"BACKEND_CLASSES\"] ({configured})."
         }
 
     def test_a_kind_whose_class_cannot_be_imported_is_refused(self, settings):
