@@ -15,13 +15,15 @@ has not begun. ``?beta=true`` and the ``anthropic-version`` and
 ``POST /v1/messages/count_tokens`` counts the prompt a request would send: with
 the serving backend's tokenizer where it has one (``count_tokens``: the local
 model's), else with the estimate the limits reserve by. It is not a model call:
-like ``GET /v1/models``, it leaves no log row and spends no limit.
+like ``GET /v1/models``, it leaves no log row; but it counts against the key's
+requests per minute and takes a slot in flight while it counts.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..accounting import limits
 from ..accounting.keys import Grant
 from ..accounting.ledger import Accounting
 from ..accounting.record import UsageRecord
@@ -159,11 +161,18 @@ async def count_tokens(call: Call) -> Reply:
     chat = _as_served_by(alias, chat)
     backend = get_backend(alias.backend)
     counter = getattr(backend, "count_tokens", None)
-    if counter is not None:
-        tokens = await counter(chat, alias.model)
-    else:
-        tokens = approximate_prompt_tokens(chat.messages)
+    # A request, if no model call: under the key's requests per minute and slots in
+    # flight (a tokenizer's work is real), spending no token, budget or alias limit.
+    admission = await limits.admit(grant.key, None, limits.NOTHING)
+    try:
+        if counter is not None:
+            tokens = await counter(chat, alias.model)
+        else:
+            tokens = approximate_prompt_tokens(chat.messages)
+    finally:
+        await admission.settle(0, 0)
     reply = json_reply({"input_tokens": tokens})
+    reply.headers.update(admission.headers)
     reply.headers["request-id"] = call.request_id
     return reply
 

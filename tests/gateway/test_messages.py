@@ -293,6 +293,20 @@ class CountTokensTests(MessagesTestCase):
         assert headers["request-id"].startswith("req_")
         assert not await RequestLog.objects.aexists(), "a count is not a model call"
 
+    async def test_a_count_is_a_request_under_the_keys_own_limits(self):
+        """A tokenizer's work is real: counts may not flood past the key's requests per
+        minute, and a count gives its slot in flight back."""
+        await ApiKey.objects.filter(pk=self.key.pk).aupdate(max_concurrent=1, requests_per_minute=2)
+        body = {"model": "echo", "messages": HI}
+        for _ in range(2):
+            status, _, _ = await self.post("/v1/messages/count_tokens", body)
+            assert status == 200
+        status, headers, content = await self.post("/v1/messages/count_tokens", body)
+        error = orjson.loads(content)
+        assert (status, error["error"]["type"]) == (429, "rate_limit_error"), error
+        assert int(headers["retry-after"]) >= 1
+        assert not await RequestLog.objects.aexists()
+
     async def test_counting_refuses_what_creating_refuses(self):
         status, _, content = await self.post(
             "/v1/messages/count_tokens", {"model": "echo", "messages": HI, "max_tokens": 5}
