@@ -14,6 +14,7 @@ from chatparity.accounting import keys
 from chatparity.conf import app_settings
 from chatparity.models import ApiKey, Backend, ModelAlias, hash_key
 from chatparity.protocol.errors import APIError
+from tests.support import routed
 
 
 class LookupTests(TestCase):
@@ -156,3 +157,33 @@ def test_a_shared_load_runs_in_the_workers_database_thread():
     with mock.patch.object(keys, "_load_aliases", load):
         shared = asyncio.run(a_request_under_djangos_handler())
     assert threads == [shared]
+
+
+ROUTED = "keys_routed"
+
+
+@pytest.fixture(scope="module")
+def routed_database(postgres_url, django_db_blocker):
+    with routed.chatparity_database(postgres_url, ROUTED, django_db_blocker) as url:
+        yield url
+
+
+def test_keys_and_aliases_are_read_on_a_new_connection_once_the_server_dropped_the_last(
+    routed_database, django_db_blocker, settings
+):
+    # A restarted PostgreSQL, or a proxy's idle timeout: the worker's connection is
+    # broken, and the next lookup after its cache expired must not be a 503.
+    settings.DATABASE_ROUTERS = [routed.ChatparityIn(ROUTED)]
+    with django_db_blocker.unblock():
+        _, plaintext = ApiKey.objects.create_key("reconnecting")
+        backend = Backend.objects.create(name="local-reconnecting", kind="local")
+        ModelAlias.objects.create(public_id="reconnecting", backend=backend)
+        hashed = hash_key(plaintext)
+        assert asyncio.run(keys.grant(hashed)) is not None  # the worker's connection, open
+        keys.forget()  # as CACHE_SECONDS later
+        assert routed.drop_connections(routed_database) >= 1
+        grant = asyncio.run(keys.grant(hashed))
+        assert grant is not None
+        keys.forget()
+        assert routed.drop_connections(routed_database) >= 1
+        assert asyncio.run(keys.aliases()).find("reconnecting", grant) is not None

@@ -11,11 +11,8 @@ from decimal import Decimal
 from pathlib import Path
 from unittest import mock
 
-import dj_database_url
 import pytest
 from django.apps import apps
-from django.conf import settings as django_settings
-from django.core.management import call_command
 from django.db import OperationalError, connections
 
 from chatparity.accounting import inserts, journal, spool, writer
@@ -25,6 +22,7 @@ from chatparity.protocol.events import Usage
 from tests import services
 from tests.asgi import ask_fast_path as ask
 from tests.scripted import SCRIPTED
+from tests.support import routed
 from tests.support.waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -333,33 +331,19 @@ def test_a_journal_is_compacted_to_its_open_requests(spool_dir):
 OUTAGE = "outage"
 
 
-class ChatparityOnOutage:
-    def db_for_read(self, model, **hints):
-        return OUTAGE if model._meta.app_label == "chatparity" else None
-
-    db_for_write = db_for_read
-
-
 @pytest.fixture(scope="module")
 def postgres_we_may_stop(django_db_blocker):
-    with services.postgres(own=True) as server_url:  # stopped by the test
-        control = services.control(server_url)
-        url = services.create_database(server_url, "chatparity_outage")
-        django_settings.DATABASES[OUTAGE] = dj_database_url.parse(url)
-        connections.configure_settings(django_settings.DATABASES)
-        with django_db_blocker.unblock():
-            call_command("migrate", database=OUTAGE, verbosity=0)
-        try:
-            yield control
-        finally:
-            connections[OUTAGE].close()
-            del django_settings.DATABASES[OUTAGE]
+    with (
+        services.postgres(own=True) as server_url,  # stopped by the test
+        routed.chatparity_database(server_url, OUTAGE, django_db_blocker),
+    ):
+        yield services.control(server_url)
 
 
 def test_no_row_is_lost_over_a_postgresql_outage(
     postgres_we_may_stop, django_db_blocker, settings, spool_dir
 ):
-    settings.DATABASE_ROUTERS = [ChatparityOnOutage()]
+    settings.DATABASE_ROUTERS = [routed.ChatparityIn(OUTAGE)]
     settings.CHATPARITY = {**settings.CHATPARITY, "CACHE_SECONDS": 0.2}
     with django_db_blocker.unblock():
         _, plaintext = ApiKey.objects.create_key("outage")
