@@ -30,7 +30,7 @@ from ..accounting.record import UsageRecord
 from ..backends import ChatBackend, get_backend
 from ..conf import app_settings
 from ..models import Endpoint
-from ..protocol import messages
+from ..protocol import errors, messages
 from ..protocol.errors import APIError
 from ..protocol.events import Event
 from ..protocol.messages import (
@@ -160,6 +160,8 @@ async def count_tokens(call: Call) -> Reply:
     alias = await _resolve(chat.model, grant)
     chat = _as_served_by(alias, chat)
     backend = get_backend(alias.backend)
+    if not hasattr(backend, "stream"):  # as creating a message there would be
+        raise errors.not_a_chat_model(alias.public_id)
     counter = getattr(backend, "count_tokens", None)
     # A request, if no model call: under the key's requests per minute and slots in
     # flight (a tokenizer's work is real), spending no token, budget or alias limit.

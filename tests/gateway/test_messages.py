@@ -320,3 +320,14 @@ class CountTokensTests(MessagesTestCase):
             "/v1/messages/count_tokens", {"model": "nope", "messages": HI}
         )
         assert status == 404
+        embedder = await Backend.objects.acreate(name="embedder", kind="embedder")
+        await ModelAlias.objects.acreate(public_id="embed", backend=embedder)
+        for path in ("/v1/messages/count_tokens", "/v1/messages"):
+            body = {"model": "embed", "messages": HI, "max_tokens": 5}
+            if path.endswith("count_tokens"):
+                del body["max_tokens"]
+            status, _, content = await self.post(path, body)
+            assert (status, orjson.loads(content)["error"]["type"]) == (
+                400,
+                "invalid_request_error",
+            )
