@@ -631,7 +631,7 @@ class DailyKeyUsage(DailyUsage):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="+",
-        help_text="The key's owner when its last request of the day was logged.",
+        help_text="The key's owner when its first request of the day was logged.",
     )
 
     class Meta:

@@ -170,7 +170,8 @@ _upserts: dict[tuple[str, type[Model]], str] = {}  # by database vendor and mode
 
 def _upsert_sql(connection: BaseDatabaseWrapper, model: type[Model]) -> str:
     """INSERT ... ON CONFLICT (its grain) DO UPDATE adding the sums (PostgreSQL and
-    SQLite); a key's rollup also names the key, and its owner now."""
+    SQLite); a key's rollup also names the key and its owner, as they were at the day's
+    first request (an update of them would rewrite an index entry on every batch)."""
     statement = _upserts.get((connection.vendor, model))
     if statement is not None:
         return statement
@@ -185,7 +186,6 @@ def _upsert_sql(connection: BaseDatabaseWrapper, model: type[Model]) -> str:
         columns += ["api_key_id", "owner_id"]
         apikey = quote(ApiKey._meta.db_table)
         values += ["%(api_key_id)s", f"(SELECT owner_id FROM {apikey} WHERE id = %(api_key_id)s)"]
-        updates += [f"{quote(column)} = excluded.{quote(column)}" for column in columns[-2:]]
     statement = (
         f"INSERT INTO {table} ({', '.join(map(quote, columns))}) VALUES ({', '.join(values)})"
         f" ON CONFLICT ({', '.join(map(quote, per))}) DO UPDATE SET {', '.join(updates)}"

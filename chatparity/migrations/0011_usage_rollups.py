@@ -145,7 +145,7 @@ class Migration(migrations.Migration):
                 *_usage_fields(),
                 ("key_prefix", models.CharField(help_text="Kept when the key is deleted.", max_length=32)),
                 ("api_key", models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name="+", to="chatparity.apikey")),
-                ("owner", models.ForeignKey(blank=True, help_text="The key's owner when its last request of the day was logged.", null=True, on_delete=django.db.models.deletion.SET_NULL, related_name="+", to=settings.AUTH_USER_MODEL)),
+                ("owner", models.ForeignKey(blank=True, help_text="The key's owner when its first request of the day was logged.", null=True, on_delete=django.db.models.deletion.SET_NULL, related_name="+", to=settings.AUTH_USER_MODEL)),
             ],
             options={
                 "verbose_name": "daily usage of a key",
