@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -57,12 +57,12 @@ def upstream_request(request: ChatRequest, model: str, forwarded: dict[str, Any]
     system = [
         message.content
         for message in request.messages
-        if message.role in ("system", "developer") and message.content
+        if message.role in ("system", "developer") and _has_text(message.content)
     ]
     body: dict[str, Any] = {
         "model": model or request.model,
         "max_tokens": request.most_completion_tokens or DEFAULT_MAX_TOKENS,
-        "messages": list(_turns(request.messages)),
+        "messages": _ending_clean(list(_turns(request.messages))),
         "stream": True,
     }
     if system:
@@ -71,8 +71,10 @@ def upstream_request(request: ChatRequest, model: str, forwarded: dict[str, Any]
         body["temperature"] = min(forwarded["temperature"], 1.0)  # Anthropic's most
     if "top_p" in forwarded:
         body["top_p"] = forwarded["top_p"]
-    if request.stop and "stop" in forwarded:
-        body["stop_sequences"] = request.stop
+    # Anthropic refuses a stop sequence of whitespace alone: such ones are not sent.
+    stops = [stop for stop in request.stop or () if not stop.isspace()]
+    if stops and "stop" in forwarded:
+        body["stop_sequences"] = stops
     if request.user is not None and "user" in forwarded:
         body["metadata"] = {"user_id": request.user}
     if "service_tier" in forwarded:
@@ -136,13 +138,20 @@ def _thinking(request: ChatRequest, body: dict[str, Any]) -> dict[str, Any] | No
     return {"type": "enabled", "budget_tokens": budget}
 
 
+def _has_text(content: str | None) -> TypeGuard[str]:
+    """Whether ``content`` is more than whitespace: Anthropic refuses a text block that is
+    not (``text content blocks must contain non-whitespace text``), and models answer
+    ``"\\n\\n"`` before their calls."""
+    return bool(content and not content.isspace())
+
+
 def _blocks(message: Message) -> list[dict[str, Any]]:
-    """One chat message's content blocks (an empty text is no block: Anthropic refuses one)."""
+    """One chat message's content blocks (text of whitespace alone is no block)."""
     if message.role == "tool":
         result = {"type": "tool_result", "tool_use_id": message.tool_call_id}
         return [{**result, "content": message.content or ""}]
     blocks: list[dict[str, Any]] = []
-    if message.content:
+    if _has_text(message.content):
         blocks.append({"type": "text", "text": message.content})
     for call in message.tool_calls or ():
         function = call["function"]
@@ -177,6 +186,17 @@ def _turns(messages: list[Message]) -> Iterator[dict[str, Any]]:
         turn = {"role": role, "content": blocks}
     if turn is not None:
         yield turn
+
+
+def _ending_clean(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``turns`` with the text that ends an assistant turn last (a prefill) stripped of
+    trailing whitespace, which Anthropic refuses (``final assistant content cannot end
+    with trailing whitespace``)."""
+    if turns and turns[-1]["role"] == "assistant":
+        last = turns[-1]["content"][-1]
+        if last["type"] == "text":
+            last["text"] = last["text"].rstrip()
+    return turns
 
 
 class MessagesEventReader(ChunkReader):

@@ -162,6 +162,34 @@ def test_sampling_stops_user_and_format():
     assert body["output_config"] == {"format": {"type": "json_schema", "schema": schema}}
 
 
+def test_what_anthropic_refuses_of_whitespace_is_left_out():
+    """Text of whitespace alone (a model's "\\n\\n" before its calls, an empty system
+    message), a whitespace stop sequence and a prefill's trailing whitespace are each
+    Anthropic's 400: they are not sent."""
+    calling = {**CALLING[1], "content": "\n\n"}
+    body = asked(
+        messages=[
+            {"role": "system", "content": " "},
+            CALLING[0],
+            calling,
+            CALLING[2],
+            {"role": "user", "content": "\t"},
+            {"role": "assistant", "content": "The weather is "},
+        ],
+        stop=["\n", "END", " \t"],
+    )
+    assert "system" not in body
+    assert body["stop_sequences"] == ["END"]
+    assert body["messages"][1:] == [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1",
+                                           "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1",
+                                      "content": "Sunny"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "The weather is"}]},
+    ]  # fmt: skip
+    assert "stop_sequences" not in asked(stop=["\n"])
+
+
 def test_what_is_not_forwarded_is_not_sent():
     body = asked(forwarded=frozenset(), temperature=0.5, user="u1", tools=[WEATHER])
     assert set(body) == {"model", "max_tokens", "messages", "stream"}
