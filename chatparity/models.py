@@ -9,7 +9,7 @@ from decimal import Decimal
 from typing import Any, cast
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db import models
 from django.db.models.functions import Lower
 from django.utils import timezone
@@ -329,8 +329,20 @@ class PlanQuerySet(models.QuerySet["Plan"]):
         of highest priority (then by name); None without one."""
         if owner_id is None:
             return None
-        given = Plan.users.through.objects.filter(plan=models.OuterRef("pk"), user=owner_id)
-        plans = self.filter(models.Q(users=owner_id) | models.Q(groups__user=owner_id))
+        # Named as the site's user model names them (a model of its own: member, not
+        # user), and a user model without groups has plans given to its users only.
+        users: Any = Plan._meta.get_field("users")
+        given = users.remote_field.through.objects.filter(
+            plan=models.OuterRef("pk"), **{users.m2m_reverse_field_name(): owner_id}
+        )
+        theirs = models.Q(users=owner_id)
+        try:
+            groups: Any = users.related_model._meta.get_field("groups")
+        except FieldDoesNotExist:
+            pass
+        else:
+            theirs |= models.Q(**{f"groups__{groups.related_query_name()}": owner_id})
+        plans = self.filter(theirs)
         ordered = plans.annotate(given=models.Exists(given)).order_by("-given", "-priority", "name")
         return ordered.first()
 

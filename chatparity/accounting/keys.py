@@ -142,7 +142,7 @@ async def _load(name: str, load: Callable[..., Any], *args: Any) -> Any:
     except DatabaseError as exc:
         return _stale(name, exc)
     if generation == _generation[0]:
-        if len(_entries) > MAX_KEYS:
+        if len(_entries) >= MAX_KEYS:
             _entries.clear()
         _entries[name] = (loaded_at + app_settings.CACHE_SECONDS, loaded_at, value)
     return value

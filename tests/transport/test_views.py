@@ -357,6 +357,16 @@ class ModelsTests(ViewTestCase):
         assert [m["id"] for m in body["data"]] == ["smollm2"]
         assert set(body["data"][0]) == {"id", "object", "created", "owned_by"}
 
+    async def test_an_alias_whose_backend_is_disabled_is_shown_not_served(self):
+        self.local.enabled = False
+        await self.local.asave()
+        shown = await self.async_client.get(
+            "/v1/models/smollm2", headers={"Authorization": f"Bearer {self.plaintext}"}
+        )
+        assert (shown.status_code, shown.json()["id"]) == (200, "smollm2")
+        refused = await self.ask(max_tokens=1)
+        assert (refused.status_code, refused.json()["error"]["code"]) == (404, "model_not_found")
+
     async def test_retrieve_unknown_model_is_404(self):
         response = await self.async_client.get(
             "/v1/models/nope", headers={"Authorization": f"Bearer {self.plaintext}"}
