@@ -6,6 +6,7 @@ import threading
 from io import StringIO
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.core.checks import run_checks
 from django.core.management import CommandError, call_command
 from django.db import connection, connections
@@ -241,14 +242,14 @@ def test_prune_logs_while_requests_are_served_loses_none_of_their_rows_or_usage(
 
     def serve():
         async def requests():
-            for _ in range(8):
-                answers = await asyncio.gather(*(ask_fast_path(plaintext) for _ in range(5)))
-                statuses.extend(status for status, _ in answers)
+            try:
+                for _ in range(8):
+                    answers = await asyncio.gather(*(ask_fast_path(plaintext) for _ in range(5)))
+                    statuses.extend(status for status, _ in answers)
+            finally:  # the connections of the thread the queries ran on
+                await sync_to_async(connections.close_all)()
 
-        try:
-            asyncio.run(requests())
-        finally:
-            connections.close_all()
+        asyncio.run(requests())
 
     server = threading.Thread(target=serve)
     server.start()
