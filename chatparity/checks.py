@@ -423,3 +423,27 @@ def spool_dir_problem(path: Path) -> str:
     if status is None:
         return "does not exist yet, in a folder where any user may make it first."
     return ""
+
+
+# The log writer's rollups are one INSERT ... ON CONFLICT per batch (accounting.rollups).
+LOG_DATABASE_VENDORS = ("postgresql", "sqlite")
+
+
+@register(Tags.database)
+def check_log_database(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """The database the site's routers choose for the log is one the log writer can write."""
+    from django.db import connections, router
+
+    from .models import RequestLog
+
+    vendor = connections[router.db_for_write(RequestLog)].vendor
+    if vendor in LOG_DATABASE_VENDORS:
+        return []
+    return [
+        Error(
+            f"The request log's database is {vendor}: chatparity writes its log and"
+            " rollups on PostgreSQL or SQLite only.",
+            hint="Route chatparity's models to a PostgreSQL or SQLite database (DATABASE_ROUTERS).",
+            id="chatparity.E070",
+        )
+    ]

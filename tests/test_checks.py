@@ -3,6 +3,7 @@ example project's declarations."""
 
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from django.core.checks import run_checks
@@ -278,3 +279,15 @@ def test_a_cache_that_keeps_nothing_and_no_redis_is_a_warning():
     with override_settings(CACHES=DUMMY_CACHE, CHATPARITY={"REDIS_URL": "redis://x"}):
         assert check_counters() == []
     assert check_counters() == []  # the tests' own cache keeps what it is given
+
+
+def test_a_log_database_the_writer_cannot_write_is_an_error():
+    from django.db import connections
+
+    from chatparity.checks import check_log_database
+
+    assert check_log_database() == []  # SQLite, or CI's PostgreSQL
+    with mock.patch.object(type(connections["default"]), "vendor", "mysql"):
+        (error,) = check_log_database()
+    assert error.id == "chatparity.E070"
+    assert "mysql" in error.msg
