@@ -670,10 +670,11 @@ class BackPressureTests(TransactionTestCase):
         async def send(message):  # a client that reads ten frames, then nothing
             nonlocal frames
             if message["type"] == "http.response.body":
-                frames += 1
-                if frames > 10:
+                sent = message["body"].count(b"data: ")  # frames ready together: one message
+                if frames + sent > 10:  # this message's frames stay held, counted as such
                     stopped_reading.set()
                     await hung_up.wait()  # as a server's send waits for the socket to drain
+                frames += sent
 
         body = {"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "stream": True}
         inbox = [{"type": "http.request", "body": orjson.dumps(body)}]
