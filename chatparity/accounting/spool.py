@@ -265,7 +265,7 @@ def _drain_file(spool: Folder, name: str) -> int:
             for line in file.read().splitlines():
                 try:
                     rows.append(decode(line))
-                except (orjson.JSONDecodeError, KeyError):  # cut short by a crash
+                except orjson.JSONDecodeError:  # cut short by a crash
                     logger.error("chatparity: an unreadable spooled row in %s was skipped", path)
             written = _insert_missing(rows)
             spool.unlink(name)

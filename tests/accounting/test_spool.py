@@ -2,6 +2,7 @@
 the requests a killed worker had in flight are logged as interrupted."""
 
 import asyncio
+import fcntl
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from unittest import mock
 
 import pytest
 from django.apps import apps
+from django.conf import settings as django_settings
 from django.db import OperationalError, connections
 
 from chatparity.accounting import inserts, journal, spool, writer
@@ -460,3 +462,169 @@ def test_the_default_folder_is_named_by_a_key_no_other_user_knows(settings):
     assert default.parent == other.parent == Path(tempfile.gettempdir())
     assert default != other
     assert default.name.startswith(f"chatparity-spool-{os.getuid()}-")
+
+
+# What each line of the spool promises (found by mutation testing, bench/mutation.py).
+
+
+def test_without_a_spool_folder_nothing_is_pending_counted_or_drained(spool_dir):
+    assert not spool.pending()
+    assert spool.count() == 0
+    assert spool.drain() == 0
+    assert not spool_dir.exists()  # nor is one made to find out
+
+
+def test_a_spool_folder_that_is_a_file_is_refused(spool_dir):
+    spool_dir.write_bytes(b"")
+    with pytest.raises(PermissionError, match="is not a folder"):
+        spool.open_folder()
+
+
+ANOTHER_USER = pytest.mark.parametrize("other", [-1, 1], ids=["a lower uid", "a higher uid"])
+
+
+@ANOTHER_USER
+def test_a_spool_folder_another_user_made_is_refused(spool_dir, other):
+    spool_dir.mkdir(mode=0o700)
+    with (
+        mock.patch.object(os, "getuid", return_value=os.getuid() + other),  # we are them
+        pytest.raises(PermissionError, match="is not this user's alone"),
+    ):
+        spool.open_folder()
+
+
+@ANOTHER_USER
+def test_a_rows_file_another_user_made_is_never_appended_to(spool_dir, other):
+    spool.open_folder()
+    planted = spool_dir / f"rows-{os.getpid()}.jsonl"
+    planted.touch(mode=0o600)
+    with (
+        mock.patch.object(os, "getuid", return_value=os.getuid() + other),
+        pytest.raises(PermissionError, match="is not this user's alone"),
+    ):
+        spool.keep([a_row("req-1")])
+    assert planted.read_bytes() == b""
+
+
+def test_what_the_spool_and_the_journal_make_no_other_user_may_read(spool_dir):
+    spool.keep([a_row("req-1")])  # client addresses, user agents
+    journal.Journal(spool.open_folder()).begin(in_flight("req-2"))
+    made = [spool_dir, *spool_dir.iterdir()]
+    assert len(made) == 3
+    assert [(path.name, path.stat().st_mode & 0o077) for path in made] == [
+        (path.name, 0) for path in made
+    ]
+
+
+def test_a_symlink_in_the_spool_folder_is_neither_counted_nor_drained(spool_dir, tmp_path):
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_bytes(spool.encode(a_row("req-planted")))
+    spool_dir.mkdir(mode=0o700)
+    (spool_dir / "rows-999999.jsonl").symlink_to(elsewhere)
+    assert not spool.pending()
+    assert spool.count() == 0
+    assert spool.drain() == 0
+
+
+def test_a_symlink_under_this_processs_rows_file_name_is_never_followed(spool_dir, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    spool_dir.mkdir(mode=0o700)
+    (spool_dir / f"rows-{os.getpid()}.jsonl").symlink_to(victim)
+    with pytest.raises(OSError, match="symbolic links"):  # ELOOP: O_NOFOLLOW
+        spool.keep([a_row("req-1")])
+    assert victim.read_bytes() == b"precious"
+
+
+def test_rows_spooled_as_a_drain_claims_the_file_go_to_a_new_one(spool_dir):
+    spool.keep([a_row("req-1")])
+    folder = spool.open_folder()
+
+    class ClaimedMeanwhile(spool.Folder):
+        """A drain claims the rows file between keep()'s open and its lock."""
+
+        claimed = False
+
+        def open(self, name, flags):
+            descriptor = super().open(name, flags)
+            if not self.claimed:
+                self.claimed = True
+                self.rename(name, "claimed-meanwhile.jsonl")
+            return descriptor
+
+    meanwhile = ClaimedMeanwhile(folder.path, folder.descriptor)
+    with mock.patch.dict(spool._opened, {str(spool_dir): meanwhile}):
+        spool.keep([a_row("req-2")])
+    claimed = (spool_dir / "claimed-meanwhile.jsonl").read_bytes()
+    assert spool.decode(claimed).request_id == "req-1"
+    [rows] = spool_dir.glob("rows-*")
+    assert spool.decode(rows.read_bytes()).request_id == "req-2"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rows_file_a_writer_still_holds_is_left_for_the_next_drain(spool_dir):
+    spool.keep([a_row("req-1")])
+    [rows] = spool_dir.glob("rows-*")
+    with open(rows, "rb") as appending:
+        fcntl.flock(appending, fcntl.LOCK_EX)  # as keep() holds it while it writes
+        assert spool.drain() == 0
+    assert spool.drain() == 1
+    assert RequestLog.objects.get().request_id == "req-1"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_file_an_interrupted_drain_claimed_is_drained_by_the_next(spool_dir):
+    spool_dir.mkdir(mode=0o700)
+    claimed = spool_dir / "claimed-0123456789abcdef.jsonl"
+    claimed.write_bytes(spool.encode(a_row("req-1")))
+    claimed.chmod(0o600)
+    assert spool.drain() == 1
+    assert not claimed.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drain_of_more_rows_than_one_lookup_asks_for_writes_none_twice(spool_dir):
+    with mock.patch.object(spool, "_LOOKUP_CHUNK", 2):
+        spool.keep([a_row(f"req-{index}") for index in range(5)])
+        inserts.insert_rows([a_row("req-2"), a_row("req-3")])  # a drain that died after
+        assert spool.drain() == 3
+    assert RequestLog.objects.count() == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_cut_short_by_a_crash_is_skipped_and_the_others_written(spool_dir, caplog):
+    spool.keep([a_row("req-1"), a_row("req-2")])
+    [rows] = spool_dir.glob("rows-*")
+    with open(rows, "ab") as file:
+        file.write(spool.encode(a_row("req-3"))[:40])  # the process was killed mid-write
+    assert spool.drain() == 2
+    assert "an unreadable spooled row" in caplog.text
+
+
+@pytest.fixture
+def a_database_in_memory_and_one_in_a_file(tmp_path):
+    added = {"in_memory": ":memory:", "in_a_file": str(tmp_path / "db.sqlite3")}
+    for alias, name in added.items():
+        django_settings.DATABASES[alias] = {"ENGINE": "django.db.backends.sqlite3", "NAME": name}
+    connections.configure_settings(django_settings.DATABASES)
+    yield
+    for alias in added:
+        connections[alias].close()
+        del django_settings.DATABASES[alias]
+
+
+def test_each_process_on_an_in_memory_database_spools_into_a_folder_of_its_own(
+    settings, a_database_in_memory_and_one_in_a_file
+):
+    settings.CHATPARITY = {**SCRIPTED, "SPOOL_DIR": None}
+
+    def folders_of_two_processes(alias):
+        settings.DATABASE_ROUTERS = [routed.ChatparityIn(alias)]
+        mine = spool.spool_path()
+        with mock.patch.object(os, "getpid", return_value=os.getpid() + 1):
+            return mine, spool.spool_path()
+
+    mine, another = folders_of_two_processes("in_memory")
+    assert mine != another  # no other process sees that database
+    mine, another = folders_of_two_processes("in_a_file")
+    assert mine == another  # each drains what the other spooled
