@@ -628,3 +628,75 @@ def test_each_process_on_an_in_memory_database_spools_into_a_folder_of_its_own(
     assert mine != another  # no other process sees that database
     mine, another = folders_of_two_processes("in_a_file")
     assert mine == another  # each drains what the other spooled
+
+
+def test_a_spool_folder_whose_parents_are_missing_is_made_with_them(settings, tmp_path):
+    nested = tmp_path / "var" / "chatparity" / "spool"
+    settings.CHATPARITY = {**SCRIPTED, "SPOOL_DIR": str(nested)}
+    spool.keep([a_row("req-1")])
+    assert spool.count() == 1
+
+
+def test_this_users_folder_and_files_are_known_by_the_owners_number(spool_dir):
+    # A uid past the small integers CPython shares, so that an owner compared by
+    # identity rather than by number would be another user's.
+    spool_dir.mkdir(mode=0o700)
+    rows = spool_dir / f"rows-{os.getpid()}.jsonl"
+    rows.touch(mode=0o600)
+    owner = os.getuid()
+    if owner == 0:  # root, as CI may run: both are given to a uid past them
+        owner = 4242
+        for path in (spool_dir, rows):
+            os.chown(path, owner, -1)
+    with mock.patch.object(os, "getuid", side_effect=lambda: int(str(owner))):
+        spool.keep([a_row("req-1")])
+        assert spool.count() == 1
+
+
+def a_rows_file(spool_dir, name, request_id):
+    """A file of spooled rows as another process of the machine leaves it."""
+    path = spool_dir / name
+    path.write_bytes(spool.encode(a_row(request_id)))
+    path.chmod(0o600)
+    return path
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drain_passes_over_a_file_another_drain_claimed_first(spool_dir):
+    spool_dir.mkdir(mode=0o700)
+    a_rows_file(spool_dir, "rows-1.jsonl", "req-1")
+    a_rows_file(spool_dir, "rows-2.jsonl", "req-2")
+    folder = spool.open_folder()
+
+    class ClaimedFirst(spool.Folder):
+        def rename(self, old, new):
+            if old == "rows-1.jsonl":  # another drain claims it just before this one
+                super().rename(old, "claimed-by-another.jsonl")
+            super().rename(old, new)
+
+    with mock.patch.dict(
+        spool._opened, {str(spool_dir): ClaimedFirst(spool_dir, folder.descriptor)}
+    ):
+        assert spool.drain() == 1  # rows-2's
+    assert spool.drain() == 1  # the other's claim, unfinished: taken by the next drain
+    assert sorted(RequestLog.objects.values_list("request_id", flat=True)) == ["req-1", "req-2"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drain_passes_over_a_file_another_drain_finished_first(spool_dir):
+    spool_dir.mkdir(mode=0o700)
+    a_rows_file(spool_dir, "claimed-left.jsonl", "req-1")  # an interrupted drain's
+    folder = spool.open_folder()
+
+    class FinishedFirst(spool.Folder):
+        def open(self, name, flags):
+            if name == "claimed-left.jsonl":  # another drain takes it whole meanwhile
+                with mock.patch.dict(spool._opened, {str(spool_dir): folder}):
+                    assert spool.drain() == 1
+            return super().open(name, flags)
+
+    with mock.patch.dict(
+        spool._opened, {str(spool_dir): FinishedFirst(spool_dir, folder.descriptor)}
+    ):
+        assert spool.drain() == 0
+    assert RequestLog.objects.get().request_id == "req-1"
