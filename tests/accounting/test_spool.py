@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from decimal import Decimal
 from pathlib import Path
 from unittest import mock
@@ -700,3 +701,60 @@ def test_a_drain_passes_over_a_file_another_drain_finished_first(spool_dir):
     ):
         assert spool.drain() == 0
     assert RequestLog.objects.get().request_id == "req-1"
+
+
+# What each line of the journal promises (found by mutation testing, bench/mutation.py).
+
+
+def test_an_interrupted_row_lasts_from_its_request_s_start_to_its_last_progress(spool_dir):
+    spool_dir.mkdir(mode=0o700)
+    live = journal.Journal(spool.open_folder())
+    streaming = in_flight("req-streaming")
+    streaming.started -= 2.0  # admitted two seconds ago
+    live.begin(streaming)
+    streaming.completion_tokens_sent = 3
+    live.note_progress()
+    left_by_a_killed_worker(spool_dir, live)
+    assert journal.recover() == 1
+    [spooled] = spool_dir.glob("rows-*")
+    row = spool.decode(spooled.read_bytes())
+    assert 1900 < row.duration_ms < 2900
+    assert abs(row.created_at.timestamp() - time.time()) < 1  # when last heard of
+
+
+def test_a_journal_line_cut_short_by_a_kill_is_passed_over(spool_dir):
+    lines = journal._begin_line(in_flight("req-1")) + journal._begin_line(in_flight("req-2"))
+    rows = journal.interrupted_rows(lines[:-20])  # killed while writing the second
+    assert [row.request_id for row in rows] == ["req-1"]
+
+
+@pytest.fixture
+def no_journal_yet(spool_dir):
+    spool_dir.mkdir(mode=0o700)
+    with mock.patch.object(journal, "_current", None):
+        yield
+
+
+def test_a_process_journals_into_one_journal_for_its_whole_life(no_journal_yet):
+    assert journal.current() is journal.current()
+
+
+@pytest.mark.parametrize("other", [-1, 1], ids=["a lower pid", "a higher pid"])
+def test_a_process_forked_from_this_one_journals_into_a_journal_of_its_own(
+    no_journal_yet, spool_dir, other
+):
+    parent = journal.current()
+    journal.begin(in_flight("req-parents"))
+    before = (spool_dir / parent.name).read_bytes()
+    with mock.patch.object(os, "getpid", return_value=os.getpid() + other):  # the child
+        journal.end("req-parents")  # a request it did not begin: not its to end
+        journal.begin(in_flight("req-childs"))
+        assert journal.current().name == f"journal-{os.getpid()}.jsonl" != parent.name
+    assert (spool_dir / parent.name).read_bytes() == before
+
+
+def test_a_request_ended_through_the_module_leaves_no_interrupted_row(no_journal_yet, spool_dir):
+    journal.begin(in_flight("req-done"))
+    journal.end("req-done")
+    left_by_a_killed_worker(spool_dir, journal.current())
+    assert journal.recover() == 0
