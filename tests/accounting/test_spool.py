@@ -758,3 +758,38 @@ def test_a_request_ended_through_the_module_leaves_no_interrupted_row(no_journal
     journal.end("req-done")
     left_by_a_killed_worker(spool_dir, journal.current())
     assert journal.recover() == 0
+
+
+def test_a_request_that_sent_nothing_since_its_last_note_is_not_noted_again(spool_dir):
+    spool_dir.mkdir(mode=0o700)
+    live = journal.Journal(spool.open_folder())
+    streaming = in_flight("req-streaming")
+    live.begin(streaming)
+    streaming.completion_tokens_sent = 3
+
+    def journalled():
+        return (spool_dir / live.name).read_bytes().rstrip(b"\0")
+
+    live.note_progress()
+    noted = journalled()
+    live.note_progress()
+    assert journalled() == noted
+
+
+def test_a_journal_another_recoverer_took_meanwhile_is_passed_over_for_the_next(spool_dir):
+    spool_dir.mkdir(mode=0o700)
+    for pid in (999998, 999999):
+        left = spool_dir / f"journal-{pid}.jsonl"
+        left.write_bytes(journal._begin_line(in_flight(f"req-{pid}")))
+        left.chmod(0o600)
+    folder = spool.open_folder()
+
+    class TakenMeanwhile(spool.Folder):
+        def open(self, name, flags):
+            if name == "journal-999998.jsonl":  # recovered by another process meanwhile
+                self.unlink(name)
+            return super().open(name, flags)
+
+    assert journal.recover(TakenMeanwhile(spool_dir, folder.descriptor)) == 1
+    [spooled] = spool_dir.glob("rows-*")
+    assert spool.decode(spooled.read_bytes()).request_id == "req-999999"
