@@ -56,7 +56,8 @@ TARGETS = {
     "chatparity/accounting/limits.py": "tests/accounting/test_limits.py",
     "chatparity/accounting/spool.py": f"tests/accounting/test_spool.py {WITHOUT_OUTAGE}",
     "chatparity/accounting/journal.py": f"tests/accounting/test_spool.py {WITHOUT_OUTAGE}",
-    "chatparity/gateway/responses.py": "tests/gateway/test_responses.py",
+    "chatparity/gateway/responses.py": "tests/gateway/test_responses.py"
+    " tests/gateway/test_responses_limits.py",
 }
 # Plugins these tests do not use, which cost each mutant's run seconds to import.
 PYTEST = (
