@@ -1,14 +1,16 @@
 """Mutation testing of the modules where money and access are at stake, with cosmic-ray.
 
-    .venv/bin/python bench/mutation.py [MODULE ...] [--only NAME ...] [--timeout 120]
-                                       [--session-dir DIR [--again]]
+    .venv/bin/python bench/mutation.py [MODULE ...] [--only NAME ...] [--skip-operators RE]
+                                       [--timeout 120] [--session-dir DIR [--again]]
 
 Each module (default: all of :data:`TARGETS`) is mutated in a scratch copy of the
 committed tree (``git archive HEAD``: commit first; never the shared working tree, where
 others' edits in progress may fail the tests, and never in place); the copy's tests must
 pass unmutated, then every mutant runs the tests that speak for that module. ``--only``
 mutates only the named functions, classes or methods (``Class.method``) of the modules
-given, for a module too large to run whole on the machine at hand. Mutants of type
+given, and ``--skip-operators`` leaves out the operators whose name (``core/...``) the
+regular expression matches, for a module too large to run whole on the machine at hand
+(the table says which were chosen). Mutants of type
 annotations are skipped: the modules import ``annotations`` from ``__future__``, so an
 annotation is never evaluated and no test could tell ``int | None`` from ``int & None``.
 ``--session-dir`` keeps the copies and cosmic-ray's sessions there: a run cut short
@@ -26,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -34,6 +38,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
 
 from cosmic_ray.work_db import WorkDB, use_db
@@ -85,13 +90,18 @@ Span = tuple[tuple[int, int], tuple[int, int]]
 
 
 def mutate(
-    module: str, tests: str, only: list[str], timeout: float, scratch: Path, again: bool
+    module: str,
+    tests: str,
+    selection: Selection,
+    timeout: float,
+    scratch: Path,
+    again: bool,
 ) -> tuple[dict[str, int], list[str]]:
-    """Run every mutant of ``module`` (of the functions named in ``only``, if any), or
-    ``again`` those that survived: the counts, and the survivors' diffs."""
+    """Run every mutant of ``module`` (those ``selection`` chooses), or ``again`` those
+    that survived: the counts, and the survivors' diffs."""
     stem = Path(module).stem
     tree, config = scratch / f"{stem}-tree", scratch / f"{stem}.toml"
-    session = scratch / f"{stem}-{'-'.join(only) or 'all'}.sqlite"
+    session = scratch / f"{stem}-{selection.key()}.sqlite"
     original = scratch / f"{stem}.original.py"
     if session.exists() and not again:  # a run cut short, maybe with a mutant in place
         shutil.copyfile(original, tree / module)
@@ -112,7 +122,7 @@ def mutate(
                 database.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'")
         else:
             subprocess.run([BIN / "cosmic-ray", "init", config, session], cwd=tree, check=True)
-            _skip_unwanted(session, (tree / module).read_text(), only)
+            _skip_unwanted(session, (tree / module).read_text(), selection)
     subprocess.run(
         [BIN / "cosmic-ray", "exec", config, session], cwd=tree, env=ENVIRONMENT, check=True
     )
@@ -136,17 +146,42 @@ def _copy_committed_tree(tree: Path) -> None:
     )
 
 
-def _skip_unwanted(session: Path, source: str, only: list[str]) -> None:
-    """Mark as skipped the mutants of annotations, and those outside ``only``."""
+@dataclass(frozen=True)
+class Selection:
+    """The mutants run: of the functions named in ``only`` (all if none), by operators
+    ``skip_operators`` does not match."""
+
+    only: tuple[str, ...] = ()
+    skip_operators: str = ""
+
+    def key(self) -> str:
+        """A name for the session of this selection."""
+        if not self.only and not self.skip_operators:
+            return "all"
+        chosen = "|".join(self.only) + "/" + self.skip_operators
+        return "selected-" + hashlib.sha256(chosen.encode()).hexdigest()[:8]
+
+    def __str__(self) -> str:
+        parts = [", ".join(self.only)] if self.only else []
+        if self.skip_operators:
+            parts.append(f"operators not matching {self.skip_operators}")
+        return "; ".join(parts)
+
+
+def _skip_unwanted(session: Path, source: str, selection: Selection) -> None:
+    """Mark as skipped the mutants of annotations, and those ``selection`` leaves out."""
     tree = ast.parse(source)
     annotations = list(_annotation_spans(tree))
-    wanted = list(_named_spans(tree, only)) if only else None
+    wanted = list(_named_spans(tree, list(selection.only))) if selection.only else None
+    skipping = re.compile(selection.skip_operators) if selection.skip_operators else None
     skipped = WorkResult(worker_outcome=WorkerOutcome.SKIPPED)
     with use_db(str(session), WorkDB.Mode.open) as db:
         for item in db.work_items:
             for mutation in item.mutations:
-                if any(_within(mutation, span) for span in annotations) or (
-                    wanted is not None and not any(_within(mutation, span) for span in wanted)
+                if (
+                    any(_within(mutation, span) for span in annotations)
+                    or (wanted is not None and not any(_within(mutation, s) for s in wanted))
+                    or (skipping is not None and skipping.search(mutation.operator_name))
                 ):
                     db.set_result(item.job_id, skipped)
 
@@ -236,17 +271,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("modules", nargs="*", default=list(TARGETS))
     parser.add_argument("--only", nargs="+", default=[], metavar="NAME")
+    parser.add_argument("--skip-operators", default="", metavar="RE")
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--session-dir", type=Path)
     parser.add_argument("--again", action="store_true")
     args = parser.parse_args()
+    selection = Selection(tuple(args.only), args.skip_operators)
     rows, survivors = [], []
     with tempfile.TemporaryDirectory(prefix="chatparity-mutation-") as temporary:
         scratch = args.session_dir or Path(temporary)
         scratch.mkdir(parents=True, exist_ok=True)
         for module in args.modules:
             counts, diffs = mutate(
-                module, TARGETS[module], args.only, args.timeout, scratch, args.again
+                module, TARGETS[module], selection, args.timeout, scratch, args.again
             )
             rows.append((module, counts))
             survivors.extend(diffs)
@@ -257,7 +294,7 @@ def main() -> None:
         score = (c["killed"] + c["timeout"]) / tested if tested else 0.0
         pending = f" ({c['pending']} not run)" if c["pending"] else ""
         print(
-            f"| {module}{' (' + ', '.join(args.only) + ')' if args.only else ''} | {c['made']}"
+            f"| {module}{f' ({selection})' if str(selection) else ''} | {c['made']}"
             f"{pending} | {c['killed']} | {c['survived']} | {c['timeout']} | {score:.0%} |"
         )
     for diff in survivors:
