@@ -400,6 +400,8 @@ def test_a_journal_of_many_open_requests_is_not_rewritten_on_every_write(spool_d
             for index in range(200):
                 own.begin(UsageRecord(request_id=f"r{index}", key_prefix="sk-cp-abcd"))
     assert 1 <= compact.call_count <= 10
+    still_open = journal.interrupted_rows((spool_dir / own.name).read_bytes())
+    assert len(still_open) == 200  # none left behind by a compaction
 
 
 # Security round 3: a local user of the machine pointed the spool folder's name at a
@@ -472,6 +474,7 @@ def test_without_a_spool_folder_nothing_is_pending_counted_or_drained(spool_dir)
     assert not spool.pending()
     assert spool.count() == 0
     assert spool.drain() == 0
+    assert journal.recover() == 0
     assert not spool_dir.exists()  # nor is one made to find out
 
 
@@ -712,12 +715,13 @@ def test_an_interrupted_row_lasts_from_its_request_s_start_to_its_last_progress(
     streaming = in_flight("req-streaming")
     streaming.started -= 2.0  # admitted two seconds ago
     live.begin(streaming)
-    streaming.completion_tokens_sent = 3
+    streaming.completion_tokens_sent = 1  # its first token
     live.note_progress()
     left_by_a_killed_worker(spool_dir, live)
     assert journal.recover() == 1
     [spooled] = spool_dir.glob("rows-*")
     row = spool.decode(spooled.read_bytes())
+    assert row.completion_tokens == 1
     assert 1900 < row.duration_ms < 2900
     assert abs(row.created_at.timestamp() - time.time()) < 1  # when last heard of
 
