@@ -23,9 +23,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_chatparity_passes_every_check(daphne_server):
     out = StringIO()
+    # Named: other tests add aliases to the same live server (one that sorts first would
+    # otherwise be the model under test).
     call_command(
-        "chatparity_conformance", daphne_server.base_url, "--key", daphne_server.key, stdout=out
-    )  # returning at all means exit status 0
+        "chatparity_conformance",
+        daphne_server.base_url,
+        "--key",
+        daphne_server.key,
+        "--model",
+        "smollm2",
+        "--embedding-model",
+        "embed-small",
+        stdout=out,
+    )  # returning at all means exit status 0; fmt: skip
     table = out.getvalue()
     print(table)
     assert table.splitlines()[-1] == f"{len(CHECKS)} checks: {len(CHECKS)} passed, 0 failed"
@@ -101,16 +111,17 @@ def test_chatparity_chained_through_its_messages_api_passes_the_messages_checks(
         "shell",
         "-c",
         "from chatparity.models import Backend, ModelAlias;"
-        " backend = Backend.objects.create(name='chained', kind='openai',"
+        " backend = Backend.objects.create(name='chained-messages', kind='openai',"
         f" base_url='{daphne_server.base_url}', secret='{daphne_server.key}',"
         " options={'wire_api': 'messages', 'retries': 0});"
-        " ModelAlias.objects.create(public_id='chained', backend=backend, model='smollm2')",
+        " ModelAlias.objects.create(public_id='chained-messages', backend=backend,"
+        " model='smollm2')",
     )
-    daphne_server.wait_for_models("chained")
+    daphne_server.wait_for_models("chained-messages")
     out = StringIO()
     call_command(
         "chatparity_conformance", daphne_server.base_url, "--key", daphne_server.key,
-        "--model", "chained", "--only", "messages.", stdout=out,
+        "--model", "chained-messages", "--only", "messages.", stdout=out,
     )  # fmt: skip
     table = out.getvalue()
     print(table)
