@@ -391,6 +391,22 @@ def before_and_after(workloads: list[Workload]) -> list[str]:
     return out
 
 
+def summary_table(workloads: list[Workload]) -> list[str]:
+    """Each workload's CPU per request and its stages' shares of the GIL samples."""
+    lines = [
+        "| | " + " | ".join(w.name for w in workloads) + " |",
+        "|---|" + "---:|" * len(workloads),
+        "| worker CPU per request | "
+        + " | ".join(f"{w.cpu_ms_per_request:.2f} ms" for w in workloads)
+        + " |",
+    ]
+    for label in [label for label, _ in STAGES] + [OTHER]:
+        shares = [share(w.views["gil"].stages[label], w.views["gil"].samples) for w in workloads]
+        if any(value not in ("", "0.0%") for value in shares):
+            lines.append(f"| {label} (GIL) | " + " | ".join(shares) + " |")
+    return lines
+
+
 def report(workloads: list[Workload], anatomy: str, server: str, workers: int, seconds: int) -> str:
     out = [
         "# chatparity hot path profile",
@@ -413,6 +429,8 @@ def report(workloads: list[Workload], anatomy: str, server: str, workers: int, s
     ]
     for w in workloads:
         out.append(f"| {w.name} | {w.rps:.0f} | {w.p50_ms:.1f} | {w.cpu_ms_per_request:.2f} ms |")
+    out += ["", "Stages by workload (GIL view; each workload's section has both views):", ""]
+    out += summary_table(workloads)
     out += [
         "",
         "## One request, counted (in-process)",
@@ -521,6 +539,7 @@ def main() -> None:
     args.out.write_text(
         report(workloads, anatomy, server_name(args.server), args.workers, args.duration)
     )
+    print("\n".join(summary_table(workloads)))
     log(f"Wrote {args.out} and {OUT}/")
 
 
