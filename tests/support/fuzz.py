@@ -47,3 +47,9 @@ def bounded(max_examples):
         database=None,
         suppress_health_check=list(HealthCheck),
     )
+
+
+def checks_for(status: int) -> list:
+    """:data:`CHECKS` for an answer of ``status``: a 413 refuses a body too large to read,
+    which schemathesis's negative-data check does not count as refusing it."""
+    return [check for check in CHECKS if status != 413 or check is not negative_data_rejection]
