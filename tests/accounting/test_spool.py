@@ -3,6 +3,7 @@ the requests a killed worker had in flight are logged as interrupted."""
 
 import asyncio
 import fcntl
+import logging
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from decimal import Decimal
 from pathlib import Path
 from unittest import mock
 
+import orjson
 import pytest
 from django.apps import apps
 from django.conf import settings as django_settings
@@ -279,19 +281,27 @@ def test_a_journal_two_workers_recover_at_once_is_recovered_once(spool_dir):
     live = journal.Journal(spool.open_folder())
     live.begin(in_flight("req-streaming"))
     left = left_by_a_killed_worker(spool_dir, live)
+    a_dead_workers_journal(spool_dir, journal._begin_line(in_flight("req-other")), pid=999998)
+    folder = spool.open_folder()
+
+    class ThatOneOnly(spool.Folder):
+        def names(self):
+            return [left.name]
 
     class RecoveredMeanwhile(spool.Folder):
         """A recoverer that opened the journal, then another took it whole."""
 
+        def names(self):
+            return sorted(super().names(), key=lambda name: name != left.name)
+
         def open(self, name, flags):
             descriptor = super().open(name, flags)
             if name == left.name:
-                assert journal.recover() == 1
+                assert journal.recover(ThatOneOnly(folder.path, folder.descriptor)) == 1
             return descriptor
 
-    folder = spool.open_folder()
-    assert journal.recover(RecoveredMeanwhile(folder.path, folder.descriptor)) == 0
-    assert spool.count() == 1
+    assert journal.recover(RecoveredMeanwhile(folder.path, folder.descriptor)) == 1  # the other
+    assert spool.count() == 2
 
 
 def test_a_request_that_ends_while_its_progress_is_noted_stays_ended(spool_dir):
@@ -797,3 +807,98 @@ def test_a_journal_another_recoverer_took_meanwhile_is_passed_over_for_the_next(
     assert journal.recover(TakenMeanwhile(spool_dir, folder.descriptor)) == 1
     [spooled] = spool_dir.glob("rows-*")
     assert spool.decode(spooled.read_bytes()).request_id == "req-999999"
+
+
+def a_dead_workers_journal(spool_dir, *lines, pid=999999):
+    """A journal holding ``lines``, as a worker that was killed left it."""
+    left = spool_dir / f"journal-{pid}.jsonl"
+    left.write_bytes(b"".join(lines))
+    left.chmod(0o600)
+    return left
+
+
+def the_interrupted_row(spool_dir):
+    assert journal.recover() == 1
+    [spooled] = spool_dir.glob("rows-*")
+    return spool.decode(spooled.read_bytes())
+
+
+def test_a_request_killed_before_any_progress_note_is_a_row_of_no_time_and_no_tokens(spool_dir):
+    spool_dir.mkdir(mode=0o700)
+    a_dead_workers_journal(spool_dir, journal._begin_line(in_flight("req-1")))
+    row = the_interrupted_row(spool_dir)
+    assert (row.completion_tokens, row.completion_id, row.duration_ms) == (0, "", 0)
+
+
+def test_an_interrupted_row_never_lasts_less_than_nothing(spool_dir):
+    # The machine's clock set back between the request's start and its last note.
+    spool_dir.mkdir(mode=0o700)
+    begin = journal._begin_line(in_flight("req-1"))
+    noted = {"progress": "req-1", "seen": orjson.loads(begin)["at"] - 5, "completion_tokens": 2}
+    a_dead_workers_journal(spool_dir, begin, orjson.dumps(noted) + b"\n")
+    assert the_interrupted_row(spool_dir).duration_ms == 0
+
+
+def test_a_requests_completion_id_is_noted_before_its_first_token(spool_dir):
+    spool_dir.mkdir(mode=0o700)
+    live = journal.Journal(spool.open_folder())
+    waiting = in_flight("req-waiting")
+    live.begin(waiting)
+    waiting.completion_id = "chatcmpl-waiting"  # the backend has not answered yet
+    live.note_progress()
+    left_by_a_killed_worker(spool_dir, live)
+    assert the_interrupted_row(spool_dir).completion_id == "chatcmpl-waiting"
+
+
+def test_recovery_goes_past_every_file_it_leaves_alone(spool_dir, caplog):
+    spool_dir.mkdir(mode=0o700)
+    live = journal.Journal(spool.open_folder())
+    live.begin(in_flight("req-live"))
+    spool.keep([a_row("req-spooled")])
+    a_dead_workers_journal(spool_dir, b"", pid=999997).chmod(0o666)  # not this user's
+    a_dead_workers_journal(spool_dir, journal._begin_line(in_flight("req-dead")))
+    folder = spool.open_folder()
+
+    class DeadLast(spool.Folder):
+        def names(self):
+            return sorted(super().names(), key=lambda name: name == "journal-999999.jsonl")
+
+    with caplog.at_level(logging.WARNING, "chatparity.accounting.journal"):
+        assert journal.recover(DeadLast(spool_dir, folder.descriptor)) == 1
+    assert "1 requests of stopped workers spooled as interrupted" in caplog.text
+
+
+def test_nothing_recovered_is_nothing_said(spool_dir, caplog):
+    spool_dir.mkdir(mode=0o700)
+    with caplog.at_level(logging.WARNING, "chatparity.accounting.journal"):
+        assert journal.recover() == 0
+    assert caplog.records == []
+
+
+def test_ending_a_request_before_any_journal_was_opened_does_nothing(no_journal_yet):
+    journal.end("req-never-begun")
+
+
+def test_a_journal_that_cannot_be_written_loses_its_notes_never_the_request(
+    settings, tmp_path, caplog
+):
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_bytes(b"")
+    settings.CHATPARITY = {**SCRIPTED, "SPOOL_DIR": str(in_the_way / "spool")}
+    with mock.patch.object(journal, "_current", None), caplog.at_level(logging.ERROR):
+        journal.begin(in_flight("req-1"))
+    assert "request req-1 was not journalled" in caplog.text
+
+
+def test_a_journal_that_can_no_longer_be_written_loses_its_notes_never_the_request(
+    no_journal_yet, spool_dir, caplog
+):
+    begin = journal._begin_line(in_flight("req-1"))
+    with mock.patch.object(journal, "COMPACT_BYTES", len(begin) + 5):  # no room for its end
+        journal.begin(in_flight("req-1"))
+        for path in spool_dir.iterdir():
+            path.unlink()
+        spool_dir.rmdir()  # its folder gone: the compaction cannot make a file
+        with caplog.at_level(logging.ERROR):
+            journal.end("req-1")
+    assert "the end of request req-1 was not journalled" in caplog.text
