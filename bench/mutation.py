@@ -62,7 +62,8 @@ TARGETS = {
     "chatparity/accounting/spool.py": f"tests/accounting/test_spool.py {WITHOUT_OUTAGE}",
     "chatparity/accounting/journal.py": f"tests/accounting/test_spool.py {WITHOUT_OUTAGE}",
     "chatparity/gateway/responses.py": "tests/gateway/test_responses.py"
-    " tests/gateway/test_responses_limits.py",
+    " tests/gateway/test_responses_limits.py"
+    " tests/backends/test_upstream_responses.py::NativeResponsesTests",
 }
 # Plugins these tests do not use, which cost each mutant's run seconds to import.
 PYTEST = (
