@@ -37,13 +37,21 @@ def reconnecting(function: Callable[P, T]) -> Callable[P, T]:
 
     @wraps(function)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        opened = {
+            each: each.connection
+            for each in connections.all(initialized_only=True)
+            if each.connection is not None
+        }
         try:
             return function(*args, **kwargs)
         except DatabaseError:
+            # Unusable, or replaced already: Django drops a connection whose transaction
+            # it could not roll back (bulk_create's, for one) and opens another.
             broken = [
                 connection
                 for connection in connections.all(initialized_only=True)
-                if connection.connection is not None and not connection.is_usable()
+                if (connection.connection is not None and not connection.is_usable())
+                or (connection in opened and opened[connection] is not connection.connection)
             ]
             if not broken or any(connection.in_atomic_block for connection in broken):
                 raise

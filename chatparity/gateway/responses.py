@@ -283,9 +283,8 @@ async def _history(
             await _check_room(grant, adding, bounds["KEY"])
         if response_id is None:
             return []
-        most = _limits().max_messages
         chain = await sync_to_async(_chain)(
-            response_id, grant, None if most is None else most + 1, bounds["CHAIN"] - adding
+            response_id, grant, app_settings.MAX_MESSAGES + 1, bounds["CHAIN"] - adding
         )
     except DatabaseError:
         logger.exception("chatparity: stored responses could not be read")
@@ -335,9 +334,7 @@ async def _check_room(grant: Grant, adding: int, most: int) -> None:
 
 
 @reconnecting
-def _chain(
-    response_id: str, grant: Grant, most: int | None, most_bytes: int
-) -> list[StoredResponse]:
+def _chain(response_id: str, grant: Grant, most: int, most_bytes: int) -> list[StoredResponse]:
     """``response_id`` and the responses it continued, newest first, as far as ``grant``
     sees them, ``most`` of them at most: each gives the conversation one message at
     least, so more than ``MAX_MESSAGES`` is refused whatever the rest would be.
@@ -357,9 +354,8 @@ def _chain(
         " WHERE chain.depth < %s"
         ") SELECT id, size FROM chain ORDER BY depth"
     )
-    depth = most if most is not None else 2**31 - 1
     with connections[database].cursor() as cursor:
-        cursor.execute(statement, [*params, response_id, *params, depth])
+        cursor.execute(statement, [*params, response_id, *params, most])
         sizes = dict(cursor.fetchall())  # by id, newest first; a cycle (ids that collided) once
     held = sum(sizes.values())
     if held > most_bytes:

@@ -6,8 +6,12 @@ from datetime import timedelta
 from unittest import mock
 
 import orjson
+import pytest
+from asgiref.testing import ApplicationCommunicator
 from django.contrib.auth import get_user_model
-from django.db import DataError, OperationalError
+from django.core.asgi import get_asgi_application
+from django.core.cache import cache
+from django.db import DataError, OperationalError, connections
 from django.test import override_settings
 from django.utils import timezone
 
@@ -17,7 +21,9 @@ from chatparity.gateway.responses import Keeper
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog, StoredResponse
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
-from tests.asgi import FastPathTestCase, http_scope
+from chatparity.transport.fastpath import FastPath
+from tests.asgi import FastPathTestCase, http_scope, reply_body
+from tests.support import routed
 from tests.support.waiting import until
 from tests.support.wire import TWO_DELTAS
 
@@ -338,6 +344,49 @@ class StoreTests(ResponsesTestCase):
                   StoredResponse.objects.order_by("created_at")]  # fmt: skip
         assert sorted(stored) == ["kept", "kept too"]
 
+    async def test_a_response_whose_id_is_as_long_as_the_column_is_found(self):
+        _, answered = await self.create(input="Hi")
+        stored = await StoredResponse.objects.aget(pk=answered["id"])
+        stored.pk = "resp_" + "x" * (StoredResponse._meta.get_field("id").max_length - 5)
+        await stored.asave(force_insert=True)
+        status, _, content = await self.fast("GET", f"/v1/responses/{stored.pk}")
+        assert (status, orjson.loads(content)["id"]) == (200, answered["id"])
+
+    async def test_stored_responses_the_database_cannot_read_now_are_a_503(self):
+        _, answered = await self.create(input="Hi")
+        refusal = OperationalError("connection refused")
+        with mock.patch.object(responses, "_first", side_effect=refusal):
+            status, _, content = await self.fast("GET", f"/v1/responses/{answered['id']}")
+        read = orjson.loads(content)["error"]
+        assert (status, read["message"]) == (503, "Stored responses cannot be read right now.")
+        with mock.patch.object(responses, "_chain", side_effect=refusal):
+            status, go_on = await self.create(input="Go on", previous_response_id=answered["id"])
+        assert (status, go_on["error"]["message"]) == (503, read["message"])
+
+    async def test_reading_stored_responses_spends_no_tokens(self):
+        self.key.tokens_per_minute = 10_000
+        await self.key.asave()  # its signal empties the key cache
+
+        async def tokens_left_after_a_response():
+            status, headers, content = await self.fast(
+                "POST", "/v1/responses", {"model": "echo", "input": "Hi"}
+            )
+            assert status == 200
+            return int(headers[b"x-ratelimit-remaining-tokens"]), orjson.loads(content)["id"]
+
+        first, answered = await tokens_left_after_a_response()
+        second, _ = await tokens_left_after_a_response()
+        for path in (f"/v1/responses/{answered}", f"/v1/responses/{answered}/input_items"):
+            assert (await self.fast("GET", path))[0] == 200
+        third, _ = await tokens_left_after_a_response()
+        assert first - second == second - third  # a response's tokens, and none for reads
+
+    async def test_the_route_of_new_responses_takes_posts_only(self):
+        status, headers, content = await self.fast("GET", "/v1/responses")
+        message = orjson.loads(content)["error"]["message"]
+        assert (status, message) == (405, "Invalid method for URL (GET /v1/responses)")
+        assert b"x-request-id" in headers
+
     async def test_the_stored_row_says_who_asked_what(self):
         _, response = await self.create(input="Hi", instructions="Be brief.")
         stored = await StoredResponse.objects.aget()
@@ -376,7 +425,7 @@ class ContinueTests(ResponsesTestCase):
 
     async def test_a_chain_longer_than_messages_allowed_is_refused_after_reading_that_far(self):
         previous = None
-        for turn in range(5):
+        for turn in range(6):
             _, response = await self.create(input=f"Turn {turn}", previous_response_id=previous)
             previous = response["id"]
         # Each response gives one message at least: past MAX_MESSAGES + 1 of them the
@@ -389,13 +438,14 @@ class ContinueTests(ResponsesTestCase):
             return responses_read
 
         original = responses._chain
-        with (
-            override_settings(CHATPARITY={**SETTINGS, "MAX_MESSAGES": 2}),
-            mock.patch.object(responses, "_chain", chain),
-        ):
-            status, refused = await self.create(input="More", previous_response_id=previous)
-        assert (status, refused["error"]["param"]) == (400, "input")
-        assert read == [3]
+        for most in (2, 3):
+            with (
+                override_settings(CHATPARITY={**SETTINGS, "MAX_MESSAGES": most}),
+                mock.patch.object(responses, "_chain", chain),
+            ):
+                status, refused = await self.create(input="More", previous_response_id=previous)
+            assert (status, refused["error"]["param"]) == (400, "input")
+        assert read == [3, 4]
 
     async def test_a_tool_call_is_answered_by_its_output_in_the_next_request(self):
         tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
@@ -488,7 +538,8 @@ class ToolsTests(ResponsesTestCase):
         assert served.hosted_tools == ()
 
     async def test_an_alias_may_refuse_them_as_a_tool_not_served(self):
-        policies = {**SETTINGS, "HOSTED_TOOLS": {"STRICT": "refuse"}}
+        refuse = "".join(("re", "fuse"))  # as read from a file: a string made at run time
+        policies = {**SETTINGS, "HOSTED_TOOLS": {"STRICT": refuse}}
         with override_settings(CHATPARITY=policies):
             status, refused = await self.create(model="strict", input="Hi", tools=[WEB_SEARCH])
             assert status == 400
@@ -595,6 +646,26 @@ class InputItemsTests(ResponsesTestCase):
         _, page = await self.listing(response_id, "order=asc&limit=3")
         assert (self.texts(page), page["has_more"]) == (["one", "two", "three"], False)
 
+    async def test_a_page_holds_one_item_to_a_hundred(self):
+        response_id = await self.make()
+        _, one = await self.listing(response_id, "limit=1")
+        assert (self.texts(one), one["has_more"]) == (["three"], True)
+        _, hundred = await self.listing(response_id, "limit=100")
+        assert self.texts(hundred) == ["three", "two", "one"]
+        status, refused = await self.listing(response_id, "limit=0")
+        assert (status, refused["error"]["param"]) == (400, "limit")
+
+    async def test_a_parameter_given_twice_is_read_as_its_last_value(self):
+        response_id = await self.make()
+        _, page = await self.listing(response_id, "limit=1&limit=2&order=asc&order=desc")
+        assert self.texts(page) == ["three", "two"]
+
+    async def test_a_page_after_the_first_item_starts_at_the_second(self):
+        response_id = await self.make()
+        _, first = await self.listing(response_id, "order=asc&limit=1")
+        _, rest = await self.listing(response_id, f"order=asc&after={first['first_id']}")
+        assert self.texts(rest) == ["two", "three"]
+
     async def test_a_bad_limit_or_order_is_openais_400(self):
         response_id = await self.make()
         status, refused = await self.listing(response_id, "limit=101")
@@ -620,3 +691,56 @@ class InputItemsTests(ResponsesTestCase):
             "GET", f"/v1/responses/{response_id}/input_items", plaintext=self.stranger_plaintext
         )
         assert status == 404
+
+
+ROUTED = "responses_routed"
+
+
+@pytest.fixture(scope="module")
+def routed_database(postgres_url, django_db_blocker):
+    with routed.chatparity_database(postgres_url, ROUTED, django_db_blocker) as url:
+        yield url
+
+
+async def through_the_fast_path(method, path, plaintext, body=None):
+    headers = [("authorization", f"Bearer {plaintext}"), ("content-type", "application/json")]
+    communicator = ApplicationCommunicator(
+        FastPath(get_asgi_application()), http_scope(method, path, headers)
+    )
+    await communicator.send_input({"type": "http.request", "body": orjson.dumps(body or {})})
+    start = await communicator.receive_output(timeout=10)
+    content = await reply_body(communicator)
+    await communicator.wait(timeout=10)
+    return start["status"], orjson.loads(content)
+
+
+def test_stored_responses_are_kept_and_read_on_a_new_connection_once_the_server_dropped_the_last(
+    routed_database, django_db_blocker, settings
+):
+    # A restarted PostgreSQL, or a proxy's idle timeout: each first query after it finds
+    # the worker's connection broken, and must not cost the client its stored copy or a 503.
+    settings.DATABASE_ROUTERS = [routed.ChatparityIn(ROUTED)]
+    settings.CHATPARITY = {**SETTINGS, "CACHE_SECONDS": 60}  # the key and alias as read
+    with django_db_blocker.unblock():
+        _, plaintext = ApiKey.objects.create_key("reconnecting")
+        alias("echo-routed", "Hello")
+
+        def after_a_drop(method, path, **body):
+            assert routed.drop_connections(routed_database) >= 1
+            connections[ROUTED].close()  # this thread's, which the test reads with
+            return asyncio.run(through_the_fast_path(method, path, plaintext, body))
+
+        asked = {"model": "echo-routed", "input": "Hi"}
+        status, first = asyncio.run(
+            through_the_fast_path("POST", "/v1/responses", plaintext, asked)
+        )
+        assert status == 200
+        status, kept = after_a_drop("POST", "/v1/responses", **asked)  # stored first
+        assert status == 200
+        assert StoredResponse.objects.filter(pk=kept["id"]).exists()
+        cache.clear()  # what the key stores, counted again from the database first
+        assert after_a_drop("POST", "/v1/responses", **asked)[0] == 200
+        go_on = {**asked, "previous_response_id": first["id"], "store": False}
+        assert after_a_drop("POST", "/v1/responses", **go_on)[0] == 200  # the chain read first
+        status, read = after_a_drop("GET", f"/v1/responses/{first['id']}")
+        assert (status, read["id"]) == (200, first["id"])

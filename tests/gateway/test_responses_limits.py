@@ -181,3 +181,61 @@ class UnstorableIdTests(StoredResponsesTestCase):
         response = await self.create(input="Hi", previous_response_id="resp_\x00x")
         assert response.status_code == 400
         assert response.json()["error"]["code"] == "previous_response_not_found"
+
+
+class ExactBoundTests(StoredResponsesTestCase):
+    """Each bound holds what it says to the byte: that much is kept, a byte more is not."""
+
+    async def stored(self, **body):
+        """The new stored response's id, the bytes its input adds, and its size."""
+        created = await self.create(**body)
+        assert created.status_code == 200, created.content
+        stored = await StoredResponse.objects.aget(pk=created.json()["id"])
+        adding = len(orjson.dumps(stored.input_items))
+        assert stored.size == adding + len(orjson.dumps(stored.response))  # what counts
+        return stored.id, adding, stored.size
+
+    async def test_an_input_of_exactly_the_bound_of_a_response_is_stored(self):
+        _, adding, _ = await self.stored(input=text_of(10_000))
+        with override_settings(CHATPARITY=bounds(RESPONSE=adding - 1)):
+            assert (await self.create(input=text_of(10_000))).status_code == 400
+        with override_settings(CHATPARITY=bounds(RESPONSE=adding)):
+            assert (await self.create(input=text_of(10_000))).status_code == 200
+
+    async def test_a_key_may_fill_its_bound_to_the_byte(self):
+        _, adding, size = await self.stored(input=text_of(10_000))
+        with override_settings(CHATPARITY=bounds(KEY=size + adding - 1)):
+            assert (await self.create(input=text_of(10_000))).status_code == 400
+        with override_settings(CHATPARITY=bounds(KEY=size + adding)):
+            assert (await self.create(input=text_of(10_000))).status_code == 200
+
+    async def test_a_deleted_response_frees_exactly_its_bytes(self):
+        first, adding, _ = await self.stored(input=text_of(10_000))
+        deleted = await self.async_client.delete(f"/v1/responses/{first}", headers=self.headers())
+        assert deleted.status_code == 200
+        for fresh_count in (False, True):  # as counted, then as the database holds it
+            if fresh_count:
+                cache.clear()
+            with override_settings(CHATPARITY=bounds(KEY=adding - 1)):
+                assert (await self.create(input=text_of(10_000))).status_code == 400
+        with override_settings(CHATPARITY=bounds(KEY=adding)):
+            assert (await self.create(input=text_of(10_000))).status_code == 200
+
+    async def test_a_key_that_holds_nothing_may_store_its_whole_bound(self):
+        first, adding, _ = await self.stored(input=text_of(10_000))
+        await StoredResponse.objects.filter(pk=first).adelete()
+        cache.clear()  # counted afresh from the database, which holds nothing
+        with override_settings(CHATPARITY=bounds(KEY=adding)):
+            assert (await self.create(input=text_of(10_000))).status_code == 200
+
+    async def test_a_conversation_may_fill_its_bound_to_the_byte(self):
+        first, _, first_size = await self.stored(input=text_of(10_000))
+        head, _, head_size = await self.stored(input=text_of(10_000), previous_response_id=first)
+        chain = first_size + head_size
+        go_on = {"input": "Go on", "previous_response_id": head}
+        _, adding, _ = await self.stored(**go_on)  # what continuing adds, when stored
+        for store, most in ((False, chain), (True, chain + adding)):
+            with override_settings(CHATPARITY=bounds(CHAIN=most - 1)):
+                assert (await self.create(**go_on, store=store)).status_code == 400
+            with override_settings(CHATPARITY=bounds(CHAIN=most)):
+                assert (await self.create(**go_on, store=store)).status_code == 200
