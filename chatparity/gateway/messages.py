@@ -14,9 +14,10 @@ has not begun. ``?beta=true`` and the ``anthropic-version`` and
 
 ``POST /v1/messages/count_tokens`` counts the prompt a request would send: with
 the serving backend's tokenizer where it has one (``count_tokens``: the local
-model's), else with the estimate the limits reserve by. It is not a model call:
-like ``GET /v1/models``, it leaves no log row; but it counts against the key's
-requests per minute and takes a slot in flight while it counts.
+model's), else estimated at four characters a token (its tools, calls and schema
+too). It is not a model call: like ``GET /v1/models``, it leaves no log row; but
+it counts against the key's requests per minute (a model it may not use too) and
+takes a slot in flight while it counts.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from ..protocol.messages import (
 )
 from ..protocol.messages_stream import PING, MessageEncoder, sse_event
 from ..protocol.request import ChatRequest
-from ..protocol.tokens import approximate_prompt_tokens
+from ..protocol.tokens import approximate_prompt_tokens, approximate_request_tokens
 from .auth import authenticate, authenticate_key
 from .pipeline import (
     Call,
@@ -157,20 +158,21 @@ async def count_tokens(call: Call) -> Reply:
     grant = await _authenticate(call)
     requested = parse_messages_request(await _decode(call), _limits(), counting=True)
     chat = as_chat_request(requested, _limits())
-    alias = await _resolve(chat.model, grant)
-    chat = _as_served_by(alias, chat)
-    backend = get_backend(alias.backend)
-    if not hasattr(backend, "stream"):  # as creating a message there would be
-        raise errors.not_a_chat_model(alias.public_id)
-    counter = getattr(backend, "count_tokens", None)
     # A request, if no model call: under the key's requests per minute and slots in
-    # flight (a tokenizer's work is real), spending no token, budget or alias limit.
+    # flight (a tokenizer's work is real), spending no token, budget or alias limit;
+    # counted before its model is looked for, so a model made up costs a request too.
     admission = await limits.admit(grant.key, None, limits.NOTHING)
     try:
+        alias = await _resolve(chat.model, grant)
+        chat = _as_served_by(alias, chat)
+        backend = get_backend(alias.backend)
+        if not hasattr(backend, "stream"):  # as creating a message there would be
+            raise errors.not_a_chat_model(alias.public_id)
+        counter = getattr(backend, "count_tokens", None)
         if counter is not None:
             tokens = await counter(chat, alias.model)
         else:
-            tokens = approximate_prompt_tokens(chat.messages)
+            tokens = approximate_request_tokens(chat)
     finally:
         await admission.settle(0, 0)
     reply = json_reply({"input_tokens": tokens})
