@@ -1074,9 +1074,11 @@ async def _standing(key: ApiKey) -> list[tuple[str, str, str]]:
 
 async def owner_standing(owner_id: int, plan: Plan) -> list[tuple[str, str, str]]:
     """What the user ``owner_id``'s keys have used together of the owner budgets of
-    ``plan``, as :func:`standing` says it."""
+    ``plan`` and of what all the keys they made under it may spend, as :func:`standing`
+    says it."""
+    budgets = _owner_budgets(owner_id, plan) + _planned_keys_budgets(owner_id, plan)
     try:
-        return await _budget_standing(counters(), _owner_budgets(owner_id, plan))
+        return await _budget_standing(counters(), budgets)
     except Unavailable:
         return [("usage", "unknown", "its budgets (the counters are unavailable)")]
 
