@@ -229,14 +229,17 @@ class LimitTests(EmbeddingsTestCase):
         )
         assert status == 200
         assert response_headers["x-ratelimit-limit-tokens"] == "10"
-        status, _, answer = await self.embed(headers, model="embed-small", input="x" * 400)
+        # 4 used; 7 more, counted exactly before admission, would pass 10.
+        status, _, answer = await self.embed(
+            headers, model="embed-small", input="one two three four five six seven"
+        )
         assert status == 429
         assert answer["error"]["type"] == "tokens"
 
     async def test_a_token_budget_is_spent_by_the_tokens_used(self):
         _, headers = await self.limited_key(token_budget=6)
         first = await self.embed(headers, model="embed-small", input="one two three four")
-        assert first[0] == 200  # 5 tokens reserved (18 characters), 4 used: 2 left
+        assert first[0] == 200  # 4 tokens reserved (counted exactly), 4 used: 2 left
         status, _, answer = await self.embed(headers, model="embed-small", input="five six seven")
         assert status == 429
         assert answer["error"]["code"] == "insufficient_quota"
