@@ -163,8 +163,9 @@ MIDDLEWARE = [
 
 # Logins (the portal's /accounts/ and the admin's): the 5th failure for one username
 # from one address locks that pair out for an hour (429), whichever password is then
-# tried; the user still logs in from elsewhere. The address is REMOTE_ADDR: the client's behind a proxy only when the server
-# is told to trust it (uvicorn --proxy-headers --forwarded-allow-ips, docs/deploy.md).
+# tried; the user still logs in from elsewhere. The address is REMOTE_ADDR: the
+# client's behind a proxy only when the server is told to trust it (uvicorn
+# --proxy-headers --forwarded-allow-ips, docs/deploy.md).
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",

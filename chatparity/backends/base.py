@@ -51,11 +51,13 @@ class ChatBackend(Protocol):
     (the alias's choice, never the client's), and notes each call it sends in
     :data:`upstream_calls`.
 
-    A backend with a tokenizer may have ``async count_tokens(request, model) ->
+    A backend with a tokenizer may have ``async prompt_tokens(request, model) ->
     int``: the exact tokens of the prompt it makes of ``request`` (the chat
-    template's own tokens too). Admission reserves that count, and
-    ``/v1/messages/count_tokens`` answers it; a backend without one is reserved
-    at :func:`~chatparity.protocol.tokens.prompt_bound`.
+    template's own tokens too), or the 400 it would refuse ``request`` with. Admission
+    reserves that count (a backend without one is reserved at
+    :func:`~chatparity.protocol.tokens.prompt_bound`); and ``async
+    count_tokens(request, model) -> int``, the same count whether or not it fits,
+    which ``/v1/messages/count_tokens`` answers.
 
     Two static methods may check a Backend row before it is saved (the admin
     and the management API; a kind without them is not checked). Each raises

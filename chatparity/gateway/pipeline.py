@@ -637,7 +637,7 @@ async def _begin(
         raise errors.not_a_chat_model(alias.public_id)
     backend = get_backend(alias.backend)
     chat = _as_served_by(alias, requested)
-    chat = await accounting.admit(alias, chat, await prompt_tokens(backend, chat, alias.model))
+    chat = await accounting.admit(alias, chat, await reserved_prompt(backend, chat, alias.model))
     current_caller.set(accounting.caller)  # in this request's task: its backends see it
     upstream_calls.set(accounting.record.upstream)
     while True:
@@ -653,11 +653,12 @@ async def _begin(
             logger.warning("chatparity: %s failed (%s), falling back to %s", failed, error, alias)
 
 
-async def prompt_tokens(backend: ChatBackend, chat: ChatRequest, model: str) -> int:
-    """The prompt ``backend`` makes of ``chat``, for one call: counted by its tokenizer
-    where it has one (``count_tokens``, the local model's, off the event loop), else
-    at the bound no tokenizer passes (:func:`~chatparity.protocol.tokens.prompt_bound`)."""
-    count = getattr(backend, "count_tokens", None)
+async def reserved_prompt(backend: ChatBackend, chat: ChatRequest, model: str) -> int:
+    """The prompt ``backend`` makes of ``chat``, for one call, as admission reserves it:
+    counted by its tokenizer where it has one (``prompt_tokens``, the local model's, off
+    the event loop), else at the bound no tokenizer passes
+    (:func:`~chatparity.protocol.tokens.prompt_bound`)."""
+    count = getattr(backend, "prompt_tokens", None)
     if count is None:
         return prompt_bound(chat)
     counted: int = await count(chat, model)
@@ -685,7 +686,7 @@ async def _fall_back(
         except APIError:
             continue
         try:
-            counted = await prompt_tokens(get_backend(alias.backend), chat, alias.model)
+            counted = await reserved_prompt(get_backend(alias.backend), chat, alias.model)
             return alias, await accounting.switch(alias, chat, counted)
         except APIError as refusal:
             failure = refusal
