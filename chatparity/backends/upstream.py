@@ -19,6 +19,12 @@ counted from what arrived, and the log row says so (``usage_counted``).
 Before the first event, refused or reset connections and 5xx answers are
 retried with backoff; the view then falls over to the alias's fallbacks.
 
+Each call is noted in :data:`~.base.upstream_calls` as it is sent (and taken back
+when the upstream refuses it), with the prompt the upstream says it read as soon as
+it says it (a Messages upstream, in ``message_start``): a request the client leaves
+is charged what its upstream was sent. A usage it reports none of is counted at the
+prompt's bound (:func:`~chatparity.protocol.tokens.prompt_bound`).
+
 Only the conversation and the parameters that shape sampling and format
 (:data:`chatparity.protocol.upstream.FORWARDED`) reach the upstream; others, those
 that cost money or store data upstream (``service_tier``, ``store``, ``metadata``,

@@ -60,11 +60,11 @@ class MeteredTestCase:
         cls.addClassCleanup(cls.upstream.stop)
         super().setUpClass()
 
-    @staticmethod
-    def make_aliases():
+    @classmethod
+    def make_aliases(cls):
         for wire_api in WIRE_APIS:
             backend = Backend.objects.create(
-                name=f"metered-{wire_api}", kind="openai", base_url=MeteredTestCase.url,
+                name=f"metered-{wire_api}", kind="openai", base_url=cls.upstream.base_url,
                 secret="sk-metered", timeout=30, options={"wire_api": wire_api, "retries": 0},
             )  # fmt: skip
             for behaviour in ("answers", "silent", "hangs"):
@@ -79,6 +79,25 @@ class MeteredTestCase:
         return int(standing["tokens this month"])
 
 
+class MeteredChatTestCase(MeteredTestCase, TestCase):
+    """Chat completions through the metered aliases."""
+
+    @classmethod
+    def setUpTestData(cls):
+        cls.make_aliases()
+
+    def setUp(self):
+        cache.clear()
+
+    def chat(self, plaintext, **body):
+        return self.async_client.post(
+            "/v1/chat/completions",
+            data=orjson.dumps(body),
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {plaintext}"},
+        )
+
+
 class HangUpTests(MeteredTestCase, TransactionTestCase):
     """Security round 4 (HIGH): a client that hung up before the end of its answer was
     charged no prompt (usage comes at the end), so a budget paid for nothing the upstream
@@ -88,7 +107,6 @@ class HangUpTests(MeteredTestCase, TransactionTestCase):
     def setUp(self):
         keep_test_connection(self)
         cache.clear()
-        MeteredTestCase.url = self.upstream.base_url
         self.make_aliases()
         self.upstream.calls.clear()
 
@@ -162,33 +180,14 @@ class HangUpTests(MeteredTestCase, TransactionTestCase):
         ]
 
 
-class ChoicesTests(MeteredTestCase, TestCase):
+class ChoicesTests(MeteredChatTestCase):
     """Security round 4: a request for n choices sends its prompt n times to an upstream
     that answers one choice a call (the Responses and Messages APIs; a chat server that
     ignores n), and is charged it n times: it is reserved n times too."""
 
-    @classmethod
-    def setUpTestData(cls):
-        MeteredTestCase.url = cls.upstream.base_url
-        cls.make_aliases()
-
-    def setUp(self):
-        cache.clear()
-
-    async def ask(self, plaintext, model, n):
-        return await self.async_client.post(
-            "/v1/chat/completions",
-            data=orjson.dumps(
-                {
-                    "model": model,
-                    "n": n,
-                    "max_tokens": 1,
-                    "messages": [{"role": "user", "content": PROMPT}],
-                }
-            ),
-            content_type="application/json",
-            headers={"Authorization": f"Bearer {plaintext}"},
-        )
+    def ask(self, plaintext, model, n):
+        messages = [{"role": "user", "content": PROMPT}]
+        return self.chat(plaintext, model=model, n=n, max_tokens=1, messages=messages)
 
     async def test_n_choices_never_pass_a_budget_on_any_wire_api(self):
         for wire_api in WIRE_APIS:
@@ -215,18 +214,10 @@ class ChoicesTests(MeteredTestCase, TestCase):
                 assert await self.tokens_spent(key) == charged <= 40_000
 
 
-class NoUsageTests(MeteredTestCase, TestCase):
+class NoUsageTests(MeteredChatTestCase):
     """Security round 4: an upstream that reports no usage had its request charged the
     text of its messages alone, never its tools (~120,000 tokens of tools charged as 4).
     It is charged the prompt it reserved: all it sent, at its bound."""
-
-    @classmethod
-    def setUpTestData(cls):
-        MeteredTestCase.url = cls.upstream.base_url
-        cls.make_aliases()
-
-    def setUp(self):
-        cache.clear()
 
     async def test_tools_and_schemas_are_charged_when_the_upstream_says_nothing(self):
         tool = {
@@ -241,17 +232,11 @@ class NoUsageTests(MeteredTestCase, TestCase):
         for wire_api in WIRE_APIS:
             with self.subTest(wire_api=wire_api):
                 self.upstream.calls.clear()
-                answer = await self.async_client.post(
-                    "/v1/chat/completions",
-                    data=orjson.dumps(
-                        {
-                            "model": f"{wire_api}-silent",
-                            "tools": [tool],
-                            "messages": [{"role": "user", "content": "Hi"}],
-                        }
-                    ),
-                    content_type="application/json",
-                    headers={"Authorization": f"Bearer {plaintext}"},
+                answer = await self.chat(
+                    plaintext,
+                    model=f"{wire_api}-silent",
+                    tools=[tool],
+                    messages=[{"role": "user", "content": "Hi"}],
                 )
                 assert answer.status_code == 200
                 (sent,) = self.upstream.sent("silent")

@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import threading
 from dataclasses import dataclass
 from typing import Any
+
+from tests.support.loopback import Loopback, read_request
 
 
 @dataclass(frozen=True)
@@ -145,48 +146,28 @@ def _first_token(path: str) -> int:
     return 3 if path.endswith(("/responses", "/messages")) else 1
 
 
-class MeteredUpstream:
-    """The server, on loopback in a thread of its own: its :attr:`base_url`, and each
-    request it answered (:class:`Metered`) in :attr:`calls`."""
+class MeteredUpstream(Loopback):
+    """The server: its :attr:`base_url`, and each request it answered (:class:`Metered`)
+    in :attr:`calls`."""
 
     def __init__(self) -> None:
         self.calls: list[Metered] = []
         self.holding = 0
         """Streams held open after their first token now: tests wait for them."""
-        self._port = 0
-        started = threading.Event()
-        threading.Thread(target=asyncio.run, args=(self._serve(started),), daemon=True).start()
-        started.wait(5)
-        self.base_url = f"http://127.0.0.1:{self._port}/v1"
+        super().__init__(self._connection)
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
 
     def sent(self, model: str) -> list[Metered]:
         """The requests for ``model``, in order."""
         return [call for call in self.calls if call.body["model"] == model]
 
-    async def _serve(self, started: threading.Event) -> None:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
-                while True:
-                    head = (await reader.readuntil(b"\r\n\r\n")).decode()
-                    length = next(
-                        int(line.split(":", 1)[1])
-                        for line in head.split("\r\n")
-                        if line.lower().startswith("content-length:")
-                    )
-                    body = json.loads(await reader.readexactly(length))
-                    path = head.split(" ")[1]
-                    self.calls.append(Metered(path, body, prompt_tokens(body)))
-                    await self._answer(reader, writer, path, body)
-            writer.close()
-
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        self._port = server.sockets[0].getsockname()[1]
-        loop = asyncio.get_running_loop()
-        self.stop = lambda: loop.call_soon_threadsafe(server.close)
-        started.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            async with server:
-                await server.serve_forever()
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:  # kept alive
+                path, body = await read_request(reader)
+                self.calls.append(Metered(path, body, prompt_tokens(body)))
+                await self._answer(reader, writer, path, body)
+        writer.close()
 
     async def _answer(
         self,
