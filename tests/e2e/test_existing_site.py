@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -156,19 +158,21 @@ def test_the_sites_own_v1_route_is_still_the_sites(site):
     assert httpx.get(f"{url}/v1/things/").json() == {"things": "the site's own"}
 
 
-def signed_in_as_the_superuser(url: str) -> httpx.Client:
+@contextmanager
+def signed_in_as_the_superuser(url: str) -> Iterator[httpx.Client]:
     """A client signed in through the admin's login page, as the superuser step 5 made."""
-    browser = httpx.Client(base_url=url, follow_redirects=True)
-    browser.get("/admin/login/")
-    browser.post(
-        "/admin/login/?next=/admin/",
-        data={
-            "username": ADMIN[0],
-            "password": ADMIN[1],
-            "csrfmiddlewaretoken": browser.cookies["csrftoken"],
-        },
-    )
-    return browser
+    with httpx.Client(base_url=url, follow_redirects=True) as browser:
+        browser.get("/admin/login/")
+        signed_in = browser.post(
+            "/admin/login/?next=/admin/",
+            data={
+                "username": ADMIN[0],
+                "password": ADMIN[1],
+                "csrfmiddlewaretoken": browser.cookies["csrftoken"],
+            },
+        )
+        assert signed_in.url.path == "/admin/"
+        yield browser
 
 
 def test_the_admin_is_styled_and_the_dashboards_tail_script_loads(site):

@@ -7,6 +7,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -59,8 +60,8 @@ def serving(
 ) -> Iterator[Path]:
     """``command`` run by a shell in a session of its own until ``ready`` (a URL) answers;
     yields the file of its output; stops it, and every process it started, on exit."""
-    log = cwd / f"serving-{time.monotonic_ns()}.log"
-    with log.open("wb") as output:
+    with tempfile.NamedTemporaryFile(prefix="serving-", suffix=".log", delete=False) as output:
+        log = Path(output.name)
         server = subprocess.Popen(
             command, shell=True, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -78,6 +79,7 @@ def serving(
         yield log
     finally:
         stop(server)
+        log.unlink()
 
 
 def stop(process: subprocess.Popen, timeout: float = 30) -> None:

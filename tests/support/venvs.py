@@ -41,11 +41,18 @@ def run_script(python: Path, script: str, *arguments: str, timeout: float = 300)
 NOT_THE_USERS = ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL")
 
 
-def fresh_venv(folder: Path) -> dict[str, str]:
-    """A new virtualenv at ``folder`` (pip alone), and the environment of a shell that
-    activated it: its ``bin`` first on PATH, the test environment's left out."""
-    subprocess.run([sys.executable, "-m", "venv", folder], check=True)
+def users_shell() -> dict[str, str]:
+    """The environment of a user's shell: the test environment's own left out (its
+    virtualenv's ``bin`` on PATH, PYTHONPATH, the settings module, the databases)."""
     own = str(Path(sys.executable).parent)
-    path = [str(folder / "bin"), *(p for p in os.environ["PATH"].split(os.pathsep) if p != own)]
+    path = [entry for entry in os.environ["PATH"].split(os.pathsep) if entry != own]
     env = {name: value for name, value in os.environ.items() if name not in NOT_THE_USERS}
-    return env | {"PATH": os.pathsep.join(path), "VIRTUAL_ENV": str(folder)}
+    return env | {"PATH": os.pathsep.join(path)}
+
+
+def fresh_venv(folder: Path) -> dict[str, str]:
+    """A new virtualenv at ``folder`` (pip alone), and the environment of a user's shell
+    that activated it."""
+    subprocess.run([sys.executable, "-m", "venv", folder], check=True)
+    env = users_shell()
+    return env | {"PATH": f"{folder / 'bin'}{os.pathsep}{env['PATH']}", "VIRTUAL_ENV": str(folder)}
