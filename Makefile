@@ -35,6 +35,7 @@ install: $(VENV)/.installed
 
 run: $(VENV)/.installed-run
 	$(BIN)/python manage.py migrate --verbosity 0
+	$(BIN)/python manage.py chatparity_bootstrap
 	$(BIN)/python manage.py demo --host $(HOST) --port $(PORT)
 	$(BIN)/uvicorn project.asgi:application --host $(HOST) --port $(PORT) --lifespan off
 

@@ -93,7 +93,9 @@ def test_a_changed_pyproject_installs_again(checkout):
 
 def test_make_run_serves_on_the_port_it_is_given(checkout):
     installed(checkout, ".installed-run")
-    assert would_run(checkout, "run", "PORT=8123")[-2:] == [
+    assert would_run(checkout, "run", "PORT=8123")[-4:] == [
+        ".venv/bin/python manage.py migrate --verbosity 0",
+        ".venv/bin/python manage.py chatparity_bootstrap",
         ".venv/bin/python manage.py demo --host 127.0.0.1 --port 8123",
         ".venv/bin/uvicorn project.asgi:application --host 127.0.0.1 --port 8123 --lifespan off",
     ]
