@@ -63,10 +63,11 @@ class Command(ChangingCommand):
             python = shown(Path(sys.executable))
             admin += f"  (make a superuser first: {python} manage.py createsuperuser)"
         made = "a new one" if new else "the same as before"
+        models = f"models: {LOCAL_ALIAS}; {EMBEDDING_ALIAS} for embeddings"
         self.stdout.write(
             f"\nThe demo's API key ({made}; {shown(options['key_file'])} keeps it):\n"
             f"    export KEY={plaintext}\n"
-            f"OpenAI base URL:    {openai}  (models: {LOCAL_ALIAS}; {EMBEDDING_ALIAS} for embeddings)\n"
+            f"OpenAI base URL:    {openai}  ({models})\n"
             f"Anthropic base URL: {openai.removesuffix('/v1')}\n"
             f"Admin:              {admin}\n"
             f"Portal:             {site}{reverse('chatparity-portal:keys')}\n"
