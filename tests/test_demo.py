@@ -7,8 +7,10 @@ import subprocess
 from io import StringIO
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.management import call_command
+from django.shortcuts import resolve_url
 from django.utils import timezone
 
 from chatparity.models import ApiKey, hash_key
@@ -88,7 +90,7 @@ def test_it_prints_the_base_urls_and_the_admin_portal_and_sign_in_pages(tmp_path
         "Anthropic base URL: http://[::1]:8123",
         "Admin:              http://[::1]:8123/admin/",
         "Portal:             http://[::1]:8123/portal/",
-        "Sign in:            http://[::1]:8123/accounts/login/",
+        f"Sign in:            http://[::1]:8123{resolve_url(settings.LOGIN_URL)}",
     ]
 
 
