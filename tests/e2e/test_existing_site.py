@@ -195,7 +195,7 @@ def test_the_portal_sends_a_visitor_to_sign_in_and_serves_a_signed_in_user(site)
     url, *_ = site
     visitor = httpx.get(f"{url}/portal/")
     assert visitor.status_code == 302
-    assert "next=/portal/" in visitor.headers["location"]
+    assert visitor.headers["location"] == "/portal/login/?next=/portal/"
     with signed_in_as_the_superuser(url) as browser:
         keys = browser.get("/portal/")
     assert keys.status_code == 200
