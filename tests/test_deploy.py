@@ -13,6 +13,8 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import TestCase, override_settings
 
+from tests.support import spools
+
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = ROOT / "project" / "settings.py"
 ENV_TEMPLATE = ROOT / "project" / "deploy" / "chatparity.env"
@@ -238,3 +240,41 @@ class HttpsRedirectTests(TestCase):
     def test_the_health_check_is_answered_over_plain_http(self):
         response = self.client.get("/healthz")
         assert response.status_code == 200
+
+
+def start_worker(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """What a worker does as it starts, load the ASGI application (``project.asgi``); then
+    print the folder it spools in."""
+    started = "import project.asgi, chatparity.accounting.spool as s; print(s.real_path())"
+    return subprocess.run(
+        [sys.executable, "-c", started],
+        cwd=ROOT,
+        env={"PATH": os.environ["PATH"], **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_spool_folder_linked_to_a_private_folder_passes_and_is_resolved_at_start(tmp_path):
+    configured, real = spools.a_link_to_a_private_folder(tmp_path)
+    env = {"CHATPARITY_SPOOL_DIR": str(configured)}
+    assert load_settings(**env)["CHATPARITY"]["SPOOL_DIR"] == str(configured)
+    checked = manage("check", env=env)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    started = start_worker(env)
+    assert started.returncode == 0, started.stderr
+    assert started.stdout == f"{real}\n"
+
+
+def test_a_spool_folder_linked_into_a_shared_folder_stops_the_site_at_start(tmp_path):
+    configured, said = spools.a_link_into_a_shared_folder(tmp_path)
+    env = {"CHATPARITY_SPOOL_DIR": str(configured)}
+    checked = manage("check", env=env)
+    assert checked.returncode != 0
+    assert "chatparity.E071" in checked.stderr
+    assert said in checked.stderr
+    started = start_worker(env)
+    assert started.returncode != 0
+    assert "ImproperlyConfigured" in started.stderr
+    assert f"CHATPARITY['SPOOL_DIR'] ({configured}) cannot be used" in started.stderr

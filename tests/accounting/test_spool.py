@@ -24,12 +24,9 @@ from django.core.asgi import get_asgi_application
 from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connections
 from django.test import AsyncRequestFactory
-from prometheus_client import REGISTRY
 
-from chatparity import signals
 from chatparity.accounting import inserts, journal, spool, writer
 from chatparity.accounting.record import UsageRecord
-from chatparity.metrics.instruments import Metrics
 from chatparity.metrics.views import metrics
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.events import Usage
@@ -1004,16 +1001,8 @@ def test_a_journal_that_can_no_longer_be_written_loses_its_notes_never_the_reque
 
 @pytest.fixture
 def metrics_observed():
-    """Metrics kept as ``chatparity.metrics`` keeps them; what failed said afresh."""
-    observer = Metrics()
-    signals.observe(observer)
-    with mock.patch.object(spool, "_said", set()):
+    with spools.failures_counted():
         yield
-    signals.unobserve(observer)
-
-
-def spool_errors(operation):
-    return REGISTRY.get_sample_value("chatparity_spool_errors_total", {"operation": operation}) or 0
 
 
 def said(caplog, level, words):
@@ -1032,7 +1021,7 @@ def test_a_spool_folder_unusable_while_serving_is_said_once_and_counted_never_ra
     spool_dir.symlink_to(private)
     settings.CHATPARITY = {**settings.CHATPARITY, "METRICS": {"ALLOWED_NETWORKS": ["127.0.0.1"]}}
     plaintext = an_echo_key()
-    drains, counts = spool_errors("drain"), spool_errors("count")
+    drains, counts = spools.spool_errors("drain"), spools.spool_errors("count")
 
     async def serve(application, requests):
         """``requests`` requests one after another, each batch's drain awaited."""
@@ -1073,8 +1062,8 @@ def test_a_spool_folder_unusable_while_serving_is_said_once_and_counted_never_ra
     exposition = scrapes[-1].content.decode()
     assert "chatparity_log_rows_spooled" not in exposition  # not known, not zero
     assert 'chatparity_dependency_up{dependency="database"} 1.0' in exposition
-    assert spool_errors("drain") - drains == 3  # one for each drain while it was unusable
-    assert spool_errors("count") - counts == 2  # and for each scrape
+    assert spools.spool_errors("drain") - drains == 3  # one for each drain while it was unusable
+    assert spools.spool_errors("count") - counts == 2  # and for each scrape
     [drain_error] = said(caplog, logging.ERROR, "cannot be used to drain")
     assert "other users may write to it" in drain_error
     assert len(said(caplog, logging.ERROR, "cannot be used to count")) == 1
@@ -1091,11 +1080,11 @@ def test_a_drain_that_would_die_of_anything_else_is_said_and_counted(caplog, met
         await log_writer._draining  # raises nothing
         return log_writer
 
-    drains = spool_errors("drain")
+    drains = spools.spool_errors("drain")
     with mock.patch.object(writer, "_recover_and_drain", broken), caplog.at_level(logging.ERROR):
         log_writer = asyncio.run(drain_once())
     assert log_writer._draining is None  # the next look starts another
-    assert spool_errors("drain") - drains == 1
+    assert spools.spool_errors("drain") - drains == 1
     assert said(caplog, logging.ERROR, "cannot be used to drain (a bug)")
 
 
@@ -1108,9 +1097,9 @@ def test_a_failed_recovery_leaves_the_drain_to_write_what_it_can(
     def unwritable(folder=None):
         raise OSError(28, "No space left on device")
 
-    drains = spool_errors("drain")
+    drains = spools.spool_errors("drain")
     with mock.patch.object(journal, "recover", unwritable), caplog.at_level(logging.ERROR):
         assert writer._recover_and_drain() is False  # nothing left to drain
     assert RequestLog.objects.get().request_id == "req-1"
-    assert spool_errors("drain") - drains == 1
+    assert spools.spool_errors("drain") - drains == 1
     assert said(caplog, logging.ERROR, "No space left on device")

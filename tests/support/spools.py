@@ -6,10 +6,18 @@ Each layout is made in ``tmp_path`` and returns what ``SPOOL_DIR`` is set to, th
 either the real folder it is resolved to (:data:`RESOLVED`) or what the refusal says
 (:data:`REFUSED`)."""
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
+from prometheus_client import REGISTRY
+
+from chatparity import signals
+from chatparity.accounting import spool
+from chatparity.metrics.instruments import Metrics
 
 ANOTHER_UID = 4242
 """A user the server is not (files are given to it as root)."""
@@ -134,3 +142,22 @@ REFUSED = [
 def layout_id(layout: object) -> str:
     """A layout's name as a test id."""
     return getattr(layout, "__name__", str(layout)).replace("_", " ")
+
+
+@contextlib.contextmanager
+def failures_counted() -> Iterator[None]:
+    """The spool's failures counted as ``chatparity.metrics`` counts them, and said
+    afresh (not as said before by other tests)."""
+    observer = Metrics()
+    signals.observe(observer)
+    try:
+        with mock.patch.object(spool, "_said", set()):
+            yield
+    finally:
+        signals.unobserve(observer)
+
+
+def spool_errors(operation: str) -> float:
+    """``chatparity_spool_errors_total`` of ``operation`` so far (this process's)."""
+    labels = {"operation": operation}
+    return REGISTRY.get_sample_value("chatparity_spool_errors_total", labels) or 0.0
