@@ -372,7 +372,7 @@ def check_spool_dir(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
     except OSError as exc:
         return [Error(f"{named} cannot be used: {exc}.", hint=spool.FIX, id="chatparity.E071")]
     if real != Path(configured):
-        named = f"CHATPARITY['SPOOL_DIR'] ({configured}, a symlink to {real})"
+        named = f"CHATPARITY['SPOOL_DIR'] ({configured}, which leads to {real})"
     problem = spool.folder_problem(status) if status is not None else ""
     if problem:
         return [

@@ -285,7 +285,7 @@ def test_a_linked_spool_folder_says_where_it_leads(tmp_path):
     configured, real = spools.a_link_to_a_private_folder(tmp_path)
     real.chmod(0o777)
     ((_, message),) = spool_reported(configured)
-    assert message.startswith(f"CHATPARITY['SPOOL_DIR'] ({configured}, a symlink to {real})")
+    assert message.startswith(f"CHATPARITY['SPOOL_DIR'] ({configured}, which leads to {real})")
 
 
 def test_a_spool_folder_in_a_folder_anyone_may_write_to_is_a_warning(tmp_path):

@@ -44,15 +44,20 @@ def load_settings(**env: str) -> dict[str, object]:
         return runpy.run_path(str(SETTINGS))
 
 
-def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def python(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``python args`` in the project's folder, with exactly ``env`` (and PATH)."""
     return subprocess.run(
-        [sys.executable, "manage.py", *args],
+        [sys.executable, *args],
         cwd=ROOT,
         env={"PATH": os.environ["PATH"], **env},
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return python("manage.py", *args, env=env)
 
 
 def test_development_is_the_default_and_needs_no_environment():
@@ -198,14 +203,7 @@ asyncio.run(main())
 
 
 def test_production_fast_path_refuses_bad_hosts_redirects_http_and_sends_hsts():
-    result = subprocess.run(
-        [sys.executable, "-c", FAST_PATH_REQUESTS],
-        cwd=ROOT,
-        env={"PATH": os.environ["PATH"], **PRODUCTION},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = python("-c", FAST_PATH_REQUESTS, env=PRODUCTION)
     assert result.returncode == 0, result.stderr
     *logged, last = result.stdout.splitlines()
     replies = json.loads(last)
@@ -246,14 +244,7 @@ def start_worker(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """What a worker does as it starts, load the ASGI application (``project.asgi``); then
     print the folder it spools in."""
     started = "import project.asgi, chatparity.accounting.spool as s; print(s.real_path())"
-    return subprocess.run(
-        [sys.executable, "-c", started],
-        cwd=ROOT,
-        env={"PATH": os.environ["PATH"], **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return python("-c", started, env=env)
 
 
 def test_a_spool_folder_linked_to_a_private_folder_passes_and_is_resolved_at_start(tmp_path):
