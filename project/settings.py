@@ -286,6 +286,9 @@ CHATPARITY: dict[str, object] = {
     ],
     # The portal's pages extend the site's own base template (templates/base.html).
     "PORTAL": {"BASE_TEMPLATE": "base.html"},
+    # Rows the database cannot take now, and each worker's requests in flight: a folder
+    # of the server's user (see docs/deploy.md); unset, one in the temporary directory.
+    "SPOOL_DIR": os.environ.get("CHATPARITY_SPOOL_DIR") or None,
 }
 # The Prometheus metrics (docs/observability.md), served while anyone may scrape them.
 if _metrics["TOKEN"] or _metrics["ALLOWED_NETWORKS"]:
