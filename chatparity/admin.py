@@ -110,7 +110,11 @@ class ApiKeyAdmin(admin.ModelAdmin):
         rows = async_to_sync(limits.standing)(key)
         if not rows:
             return "No limits or budgets."
-        return format_html_join("", "<div class='limit'>{}: <strong>{}</strong> of {}</div>", rows)
+        return format_html_join(
+            "",
+            "<div class='limit'>{}: <strong>{}</strong> of {}</div>",
+            ((row.name, row.used_text, row.allowed_text) for row in rows),
+        )
 
     @admin.display(description="key", ordering="prefix")
     def masked_key(self, key: ApiKey) -> str:

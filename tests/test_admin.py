@@ -191,7 +191,7 @@ class TestApiKeyAdmin:
         assert (key.requests_per_minute, key.token_budget) == (30, 1000)
         shown = page(admin_client.get(url))
         assert "requests this minute: <strong>0</strong> of 30" in shown
-        assert "tokens this day: <strong>0</strong> of 1000" in shown
+        assert "tokens this day: <strong>0</strong> of 1,000" in shown
 
     def test_search_by_prefix_and_name(self, admin_client, db):
         alpha, _ = ApiKey.objects.create_key("alpha-team")

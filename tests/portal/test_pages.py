@@ -41,7 +41,7 @@ class SiteBaseTemplateTests(TestCase):
             html = self.client.get(page).content.decode()
             assert '<header id="site-header">Example site</header>' in html
             assert "| Example site</title>" in html
-            assert "<nav>" in html
+            assert '<nav class="portal-nav">' in html
 
 
 @pytest.mark.parametrize(
