@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from .endpoints import ApiUrls
 
 PROMPT = "Say hi in five words."
+MAX_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,11 @@ class Snippet:
 
 def snippets(urls: ApiUrls, key: str, model: str) -> list[Snippet]:
     """Snippets that use ``key`` on ``model`` at ``urls``."""
-    body = {"model": model, "messages": [{"role": "user", "content": PROMPT}]}
+    body = {
+        "model": model,
+        "max_tokens": MAX_TOKENS,
+        "messages": [{"role": "user", "content": PROMPT}],
+    }
     curl = (
         f"curl {shlex.quote(urls.openai + '/chat/completions')} \\\n"
         f"  -H {shlex.quote('Authorization: Bearer ' + key)} \\\n"
@@ -40,6 +45,7 @@ def snippets(urls: ApiUrls, key: str, model: str) -> list[Snippet]:
         ")\n"
         "completion = client.chat.completions.create(\n"
         f"    model={literal(model)},\n"
+        f"    max_tokens={MAX_TOKENS},\n"
         f'    messages=[{{"role": "user", "content": {literal(PROMPT)}}}],\n'
         ")\n"
         "print(completion.choices[0].message.content)\n"
@@ -51,7 +57,7 @@ def snippets(urls: ApiUrls, key: str, model: str) -> list[Snippet]:
         ")\n"
         "message = client.messages.create(\n"
         f"    model={literal(model)},\n"
-        "    max_tokens=256,\n"
+        f"    max_tokens={MAX_TOKENS},\n"
         f'    messages=[{{"role": "user", "content": {literal(PROMPT)}}}],\n'
         ")\n"
         "print(message.content[0].text)\n"

@@ -19,6 +19,12 @@
   const LOG_POLLS = 40; // the request's row is written just after the answer
   const LOG_POLL_MS = 250;
   const numbers = new Intl.NumberFormat();
+  const dollars = new Intl.NumberFormat(undefined, {
+    style: "currency",
+    currency: "USD",
+    minimumFractionDigits: 2,
+    maximumFractionDigits: 6,
+  });
   let history = [];
   let controller = null;
 
@@ -135,7 +141,8 @@
         const row = await json(response);
         turn.stats.dataset.cost = row.cost;
         turn.stats.append(
-          ` · $${row.cost} · ${numbers.format(Math.round(row.duration_ms))} ms`,
+          ` · ${dollars.format(Number(row.cost))} · ` +
+            `${numbers.format(Math.round(row.duration_ms))} ms`,
         );
         return;
       }
