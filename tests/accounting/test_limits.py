@@ -227,6 +227,22 @@ class StandingTests(LimitTestCase):
         ]
 
 
+@pytest.mark.parametrize(
+    ("row", "used", "allowed"),
+    [
+        (limits.Standing("tokens this month", 12_345, 1_000_000), "12,345", "1,000,000"),
+        (
+            limits.Standing("cost this day", Decimal("1234.5"), Decimal("2000000")),
+            "$1,234.5000",
+            "$2,000,000.0000",
+        ),
+        (limits.Standing("usage (the counters are unavailable)", None, None), "unknown", "unknown"),
+    ],
+)
+def test_what_is_used_is_shown_with_thousands_separators(row, used, allowed):
+    assert (row.used_text, row.allowed_text) == (used, allowed)
+
+
 class FallbackTests(LimitTestCase):
     """A request its alias cannot serve moves to a fallback alias, under that alias's
     own limits and at its prices."""
