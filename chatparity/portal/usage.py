@@ -62,4 +62,5 @@ def playground_request(owner_id: int, completion_id: str) -> dict[str, Any] | No
     rows = RequestLog.objects.filter(
         api_key__owner_id=owner_id, api_key__playground__isnull=False, completion_id=completion_id
     )
-    return rows.values(*REQUEST_COLUMNS).first()
+    row: dict[str, Any] | None = rows.values(*REQUEST_COLUMNS).first()
+    return row

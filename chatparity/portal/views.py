@@ -21,7 +21,6 @@ from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
-from django.urls import reverse_lazy
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
@@ -206,7 +205,7 @@ def usage(request: HttpRequest) -> HttpResponse:
     return render(request, "usage.html", context)
 
 
-def _owner_standing(request: HttpRequest, plan: Plan | None) -> list[tuple[str, str, str]]:
+def _owner_standing(request: HttpRequest, plan: Plan | None) -> list[limits.Standing]:
     if plan is None or not plan.has_owner_budget:
         return []
     return async_to_sync(limits.owner_standing)(user_id(request), plan)
@@ -227,7 +226,7 @@ class SignIn(LoginView):
     "chatparity-portal:login"``): back to the page asked for, else to the user's keys."""
 
     template_name = "chatparity/portal/login.html"
-    next_page = reverse_lazy("chatparity-portal:keys")
+    next_page = "chatparity-portal:keys"
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)
@@ -238,4 +237,4 @@ class SignIn(LoginView):
 class SignOut(LogoutView):
     """Sign out (a POST), then the sign-in page."""
 
-    next_page = reverse_lazy("chatparity-portal:login")
+    next_page = "chatparity-portal:login"

@@ -76,10 +76,10 @@ def test_a_user_creates_uses_and_revokes_a_key(page, daphne_server, user):
 
     page.goto(f"{url}/")
     page.click("text=Your API keys")
-    page.wait_for_url(f"{url}/accounts/login/?next=/portal/")
+    page.wait_for_url(f"{url}/portal/login/?next=/portal/")
     page.fill("#id_username", name)
     page.fill("#id_password", password)
-    page.click("button[type=submit]")
+    page.click("#sign-in button[type=submit]")
     page.wait_for_url(f"{url}/portal/")
     assert "Plan Starter" in page.inner_text("body")
 
@@ -279,4 +279,45 @@ def test_the_playground_streams_an_answer_with_its_tokens_and_cost(
         f"{bare_site}/llm/v1/models", headers={"Authorization": f"Bearer {stored['key']}"}
     )
     assert refused.status_code == 401
+    context.close()
+
+
+def test_the_playground_replaces_a_dead_key_keeps_the_conversation_and_stops(
+    browser, bare_site, daphne_server
+):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    sign_in(page, bare_site, "/portal/playground/")
+    page.select_option("#playground-model", "smollm2")
+    dead = {"key": "sk-cp-revoked-long-ago", "prefix": "sk-cp-revo", "expires_at": "2999-01-01"}
+    page.evaluate(
+        f"sessionStorage.setItem('chatparity-playground-key', {json.dumps(json.dumps(dead))})"
+    )
+    page.fill("#playground-max-tokens", "8")
+    page.fill("#playground-prompt", "Hi")
+    page.click("#playground-send")
+    page.locator(".turn.assistant .stats[data-cost]").nth(0).wait_for()  # answered all the same
+    stored = json.loads(page.evaluate("sessionStorage.getItem('chatparity-playground-key')"))
+    assert stored["key"] != dead["key"]
+
+    page.fill("#playground-prompt", "And again")
+    page.click("#playground-send")
+    page.locator(".turn.assistant .stats[data-cost]").nth(1).wait_for()
+    first, second = daphne_server.written_rows(key_prefix=stored["prefix"])
+    # The second request carried the first exchange.
+    assert second["prompt_tokens"] > first["prompt_tokens"] + first["completion_tokens"]
+
+    page.fill("#playground-max-tokens", "1000")
+    page.fill("#playground-prompt", "Write a long story about a lighthouse.")
+    page.click("#playground-send")
+    page.wait_for_function(
+        "document.querySelectorAll('.turn.assistant .text')[2]?.textContent.length > 0"
+    )
+    page.click("#playground-stop")
+    stopped = page.locator(".turn.assistant.stopped")
+    stopped.wait_for()
+    assert stopped.locator(".stats").inner_text() == "Stopped."
+    assert not page.is_disabled("#playground-send")
+    assert daphne_server.written_rows(key_prefix=stored["prefix"], cancelled=True)
     context.close()
