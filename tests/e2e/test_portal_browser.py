@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from decimal import Decimal
 
 import httpx
@@ -63,6 +64,17 @@ def audit_entries(server, prefix):
     return [tuple(entry) for entry in json.loads(printed)]
 
 
+def sign_in(page, url, user, path):
+    """Sign ``user`` (name, password) in on the portal's own page, where ``page`` was sent
+    from ``path``, and wait to be back there."""
+    name, password = user
+    page.wait_for_url(f"{url}/portal/login/?next={path}")
+    page.fill("#id_username", name)
+    page.fill("#id_password", password)
+    page.click("#sign-in button[type=submit]")
+    page.wait_for_url(f"{url}{path}")
+
+
 def ask(server, plaintext):
     with OpenAI(base_url=server.base_url, api_key=plaintext, max_retries=0) as sdk:
         return sdk.chat.completions.create(
@@ -72,15 +84,11 @@ def ask(server, plaintext):
 
 def test_a_user_creates_uses_and_revokes_a_key(page, daphne_server, user):
     url = daphne_server.url
-    name, password = user
+    name, _ = user
 
     page.goto(f"{url}/")
     page.click("text=Your API keys")
-    page.wait_for_url(f"{url}/portal/login/?next=/portal/")
-    page.fill("#id_username", name)
-    page.fill("#id_password", password)
-    page.click("#sign-in button[type=submit]")
-    page.wait_for_url(f"{url}/portal/")
+    sign_in(page, url, user, "/portal/")
     assert "Plan Starter" in page.inner_text("body")
 
     page.fill("#id_name", "browser-portal-key")
@@ -138,15 +146,19 @@ def bare_site(daphne_server, tmp_path_factory):
         yield url
 
 
-def sign_in(page, url, path="/portal/"):
-    """Sign the bare site's user in on the portal's own page, sent there from ``path``."""
-    name, password = BARE_USER
-    page.goto(f"{url}{path}")
-    page.wait_for_url(f"{url}/portal/login/?next={path}")
-    page.fill("#id_username", name)
-    page.fill("#id_password", password)
-    page.click("#sign-in button[type=submit]")
-    page.wait_for_url(f"{url}{path}")
+@contextmanager
+def signed_in(browser, url, path="/portal/", **options):
+    """A page in a browser context of its own (``options``), where the bare site's user
+    has signed in on the portal's own page, sent there from ``path``."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, **options)
+    try:
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        page.goto(f"{url}{path}")
+        sign_in(page, url, BARE_USER, path)
+        yield page
+    finally:
+        context.close()
 
 
 def copied(page, snippet):
@@ -163,11 +175,11 @@ def run(command, **kwargs):
 
 
 def test_a_bare_site_signs_in_tells_the_real_urls_and_its_snippets_run(browser, bare_site):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=bare_site)
-    page = context.new_page()
-    page.set_default_timeout(15_000)
-    sign_in(page, bare_site)
+    with signed_in(browser, bare_site, permissions=["clipboard-read", "clipboard-write"]) as page:
+        snippets_run_as_copied(page, bare_site)
+
+
+def snippets_run_as_copied(page, bare_site):
     assert "Plan Starter" in page.inner_text("body")
     font = page.evaluate("getComputedStyle(document.body).fontFamily")
     assert "system-ui" in font  # the portal's stylesheet, not the browser's serif
@@ -209,33 +221,32 @@ def test_a_bare_site_signs_in_tells_the_real_urls_and_its_snippets_run(browser, 
     page.wait_for_url(f"{bare_site}/portal/login/")
     page.goto(f"{bare_site}/portal/")
     page.wait_for_url(f"{bare_site}/portal/login/?next=/portal/")
-    context.close()
 
 
 @pytest.mark.parametrize(("scheme", "dark"), [("light", False), ("dark", True)])
 def test_the_portal_follows_the_systems_light_or_dark(browser, bare_site, scheme, dark):
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=scheme)
-    page = context.new_page()
-    page.set_default_timeout(15_000)
-    sign_in(page, bare_site, "/portal/usage/")
-    background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    with signed_in(browser, bare_site, "/portal/usage/", color_scheme=scheme) as page:
+        background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        screenshot(page, f"bare-portal-usage-{scheme}")
     red, green, blue = (int(part) for part in background[4:-1].split(","))
     assert (red + green + blue < 3 * 128) is dark, background
-    screenshot(page, f"bare-portal-usage-{scheme}")
-    context.close()
+
+
+@pytest.fixture
+def playground(browser, bare_site):
+    """The playground's page, the bare site's user signed in, on the model smollm2."""
+    with signed_in(browser, bare_site, "/portal/playground/") as page:
+        models = page.locator("#playground-model option").all_inner_texts()
+        assert "smollm2" in models
+        assert "embed-small" not in models  # it does not chat
+        page.select_option("#playground-model", "smollm2")
+        yield page
 
 
 def test_the_playground_streams_an_answer_with_its_tokens_and_cost(
-    browser, bare_site, daphne_server
+    playground, bare_site, daphne_server
 ):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(60_000)
-    sign_in(page, bare_site, "/portal/playground/")
-    models = page.locator("#playground-model option").all_inner_texts()
-    assert "smollm2" in models
-    assert "embed-small" not in models  # it does not chat
-    page.select_option("#playground-model", "smollm2")
+    page = playground
 
     # Each change of the answer as it arrives, counted in the page.
     page.evaluate(
@@ -279,17 +290,12 @@ def test_the_playground_streams_an_answer_with_its_tokens_and_cost(
         f"{bare_site}/llm/v1/models", headers={"Authorization": f"Bearer {stored['key']}"}
     )
     assert refused.status_code == 401
-    context.close()
 
 
 def test_the_playground_replaces_a_dead_key_keeps_the_conversation_and_stops(
-    browser, bare_site, daphne_server
+    playground, daphne_server
 ):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(60_000)
-    sign_in(page, bare_site, "/portal/playground/")
-    page.select_option("#playground-model", "smollm2")
+    page = playground
     dead = {"key": "sk-cp-revoked-long-ago", "prefix": "sk-cp-revo", "expires_at": "2999-01-01"}
     page.evaluate(
         f"sessionStorage.setItem('chatparity-playground-key', {json.dumps(json.dumps(dead))})"
@@ -320,4 +326,3 @@ def test_the_playground_replaces_a_dead_key_keeps_the_conversation_and_stops(
     assert stopped.locator(".stats").inner_text() == "Stopped."
     assert not page.is_disabled("#playground-send")
     assert daphne_server.written_rows(key_prefix=stored["prefix"], cancelled=True)
-    context.close()
