@@ -1,4 +1,5 @@
-"""The portal's pages: a user's own keys, usage and requests, and nobody else's.
+"""The portal's pages: a user's own keys, usage and requests, and nobody else's; and
+its sign-in and sign-out pages, for a site without its own.
 
 Every key is looked up with its owner, so another user's key is a 404 whatever id is
 asked for; changes are POSTs under Django's CSRF protection.
