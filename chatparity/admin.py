@@ -112,8 +112,16 @@ class ApiKeyAdmin(admin.ModelAdmin):
             return "No limits or budgets."
         return format_html_join(
             "",
-            "<div class='limit'>{}: <strong>{}</strong> of {}</div>",
-            ((row.name, row.used_text, row.allowed_text) for row in rows),
+            "<div class='limit'>{}: {}</div>",
+            (
+                (
+                    row.name,
+                    format_html("<strong>{}</strong> of {}", row.used_text, row.allowed_text),
+                )
+                if row.used is not None
+                else (row.name, "unknown")
+                for row in rows
+            ),
         )
 
     @admin.display(description="key", ordering="prefix")
