@@ -160,9 +160,7 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "project.urls"
-LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "/portal/"
-LOGOUT_REDIRECT_URL = "/"
+LOGIN_URL = "chatparity-portal:login"  # the portal's own sign-in page
 ASGI_APPLICATION = "project.asgi.application"
 
 TEMPLATES = [
