@@ -160,9 +160,7 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "project.urls"
-LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "/portal/"
-LOGOUT_REDIRECT_URL = "/"
+LOGIN_URL = "chatparity-portal:login"  # the portal's own sign-in page
 ASGI_APPLICATION = "project.asgi.application"
 
 TEMPLATES = [
@@ -286,6 +284,9 @@ CHATPARITY: dict[str, object] = {
     ],
     # The portal's pages extend the site's own base template (templates/base.html).
     "PORTAL": {"BASE_TEMPLATE": "base.html"},
+    # Rows the database cannot take now, and each worker's requests in flight: a folder
+    # of the server's user (see docs/deploy.md); unset, one in the temporary directory.
+    "SPOOL_DIR": os.environ.get("CHATPARITY_SPOOL_DIR") or None,
 }
 # The Prometheus metrics (docs/observability.md), served while anyone may scrape them.
 if _metrics["TOKEN"] or _metrics["ALLOWED_NETWORKS"]:
