@@ -159,19 +159,24 @@ def test_the_sites_own_v1_route_is_still_the_sites(site):
 
 
 @contextmanager
-def signed_in_as_the_superuser(url: str) -> Iterator[httpx.Client]:
-    """A client signed in through the admin's login page, as the superuser step 5 made."""
+def signed_in_as_the_superuser(
+    url: str, page: str = "/admin/login/?next=/admin/"
+) -> Iterator[httpx.Client]:
+    """A client signed in on ``page`` (the admin's or the portal's sign-in page) as the
+    superuser step 5 made."""
     with httpx.Client(base_url=url, follow_redirects=True) as browser:
-        browser.get("/admin/login/")
+        form = browser.get(page)
+        assert form.status_code == 200
         signed_in = browser.post(
-            "/admin/login/?next=/admin/",
+            page,
             data={
                 "username": ADMIN[0],
                 "password": ADMIN[1],
                 "csrfmiddlewaretoken": browser.cookies["csrftoken"],
             },
         )
-        assert signed_in.url.path == "/admin/"
+        assert signed_in.status_code == 200
+        assert "sessionid" in browser.cookies
         yield browser
 
 
@@ -191,12 +196,16 @@ def test_the_admin_is_styled_and_the_dashboards_tail_script_loads(site):
     assert "WebSocket" in tail.text
 
 
-def test_the_portal_sends_a_visitor_to_sign_in_and_serves_a_signed_in_user(site):
+def test_the_portal_sends_a_visitor_to_its_sign_in_page_and_back(site):
     url, *_ = site
     visitor = httpx.get(f"{url}/portal/")
     assert visitor.status_code == 302
     assert visitor.headers["location"] == "/portal/login/?next=/portal/"
-    with signed_in_as_the_superuser(url) as browser:
+    sign_in = httpx.get(f"{url}{visitor.headers['location']}")
+    assert sign_in.status_code == 200
+    (stylesheet,) = re.findall(r'href="(/static/chatparity_portal/[^"]+\.css)"', sign_in.text)
+    assert httpx.get(f"{url}{stylesheet}").status_code == 200
+    with signed_in_as_the_superuser(url, visitor.headers["location"]) as browser:
         keys = browser.get("/portal/")
     assert keys.status_code == 200
     assert "Your API keys" in keys.text
