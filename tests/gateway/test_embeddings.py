@@ -3,13 +3,16 @@ same keys, alias scopes, limits, budgets and log as chat; a chat alias refused f
 embeddings and an embedding alias refused for chat, each in its endpoint's envelope."""
 
 import base64
+import sys
 from decimal import Decimal
+from unittest import mock
 
 import orjson
 import pytest
 from asgiref.sync import sync_to_async
 from django.test import override_settings
 
+from chatparity.backends.embedder import MODEL_PACKAGE
 from chatparity.models import ApiKey, Backend, Endpoint, ModelAlias, RequestLog
 from chatparity.protocol.embeddings import floats
 from tests.asgi import FastPathTestCase
@@ -123,6 +126,22 @@ class EmbeddedModelTests(EmbeddingsTestCase):
         status, _, answer = await self.embed(model="embed-small", input="x", dimensions=64)
         assert status == 400
         assert answer["error"]["message"] == "This model does not support specifying dimensions."
+
+    async def test_without_the_embeddings_extra_it_is_a_503_naming_the_fix_and_logged(self):
+        # The packaged model not installed, as on a site without chatparity[embeddings].
+        with mock.patch.dict(sys.modules, {MODEL_PACKAGE: None}):
+            status, _, answer = await self.embed(model="embed-small", input="hello")
+        assert status == 503
+        assert answer["error"] == {
+            "message": "The embedding model is not installed on this server: install"
+            " chatparity's 'embeddings' extra in the server's environment, or set the"
+            " backend's model_path and tokenizer_path.",
+            "type": "server_error",
+            "param": None,
+            "code": "model_unavailable",
+        }
+        row = await self.last_row()
+        assert (row.endpoint, row.status_code) == (Endpoint.EMBEDDINGS, 503)
 
 
 class RequestTests(EmbeddingsTestCase):
