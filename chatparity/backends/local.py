@@ -221,12 +221,15 @@ class LocalModel:
 
     def prompt_tokens(self, request: ChatRequest) -> list[int]:
         """The prompt's tokens; OpenAI's context_length_exceeded, without tokenizing,
-        when its length alone shows that it cannot fit the context."""
+        when its length alone shows that it cannot fit the context (then it says how
+        many tokens the prompt has at least)."""
         prompt = self.prompt(request)
         if self.max_token_bytes is not None:
             at_least = -(-len(prompt.encode()) // self.max_token_bytes)
-            if at_least >= self.n_ctx or at_least + (request.max_tokens or 0) > self.n_ctx:
-                raise _cannot_fit(self.n_ctx, at_least, request.max_tokens)
+            if at_least >= self.n_ctx:
+                raise errors.context_length_exceeded(
+                    self.n_ctx, at_least, request.max_tokens, at_least=True
+                )
         return self.tokenize(prompt)
 
     # -- contexts ----------------------------------------------------------
@@ -354,24 +357,6 @@ def _max_token_bytes(vocab: Llama) -> int | None:
     return max(
         abs(int(llama_cpp.llama_token_to_piece(model, token, buffer, len(buffer), 0, True)))
         for token in range(vocab.n_vocab())
-    )
-
-
-def _cannot_fit(n_ctx: int, at_least: int, completion: int | None) -> errors.ContextLengthExceeded:
-    """OpenAI's context_length_exceeded for a prompt of ``at_least`` tokens, counted
-    from its bytes."""
-    asked = (
-        f"your messages resulted in at least {at_least} tokens"
-        if completion is None
-        else f"you requested at least {at_least + completion} tokens (at least {at_least} in"
-        f" the messages, {completion} in the completion)"
-    )
-    return errors.ContextLengthExceeded(
-        f"This model's maximum context length is {n_ctx} tokens. However, {asked}. Please"
-        " reduce the length of the messages or completion.",
-        limit=n_ctx,
-        prompt_tokens=at_least,
-        completion_tokens=completion or 0,
     )
 
 
@@ -619,7 +604,7 @@ class LocalBackend:
         if request.max_tokens is not None and request.max_tokens > room:
             raise errors.context_length_exceeded(local.n_ctx, len(prompt), request.max_tokens)
         if room <= 0:
-            raise errors.context_length_exceeded(local.n_ctx, len(prompt), 0)
+            raise errors.context_length_exceeded(local.n_ctx, len(prompt), None)
 
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[object] = asyncio.Queue()

@@ -521,7 +521,7 @@ def test_context_length_errors_are_worded_as_claude_code_reads_them():
         "input length and `max_tokens` exceed context limit: 1500 + 32000 > 2048, decrease input"
         " length or `max_tokens` and try again"
     )
-    too_long = errors.context_length_exceeded(2048, 3000, 0)
+    too_long = errors.context_length_exceeded(2048, 3000, None)
     assert (
         error_body(too_long, "r")["error"]["message"]
         == "prompt is too long: 3000 tokens > 2048 maximum"
