@@ -20,7 +20,6 @@ import itertools
 import os
 import queue
 import secrets
-import string
 import threading
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Generator
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..conf import app_settings
-from ..protocol import errors
+from ..protocol import errors, ids
 from ..protocol.events import (
     Event,
     Finish,
@@ -447,8 +446,7 @@ class _ChoiceRunner:
         """Stream the arguments of a call to ``name`` as tool-call deltas."""
         job, request = self.job, self.request
         index = next(i for i, tool in enumerate(request.tools) if tool.name == name)
-        call_id = "call_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
-        job.emit(ToolCallDelta(job.index, 0, "", id=call_id, name=name, tokens=0))
+        job.emit(ToolCallDelta(job.index, 0, "", id=ids.call_id(), name=name, tokens=0))
         prompt = prompt + self.model.tokenize_continuation(grammars.TOOL_ARGUMENTS)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         reason = "stop" if request.tool_choice.mode == "function" else "tool_calls"
@@ -462,9 +460,6 @@ class _ChoiceRunner:
                     reason = "length"
                     break
         job.emit(Finish(job.index, reason))
-
-
-_ID_ALPHABET = string.ascii_letters + string.digits
 
 
 def _logprob(llama: Llama, token: int, top: int) -> TokenLogprob:

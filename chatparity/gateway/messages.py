@@ -33,6 +33,7 @@ from ..models import Endpoint
 from ..protocol import errors, messages
 from ..protocol.errors import APIError
 from ..protocol.events import Event
+from ..protocol.ids import anthropic_id
 from ..protocol.messages import (
     MessagesRequest,
     as_chat_request,
@@ -54,7 +55,6 @@ from .pipeline import (
     _resolve,
     endpoint,
     json_reply,
-    random_id,
     respond,
 )
 from .responses import LoggedResponse
@@ -110,7 +110,7 @@ class MessagesWire(Wire):
     keepalive = PING
 
     def __init__(self, request: MessagesRequest, chat: ChatRequest, record: UsageRecord) -> None:
-        super().__init__(random_id("msg"))
+        super().__init__(anthropic_id("msg"))
         self._record = record
         self._encoder = MessageEncoder(
             message_id=self.answer_id,

@@ -17,10 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
-import random
 import re
-import string
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
@@ -43,6 +40,7 @@ from ..protocol import errors
 from ..protocol.completion import CompletionAccumulator
 from ..protocol.errors import APIError
 from ..protocol.events import Event
+from ..protocol.ids import completion_id, request_id
 from ..protocol.openapi import openapi_document
 from ..protocol.request import (
     ChatRequest,
@@ -62,31 +60,6 @@ EVENT_STREAM = "text/event-stream; charset=utf-8"
 _STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 # Sent while a stream waits for its backend's first event; OpenAI's clients skip comments.
 KEEPALIVE = b": keepalive\n\n"
-
-
-# Ids only need to be unique, not secret: drawn from a generator seeded once per
-# process (again after a fork), not from a system call per request, which under
-# load makes the event loop wait for the GIL.
-_ids = random.Random(os.urandom(32))
-os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))
-# OpenAI's completion ids: "chatcmpl-" and 29 letters or digits. A byte modulo
-# 62 favours the first eight characters a little, which an id does not mind.
-_ALPHANUMERIC = (string.ascii_letters + string.digits).encode()
-_TO_ALPHANUMERIC = bytes(_ALPHANUMERIC[byte % 62] for byte in range(256))
-
-
-def request_id() -> str:
-    return f"req_{_ids.getrandbits(128):032x}"
-
-
-def completion_id() -> str:
-    return "chatcmpl-" + _ids.randbytes(29).translate(_TO_ALPHANUMERIC).decode()
-
-
-def random_id(prefix: str) -> str:
-    """An id as OpenAI's Responses API makes them: ``resp_``, ``msg_``, ``fc_`` and 50
-    hex digits."""
-    return f"{prefix}_{_ids.getrandbits(200):050x}"
 
 
 BodyReader = Callable[[int], Awaitable[bytes]]

@@ -42,6 +42,7 @@ from ..protocol import errors
 from ..protocol.completion import CompletionAccumulator
 from ..protocol.errors import APIError
 from ..protocol.events import Event
+from ..protocol.ids import random_id
 from ..protocol.request import ChatRequest
 from ..protocol.responses import (
     ResponsesRequest,
@@ -61,7 +62,6 @@ from .pipeline import (
     _limits,
     endpoint,
     json_reply,
-    random_id,
     respond,
     serving,
 )

@@ -2,13 +2,15 @@
 pipeline, through the ASGI fast path and the Django views, behind the same keys,
 limits and log as chat, answering in Anthropic's envelope."""
 
+import re
+
 import orjson
 from django.test import override_settings
 
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.messages_stream import PING
 from tests.asgi import FastPathTestCase
-from tests.scripted import SCRIPTED
+from tests.scripted import SCRIPTED, ScriptedBackend
 
 HI = [{"role": "user", "content": "Hi"}]
 WEATHER = {
@@ -109,12 +111,28 @@ class CreateTests(MessagesTestCase):
             events[0]["message"]["id"],
         )
 
-    async def test_a_tool_use_and_its_result(self):
+    async def test_ids_are_anthropics_alike_in_a_stream_and_a_message(self):
+        _, _, message = await self.create(model="weather", tools=[WEATHER])
+        _, _, events = await self.create(model="weather", tools=[WEATHER], stream=True)
+        streamed = events[0]["message"]["id"]
+        for made in (message["id"], streamed):
+            assert re.fullmatch(r"msg_01[1-9A-HJ-NP-Za-km-z]{22}", made)
+        assert message["id"] != streamed
+        started = [e["content_block"] for e in events if e["type"] == "content_block_start"]
+        assert (
+            [block["id"] for block in started]
+            == [message["content"][0]["id"]]
+            == [
+                "toolu_" + "0" * 24  # the backend's call_ and 24: its 24 kept
+            ]
+        )
+
+    async def test_a_tool_use_and_its_result_reach_the_backend_with_its_own_call_id(self):
         _, _, message = await self.create(model="weather", tools=[WEATHER])
         (use,) = message["content"]
         assert use == {
             "type": "tool_use",
-            "id": "call_0",
+            "id": "toolu_" + "0" * 24,
             "name": "get_weather",
             "input": {"city": "Paris"},
         }
@@ -124,12 +142,17 @@ class CreateTests(MessagesTestCase):
             {"role": "assistant", "content": [use]},
             {
                 "role": "user",
-                "content": [{"type": "tool_result", "tool_use_id": "call_0", "content": "Sunny"}],
+                "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "Sunny"}],
             },
         ]
+        ScriptedBackend.asked.clear()
         status, _, message = await self.create(messages=answered, tools=[WEATHER])
         assert status == 200
         assert message["content"] == [{"type": "text", "text": "Hello there"}]
+        (asked,) = ScriptedBackend.asked
+        calling, result = asked.messages[1:]
+        assert [call["id"] for call in calling.tool_calls] == ["call_" + "0" * 24]
+        assert result.tool_call_id == "call_" + "0" * 24
 
     async def test_claude_codes_way_of_asking_is_served(self):
         """Bearer auth, ?beta=true, beta headers, system blocks, adaptive thinking."""

@@ -2,6 +2,7 @@
 first-byte timeout when it never does, and a row that says what the client got."""
 
 import asyncio
+import re
 import time
 
 import httpx
@@ -17,8 +18,9 @@ from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, Usage
 from chatparity.transport.fastpath import FastPath
-from tests.asgi import http_scope, reply_body
+from tests.asgi import FastPathTestCase, http_scope, reply_body
 from tests.backends import faulty_upstream
+from tests.scripted import SCRIPTED
 
 
 class SlowStartBackend:
@@ -370,3 +372,36 @@ class SlowResponsesTests(Responses, SlowBackend, GatewayTestCase):
         }
         row = await self.row()
         assert (row.status_code, row.error_type) == (200, "server_error")
+
+
+@override_settings(CHATPARITY=SCRIPTED)
+class ChatIdTests(FastPathTestCase):
+    """Every id the chat wire hands out is OpenAI's form, streamed or not."""
+
+    @classmethod
+    def setUpTestData(cls):
+        super().setUpTestData()
+        backend = Backend.objects.create(
+            name="weather",
+            kind="scripted",
+            options={"script": [{"call": "get_weather", "arguments": "{}"}]},
+        )
+        ModelAlias.objects.create(public_id="weather", backend=backend)
+
+    async def test_completion_request_and_tool_call_ids_are_openais_form(self):
+        tool = {"type": "function", "function": {"name": "get_weather"}}
+        start, content = await self.ask(model="weather", tools=[tool])
+        answer = orjson.loads(content)
+        streamed_start, streamed = await self.ask(model="weather", tools=[tool], stream=True)
+        chunks = [
+            orjson.loads(frame.removeprefix(b"data: "))
+            for frame in streamed.split(b"\n\n")
+            if frame.startswith(b"data: {")
+        ]
+        for made in (answer["id"], *(chunk["id"] for chunk in chunks)):
+            assert re.fullmatch(r"chatcmpl-[A-Za-z0-9]{29}", made)
+        for headers in (start["headers"], streamed_start["headers"]):
+            assert re.fullmatch(rb"req_[0-9a-f]{32}", dict(headers)[b"x-request-id"])
+        (call,) = answer["choices"][0]["message"]["tool_calls"]
+        (opened,) = chunks[0]["choices"][0]["delta"]["tool_calls"]
+        assert call["id"] == opened["id"] == "call_" + "0" * 24  # the backend's, kept

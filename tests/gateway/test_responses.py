@@ -2,6 +2,7 @@
 the ASGI fast path and the Django views, behind the same keys, limits and log as chat."""
 
 import asyncio
+import re
 from datetime import timedelta
 from unittest import mock
 
@@ -88,6 +89,12 @@ class ResponsesTestCase(FastPathTestCase):
         alias("weather", ["call", "call_1", "get_weather", '{"city":"Paris"}'])
         alias("broken", "Hel", "<fail>")
         alias("refusing", "<refuse>")
+        alias(
+            "calls",
+            "Checking.",
+            ["call", "call_" + "k" * 24, "get_weather", "{}"],
+            ["call", None, "get_weather", "{}"],
+        )
 
     def setUp(self):
         super().setUp()
@@ -176,6 +183,21 @@ class CreateTests(ResponsesTestCase):
         assert response["tools"][0]["strict"] is True
         served = ScriptBackend.served[0]
         assert [t.name for t in served.tools] == ["get_weather"]
+
+    async def test_every_id_is_openais_form_streamed_or_not(self):
+        tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+        asked = {"model": "calls", "input": "Weather?", "tools": [tool]}
+        _, response = await self.create(**asked)
+        _, _, content = await self.fast("POST", "/v1/responses", {**asked, "stream": True})
+        streamed = parse_events(content)[-1]["response"]
+        for made in (response, streamed):
+            assert re.fullmatch(r"resp_[0-9a-f]{50}", made["id"])
+            message, kept, made_up = made["output"]
+            assert re.fullmatch(r"msg_[0-9a-f]{50}", message["id"])
+            assert [re.fullmatch(r"fc_[0-9a-f]{50}", call["id"]) for call in (kept, made_up)]
+            assert kept["call_id"] == "call_" + "k" * 24  # the backend's own
+            assert re.fullmatch(r"call_[A-Za-z0-9]{24}", made_up["call_id"])  # it gave none
+        assert len({made["id"] for made in (response, streamed)}) == 2
 
     async def test_the_log_row_names_the_endpoint_and_the_response(self):
         _, response = await self.create(input="Hi")
