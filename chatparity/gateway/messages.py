@@ -72,6 +72,11 @@ async def _authenticate(call: Call) -> Grant:
     raise messages.missing_api_key()
 
 
+def request_id() -> str:
+    """A request's id as Anthropic makes them (``request-id``, ``x-request-id``)."""
+    return anthropic_id("req")
+
+
 def error_reply(error: APIError, call: Call) -> Reply:
     """A failure in Anthropic's envelope, with its status and ``request-id``."""
     reply = json_reply(error_body(error, call.request_id), status=error_status(error))
@@ -80,7 +85,7 @@ def error_reply(error: APIError, call: Call) -> Reply:
     return reply
 
 
-@endpoint("POST", answer_error=error_reply)
+@endpoint("POST", answer_error=error_reply, request_ids=request_id)
 async def create_message(call: Call) -> Reply:
     reply = await respond(
         call,
@@ -151,7 +156,7 @@ class MessagesWire(Wire):
             self._record.body = LoggedResponse(self._encoder.message())
 
 
-@endpoint("POST", answer_error=error_reply)
+@endpoint("POST", answer_error=error_reply, request_ids=request_id)
 async def count_tokens(call: Call) -> Reply:
     """The input tokens of a Messages request, on the alias it names."""
     grant = await _authenticate(call)
@@ -179,7 +184,7 @@ async def count_tokens(call: Call) -> Reply:
     return reply
 
 
-@endpoint("GET", "POST", "PUT", "PATCH", "DELETE", answer_error=error_reply)
+@endpoint("GET", "POST", "PUT", "PATCH", "DELETE", answer_error=error_reply, request_ids=request_id)
 async def not_found(call: Call) -> Reply:
     """Anything else under ``/v1/messages/``: Anthropic's 404 (no batches here)."""
     raise messages.not_found(call.path)

@@ -138,10 +138,14 @@ def openai_error(error: APIError, call: Call) -> Reply:
 
 
 def endpoint(
-    *methods: str, answer_error: ErrorReply = openai_error
+    *methods: str,
+    answer_error: ErrorReply = openai_error,
+    request_ids: Callable[[], str] | None = None,
 ) -> Callable[[Endpoint], Endpoint]:
     """Allow ``methods``, answer failures with ``answer_error`` (in OpenAI's envelope
-    unless told), and stamp every reply with ``x-request-id``, ``openai-processing-ms``
+    unless told), give the call an id of ``request_ids``' making (its API's form; the
+    transport's, OpenAI's, unless told) and stamp every reply with ``x-request-id``,
+    ``openai-processing-ms``
     and ``x-chatparity-overhead-ms``: of the processing time, what was not spent
     waiting on a backend. Both are measured
     when the reply's headers are ready: a stream's, once its backend's first event came
@@ -151,6 +155,8 @@ def endpoint(
         @wraps(handler)
         async def wrapper(call: Call, *args: Any, **kwargs: Any) -> Reply:
             started = time.perf_counter()
+            if request_ids is not None:
+                call.request_id = request_ids()
             if call.method not in methods:
                 message = f"Invalid method for URL ({call.method} {call.path})"
                 reply = answer_error(APIError(message, status=405), call)

@@ -112,11 +112,16 @@ class CreateTests(MessagesTestCase):
         )
 
     async def test_ids_are_anthropics_alike_in_a_stream_and_a_message(self):
-        _, _, message = await self.create(model="weather", tools=[WEATHER])
-        _, _, events = await self.create(model="weather", tools=[WEATHER], stream=True)
+        _, headers, message = await self.create(model="weather", tools=[WEATHER])
+        _, streamed_headers, events = await self.create(
+            model="weather", tools=[WEATHER], stream=True
+        )
         streamed = events[0]["message"]["id"]
         for made in (message["id"], streamed):
             assert re.fullmatch(r"msg_01[1-9A-HJ-NP-Za-km-z]{22}", made)
+        for sent in (headers, streamed_headers):
+            assert re.fullmatch(r"req_01[1-9A-HJ-NP-Za-km-z]{22}", sent["request-id"])
+            assert sent["x-request-id"] == sent["request-id"]
         assert message["id"] != streamed
         started = [e["content_block"] for e in events if e["type"] == "content_block_start"]
         assert (
