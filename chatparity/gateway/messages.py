@@ -15,8 +15,9 @@ has not begun. ``?beta=true`` and the ``anthropic-version`` and
 ``POST /v1/messages/count_tokens`` counts the prompt a request would send: with
 the serving backend's tokenizer where it has one (``count_tokens``: the local
 model's), else with the estimate the limits reserve by. It is not a model call:
-like ``GET /v1/models``, it leaves no log row; but it counts against the key's
-requests per minute and takes a slot in flight while it counts.
+its log row (endpoint ``messages.count_tokens``) costs nothing and carries no
+tokens; but it counts against the key's requests per minute and takes a slot in
+flight while it counts, as Anthropic rate-limits counting by requests per minute.
 """
 
 from __future__ import annotations
@@ -50,12 +51,12 @@ from .pipeline import (
     Reply,
     Wire,
     _as_served_by,
-    _decode,
     _limits,
-    _resolve,
     endpoint,
     json_reply,
     respond,
+    serve,
+    serving,
 )
 from .responses import LoggedResponse
 
@@ -159,29 +160,37 @@ class MessagesWire(Wire):
 @endpoint("POST", answer_error=error_reply, request_ids=request_id)
 async def count_tokens(call: Call) -> Reply:
     """The input tokens of a Messages request, on the alias it names."""
-    grant = await _authenticate(call)
-    requested = parse_messages_request(await _decode(call), _limits(), counting=True)
+    reply = await serve(
+        call,
+        _count_tokens,
+        authenticate=_authenticate,
+        answer_error=error_reply,
+        logged_as=Endpoint.COUNT_TOKENS,
+    )
+    reply.headers["request-id"] = call.request_id
+    return reply
+
+
+async def _count_tokens(body: Any, accounting: Accounting, grant: Grant) -> Reply:
+    requested = parse_messages_request(body, _limits(), counting=True)
     chat = as_chat_request(requested, _limits())
-    alias = await _resolve(chat.model, grant)
+    accounting.requested(chat, body)
+    alias = await serving(chat.model, grant, accounting)
+    accounting.served_by(alias)
     chat = _as_served_by(alias, chat)
     backend = get_backend(alias.backend)
     if not hasattr(backend, "stream"):  # as creating a message there would be
         raise errors.not_a_chat_model(alias.public_id)
-    counter = getattr(backend, "count_tokens", None)
     # A request, if no model call: under the key's requests per minute and slots in
     # flight (a tokenizer's work is real), spending no token, budget or alias limit.
-    admission = await limits.admit(grant.key, None, limits.NOTHING)
-    try:
-        if counter is not None:
-            tokens = await counter(chat, alias.model)
-        else:
-            tokens = approximate_prompt_tokens(chat.messages)
-    finally:
-        await admission.settle(0, 0)
-    reply = json_reply({"input_tokens": tokens})
-    reply.headers.update(admission.headers)
-    reply.headers["request-id"] = call.request_id
-    return reply
+    await accounting.reserve(None, limits.NOTHING)
+    counter = getattr(backend, "count_tokens", None)
+    if counter is not None:
+        tokens = await counter(chat, alias.model)
+    else:
+        tokens = approximate_prompt_tokens(chat.messages)
+    await accounting.settle()  # the slot given back before the answer goes out
+    return json_reply({"input_tokens": tokens})
 
 
 @endpoint("GET", "POST", "PUT", "PATCH", "DELETE", answer_error=error_reply, request_ids=request_id)

@@ -308,12 +308,14 @@ async def serve(
     authenticate: Callable[[Call], Awaitable[Grant]] = _authenticate,
     answer_error: ErrorReply = openai_error,
     logged_as: LoggedEndpoint = LoggedEndpoint.CHAT_COMPLETIONS,
+    body: bool = True,
 ) -> Reply:
     """Serve ``call``: the key checked (by ``authenticate``), the request's accounting
-    opened, the body read and ``answer``ed, a failure as ``answer_error`` says (the log
-    row, of endpoint ``logged_as`` from the start, whatever is wrong with the body,
-    records the status the client got), the reply given the rate-limit headers and the
-    accounting its transport closes."""
+    opened, the body read (unless there is none to read: ``answer`` is given None) and
+    ``answer``ed, a failure as ``answer_error`` says (the log row, of endpoint
+    ``logged_as`` from the start, whatever is wrong with the body, records the status
+    the client got), the reply given the rate-limit headers and the accounting its
+    transport closes."""
     grant = await authenticate(call)
     accounting = Accounting(
         UsageRecord(
@@ -326,7 +328,7 @@ async def serve(
         )
     )
     try:
-        reply = await answer(await _decode(call), accounting, grant)
+        reply = await answer(await _decode(call) if body else None, accounting, grant)
     except asyncio.CancelledError:  # the client left before its reply
         accounting.cancel()
         await accounting.close()
@@ -742,20 +744,34 @@ def _model_object(alias: ModelAlias) -> dict[str, Any]:
 
 @endpoint("GET")
 async def list_models(call: Call) -> Reply:
-    grant = await _authenticate(call)
+    """The aliases the key may use. Logged, costing nothing and counted against no limit:
+    it asks no model anything."""
+    return await serve(call, _list_models, logged_as=LoggedEndpoint.MODELS, body=False)
+
+
+async def _list_models(body: None, accounting: Accounting, grant: Grant) -> Reply:
     listed = (await keys.aliases()).listed(grant)
     return json_reply({"object": "list", "data": [_model_object(alias) for alias in listed]})
 
 
 @endpoint("GET")
 async def retrieve_model(call: Call, model: str) -> Reply:
-    grant = await _authenticate(call)
-    alias = (await keys.aliases()).find(model, grant, servable=False)
-    if alias is None:
-        raise APIError(
-            f"The model '{model}' does not exist", status=404, param="model", code="model_not_found"
-        )
-    return json_reply(_model_object(alias))
+    """One alias the key may use, logged as :func:`list_models` is."""
+
+    async def retrieve(body: None, accounting: Accounting, grant: Grant) -> Reply:
+        alias = (await keys.aliases()).find(model, grant, servable=False)
+        if alias is None:
+            accounting.unknown_model()
+            raise APIError(
+                f"The model '{model}' does not exist",
+                status=404,
+                param="model",
+                code="model_not_found",
+            )
+        accounting.served_by(alias)
+        return json_reply(_model_object(alias))
+
+    return await serve(call, retrieve, logged_as=LoggedEndpoint.MODELS, body=False)
 
 
 @endpoint("GET", "POST", "PUT", "PATCH", "DELETE")

@@ -318,8 +318,14 @@ class CountTokensTests(MessagesTestCase):
         status, headers, content = await self.post("/v1/messages/count_tokens", body)
         assert status == 200
         assert orjson.loads(content) == {"input_tokens": (3 + 3) + (3 + 2)}
-        assert headers["request-id"].startswith("req_")
-        assert not await RequestLog.objects.aexists(), "a count is not a model call"
+        row = await RequestLog.objects.aget(request_id=headers["request-id"])
+        assert (row.endpoint, row.status_code, row.alias, row.backend) == (
+            "messages.count_tokens",
+            200,
+            "echo",
+            "scripted",
+        )
+        assert (row.prompt_tokens, row.completion_tokens, row.cost) == (0, 0, 0), "unbilled"
 
     async def test_a_count_is_a_request_under_the_keys_own_limits(self):
         """A tokenizer's work is real: counts may not flood past the key's requests per
@@ -333,7 +339,12 @@ class CountTokensTests(MessagesTestCase):
         error = orjson.loads(content)
         assert (status, error["error"]["type"]) == (429, "rate_limit_error"), error
         assert int(headers["retry-after"]) >= 1
-        assert not await RequestLog.objects.aexists()
+        logged = [row async for row in RequestLog.objects.order_by("id")]
+        assert [(row.endpoint, row.status_code) for row in logged] == [
+            ("messages.count_tokens", 200),
+            ("messages.count_tokens", 200),
+            ("messages.count_tokens", 429),
+        ]
 
     async def test_counting_refuses_what_creating_refuses(self):
         status, _, content = await self.post(
@@ -344,10 +355,16 @@ class CountTokensTests(MessagesTestCase):
             orjson.loads(content)["error"]["message"]
             == "max_tokens: Extra inputs are not permitted"
         )
-        status, _, _ = await self.post(
+        status, headers, _ = await self.post(
             "/v1/messages/count_tokens", {"model": "nope", "messages": HI}
         )
         assert status == 404
+        row = await RequestLog.objects.aget(request_id=headers["request-id"])
+        assert (row.endpoint, row.status_code, row.alias) == (
+            "messages.count_tokens",
+            404,
+            "unknown",
+        )
         embedder = await Backend.objects.acreate(name="embedder", kind="embedder")
         await ModelAlias.objects.acreate(public_id="embed", backend=embedder)
         for path in ("/v1/messages/count_tokens", "/v1/messages"):

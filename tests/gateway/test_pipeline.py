@@ -405,3 +405,43 @@ class ChatIdTests(FastPathTestCase):
         (call,) = answer["choices"][0]["message"]["tool_calls"]
         (opened,) = chunks[0]["choices"][0]["delta"]["tool_calls"]
         assert call["id"] == opened["id"] == "call_" + "0" * 24  # the backend's, kept
+
+
+class ModelsLogTests(FastPathTestCase):
+    """GET /v1/models leaves a row like any request past authentication: unbilled, and
+    under no limit (it asks no model anything)."""
+
+    async def get(self, path, headers=None):
+        start, content, communicator = await self.exchange("GET", path, headers=headers)
+        await communicator.wait(timeout=10)
+        return start["status"], orjson.loads(content)
+
+    async def test_listing_and_retrieving_leave_a_row_each_that_costs_nothing(self):
+        assert (await self.get("/v1/models"))[0] == 200
+        assert (await self.get("/v1/models/ECHO"))[0] == 200
+        assert (await self.get("/v1/models/made-up"))[0] == 404
+        rows = [row async for row in RequestLog.objects.order_by("id")]
+        assert [(row.endpoint, row.status_code, row.alias) for row in rows] == [
+            ("models", 200, ""),
+            ("models", 200, "echo"),
+            ("models", 404, "unknown"),  # a name made up is never stored
+        ]
+        assert {(row.total_tokens, row.cost, row.key_prefix) for row in rows} == {
+            (0, 0, self.key.prefix)
+        }
+
+    async def test_a_key_past_its_requests_per_minute_still_lists_models(self):
+        await ApiKey.objects.filter(pk=self.key.pk).aupdate(requests_per_minute=1)
+        start, _ = await self.ask()
+        assert start["status"] == 200
+        for _ in range(3):
+            status, answer = await self.get("/v1/models")
+            assert status == 200, answer
+        start, _ = await self.ask()
+        assert start["status"] == 429
+        assert await RequestLog.objects.filter(endpoint="models").acount() == 3
+
+    async def test_a_wrong_key_leaves_no_row(self):
+        status, _ = await self.get("/v1/models", headers=[("authorization", "Bearer sk-nope")])
+        assert status == 401
+        assert not await RequestLog.objects.aexists()

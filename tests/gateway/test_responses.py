@@ -299,7 +299,11 @@ class StoreTests(ResponsesTestCase):
         status, _, _ = await self.fast("GET", f"/v1/responses/{response['id']}")
         assert status == 404
         assert not await StoredResponse.objects.aexists()
-        assert await RequestLog.objects.acount() == 1
+        logged = [row async for row in RequestLog.objects.order_by("id")]
+        assert [(row.endpoint, row.status_code) for row in logged] == [
+            ("responses", 200),
+            ("responses.stored", 404),  # the read: a row of its own, unbilled
+        ]
 
     async def test_an_expired_response_is_neither_read_nor_continued(self):
         _, response = await self.create(input="Hi")
@@ -326,6 +330,12 @@ class StoreTests(ResponsesTestCase):
         )
         assert (await self.fast("GET", path))[0] == 404
         assert (await self.fast("DELETE", path))[0] == 404
+        reads = RequestLog.objects.filter(endpoint="responses.stored").order_by("id")
+        assert [(row.status_code, row.total_tokens, row.cost) async for row in reads] == [
+            (200, 0, 0),
+            (404, 0, 0),
+            (404, 0, 0),
+        ]
 
     async def test_a_stranger_cannot_delete_it(self):
         _, response = await self.create(input="Hi")
