@@ -22,7 +22,8 @@ flight while it counts, as Anthropic rate-limits counting by requests per minute
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypedDict
 
 from ..accounting import limits
 from ..accounting.keys import Grant
@@ -48,6 +49,7 @@ from ..protocol.tokens import approximate_prompt_tokens
 from .auth import authenticate, authenticate_key
 from .pipeline import (
     Call,
+    ErrorReply,
     Reply,
     Wire,
     _as_served_by,
@@ -82,21 +84,28 @@ def error_reply(error: APIError, call: Call) -> Reply:
     """A failure in Anthropic's envelope, with its status and ``request-id``."""
     reply = json_reply(error_body(error, call.request_id), status=error_status(error))
     reply.headers.update(error.headers)
+    return _stamped(reply, call)
+
+
+class _Anthropics(TypedDict):
+    authenticate: Callable[[Call], Awaitable[Grant]]
+    answer_error: ErrorReply
+
+
+_ANTHROPICS = _Anthropics(authenticate=_authenticate, answer_error=error_reply)
+"""How Anthropic's endpoints are served: its keys, its envelope."""
+
+
+def _stamped(reply: Reply, call: Call) -> Reply:
+    """``reply`` with Anthropic's ``request-id`` header."""
     reply.headers["request-id"] = call.request_id
     return reply
 
 
 @endpoint("POST", answer_error=error_reply, request_ids=request_id)
 async def create_message(call: Call) -> Reply:
-    reply = await respond(
-        call,
-        _messages_request,
-        authenticate=_authenticate,
-        answer_error=error_reply,
-        logged_as=Endpoint.MESSAGES,
-    )
-    reply.headers["request-id"] = call.request_id
-    return reply
+    answer = respond(call, _messages_request, logged_as=Endpoint.MESSAGES, **_ANTHROPICS)
+    return _stamped(await answer, call)
 
 
 async def _messages_request(
@@ -160,15 +169,8 @@ class MessagesWire(Wire):
 @endpoint("POST", answer_error=error_reply, request_ids=request_id)
 async def count_tokens(call: Call) -> Reply:
     """The input tokens of a Messages request, on the alias it names."""
-    reply = await serve(
-        call,
-        _count_tokens,
-        authenticate=_authenticate,
-        answer_error=error_reply,
-        logged_as=Endpoint.COUNT_TOKENS,
-    )
-    reply.headers["request-id"] = call.request_id
-    return reply
+    answer = serve(call, _count_tokens, logged_as=Endpoint.COUNT_TOKENS, **_ANTHROPICS)
+    return _stamped(await answer, call)
 
 
 async def _count_tokens(body: Any, accounting: Accounting, grant: Grant) -> Reply:
