@@ -589,6 +589,12 @@ _PREDICTION = Object(
 )
 
 
+METADATA = Map(
+    String(max_length=512), max_properties=16, max_key_length=64, expected="a metadata object"
+)
+"""OpenAI's metadata object: at most 16 keys of at most 64 characters, values of at most 512."""
+
+
 def _no_model(param: str) -> APIError:
     return APIError("you must provide a model parameter")
 
@@ -640,15 +646,7 @@ CHAT_COMPLETION_REQUEST = Parameters(
         Member("logprobs", Boolean()),
         Member("max_completion_tokens", Integer(1)),
         Member("max_tokens", Integer(1), description="Deprecated: see max_completion_tokens."),
-        Member(
-            "metadata",
-            Map(
-                String(max_length=512),
-                max_properties=16,
-                max_key_length=64,
-                expected="a metadata object",
-            ),
-        ),
+        Member("metadata", METADATA),
         Member("modalities", Array(Enum(MODALITIES)), description="Answers are text only."),
         Member("n", Integer(1, 128)),
         Member("parallel_tool_calls", Boolean()),
