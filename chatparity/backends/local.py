@@ -20,7 +20,6 @@ import itertools
 import os
 import queue
 import secrets
-import string
 import threading
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Generator
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..conf import app_settings
-from ..protocol import errors
+from ..protocol import errors, ids
 from ..protocol.events import (
     Event,
     Finish,
@@ -228,12 +227,15 @@ class LocalModel:
 
     def prompt_tokens(self, request: ChatRequest) -> list[int]:
         """The prompt's tokens; OpenAI's context_length_exceeded, without tokenizing,
-        when its length alone shows that it cannot fit the context."""
+        when its length alone shows that it cannot fit the context (then it says how
+        many tokens the prompt has at least)."""
         prompt = self.prompt(request)
         if self.max_token_bytes is not None:
             at_least = -(-len(prompt.encode()) // self.max_token_bytes)
-            if at_least >= self.n_ctx or at_least + (request.max_tokens or 0) > self.n_ctx:
-                raise _cannot_fit(self.n_ctx, at_least, request.max_tokens)
+            if at_least >= self.n_ctx:
+                raise errors.context_length_exceeded(
+                    self.n_ctx, at_least, request.max_tokens, at_least=True
+                )
         return self.tokenize(prompt)
 
     # -- contexts ----------------------------------------------------------
@@ -364,24 +366,6 @@ def _max_token_bytes(vocab: Llama) -> int | None:
     )
 
 
-def _cannot_fit(n_ctx: int, at_least: int, completion: int | None) -> errors.ContextLengthExceeded:
-    """OpenAI's context_length_exceeded for a prompt of ``at_least`` tokens, counted
-    from its bytes."""
-    asked = (
-        f"your messages resulted in at least {at_least} tokens"
-        if completion is None
-        else f"you requested at least {at_least + completion} tokens (at least {at_least} in"
-        f" the messages, {completion} in the completion)"
-    )
-    return errors.ContextLengthExceeded(
-        f"This model's maximum context length is {n_ctx} tokens. However, {asked}. Please"
-        " reduce the length of the messages or completion.",
-        limit=n_ctx,
-        prompt_tokens=at_least,
-        completion_tokens=completion or 0,
-    )
-
-
 def _eval_prompt(llama: Llama, tokens: list[int], *, reuse: bool) -> int:
     """Evaluate ``tokens``, reusing the context's cached prefix; return its length."""
     import numpy as np  # like llama_cpp, which brings it: only [local] installs it
@@ -469,8 +453,7 @@ class _ChoiceRunner:
         """Stream the arguments of a call to ``name`` as tool-call deltas."""
         job, request = self.job, self.request
         index = next(i for i, tool in enumerate(request.tools) if tool.name == name)
-        call_id = "call_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
-        job.emit(ToolCallDelta(job.index, 0, "", id=call_id, name=name, tokens=0))
+        job.emit(ToolCallDelta(job.index, 0, "", id=ids.call_id(), name=name, tokens=0))
         prompt = prompt + self.model.tokenize_continuation(grammars.TOOL_ARGUMENTS)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         reason = "stop" if request.tool_choice.mode == "function" else "tool_calls"
@@ -484,9 +467,6 @@ class _ChoiceRunner:
                     reason = "length"
                     break
         job.emit(Finish(job.index, reason))
-
-
-_ID_ALPHABET = string.ascii_letters + string.digits
 
 
 def _logprob(llama: Llama, token: int, top: int) -> TokenLogprob:
@@ -626,7 +606,7 @@ class LocalBackend:
         if request.max_tokens is not None and request.max_tokens > room:
             raise errors.context_length_exceeded(local.n_ctx, len(prompt), request.max_tokens)
         if room <= 0:
-            raise errors.context_length_exceeded(local.n_ctx, len(prompt), 0)
+            raise errors.context_length_exceeded(local.n_ctx, len(prompt), None)
 
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[object] = asyncio.Queue()
