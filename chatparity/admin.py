@@ -110,7 +110,19 @@ class ApiKeyAdmin(admin.ModelAdmin):
         rows = async_to_sync(limits.standing)(key)
         if not rows:
             return "No limits or budgets."
-        return format_html_join("", "<div class='limit'>{}: <strong>{}</strong> of {}</div>", rows)
+        return format_html_join(
+            "",
+            "<div class='limit'>{}: {}</div>",
+            (
+                (
+                    row.name,
+                    format_html("<strong>{}</strong> of {}", row.used_text, row.allowed_text),
+                )
+                if row.used is not None
+                else (row.name, "unknown")
+                for row in rows
+            ),
+        )
 
     @admin.display(description="key", ordering="prefix")
     def masked_key(self, key: ApiKey) -> str:

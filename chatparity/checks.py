@@ -17,6 +17,7 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DatabaseError
 from django.utils.module_loading import import_string
 
+from .accounting import spool
 from .backends.command import CommandConfigError, parse_declaration
 from .conf import DEFAULTS, app_settings
 from .gateway.responses import HOSTED_TOOLS_POLICIES
@@ -355,18 +356,38 @@ def check_stored_configuration(
 
 @register()
 def check_spool_dir(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """A ``SPOOL_DIR`` another user of the machine may write to, or put in its place, is
-    refused when a row is first spooled (rows and journals there would be read back as
-    this server's): said before that, when the site starts."""
+    """A ``SPOOL_DIR`` chatparity refuses (reached through symlinks others could change,
+    not a folder, another user's, or one others may write to) stops the site: an error,
+    as serving would then refuse to start (``FastPath``). One others could put theirs
+    in the place of is warned about."""
     if not isinstance(getattr(settings, "CHATPARITY", {}), dict):
         return []  # chatparity.E001 says so
     configured = app_settings.SPOOL_DIR
-    problem = spool_dir_problem(Path(configured)) if configured else ""
+    if not configured:
+        return []
+    named = f"CHATPARITY['SPOOL_DIR'] ({configured})"
+    try:
+        real = spool.resolve(Path(configured))
+        status = _status(real)
+    except OSError as exc:
+        return [Error(f"{named} cannot be used: {exc}.", hint=spool.FIX, id="chatparity.E071")]
+    if real != Path(configured):
+        named = f"CHATPARITY['SPOOL_DIR'] ({configured}, which leads to {real})"
+    problem = spool.folder_problem(status) if status is not None else ""
+    if problem:
+        return [
+            Error(
+                f"{named} {problem}: chatparity will not spool there, nor serve.",
+                hint=spool.FIX,
+                id="chatparity.E071",
+            )
+        ]
+    problem = _replaceable(real, status)
     if not problem:
         return []
     return [
         Warning(
-            f"CHATPARITY['SPOOL_DIR'] ({configured}) {problem}",
+            f"{named} {problem}",
             hint="Use a folder only this server's user may write to, in a folder other users"
             " may not write to either; or leave SPOOL_DIR unset (a folder named by a keyed"
             " hash in the temporary directory).",
@@ -396,22 +417,17 @@ def check_counters(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     ]
 
 
-def spool_dir_problem(path: Path) -> str:
-    """Why another user of the machine could write to the spool folder ``path``, or put a
-    folder or link of theirs in its place; "" if they cannot."""
+def _status(path: Path) -> os.stat_result | None:
+    """``path``'s own (not a link's target), None if there is nothing there."""
     try:
-        status = path.lstat()
+        return path.lstat()
     except FileNotFoundError:
-        status = None
-    except OSError as exc:
-        return f"cannot be checked: {exc}."
-    if status is not None:
-        if stat.S_ISLNK(status.st_mode):
-            return "is a symlink: whoever may change it chooses where the rows go."
-        if status.st_uid != os.getuid():
-            return "belongs to another user."
-        if status.st_mode & 0o022:
-            return "may be written to by other users."
+        return None
+
+
+def _replaceable(path: Path, status: os.stat_result | None) -> str:
+    """Why another user of the machine could put a folder or link of theirs in the place
+    of the spool folder ``path`` (``status``, None: not made yet); "" if they cannot."""
     try:
         parent = path.absolute().parent.stat()
     except OSError:

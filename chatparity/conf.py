@@ -144,12 +144,13 @@ DEFAULTS: dict[str, Any] = {
     # trace of its choosing. Turn it on only when every client is the site's own.
     "TRACE_CLIENT_PARENT": False,
     # chatparity.portal: the template its pages extend (blocks "title" and "content"),
-    # the most active keys one user may hold, and how many of their latest requests
-    # it lists.
+    # the most active keys one user may hold, how many of their latest requests it
+    # lists, and how long the key its playground makes lasts.
     "PORTAL": {
         "BASE_TEMPLATE": "chatparity/portal/base.html",
         "MAX_KEYS": 10,
         "RECENT_REQUESTS": 100,
+        "PLAYGROUND_MINUTES": 60,
     },
 }
 

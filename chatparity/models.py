@@ -458,6 +458,14 @@ class Endpoint(models.TextChoices):
     RESPONSES = "responses", "/v1/responses"
     MESSAGES = "messages", "/v1/messages"
     EMBEDDINGS = "embeddings", "/v1/embeddings"
+    COUNT_TOKENS = "messages.count_tokens", "/v1/messages/count_tokens"
+    STORED_RESPONSES = "responses.stored", "/v1/responses/{id}"
+    MODELS = "models", "/v1/models"
+
+
+UNBILLED_ENDPOINTS = frozenset({Endpoint.COUNT_TOKENS, Endpoint.STORED_RESPONSES, Endpoint.MODELS})
+"""The endpoints that ask no model for an answer: their rows cost nothing and carry no
+tokens, and the latencies reported are the others'."""
 
 
 class RequestLog(models.Model):

@@ -145,7 +145,7 @@ INSTALLED_APPS = [
     "chatparity.conformance",
     "chatparity.portal",
     "chatparity.audit",
-    "axes",  # failed logins throttled (/accounts/ and /admin/): django-axes
+    "axes",  # failed logins throttled (/portal/login/ and /admin/): django-axes
     "project",  # the demo's own: every user may use the portal (project/apps.py)
 ]
 
@@ -161,7 +161,7 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",  # last, as django-axes asks
 ]
 
-# Logins (the portal's /accounts/ and the admin's): the 5th failure for one username
+# Logins (the portal's /portal/login/ and the admin's): the 5th failure for one username
 # from one address locks that pair out for an hour (429), whichever password is then
 # tried; the user still logs in from elsewhere. The address is REMOTE_ADDR: the
 # client's behind a proxy only when the server is told to trust it (uvicorn
@@ -176,9 +176,7 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 
 ROOT_URLCONF = "project.urls"
-LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "/portal/"
-LOGOUT_REDIRECT_URL = "/"
+LOGIN_URL = "chatparity-portal:login"  # the portal's own sign-in page
 ASGI_APPLICATION = "project.asgi.application"
 
 TEMPLATES = [
@@ -302,6 +300,9 @@ CHATPARITY: dict[str, object] = {
     ],
     # The portal's pages extend the site's own base template (templates/base.html).
     "PORTAL": {"BASE_TEMPLATE": "base.html"},
+    # Rows the database cannot take now, and each worker's requests in flight: a folder
+    # of the server's user (see docs/deploy.md); unset, one in the temporary directory.
+    "SPOOL_DIR": os.environ.get("CHATPARITY_SPOOL_DIR") or None,
 }
 # The Prometheus metrics (docs/observability.md), served while anyone may scrape them.
 if _metrics["TOKEN"] or _metrics["ALLOWED_NETWORKS"]:

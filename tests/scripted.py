@@ -39,11 +39,14 @@ class ScriptedBackend:
     system_fingerprint = "fp_scripted"
     hanging = 0
     """How many streams wait at a ``"<hang>"`` now: tests wait for that, not for a time."""
+    asked: list[ChatRequest] = []
+    """Every request a scripted backend was given, in order (tests clear it)."""
 
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
 
     async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[Event]:
+        ScriptedBackend.asked.append(request)
         sent = calls = 0
         limit = request.most_completion_tokens
         for step in self._steps(request):
@@ -64,7 +67,7 @@ class ScriptedBackend:
             sent += 1
             if isinstance(step, dict):
                 yield ToolCallDelta(
-                    0, calls, step["arguments"], id=f"call_{calls}", name=step["call"]
+                    0, calls, step["arguments"], id=f"call_{calls:024}", name=step["call"]
                 )
                 calls += 1
             else:
@@ -121,9 +124,10 @@ EMBEDDING_FAULTS = {
 class ScriptedUpstream:
     """An upstream on loopback whose model plays a script, speaking OpenAI's Chat
     Completions (``/v1/chat/completions``) or Anthropic's Messages API
-    (``/v1/messages``) as it is asked: ``scripts`` maps a model name to its turns, and
-    a request is answered with the turn after the model's earlier calls in its
-    conversation (the last turn once the script is played). Streamed as asked, with
+    (``/v1/messages``) as it is asked, its ids in each one's form: ``scripts`` maps a
+    model name to its turns, and a request is answered with the turn after the
+    model's earlier calls in its conversation (the last turn once the script is
+    played). Streamed as asked, with
     usage; every request's body is kept in :attr:`requests`, its path and headers in
     :attr:`heads`. It embeds too (``/v1/embeddings``, :func:`scripted_vector` for each
     text, in the encoding asked), or misbehaves as :data:`EMBEDDING_FAULTS` says.
@@ -250,7 +254,7 @@ class ScriptedUpstream:
         """Anthropic's events (streamed) or message for the turn ``body`` is at."""
         turn = self.turn(body)
         if isinstance(turn, Call):
-            use = {"type": "tool_use", "id": f"toolu_{len(self.requests)}", "name": turn.name}
+            use = {"type": "tool_use", "id": f"toolu_{len(self.requests):024}", "name": turn.name}
             blocks, stop = [{**use, "input": turn.arguments}], "tool_use"
         else:
             blocks, stop = [{"type": "text", "text": turn}], "end_turn"
@@ -291,7 +295,11 @@ class ScriptedUpstream:
         turn = self.turn(body)
         if isinstance(turn, Call):
             function = {"name": turn.name, "arguments": json.dumps(turn.arguments)}
-            call = {"id": f"call_{len(self.requests)}", "type": "function", "function": function}
+            call = {
+                "id": f"call_{len(self.requests):024}",
+                "type": "function",
+                "function": function,
+            }
             message, finish = {"content": None, "tool_calls": [call]}, "tool_calls"
         else:
             message, finish = {"content": turn}, "stop"

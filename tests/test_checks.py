@@ -1,6 +1,7 @@
 """System checks of the programs declared in ``CHATPARITY["COMMANDS"]``, and the
 example project's declarations."""
 
+import os
 import sys
 from pathlib import Path
 from unittest import mock
@@ -9,6 +10,7 @@ import pytest
 from django.core.checks import run_checks
 from django.test import override_settings
 
+from chatparity.accounting.spool import FIX
 from chatparity.backends.command import parse_declaration
 from chatparity.checks import (
     check_commands,
@@ -21,6 +23,7 @@ from chatparity.checks import (
     check_stored_response_bytes,
 )
 from project import settings as project_settings
+from tests.support import spools
 
 
 def reported(commands):
@@ -226,19 +229,63 @@ def test_a_spool_folder_of_this_users_alone_passes(tmp_path):
 @pytest.mark.parametrize(
     ("make", "problem"),
     [
-        (lambda path: path.mkdir() or path.chmod(0o760), "may be written to by other"),
-        (lambda path: path.mkdir() or path.chmod(0o706), "may be written to by other"),
-        (lambda path: path.mkdir() or path.chmod(0o777), "may be written to by other"),
-        (lambda path: path.symlink_to(path.parent), "is a symlink"),
+        (
+            lambda path: path.mkdir() or path.chmod(0o760),
+            "is not this user's alone: other users may write to it (mode 760)",
+        ),
+        (
+            lambda path: path.mkdir() or path.chmod(0o706),
+            "is not this user's alone: other users may write to it (mode 706)",
+        ),
+        (
+            lambda path: path.mkdir() or path.chmod(0o777),
+            "is not this user's alone: other users may write to it (mode 777)",
+        ),
+        (lambda path: path.write_bytes(b""), "is not a folder"),
     ],
-    ids=["writable by its group", "writable by any user", "writable by anyone", "a symlink"],
+    ids=["writable by its group", "writable by any user", "writable by anyone", "a file"],
 )
-def test_a_spool_folder_others_may_write_or_point_elsewhere_is_a_warning(tmp_path, make, problem):
+def test_a_spool_folder_chatparity_would_refuse_is_an_error(tmp_path, make, problem):
     spool = tmp_path / "spool"
     make(spool)
     ((id, message),) = spool_reported(spool)
-    assert id == "chatparity.W070"
-    assert problem in message
+    assert id == "chatparity.E071"
+    assert message == (
+        f"CHATPARITY['SPOOL_DIR'] ({spool}) {problem}: chatparity will not spool there, nor serve."
+    )
+
+
+@spools.ANOTHER_USER
+def test_a_spool_folder_of_another_user_is_an_error(tmp_path, other):
+    (tmp_path / "spool").mkdir(mode=0o700)
+    with mock.patch("os.getuid", return_value=os.getuid() + other):
+        ((id, message),) = spool_reported(tmp_path / "spool")
+    assert id == "chatparity.E071"
+    assert "it belongs to another user" in message
+
+
+@pytest.mark.parametrize("layout", spools.RESOLVED, ids=spools.layout_id)
+def test_a_spool_folder_reached_through_symlinks_no_one_else_can_change_passes(tmp_path, layout):
+    configured, _ = layout(tmp_path)
+    assert spool_reported(configured) == []
+
+
+@pytest.mark.parametrize("layout", spools.REFUSED, ids=spools.layout_id)
+def test_a_spool_folder_reached_through_symlinks_others_could_change_is_an_error(tmp_path, layout):
+    configured, said = layout(tmp_path)
+    with override_settings(CHATPARITY={"SPOOL_DIR": str(configured)}):
+        (error,) = check_spool_dir()
+    assert error.id == "chatparity.E071"
+    assert error.msg.startswith(f"CHATPARITY['SPOOL_DIR'] ({configured}")
+    assert said in error.msg
+    assert error.hint == FIX
+
+
+def test_a_linked_spool_folder_says_where_it_leads(tmp_path):
+    configured, real = spools.a_link_to_a_private_folder(tmp_path)
+    real.chmod(0o777)
+    ((_, message),) = spool_reported(configured)
+    assert message.startswith(f"CHATPARITY['SPOOL_DIR'] ({configured}, which leads to {real})")
 
 
 def test_a_spool_folder_in_a_folder_anyone_may_write_to_is_a_warning(tmp_path):

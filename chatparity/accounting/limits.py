@@ -47,13 +47,14 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from asgiref.sync import sync_to_async
 from django.core.cache import DEFAULT_CACHE_ALIAS, cache, caches
 from django.core.cache.backends.locmem import LocMemCache
 from django.db import DatabaseError
 from django.db.models import QuerySet, Sum
+from django.utils.formats import number_format
 
 from .. import signals
 from ..conf import app_settings
@@ -1049,30 +1050,59 @@ async def count_stored(key_id: int, amount: int) -> None:
         _outage_log.warning("chatparity: stored bytes not counted (counters unavailable): %s", exc)
 
 
-async def standing(key: ApiKey) -> list[tuple[str, str, str]]:
-    """What ``key`` has used of each of its limits right now: (limit, used, allowed);
-    while the counters cannot be reached, one row that says so."""
+class Standing(NamedTuple):
+    """What one limit allows and how much of it is used now: counts, or US dollars
+    (a :class:`~decimal.Decimal`) for a cost; both None while the counters cannot be
+    read (``name`` then says what is unknown)."""
+
+    name: str
+    used: int | Decimal | None
+    allowed: int | Decimal | None
+
+    @property
+    def used_text(self) -> str:
+        return amount_text(self.used)
+
+    @property
+    def allowed_text(self) -> str:
+        return amount_text(self.allowed)
+
+
+def amount_text(amount: int | Decimal | None) -> str:
+    """A count or a cost as a page shows it, with the locale's thousands separators:
+    ``12,345``, ``$1,234.5000``; "unknown" for None."""
+    if amount is None:
+        return "unknown"
+    if isinstance(amount, Decimal):
+        return f"${number_format(amount, 4, force_grouping=True)}"
+    return number_format(amount, force_grouping=True)
+
+
+async def standing(key: ApiKey) -> list[Standing]:
+    """What ``key`` has used of each of its limits right now, its owner's budgets
+    included when the key was read with its owner's plan (``key.owner_plan``); while the
+    counters cannot be reached, one row that says so."""
     try:
         return await _standing(key)
     except Unavailable:
-        return [("usage", "unknown", "its limits (the counters are unavailable)")]
+        return [Standing("usage (the counters are unavailable)", None, None)]
 
 
-async def _standing(key: ApiKey) -> list[tuple[str, str, str]]:
+async def _standing(key: ApiKey) -> list[Standing]:
     store = counters()
     minute = int(time.time() // 60)
     rows = []
     for name, limit in (("requests", key.requests_per_minute), ("tokens", key.tokens_per_minute)):
         if limit is not None:
             (used,) = await store.values([_window(_key_scope(key), name, minute)])
-            rows.append((f"{name} this minute", str(used), str(limit)))
+            rows.append(Standing(f"{name} this minute", used, limit))
     if key.max_concurrent is not None:
         in_flight = await store.in_flight(_in_flight(key), key.max_concurrent)
-        rows.append(("requests in flight", str(in_flight), str(key.max_concurrent)))
+        rows.append(Standing("requests in flight", in_flight, key.max_concurrent))
     return rows + await _budget_standing(store, _budgets(key))
 
 
-async def owner_standing(owner_id: int, plan: Plan) -> list[tuple[str, str, str]]:
+async def owner_standing(owner_id: int, plan: Plan) -> list[Standing]:
     """What the user ``owner_id``'s keys have used together of the owner budgets of
     ``plan`` and of what all the keys they made under it may spend, as :func:`standing`
     says it."""
@@ -1080,17 +1110,17 @@ async def owner_standing(owner_id: int, plan: Plan) -> list[tuple[str, str, str]
     try:
         return await _budget_standing(counters(), budgets)
     except Unavailable:
-        return [("usage", "unknown", "its budgets (the counters are unavailable)")]
+        return [Standing("usage (the counters are unavailable)", None, None)]
 
 
-async def _budget_standing(store: Counters, budgets: list[Budget]) -> list[tuple[str, str, str]]:
+async def _budget_standing(store: Counters, budgets: list[Budget]) -> list[Standing]:
     rows = []
     for budget in budgets:
         used = await _budget_used(store, budget)
         if budget.kind == "cost":
-            rows.append((budget.name, f"${used / MICRO:.4f}", f"${budget.limit / MICRO:.4f}"))
+            rows.append(Standing(budget.name, used / MICRO, budget.limit / MICRO))
         else:
-            rows.append((budget.name, str(used), str(budget.limit)))
+            rows.append(Standing(budget.name, used, budget.limit))
     return rows
 
 

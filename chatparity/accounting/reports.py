@@ -18,6 +18,7 @@ from ..models import (
     DURATION_BUCKETS,
     FIRST_TOKEN_BUCKETS,
     LATENCY_BOUNDS_MS,
+    UNBILLED_ENDPOINTS,
     ApiKey,
     DailyAliasUsage,
     DailyKeyTotal,
@@ -175,9 +176,11 @@ def percentile(counts: Sequence[int], fraction: float) -> float | None:
 
 
 def latency_by_alias(log_filter: LogFilter) -> list[dict[str, Any]]:
-    """Per alias: requests, error rate, p50/p95 duration and time to first token (ms)."""
+    """Per alias: requests, error rate, p50/p95 duration and time to first token (ms) of
+    the model's answers (the endpoints that ask it for none are left out: a token count
+    is no answer)."""
     buckets = (*DURATION_BUCKETS, *FIRST_TOKEN_BUCKETS)
-    rollups = log_filter.rollups(["alias"], latency=True)
+    rollups = log_filter.rollups(["alias"], latency=True).exclude(endpoint__in=UNBILLED_ENDPOINTS)
     groups = sums(rollups, ["alias"], ("requests", "errors", *buckets))
     return [_latency(group) for group in groups if group["requests"]]
 

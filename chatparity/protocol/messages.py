@@ -53,6 +53,7 @@ from typing import Any, Literal, get_args
 import orjson
 
 from .errors import APIError, ContextLengthExceeded, invalid_json
+from .ids import call_id_of
 from .request import MAX_STOPS, STOP, ChatRequest, Limits, parse_chat_request
 from .schema import (
     ANYTHING,
@@ -778,9 +779,8 @@ def _chat_messages(
                     param=f"{turn.path}.content",
                 )
             calls.remove(block["tool_use_id"])
-            messages.append(
-                {"role": "tool", "tool_call_id": block["tool_use_id"], "content": block["content"]}
-            )
+            call = call_id_of(block["tool_use_id"])
+            messages.append({"role": "tool", "tool_call_id": call, "content": block["content"]})
         if calls:
             raise _unanswered(calling, calls)
         _misplaced(turn, "tool_use", "assistant")
@@ -818,7 +818,7 @@ def _assistant(turn: _Turn) -> tuple[dict[str, Any], list[str]]:
             )
         message["tool_calls"] = [
             {
-                "id": use["id"],
+                "id": call_id_of(use["id"]),
                 "type": "function",
                 "function": {"name": use["name"], "arguments": orjson.dumps(use["input"]).decode()},
             }

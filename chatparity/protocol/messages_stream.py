@@ -23,6 +23,7 @@ from typing import Any, Literal, get_args
 
 import orjson
 
+from . import ids
 from .errors import APIError
 from .events import Event, Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from .messages import StopReason, error_body
@@ -254,7 +255,10 @@ class MessageEncoder:
         events: list[dict[str, Any]] = []
         block = self._calls.get(delta.call_index)
         if block is None:
-            block = _Block(len(self._blocks), "tool_use", id=delta.id or "", name=delta.name or "")
+            call = delta.id or ids.call_id()
+            block = _Block(
+                len(self._blocks), "tool_use", id=ids.tool_use_id(call), name=delta.name or ""
+            )
             self._calls[delta.call_index] = block
             current = self._current
             if current is not None and current.kind == "tool_use":

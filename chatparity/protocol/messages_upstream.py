@@ -25,6 +25,7 @@ from typing import Any, TypeGuard
 import orjson
 
 from .events import Event, Finish
+from .ids import call_id_of, tool_use_id
 from .messages import MIN_THINKING_BUDGET
 from .messages_stream import tool_input
 from .request import ChatRequest, Message
@@ -148,7 +149,7 @@ def _has_text(content: str | None) -> TypeGuard[str]:
 def _blocks(message: Message) -> list[dict[str, Any]]:
     """One chat message's content blocks (text of whitespace alone is no block)."""
     if message.role == "tool":
-        result = {"type": "tool_result", "tool_use_id": message.tool_call_id}
+        result = {"type": "tool_result", "tool_use_id": tool_use_id(message.tool_call_id or "")}
         return [{**result, "content": message.content or ""}]
     blocks: list[dict[str, Any]] = []
     if _has_text(message.content):
@@ -158,7 +159,7 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
         blocks.append(
             {
                 "type": "tool_use",
-                "id": call["id"],
+                "id": tool_use_id(call["id"]),
                 "name": function["name"],
                 "input": tool_input(function["arguments"]),
             }
@@ -267,7 +268,9 @@ class MessagesEventReader(ChunkReader):
         if index in self._slots:
             return []
         slot = self._slots[index] = len(self._slots)
-        call = {"index": slot, "id": block.get("id"), "function": {"name": block.get("name")}}
+        use_id = block.get("id")  # Anthropic's toolu_ id: a call id of OpenAI's form inside
+        call_id = call_id_of(use_id) if isinstance(use_id, str) and use_id else None
+        call = {"index": slot, "id": call_id, "function": {"name": block.get("name")}}
         events = self._choice({"index": 0, "delta": {"tool_calls": [call]}})
         given = block.get("input")
         if isinstance(given, dict) and given:  # a whole message's, or a stream's given at once

@@ -9,7 +9,7 @@ several parameters or messages follow it, as code.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Any, Literal
@@ -17,7 +17,6 @@ from typing import Any, Literal
 import orjson
 
 from .enums import (
-    ASSISTANT_PART_TYPES,
     AUDIO_FORMATS,
     CONTENT_PART_TYPES,
     FUNCTION_CALL_MODES,
@@ -45,7 +44,9 @@ from .schema import (
     Components,
     Enum,
     Excludes,
+    Holds,
     Integer,
+    Later,
     Limit,
     Map,
     Member,
@@ -224,11 +225,12 @@ def parse_chat_request(body: Any, limits: Limits = NO_LIMITS) -> ChatRequest:
     """Validate a decoded JSON body; raise :class:`APIError` as OpenAI would.
 
     The checks run in OpenAI's order: the model, the other required keys,
-    unknown keys, each parameter's JSON types, bounds and values (``modalities``
-    without text among them) in the order the body lists them, the parameters
-    that need another or exclude one, then the values of ``logit_bias``, then
-    the rules that span several parameters or messages. ``limits`` are enforced with the errors
-    OpenAI gives for its own maximum lengths.
+    unknown keys, each parameter's JSON types, bounds and values in the order
+    the body lists them, then the table's rules in theirs (``modalities``
+    without text, ``logprobs``' type, the parameters that need another, those
+    that exclude one), then the values of ``logit_bias``, then the rules that
+    span several parameters or messages. ``limits`` are enforced with the
+    errors OpenAI gives for its own maximum lengths.
     """
     parse_model(body)
     given = chat_completion_request(limits).read(body, "", {})
@@ -292,11 +294,26 @@ holds back up to this much text, and looks through it at each token."""
 STOP = String(max_length=MAX_STOP_CHARS)
 
 
-def _unserved_part(kind: str, param: str) -> APIError:
-    return APIError(
-        f"Invalid content type. {kind} is only supported by certain models.",
-        param=param.replace("[", ".["),  # as OpenAI's semantic checks spell a path
-    )
+def _refused_part(role: Role) -> Callable[[str, str], APIError]:
+    """How a part of a ``role`` message whose type is not served is refused (given the
+    type and its path): an image outside a user's message as OpenAI refuses it for any
+    model, any other part as a model without it is refused."""
+
+    def refuse(kind: str, param: str) -> APIError:
+        if kind == "image_url" and role != "user":
+            message = param.rsplit(".content", 1)[0]
+            return APIError(
+                f"Invalid '{message}'. Image URLs are only allowed for messages with role"
+                f" 'user', but this message with role '{role}' contains an image URL.",
+                param=message,
+                code="invalid_value",
+            )
+        return APIError(
+            f"Invalid content type. {kind} is only supported by certain models.",
+            param=param.replace("[", ".["),  # as OpenAI's semantic checks spell a path
+        )
+
+    return refuse
 
 
 _TEXT_PART = Object(
@@ -305,17 +322,28 @@ _TEXT_PART = Object(
     name="TextContentPart",
     description="Only text parts are served; other part types are a 400.",
 )
-_CONTENT = OneOf(
-    (_TEXT, Array(Tagged("type", CONTENT_PART_TYPES, {"text": _TEXT_PART}, refuse=_unserved_part))),
-    description="A string, or text parts whose texts are joined.",
-)
+
+
+def _content(role: Role) -> OneOf:
+    """The content of a ``role`` message other than an assistant's."""
+    return OneOf(
+        (
+            _TEXT,
+            Array(
+                Tagged("type", CONTENT_PART_TYPES, {"text": _TEXT_PART}, refuse=_refused_part(role))
+            ),
+        ),
+        description="A string, or text parts whose texts are joined.",
+    )
+
+
 _ASSISTANT_CONTENT = OneOf(
     (
         _TEXT,
         Array(
             Tagged(
                 "type",
-                ASSISTANT_PART_TYPES,
+                CONTENT_PART_TYPES,
                 {
                     "text": _TEXT_PART,
                     "refusal": Object(
@@ -324,6 +352,7 @@ _ASSISTANT_CONTENT = OneOf(
                         name="RefusalContentPart",
                     ),
                 },
+                refuse=_refused_part("assistant"),
             )
         ),
     ),
@@ -347,9 +376,13 @@ def _message_of(role: str, description: str, *members: Member) -> Object:
     return Object(members, build=_message, name=f"{role}Message", description=description)
 
 
-# Only the developer schema requires content; a null content in another role is a
-# semantic error, reported once the whole body is well-formed (LATER).
-_INSTRUCTIONS = (Member("content", _CONTENT, LATER), Member("name", _NAME))
+def _instructions(role: Role) -> tuple[Member, ...]:
+    """The content and name of a ``role`` message. Only the developer schema requires
+    content; a null content in another role is a semantic error, reported once the whole
+    body is well-formed (LATER)."""
+    return (Member("content", _content(role), LATER), Member("name", _NAME))
+
+
 TOOL_CALL = Object(
     (
         Member("id", String(), REQUIRED),
@@ -367,14 +400,14 @@ _MESSAGE = Tagged(
     "role",
     ROLES,
     {
-        "system": _message_of("System", "Instructions.", *_INSTRUCTIONS),
+        "system": _message_of("System", "Instructions.", *_instructions("system")),
         "developer": _message_of(
             "Developer",
             "Instructions.",
-            Member("content", _CONTENT, REQUIRED),
+            Member("content", _content("developer"), REQUIRED),
             Member("name", _NAME),
         ),
-        "user": _message_of("User", "The user's turn.", *_INSTRUCTIONS),
+        "user": _message_of("User", "The user's turn.", *_instructions("user")),
         "assistant": _message_of(
             "Assistant",
             "An earlier answer: content, calls, or both (not neither).",
@@ -393,7 +426,7 @@ _MESSAGE = Tagged(
         "tool": _message_of(
             "Tool",
             "A tool's result; it answers a call of the assistant message just before.",
-            *_INSTRUCTIONS,
+            *_instructions("tool"),
             Member("tool_call_id", String(), REQUIRED),
         ),
         "function": _message_of(
@@ -523,22 +556,6 @@ class _LogitBias(Map):
         }
 
 
-class _Modalities(Array):
-    """``modalities``: audio output only together with text. Checked with its values, at
-    its place among the parameters: OpenAI names it before a later parameter's type."""
-
-    def parse(self, value: Any, path: str) -> list[Any]:
-        modalities = super().parse(value, path)
-        if "text" not in modalities:
-            raise APIError(
-                "Invalid value for 'modalities': audio output is only supported together with"
-                " text, as ['text', 'audio'].",
-                param=path,
-                code="invalid_value",
-            )
-        return modalities
-
-
 def _token_biases(sent: dict[str, Any]) -> dict[int, float]:
     """``logit_bias`` as sent (its types checked) read as token ids and biases, in
     OpenAI's words: ``param`` is ``logit_bias`` itself, whichever entry is wrong."""
@@ -560,8 +577,8 @@ def _token_biases(sent: dict[str, Any]) -> dict[int, float]:
             )
         if not -MAX_BIAS <= bias <= MAX_BIAS:
             raise APIError(
-                f"Invalid value in 'logit_bias': {bias} for token {key}. Biases should be between"
-                f" -{MAX_BIAS} and {MAX_BIAS}.",
+                f"Logit bias value {float(bias)!r} is invalid or outside of range"
+                f" [-{MAX_BIAS}, {MAX_BIAS}]",
                 param="logit_bias",
             )
         biases[int(digits)] = float(bias)
@@ -577,6 +594,12 @@ _PREDICTION = Object(
         Member("content", OneOf((String(), Array(_PREDICTED_PART))), REQUIRED),
     )
 )
+
+
+METADATA = Map(
+    String(max_length=512), max_properties=16, max_key_length=64, expected="a metadata object"
+)
+"""OpenAI's metadata object: at most 16 keys of at most 64 characters, values of at most 512."""
 
 
 def _no_model(param: str) -> APIError:
@@ -630,20 +653,8 @@ CHAT_COMPLETION_REQUEST = Parameters(
         Member("logprobs", Boolean()),
         Member("max_completion_tokens", Integer(1)),
         Member("max_tokens", Integer(1), description="Deprecated: see max_completion_tokens."),
-        Member(
-            "metadata",
-            Map(
-                String(max_length=512),
-                keys=String(max_length=64),
-                max_properties=16,
-                expected="a metadata object",
-            ),
-        ),
-        Member(
-            "modalities",
-            _Modalities(Enum(MODALITIES)),
-            description="Audio only with text; answers are text only.",
-        ),
+        Member("metadata", METADATA),
+        Member("modalities", Array(Enum(MODALITIES)), description="Answers are text only."),
         Member("n", Integer(1, 128)),
         Member("parallel_tool_calls", Boolean()),
         Member("prediction", _PREDICTION, description="Accepted; not used to speed answers up."),
@@ -688,7 +699,16 @@ CHAT_COMPLETION_REQUEST = Parameters(
         Member("verbosity", Enum(VERBOSITIES)),
         Member("web_search_options", Object()),
     ),
-    requires=(
+    # In OpenAI's order: its checks of the values read, then the parameters that need
+    # another, then those that exclude one.
+    rules=(
+        Holds(
+            "modalities",
+            lambda modalities: "text" in modalities,
+            "Invalid value for 'modalities'. Only ['text'] and ['text', 'audio'] are supported.",
+            "Audio only with text.",
+        ),
+        Later("logprobs"),
         Requires(
             "top_logprobs",
             "logprobs",
@@ -698,9 +718,6 @@ CHAT_COMPLETION_REQUEST = Parameters(
             "stream_options",
             "stream",
             "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
-        ),
-        Requires(
-            "metadata", "store", "The 'metadata' parameter is only allowed when 'store' is enabled."
         ),
         Requires(
             "tool_choice",
@@ -720,8 +737,9 @@ CHAT_COMPLETION_REQUEST = Parameters(
             "Invalid value for 'function_call': 'function_call' is only allowed when 'functions'"
             " are specified.",
         ),
-    ),
-    excludes=(
+        Requires(
+            "metadata", "store", "The 'metadata' parameter is only allowed when 'store' is enabled."
+        ),
         Excludes(
             "max_tokens",
             "max_completion_tokens",

@@ -23,6 +23,7 @@ from typing import Any, Literal, get_args
 from .enums import REASONING_EFFORTS, SERVICE_TIERS, TOOL_CHOICE_MODES, VERBOSITIES
 from .errors import APIError, invalid_json
 from .request import (
+    METADATA,
     ChatRequest,
     SchemaTooComplex,
     check_schema,
@@ -590,9 +591,7 @@ RESPONSES_REQUEST = Parameters(
         Member("include", Array(Enum(INCLUDABLES), may_be_empty=True)),
         Member("max_output_tokens", Integer(MIN_OUTPUT_TOKENS)),
         Member("max_tool_calls", Integer(1)),
-        Member(
-            "metadata", Map(String(max_length=512), max_properties=16, expected="a metadata object")
-        ),
+        Member("metadata", METADATA),
         Member("parallel_tool_calls", Boolean()),
         Member(
             "previous_response_id",

@@ -18,8 +18,6 @@ upstream sends instead (an error, something malformed) becomes an
 from __future__ import annotations
 
 import re
-import secrets
-import string
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from . import ids
 from .enums import FINISH_REASONS, FinishReason
 from .errors import APIError
 from .events import (
@@ -41,8 +40,6 @@ from .events import (
 )
 from .request import CHAT_COMPLETION_REQUEST
 from .tokens import approximate_tokens
-
-_ID_ALPHABET = string.ascii_letters + string.digits
 
 MAX_REPORTED_TOKENS = 10**9
 """The most tokens an upstream's usage is believed in any one count (two of them still
@@ -305,9 +302,7 @@ class ChunkReader:
             self.completion_tokens += _tokens(arguments, whole)
         if (index, slot) in self._calls:  # a later delta: only its arguments count
             return [ToolCallDelta(index, slot, arguments)] if arguments else []
-        call_id = call.get("id") or "call_" + "".join(
-            secrets.choice(_ID_ALPHABET) for _ in range(24)
-        )
+        call_id = call.get("id") or ids.call_id()
         self._calls[(index, slot)] = call_id
         name = function.get("name") or ""
         return [ToolCallDelta(index, slot, arguments, id=call_id, name=name, tokens=0)]

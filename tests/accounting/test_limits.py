@@ -151,7 +151,7 @@ class ConcurrencyTests(LimitTestCase):
         assert (await self.ask(n=2)).status_code == 429  # 2 + 2 in flight would pass 3
         assert (await self.ask(n=1)).status_code == 200
         key = await ApiKey.objects.aget(pk=self.key.pk)
-        assert ("requests in flight", "2", "3") in await limits.standing(key)
+        assert ("requests in flight", 2, 3) in await limits.standing(key)
         b"".join([part async for part in open_stream.streaming_content])
         assert (await self.ask(n=3)).status_code == 200
 
@@ -244,10 +244,26 @@ class StandingTests(LimitTestCase):
         key = await ApiKey.objects.aget(pk=self.key.pk)
         standing = await limits.standing(key)
         assert standing == [
-            ("requests this minute", "1", "5"),
-            ("requests in flight", "0", "3"),
-            ("tokens this month", "3", "100"),
+            ("requests this minute", 1, 5),
+            ("requests in flight", 0, 3),
+            ("tokens this month", 3, 100),
         ]
+
+
+@pytest.mark.parametrize(
+    ("row", "used", "allowed"),
+    [
+        (limits.Standing("tokens this month", 12_345, 1_000_000), "12,345", "1,000,000"),
+        (
+            limits.Standing("cost this day", Decimal("1234.5"), Decimal("2000000")),
+            "$1,234.5000",
+            "$2,000,000.0000",
+        ),
+        (limits.Standing("usage (the counters are unavailable)", None, None), "unknown", "unknown"),
+    ],
+)
+def test_what_is_used_is_shown_with_thousands_separators(row, used, allowed):
+    assert (row.used_text, row.allowed_text) == (used, allowed)
 
 
 class FallbackTests(LimitTestCase):
@@ -467,7 +483,7 @@ class AdmissionRaceTests(LimitTestCase):
         used, _ = await self.race()
         total = sum(p + c for p, c in used)
         assert 0 < total <= 1000
-        assert (await self.standing())["tokens this minute"] == str(total)
+        assert (await self.standing())["tokens this minute"] == total
 
     async def test_tokens_per_minute_on_the_alias_is_never_passed(self):
         await save(self.alias, tokens_per_minute=500)
@@ -479,7 +495,7 @@ class AdmissionRaceTests(LimitTestCase):
         used, _ = await self.race()
         total = sum(p + c for p, c in used)
         assert 0 < total <= 1000
-        assert (await self.standing())["tokens this month"] == str(total)
+        assert (await self.standing())["tokens this month"] == total
 
     async def test_a_cost_budget_is_never_passed(self):
         await save(self.alias, input_price=Decimal("1000"), output_price=Decimal("2000"))
@@ -492,7 +508,7 @@ class AdmissionRaceTests(LimitTestCase):
         await self.limit(max_concurrent=8)
         _, peak = await self.race(hold=0.2)  # long enough for 8 to be held at once
         assert peak == 8
-        assert (await self.standing())["requests in flight"] == "0"
+        assert (await self.standing())["requests in flight"] == 0
 
 
 class RedisAdmissionRaceTests(OnRedis, AdmissionRaceTests):
@@ -701,7 +717,7 @@ class RedisAwayTests(LimitTestCase):
             self.server.stop()
             key = await ApiKey.objects.aget(pk=self.key.pk)
             assert await limits.standing(key) == [
-                ("usage", "unknown", "its limits (the counters are unavailable)")
+                ("usage (the counters are unavailable)", None, None)
             ]
 
 
@@ -728,7 +744,7 @@ class NothingKeptTests(LimitTestCase):
         with self.nothing_kept("open"):
             key = await ApiKey.objects.aget(pk=self.key.pk)
             rows = await asyncio.wait_for(limits.standing(key), 10)
-        assert rows == [("usage", "unknown", "its limits (the counters are unavailable)")]
+        assert rows == [("usage (the counters are unavailable)", None, None)]
 
     async def test_the_bytes_a_key_stores_are_not_checked(self):
         with self.nothing_kept("open"), self.assertLogs("chatparity.accounting.limits") as logs:

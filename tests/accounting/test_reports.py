@@ -146,3 +146,14 @@ def test_a_percentile_is_off_by_less_than_its_bucket():
         upper = next(b for b in LATENCY_BOUNDS_MS if exact <= b)
         lower = max([0, *(b for b in LATENCY_BOUNDS_MS if b < exact)])
         assert lower <= estimate <= upper
+
+
+def test_latency_is_the_models_answers_not_the_endpoints_that_ask_for_none():
+    logged(alias="a", duration_ms=1000.0)
+    logged(alias="a", endpoint="messages.count_tokens", duration_ms=1.0)
+    logged(alias="a", endpoint="responses.stored", duration_ms=1.0)
+    logged(alias="", endpoint="models", duration_ms=1.0)
+    (row,) = reports.latency_by_alias(reports.LogFilter())
+    assert (row["alias"], row["requests"], row["p50_ms"]) == ("a", 1, 1000.0)
+    (totals,) = reports.usage(reports.LogFilter(), [])
+    assert totals["requests"] == 4, "every row is a request"

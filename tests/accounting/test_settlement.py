@@ -76,7 +76,7 @@ class MeteredTestCase:
         """What ``key``'s token budget counts as spent this month."""
         key = await ApiKey.objects.aget(pk=key.pk)
         standing = {name: used for name, used, _ in await limits.standing(key)}
-        return int(standing["tokens this month"])
+        return standing["tokens this month"]
 
 
 class MeteredChatTestCase(MeteredTestCase, TestCase):
@@ -175,9 +175,7 @@ class HangUpTests(MeteredTestCase, TransactionTestCase):
         await plan.users.aadd(owner)
         row = await self.hang_up("messages", "messages", stream=True, owner=owner)
         standing = await limits.owner_standing(owner.pk, plan)
-        assert standing == [
-            ("tokens this month (all your keys)", str(row.total_tokens), str(10**7))
-        ]
+        assert standing == [("tokens this month (all your keys)", row.total_tokens, 10**7)]
 
 
 class ChoicesTests(MeteredChatTestCase):
@@ -289,7 +287,7 @@ class LocalTemplateTests(TestCase):
         assert prompt > 20  # the template's own tokens: "Hi" is one
         (standing,) = await limits.owner_standing(self.owner.pk, self.plan)
         spent = sum(answer.json()["usage"]["total_tokens"] for answer in admitted)
-        assert standing == ("tokens this month (all your keys)", str(spent), "400")
+        assert standing == ("tokens this month (all your keys)", spent, 400)
         assert spent <= 400
 
 

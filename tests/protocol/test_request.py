@@ -479,8 +479,7 @@ ERRORS = [
     ),
     case(
         {"logit_bias": {"50256": -101}},
-        "Invalid value in 'logit_bias': -101 for token 50256. Biases should be between -100 and"
-        " 100.",
+        "Logit bias value -101.0 is invalid or outside of range [-100, 100]",
         "logit_bias",
         id="a bias below -100",
     ),
@@ -836,11 +835,8 @@ ERRORS = [
 
 # OpenAI's recorded answers to requests at every boundary (issue 15): what it
 # checks, and in which order.
-FORMATS = "'wav', 'aac', 'mp3', 'flac', 'opus', and 'pcm16'"
-LOGIT_BIAS_101 = (
-    "Invalid value in 'logit_bias': 101 for token 12345. Biases should be between -100 and 100.",
-    "logit_bias",
-)
+FORMATS = "'mp3', 'opus', 'aac', 'flac', 'wav', and 'pcm16'"
+LOGIT_BIAS_101 = ("Logit bias value 101.0 is invalid or outside of range [-100, 100]", "logit_bias")
 STREAM_OPTIONS = (
     "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
     "stream_options",
@@ -856,11 +852,16 @@ BOTH_MAXIMA = (
     "invalid_parameter_combination",
 )
 ONLY_AUDIO = (
-    "Invalid value for 'modalities': audio output is only supported together with text, as"
-    " ['text', 'audio'].",
+    "Invalid value for 'modalities'. Only ['text'] and ['text', 'audio'] are supported.",
     "modalities",
     "invalid_value",
 )
+PARALLEL_TOOL_CALLS = (
+    "Invalid value for 'parallel_tool_calls': 'parallel_tool_calls' is only allowed when 'tools'"
+    " are specified.",
+    "parallel_tool_calls",
+)
+ANY_PART = "'text', 'image_url', 'input_audio', 'refusal', 'audio', and 'file'"
 BOUNDARIES = [
     # The model comes first.
     case({"model": ""}, "you must provide a model parameter", id="an empty model"),
@@ -878,12 +879,20 @@ BOUNDARIES = [
     case({"metadata": {"run": "1"}}, *METADATA, id="metadata without store"),
     case({"metadata": {"run": "1"}, "store": False}, *METADATA, id="metadata with store false"),
     case(
-        {"metadata": {"k" * 65: "v"}, "store": True},
-        "Invalid 'metadata': string too long. Expected a string with maximum length 64, but got a"
-        " string with length 65 instead.",
-        "metadata",
-        "string_above_max_length",
+        {"metadata": {"ab" + "k" * 60 + "xyz": "v"}, "store": True},
+        "Invalid property name in 'metadata': 'abk...xyz' is too long. Expected a string with"
+        " maximum length 64, but got a string with length 65 instead.",
+        "metadata." + "ab" + "k" * 60 + "xyz",
+        "property_name_above_max_length",
         id="a metadata key of 65 characters",
+    ),
+    case(
+        {"metadata": {"k" * 64: "v" * 513}},
+        "Invalid 'metadata." + "k" * 64 + "': string too long. Expected a string with maximum"
+        " length 512, but got a string with length 513 instead.",
+        "metadata." + "k" * 64,
+        "string_above_max_length",
+        id="a metadata value of 513 characters under a key of 64",
     ),
     case(
         {"metadata": {"k": 1}},
@@ -922,15 +931,43 @@ BOUNDARIES = [
     ),
     # modalities and audio.
     case({"modalities": ["audio"]}, *ONLY_AUDIO, id="audio alone"),
+    case({"modalities": ["audio", "audio"]}, *ONLY_AUDIO, id="audio twice"),
+    # modalities without text is checked once every parameter was read, before the
+    # parameters that need another; logprobs' type after it.
     case(
-        {"modalities": ["audio"], "logprobs": "yes"},
-        *ONLY_AUDIO,
-        id="audio alone before a later parameter's type",
+        {"modalities": ["audio"], "stop": 123},
+        *invalid_type("stop", "one of a string or array of strings", "an integer"),
+        id="a later parameter's type before audio alone",
     ),
     case(
-        {"n": "x", "modalities": ["audio"]},
-        *invalid_type("n", "an integer", "a string"),
-        id="an earlier parameter's type before audio alone",
+        {"modalities": ["audio"], "temperature": 3},
+        *out_of_range("temperature", "decimal", "max", 2, 3),
+        id="a later parameter's range before audio alone",
+    ),
+    case(
+        {"logprobs": "yes", "modalities": ["audio"]},
+        *ONLY_AUDIO,
+        id="audio alone before an earlier logprobs' type",
+    ),
+    case(
+        {"modalities": ["audio"], "stream_options": {}},
+        *ONLY_AUDIO,
+        id="audio alone before a parameter that needs another",
+    ),
+    case(
+        {"logprobs": "yes", "stop": 123},
+        *invalid_type("stop", "one of a string or array of strings", "an integer"),
+        id="any other parameter's type before logprobs' type",
+    ),
+    case(
+        {"logprobs": 1, "top_logprobs": 2, "max_tokens": 1, "max_completion_tokens": 1},
+        *invalid_type("logprobs", "a boolean", "an integer"),
+        id="logprobs' type before the parameters that need another",
+    ),
+    case(
+        {"stream": True, "stream_options": {"include_usage": "no"}, "logprobs": "yes"},
+        *invalid_type("stream_options.include_usage", "a boolean", "a string"),
+        id="a member's type before logprobs' type",
     ),
     case(
         {"modalities": [""]},
@@ -1008,6 +1045,21 @@ BOUNDARIES = [
         *STREAM_OPTIONS,
         id="stream_options before metadata",
     ),
+    case(
+        {"metadata": {}, "parallel_tool_calls": True, "stream_options": {}},
+        *STREAM_OPTIONS,
+        id="stream_options before parallel_tool_calls",
+    ),
+    case(
+        {"metadata": {"run": "1"}, "parallel_tool_calls": False},
+        *PARALLEL_TOOL_CALLS,
+        id="parallel_tool_calls before metadata",
+    ),
+    case(
+        {"parallel_tool_calls": False, "top_logprobs": 0},
+        *TOP_LOGPROBS,
+        id="top_logprobs before parallel_tool_calls",
+    ),
     # An assistant's content: text and refusal parts.
     case(
         {"messages": [*HI, {"role": "assistant", "content": [{"type": "refusal"}]}]},
@@ -1015,9 +1067,36 @@ BOUNDARIES = [
         id="a refusal part without its refusal",
     ),
     case(
+        {"messages": [*HI, {"role": "assistant", "content": [{"type": "unknown", "text": "Hi"}]}]},
+        *unsupported("messages[1].content[0].type", "unknown", ANY_PART),
+        id="an unknown part in an assistant's content",
+    ),
+    case(
+        {"messages": [{"role": "user", "content": [{"type": "unknown", "text": "Hi"}]}]},
+        *unsupported("messages[0].content[0].type", "unknown", ANY_PART),
+        id="an unknown part in a user's content",
+    ),
+    case(
         {"messages": [*HI, {"role": "assistant", "content": [{"type": "image_url"}]}]},
-        *unsupported("messages[1].content[0].type", "image_url", "'text' and 'refusal'"),
+        "Invalid 'messages[1]'. Image URLs are only allowed for messages with role 'user', but"
+        " this message with role 'assistant' contains an image URL.",
+        "messages[1]",
+        "invalid_value",
         id="an image in an assistant's content",
+    ),
+    case(
+        {"messages": [{"role": "system", "content": [{"type": "image_url"}]}, *HI]},
+        "Invalid 'messages[0]'. Image URLs are only allowed for messages with role 'user', but"
+        " this message with role 'system' contains an image URL.",
+        "messages[0]",
+        "invalid_value",
+        id="an image in a system message",
+    ),
+    case(
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        "Invalid content type. image_url is only supported by certain models.",
+        "messages.[0].content.[0].type",
+        id="an image in a user's content, which this server does not read",
     ),
     case(
         {"messages": [*HI, {"role": "assistant", "content": [{"type": "refusal", "refusal": 1}]}]},

@@ -417,6 +417,13 @@ def test_a_refused_hosted_tool_is_named_where_it_was_sent():
         ),
         ({}, "Missing required parameter: 'input'.", "input", "missing_required_parameter"),
         (
+            {"input": "Hi", "metadata": {"k" * 65: "v"}},
+            "Invalid property name in 'metadata': 'kkk...kkk' is too long. Expected a string with"
+            " maximum length 64, but got a string with length 65 instead.",
+            "metadata." + "k" * 65,
+            "property_name_above_max_length",
+        ),
+        (
             {"input": "Hi", "background": True},
             "Background responses are not supported by this server.",
             "background",
