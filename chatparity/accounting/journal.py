@@ -5,13 +5,12 @@ A process writes a line to its journal (in the spool folder) when a request is
 admitted, with what its row needs (the prompt it reserved, which it is charged if it
 never ends: :mod:`~chatparity.accounting.settlement`); every second, the tokens each
 open request has sent and the calls it made upstream; and a line when its row is
-written or spooled. The journal is a file mapped
-into memory: a line is a copy into the kernel's page cache, which a killed process
-cannot take back (as a ``write(2)``, which cost 14 µs per request here where the
-copy costs 3; no fsync either way: the machine staying up is the premise). The
-process holds a lock on its journal while it lives, so a journal whose lock can be
-taken is a dead process's: :func:`recover` spools its open requests as rows marked
-interrupted.
+written or spooled. The journal is a file mapped into memory: a line is a copy into
+the kernel's page cache, which a killed process cannot take back (as a ``write(2)``,
+which cost 14 µs per request here where the copy costs 3; no fsync either way: the
+machine staying up is the premise). The process holds a lock on its journal while it
+lives, so a journal whose lock can be taken is a dead process's: :func:`recover`
+spools its open requests as rows marked interrupted.
 """
 
 from __future__ import annotations
