@@ -84,3 +84,27 @@ class Usage:
 
 
 Event = TextDelta | ToolCallDelta | ReasoningDelta | Finish | Usage
+
+
+@dataclass(slots=True)
+class UpstreamCalls:
+    """The calls a backend made upstream on one request's behalf, noted as it makes them:
+    for each, the prompt tokens the upstream said it read (None: not said yet). The
+    request is charged each call's prompt whether or not its answer ends (see
+    :mod:`chatparity.accounting.settlement`)."""
+
+    prompts: list[int | None] = field(default_factory=list)
+
+    def sent(self) -> None:
+        """A call's request goes out: it counts from now on."""
+        self.prompts.append(None)
+
+    def refused(self) -> None:
+        """The call just sent was refused (an error status, a connection that failed
+        before any answer): the upstream bills nothing for it."""
+        self.prompts.pop()
+
+    def announced(self, prompt_tokens: int) -> None:
+        """The upstream said the call just sent reads ``prompt_tokens`` (Anthropic's
+        ``message_start``, any usage it reported)."""
+        self.prompts[-1] = prompt_tokens
