@@ -68,12 +68,19 @@ class Finish:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Token counts for the whole request; yielded once, after every Finish."""
+    """Token counts for the whole request; yielded once, after every Finish.
+
+    ``prompt_tokens`` counts every input token, as OpenAI's ``prompt_tokens`` does:
+    those read from the provider's prompt cache (``cached_tokens``) and those written to
+    it (``cache_write_5m_tokens``, ``cache_write_1h_tokens``, by the entry's lifetime)
+    included. Anthropic's ``input_tokens`` is what is left of it."""
 
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    cache_write_5m_tokens: int = 0
+    cache_write_1h_tokens: int = 0
     counted: bool = False
     """The gateway counted these tokens from what it received: the backend reported
     none, or numbers it could not believe."""
@@ -81,6 +88,11 @@ class Usage:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def cache_write_tokens(self) -> int:
+        """Input tokens written to the provider's prompt cache, whatever their lifetime."""
+        return self.cache_write_5m_tokens + self.cache_write_1h_tokens
 
 
 Event = TextDelta | ToolCallDelta | ReasoningDelta | Finish | Usage
