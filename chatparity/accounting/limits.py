@@ -60,6 +60,7 @@ from .. import signals
 from ..conf import app_settings
 from ..models import ApiKey, DailyKeyUsage, ModelAlias, Plan
 from ..protocol.errors import APIError
+from ..protocol.events import Usage
 from ..protocol.request import ChatRequest
 from .batching import OncePerInterval, PerLoop
 
@@ -610,10 +611,17 @@ class Estimate:
                        completion_limit=per_choice)  # fmt: skip
 
 
+def _most_cost(alias: ModelAlias, prompt_tokens: int, completion_tokens: int) -> Decimal:
+    """The most a request of these tokens can be charged on ``alias`` (USD): every prompt
+    token written to the provider's cache for the longest lifetime, at the usual prices
+    (:meth:`~chatparity.models.Prices.dearest`)."""
+    return alias.cost_of(alias.prices.dearest(prompt_tokens, completion_tokens))
+
+
 def _affordable(alias: ModelAlias, prompt_tokens: int, micro_dollars: int) -> int:
     """The completion tokens ``micro_dollars`` pay for on ``alias``, with the prompt."""
-    left = micro_dollars - alias.cost_of(prompt_tokens, 0) * MICRO
-    per_token = alias.cost_of(0, 1) * MICRO
+    left = micro_dollars - _most_cost(alias, prompt_tokens, 0) * MICRO
+    per_token = alias.cost_of(Usage(0, 1)) * MICRO
     return int(left // per_token) if per_token > 0 else 0
 
 
@@ -687,10 +695,11 @@ class Admission:
             self.charges, self.completion_limit = reserved
         self.alias = alias
 
-    async def settle(self, prompt_tokens: int, completion_tokens: int) -> None:
-        """Count what the request really used in place of its reservation and give its
-        slot back: once only. A store that cannot be reached is logged (once a minute),
-        never raised: the slot expires on its own, the reservation with its window."""
+    async def settle(self, usage: Usage) -> None:
+        """Count what the request really used (``usage``, at the alias's prices) in place
+        of its reservation and give its slot back: once only. A store that cannot be
+        reached is logged (once a minute), never raised: the slot expires on its own, the
+        reservation with its window."""
         if self.settled:
             return
         self.settled = True
@@ -698,10 +707,8 @@ class Admission:
             _renewers.get().remove(self.lease)
         used = {
             "requests": 1,
-            "tokens": prompt_tokens + completion_tokens,
-            "cost": 0
-            if self.alias is None
-            else int(self.alias.cost_of(prompt_tokens, completion_tokens) * MICRO),
+            "tokens": usage.total_tokens,
+            "cost": 0 if self.alias is None else int(self.alias.cost_of(usage) * MICRO),
         }
         amounts = [
             (charge.counter, used[charge.kind] - charge.reserved)
@@ -911,7 +918,7 @@ def _plan(key: ApiKey | None, alias: ModelAlias | None, estimate: Estimate) -> l
                 charges.append(Charge(kind, counter, limit, amount, _WINDOW_TTL,
                                       resets_in=reset_in))  # fmt: skip
     if key is not None and alias is not None:
-        cost = alias.cost_of(estimate.prompt_tokens, estimate.completion_tokens) * MICRO
+        cost = _most_cost(alias, estimate.prompt_tokens, estimate.completion_tokens) * MICRO
         for budget in _budgets(key):
             amount = estimate.total if budget.kind == "tokens" else math.ceil(cost)
             charges.append(Charge(budget.kind, budget.counter, budget.limit, amount, budget.ttl,

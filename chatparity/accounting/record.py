@@ -122,13 +122,13 @@ class UsageRecord:
             total_tokens=usage.total_tokens,
             cached_tokens=usage.cached_tokens,
             reasoning_tokens=usage.reasoning_tokens,
+            cache_write_5m_tokens=usage.cache_write_5m_tokens,
+            cache_write_1h_tokens=usage.cache_write_1h_tokens,
             usage_counted=usage.counted,
             omitted_tools=self.omitted_tools,
             time_to_first_token_ms=None if first is None else (first - self.started) * 1000,
             duration_ms=(now - self.started) * 1000,
-            cost=self.model_alias.cost_of(usage.prompt_tokens, usage.completion_tokens)
-            if self.model_alias
-            else 0,
+            cost=self.model_alias.cost_of(usage) if self.model_alias else 0,
             output_tokens_per_second=usage.completion_tokens / generating
             if generating > 0
             else None,

@@ -41,10 +41,11 @@ FAILED = Q(status_code__gte=400) | ~Q(error_type="")
 # What a rollup sums, in the order of a tally.
 MEASURES = (
     "requests", "errors", "cancelled", "prompt_tokens", "completion_tokens", "total_tokens",
-    "cached_tokens", "reasoning_tokens", "cost", "duration_ms", "first_token_ms",
-    "first_tokens", *DURATION_BUCKETS, *FIRST_TOKEN_BUCKETS,
+    "cached_tokens", "reasoning_tokens", "cache_write_5m_tokens", "cache_write_1h_tokens",
+    "cost", "duration_ms", "first_token_ms", "first_tokens", *DURATION_BUCKETS,
+    *FIRST_TOKEN_BUCKETS,
 )  # fmt: skip
-TOKENS = MEASURES[3:8]
+TOKENS = MEASURES[MEASURES.index("prompt_tokens") : MEASURES.index("cost")]
 # What a key's daily total sums: the measures up to the cost, no latency.
 TOTALS = MEASURES[: MEASURES.index("cost") + 1]
 _AT = {name: index for index, name in enumerate(MEASURES)}
@@ -216,6 +217,8 @@ def reconcile(day: datetime.date, *, using: str | None = None, apps: Apps = glob
     )
     models = (per_key, per_alias, per_key_total)
     rollups = [model.objects.using(database).filter(day=day) for model in models]
+    # A migration's models hold the measures of their time, not those added since.
+    held = {field.name for field in per_key._meta.get_fields()}
     with transaction.atomic(using=database):
         if connection.vendor == "postgresql":
             tables = ", ".join(connection.ops.quote_name(m._meta.db_table) for m in models)
@@ -235,7 +238,7 @@ def reconcile(day: datetime.date, *, using: str | None = None, apps: Apps = glob
                 )
                 for facts in rows.order_by()
                 .values("key_prefix", "alias", "endpoint")
-                .annotate(**_log_sums())
+                .annotate(**_log_sums(held))
             ],
             batch_size=500,
         )
@@ -243,7 +246,7 @@ def reconcile(day: datetime.date, *, using: str | None = None, apps: Apps = glob
             (per_alias, ("alias", "endpoint"), MEASURES),
             (per_key_total, ("key_prefix",), TOTALS),
         ):
-            sums = {f"sum_{name}": Sum(name) for name in measures}
+            sums = {f"sum_{name}": Sum(name) for name in measures if name in held}
             model.objects.using(database).bulk_create(
                 [
                     model(day=day, **_unprefixed(facts))
@@ -263,15 +266,16 @@ def _unprefixed(facts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _log_sums() -> dict[str, Any]:
-    """The aggregates over log rows that make one key's rollup."""
+def _log_sums(held: set[str]) -> dict[str, Any]:
+    """The aggregates over log rows that make one key's rollup, of the token counts it
+    ``held``."""
     sums: dict[str, Any] = {
         "last_key": Max("api_key"),
         "last_owner": Max("api_key__owner"),
         "sum_requests": Count("pk"),
         "sum_errors": Count("pk", filter=FAILED),
         "sum_cancelled": Count("pk", filter=Q(cancelled=True)),
-        **{f"sum_{name}": Sum(name) for name in TOKENS},
+        **{f"sum_{name}": Sum(name) for name in TOKENS if name in held},
         "sum_cost": Sum("cost"),
         "sum_duration_ms": Sum("duration_ms"),
         "sum_first_token_ms": Sum("time_to_first_token_ms"),

@@ -138,7 +138,7 @@ def _announce(reader: ChunkReader, calls: UpstreamCalls, announced: Usage | None
     ``announced`` already; the usage it believes."""
     usage = reader.upstream_usage
     if usage is not announced and usage is not None:
-        calls.announced(usage.prompt_tokens)
+        calls.announced(usage)
     return usage
 
 
@@ -188,6 +188,11 @@ class UpstreamBackend:
         self.pass_error_text = config.options.get("pass_error_text") is True
         digest = hashlib.sha256(f"{config.name}:{config.base_url}".encode()).hexdigest()
         self._fingerprint = f"fp_{digest[:10]}"
+
+    @staticmethod
+    def price_provider(options: dict[str, Any]) -> str:
+        """Anthropic's prices behind its Messages API, OpenAI's behind the others."""
+        return "anthropic" if options.get("wire_api") == "messages" else "openai"
 
     @staticmethod
     def check_options(options: dict[str, Any]) -> None:
