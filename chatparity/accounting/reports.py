@@ -38,6 +38,7 @@ _COLUMNS: dict[Dimension, str] = {
     "alias": "alias",
     "endpoint": "endpoint",
 }
+COST_PRECISION = Decimal("1e-8")
 USAGE_MEASURES = (
     "requests", "errors", "cancelled", "prompt_tokens", "completion_tokens", "total_tokens",
     "cached_tokens", "cache_write_5m_tokens", "cache_write_1h_tokens", "cost",
@@ -121,6 +122,12 @@ def key_names(prefixes: set[str]) -> dict[str, str]:
     return {prefix: " / ".join(found) or prefix for prefix, found in names.items()}
 
 
+def usd(cost: Any) -> Decimal:
+    """A summed cost to the rollups' precision (1e-8 USD: SQLite sums in floating point),
+    nothing as 0 rather than 0E-8."""
+    return Decimal(cost).quantize(COST_PRECISION) if cost else Decimal(0)
+
+
 def cache_read_share(cached_tokens: int, prompt_tokens: int) -> float | None:
     """The share of the prompt tokens read from the provider's prompt cache (None: no
     prompt)."""
@@ -140,7 +147,7 @@ def usage(log_filter: LogFilter, dimensions: Sequence[Dimension]) -> list[dict[s
     rollups = log_filter.rollups(dimensions)
     groups = sums(rollups, [_COLUMNS[dimension] for dimension in dimensions], USAGE_MEASURES)
     for group in groups:
-        group["cost"] = Decimal(group["cost"])
+        group["cost"] = usd(group["cost"])
     if "key" in dimensions:
         names = key_names({group["key_prefix"] for group in groups})
         for group in groups:
@@ -168,7 +175,7 @@ def usage_by_day_and_alias(
         rows = rows.filter(owner_id=owner_id)
     groups = sums(rows, ["day", "alias"], USAGE_MEASURES)
     for group in groups:
-        group["cost"] = Decimal(group["cost"])
+        group["cost"] = usd(group["cost"])
     return groups
 
 

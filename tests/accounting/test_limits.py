@@ -23,6 +23,7 @@ from chatparity.accounting.batching import OncePerInterval
 from chatparity.accounting.limits import Change, Lease, RedisCounters
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.errors import APIError
+from chatparity.protocol.events import Usage
 from chatparity.protocol.request import parse_chat_request
 from chatparity.protocol.tokens import prompt_bound
 from tests import services
@@ -394,6 +395,59 @@ class CompletionCapTests(LimitTestCase):
         assert (await self.ask(max_tokens=7)).status_code == 200
 
 
+class CacheCostTests(LimitTestCase):
+    """A cost budget reserves what a request can be charged at most, every prompt token
+    written to the provider's cache for an hour, and is charged the provider's formula:
+    reads at a tenth, writes at 1.25 and 2 times the input price (Anthropic's)."""
+
+    # The backend reports Anthropic's usage: 5 input tokens, 20 read from the cache, 5
+    # written for 5 minutes and 10 for an hour (40 in OpenAI's prompt_tokens).
+    CACHED = {"prompt_tokens": 40, "cached_tokens": 20, "cache_write_5m_tokens": 5,
+              "cache_write_1h_tokens": 10}  # fmt: skip
+
+    @classmethod
+    def setUpTestData(cls):
+        super().setUpTestData()
+        backend = Backend.objects.create(
+            name="caching", kind="scripted",
+            options={"script": ["Hello", " there"], "provider": "anthropic", "usage": cls.CACHED},
+        )  # fmt: skip
+        cls.caching = ModelAlias.objects.create(
+            public_id="caching", backend=backend, input_price=1000, output_price=2000
+        )
+
+    async def spent(self):
+        key = await ApiKey.objects.aget(pk=self.key.pk)
+        (standing,) = await limits.standing(key)
+        return standing.used
+
+    async def test_a_cost_budget_reserves_every_prompt_token_at_the_one_hour_write_price(self):
+        # HI tokens at $0.002 (twice $0.001) and 2 completion tokens at $0.002: $0.104.
+        await self.limit(cost_budget=Decimal("0.1039"), budget_period="day")
+        refused = await self.ask(model="caching", max_tokens=2)
+        assert refused.status_code == 429
+        assert "requested $0.104." in refused.json()["error"]["message"]
+        await self.limit(cost_budget=Decimal("0.104"))
+        assert (await self.ask(model="caching", max_tokens=2)).status_code == 200
+
+    async def test_the_request_is_charged_the_providers_formula(self):
+        await self.limit(cost_budget=Decimal(1))
+        answer = await self.ask(model="caching", max_tokens=2)
+        assert answer.status_code == 200
+        # 5 x $0.001 + 20 x $0.0001 + 5 x $0.00125 + 10 x $0.002 + 2 x $0.002
+        cost = Decimal("0.03725")
+        row = await RequestLog.objects.aget()
+        assert (row.prompt_tokens, row.cached_tokens) == (40, 20)
+        assert (row.cache_write_5m_tokens, row.cache_write_1h_tokens) == (5, 10)
+        assert row.cost == cost
+        assert await self.spent() == cost
+
+    async def test_without_a_provider_the_bound_is_the_input_price(self):
+        await save(self.alias, input_price=1000, output_price=2000)
+        await self.limit(cost_budget=Decimal("0.054"))  # HI x $0.001 + 2 x $0.002
+        assert (await self.ask(max_tokens=2)).status_code == 200
+
+
 class RedisRequestsPerMinuteTests(OnRedis, RequestsPerMinuteTests):
     pass
 
@@ -411,6 +465,10 @@ class RedisCompletionCapTests(OnRedis, CompletionCapTests):
 
 
 class RedisBudgetTests(OnRedis, BudgetTests):
+    pass
+
+
+class RedisCacheCostTests(OnRedis, CacheCostTests):
     pass
 
 
@@ -463,7 +521,7 @@ class AdmissionRaceTests(LimitTestCase):
                 completion = rng.randint(0, estimate.completion_tokens)
                 used.append((estimate.prompt_tokens, completion))
                 held -= 1
-                await admission.settle(estimate.prompt_tokens, completion)
+                await admission.settle(Usage(estimate.prompt_tokens, completion))
 
         await asyncio.gather(*(client(random.Random(i)) for i in range(self.CLIENTS)))
         assert refusals == {429}
@@ -501,7 +559,7 @@ class AdmissionRaceTests(LimitTestCase):
         await save(self.alias, input_price=Decimal("1000"), output_price=Decimal("2000"))
         await self.limit(cost_budget=Decimal("0.5"))
         used, _ = await self.race()
-        cost = sum(self.alias.cost_of(p, c) for p, c in used)
+        cost = sum(self.alias.cost_of(Usage(p, c)) for p, c in used)
         assert 0 < cost <= Decimal("0.5")
 
     async def test_requests_in_flight_never_pass_the_limit(self):
@@ -624,8 +682,8 @@ class LeaseTests(LimitTestCase):
             await asyncio.sleep(2)
             with pytest.raises(APIError):
                 await self.admit()
-            await admission.settle(1, 1)
-            await (await self.admit()).settle(1, 1)
+            await admission.settle(Usage(1, 1))
+            await (await self.admit()).settle(Usage(1, 1))
 
 
 class RedisLeaseTests(OnRedis, LeaseTests):
@@ -708,7 +766,7 @@ class RedisAwayTests(LimitTestCase):
             self.server.stop()
             with self.assertLogs("chatparity.accounting.limits") as logs:
                 for admission in admissions:
-                    await admission.settle(1, 1)
+                    await admission.settle(Usage(1, 1))
         assert len([line for line in logs.output if "not settled" in line]) == 1
 
     async def test_the_admin_says_when_usage_is_unknown(self):

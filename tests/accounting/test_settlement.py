@@ -4,6 +4,7 @@ that bills a token for each byte it reads (:mod:`tests.support.metered`), on eve
 and every ``wire_api``; then the rule itself, and a killed worker's requests."""
 
 import asyncio
+from decimal import Decimal
 
 import orjson
 from asgiref.sync import sync_to_async
@@ -303,11 +304,26 @@ class TestSettledUsage:
         assert (usage.prompt_tokens, usage.completion_tokens, usage.counted) == (2700, 5, True)
 
     def test_the_prompt_an_upstream_announced_stands_for_its_call(self):
-        assert settled_usage(900, [300, None], None, 0, answered=True).prompt_tokens == 1200
+        usage = settled_usage(900, [Usage(300, 1), None], None, 0, answered=True)
+        assert usage.prompt_tokens == 1200
 
     def test_a_backend_that_notes_no_call_made_one_once_it_answered(self):
         assert settled_usage(900, [], None, 2, answered=True).prompt_tokens == 900
         assert settled_usage(900, [], None, 0, answered=False).prompt_tokens == 0
+
+    def test_a_request_left_midway_keeps_the_cache_reads_and_writes_announced(self):
+        # Anthropic's message_start: 300 input tokens, 200 of them read from the cache and
+        # 50 written for an hour; the second call announced nothing.
+        announced = Usage(300, 1, cached_tokens=200, cache_write_1h_tokens=50)
+        usage = settled_usage(900, [announced, None], None, 4, answered=True)
+        assert usage == Usage(1200, 4, cached_tokens=200, cache_write_1h_tokens=50, counted=True)
+
+    def test_a_usage_the_backend_counted_keeps_the_cache_announced(self):
+        announced = Usage(300, 1, cached_tokens=100, cache_write_5m_tokens=20)
+        counted = Usage(400, 5, reasoning_tokens=3, counted=True)
+        assert settled_usage(900, [announced], counted, 5, answered=True) == Usage(
+            400, 5, cached_tokens=100, reasoning_tokens=3, cache_write_5m_tokens=20, counted=True
+        )
 
     def test_a_usage_the_backend_counted_is_never_below_what_was_sent(self):
         counted = Usage(4, 2, counted=True)
@@ -326,6 +342,36 @@ def test_a_killed_workers_request_is_settled_on_its_prompt():
     lines = journal._begin_line(record) + journal._progress_line(record)
     (row,) = journal.interrupted_rows(lines)
     assert (row.prompt_tokens, row.completion_tokens, row.total_tokens) == (8_000, 7, 8_007)
-    assert row.cost == alias.cost_of(8_000, 7)
+    assert row.cost == alias.cost_of(Usage(8_000, 7))
     begun_only = journal.interrupted_rows(journal._begin_line(record))
     assert (begun_only[0].prompt_tokens, begun_only[0].completion_tokens) == (4_000, 0)
+
+
+def test_a_killed_workers_request_keeps_the_cache_its_upstream_announced():
+    messages = Backend(pk=1, name="anthropic", kind="openai", options={"wire_api": "messages"})
+    alias = ModelAlias(public_id="claude", backend=messages, input_price=3, output_price=15)
+    record = UsageRecord(request_id="req-killed", key_prefix="sk-cp-abcd", model_alias=alias)
+    record.alias, record.reserved_prompt = "claude", 20_000
+    record.upstream.sent()
+    record.upstream.announced(Usage(12_345, 1, cached_tokens=10_000, cache_write_5m_tokens=1_500,
+                                    cache_write_1h_tokens=500))  # fmt: skip
+    record.completion_tokens_sent = 678
+    lines = journal._begin_line(record) + journal._progress_line(record)
+    (row,) = journal.interrupted_rows(lines)
+    assert (row.prompt_tokens, row.cached_tokens) == (12_345, 10_000)
+    assert (row.cache_write_5m_tokens, row.cache_write_1h_tokens) == (1_500, 500)
+    # At Anthropic's ratios of the blank cache prices, as the request would have been.
+    assert row.cost == Decimal("0.02283")
+
+
+def test_an_older_journals_rows_are_still_recovered():
+    # Before cache prices: two prices, and each call's prompt as a number.
+    begin = {"begin": "req-old", "at": 1.0, "endpoint": "chat.completions", "api_key_id": None,
+             "key_prefix": "sk-cp-abcd", "alias": "priced", "backend": "up",
+             "upstream_model": "m", "stream": True, "n": 1, "client_ip": None,
+             "user_agent": "", "prompt_tokens": 900, "prices": ["1000", "2000"]}  # fmt: skip
+    progress = {"progress": "req-old", "seen": 2.0, "completion_id": "", "completion_tokens": 3,
+                "prompts": [300, None]}  # fmt: skip
+    (row,) = journal.interrupted_rows(orjson.dumps(begin) + b"\n" + orjson.dumps(progress))
+    assert (row.prompt_tokens, row.completion_tokens) == (1_200, 3)
+    assert row.cost == Decimal("1.206")
