@@ -345,7 +345,7 @@ class ModelAliasAdmin(admin.ModelAdmin):
         """Each selected alias's prices set to the catalog's for its upstream model, a price
         the catalog has none of blank (the provider's ratio); an alias it does not know is
         left as it is."""
-        for alias in queryset.select_related("backend"):
+        for alias in queryset.select_related("backend").order_by("public_id"):
             try:
                 found = catalog.fill(alias)
             except catalog.CatalogMissing as missing:

@@ -49,6 +49,8 @@ def refused(errors: dict[str, str]) -> ValidationError:
 
 
 MILLION = Decimal(1_000_000)  # prices are per million tokens
+COST_PRECISION = Decimal("1e-8")
+"""A cost's precision in the log and its rollups (USD): a row's cost is rounded to it."""
 
 
 @dataclass(frozen=True)
@@ -628,7 +630,10 @@ class RequestLog(models.Model):
     duration_ms = models.FloatField()
     output_tokens_per_second = models.FloatField(null=True, blank=True)
     cost = models.DecimalField(
-        max_digits=14, decimal_places=8, default=0, help_text="USD, from the alias's prices."
+        max_digits=14,
+        decimal_places=8,  # COST_PRECISION
+        default=0,
+        help_text="USD, from the alias's prices.",
     )
     client_ip = models.GenericIPAddressField(null=True, blank=True)
     user_agent = models.CharField(max_length=500, blank=True)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from django.db.models import QuerySet, Sum
 
 from ..models import (
+    COST_PRECISION,
     DURATION_BUCKETS,
     FIRST_TOKEN_BUCKETS,
     LATENCY_BOUNDS_MS,
@@ -38,7 +39,6 @@ _COLUMNS: dict[Dimension, str] = {
     "alias": "alias",
     "endpoint": "endpoint",
 }
-COST_PRECISION = Decimal("1e-8")
 USAGE_MEASURES = (
     "requests", "errors", "cancelled", "prompt_tokens", "completion_tokens", "total_tokens",
     "cached_tokens", "cache_write_5m_tokens", "cache_write_1h_tokens", "cost",

@@ -442,6 +442,17 @@ class CacheCostTests(LimitTestCase):
         assert row.cost == cost
         assert await self.spent() == cost
 
+    async def test_a_request_too_cheap_for_a_micro_dollar_is_counted_as_its_row_says(self):
+        # text-embedding-3-small's price: 3 tokens cost $0.00000006; counted in micro-dollars
+        # (as before) nothing was spent, however many were made.
+        await save(self.alias, input_price=Decimal("0.02"), output_price=Decimal("0.02"))
+        await self.limit(cost_budget=Decimal(1))
+        for _ in range(3):
+            assert (await self.ask(max_tokens=2)).status_code == 200
+        rows = [row.cost async for row in RequestLog.objects.all()]
+        assert rows == [Decimal("0.00000006")] * 3
+        assert await self.spent() == Decimal("0.00000018")
+
     async def test_without_a_provider_the_bound_is_the_input_price(self):
         await save(self.alias, input_price=1000, output_price=2000)
         await self.limit(cost_budget=Decimal("0.054"))  # HI x $0.001 + 2 x $0.002
