@@ -68,7 +68,7 @@ class MeteredTestCase:
                 name=f"metered-{wire_api}", kind="openai", base_url=cls.upstream.base_url,
                 secret="sk-metered", timeout=30, options={"wire_api": wire_api, "retries": 0},
             )  # fmt: skip
-            for behaviour in ("answers", "silent", "hangs"):
+            for behaviour in ("answers", "silent", "hangs", "cached-hangs"):
                 ModelAlias.objects.create(
                     public_id=f"{wire_api}-{behaviour}", backend=backend, model=behaviour, max_n=8
                 )
@@ -169,6 +169,36 @@ class HangUpTests(MeteredTestCase, TransactionTestCase):
 
     async def test_a_whole_message_left_while_awaited(self):
         await self.hang_up("messages", "messages", stream=False)
+
+    async def test_a_message_stream_left_keeps_the_cache_reads_announced_and_their_price(self):
+        # Anthropic's message_start says half the prompt was read from its cache: a client
+        # that leaves is charged those tokens as reads, at a tenth of the input price.
+        await ModelAlias.objects.filter(public_id="messages-cached-hangs").aupdate(
+            input_price=3, output_price=15
+        )
+        key, plaintext = await sync_to_async(ApiKey.objects.create_key)("leaves")
+        path, body, first_token = ENDPOINTS["messages"]
+        headers = [("authorization", f"Bearer {plaintext}"), ("content-type", "application/json")]
+        communicator = ApplicationCommunicator(
+            FastPath(get_asgi_application()), http_scope("POST", path, headers)
+        )
+        request = {**body("messages-cached-hangs"), "stream": True}
+        await communicator.send_input({"type": "http.request", "body": orjson.dumps(request)})
+        assert (await communicator.receive_output(timeout=30))["status"] == 200
+        received = b""
+        while first_token not in received:
+            received += (await communicator.receive_output(timeout=30))["body"]
+        await communicator.send_input({"type": "http.disconnect"})
+        await communicator.wait(timeout=10)
+        row = await RequestLog.objects.aget(api_key=key)
+        (sent,) = self.upstream.sent("cached-hangs")
+        read = sent.prompt_tokens // 2
+        assert (row.cancelled, row.prompt_tokens, row.cached_tokens) == (
+            True, sent.prompt_tokens, read,
+        )  # fmt: skip
+        assert row.cost == (
+            (sent.prompt_tokens - read) * 3 + read * Decimal("0.3") + row.completion_tokens * 15
+        ) / Decimal(10**6)
 
     async def test_under_a_plans_owner_budget(self):
         owner = await User.objects.acreate(username="owner")
