@@ -69,7 +69,9 @@ class Prices:
         from nor written to the cache at the input price, reads at the cached input
         price, writes at their lifetime's price, and the completion (reasoning tokens
         are part of it, as OpenAI and Anthropic count them) at the output price."""
-        uncached = usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens
+        # Cache tokens past the prompt (an upstream's numbers gone wrong) are priced as
+        # they are, never as a credit on the rest.
+        uncached = max(usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens, 0)
         return (
             uncached * self.input
             + usage.cached_tokens * self.cached_input

@@ -232,6 +232,10 @@ class TestCost:
         free = priced_alias("messages", **SONNET, cache_write_1h_price=Decimal(0))
         assert free.cost_of(Usage(1_000, 0, cache_write_1h_tokens=1_000)) == 0  # 0 is no blank
 
+    def test_cache_tokens_past_the_prompt_are_never_priced_below_themselves(self):
+        usage = Usage(100, 0, cached_tokens=1_000_000)
+        assert priced_alias("messages", **SONNET).cost_of(usage) == Decimal("0.3")
+
 
 class TestBlankCachePrices:
     """A blank cache price is the provider's ratio to the input price, the provider being
