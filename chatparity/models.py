@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Callable, Collection
-from dataclasses import astuple, dataclass
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 from functools import cached_property
 from typing import Any, cast
@@ -95,12 +95,15 @@ class Prices:
         dearest: dict[str, Any] = {kind: prompt_tokens}
         return Usage(prompt_tokens, completion_tokens, **dearest)
 
-    def journalled(self) -> list[str]:
-        """These prices as a journal keeps them (:meth:`from_journal` reads them back)."""
-        return [str(price) for price in astuple(self)]
+    @cached_property
+    def journalled(self) -> tuple[str, ...]:
+        """These prices as a journal keeps them (:meth:`from_journal` reads them back):
+        once per alias, not per request."""
+        return tuple(map(str, (self.input, self.output, self.cached_input,
+                               self.cache_write_5m, self.cache_write_1h)))  # fmt: skip
 
     @classmethod
-    def from_journal(cls, prices: list[str]) -> Prices:
+    def from_journal(cls, prices: Sequence[str]) -> Prices:
         """The prices :meth:`journalled` wrote; an older journal's two (input, output)
         price every input token at the input price."""
         if len(prices) == 2:

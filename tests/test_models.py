@@ -289,7 +289,7 @@ class TestDearest:
 
 def test_prices_are_journalled_and_read_back_whole():
     prices = priced_alias("messages", **SONNET).prices
-    assert Prices.from_journal(prices.journalled()) == prices
+    assert Prices.from_journal(prices.journalled) == prices
     # An older journal kept input and output: every input token at the input price.
     older = Prices.from_journal(["3", "15"])
     assert older.cost_of(Usage(1_000_000, 0, cache_write_1h_tokens=1_000_000)) == 3

@@ -174,7 +174,7 @@ def _begin_line(record: UsageRecord) -> bytes:
         "user_agent": record.user_agent,
         # What it is charged if it never ends: its prompt, at the alias's prices.
         "prompt_tokens": record.reserved_prompt,
-        "prices": alias.prices.journalled() if alias else None,
+        "prices": alias.prices.journalled if alias else None,
     }
     return orjson.dumps(facts) + b"\n"
 
