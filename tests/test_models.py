@@ -111,7 +111,8 @@ def test_stored_rows_that_would_be_refused_are_reported_by_check_database(spare)
         (
             "chatparity.W040",
             "backend 'typo': options: Unknown option(s) 'retry'; this kind of backend takes"
-            " 'backoff', 'connect_timeout', 'headers', 'pass_error_text', 'retries', 'wire_api'.",
+            " 'backoff', 'cache_ttl', 'connect_timeout', 'headers', 'pass_error_text',"
+            " 'retries', 'wire_api'.",
         ),
         ("chatparity.W040", "model alias 'broken': fallbacks: No alias is named 'nowhere'."),
     ]

@@ -65,14 +65,22 @@ def sse_event(event: dict[str, Any]) -> bytes:
 
 
 def usage_object(usage: Usage) -> dict[str, Any]:
-    """``usage`` in Anthropic's names: its ``input_tokens`` leave out those read from a
-    cache, counted apart."""
-    return {
-        "input_tokens": usage.prompt_tokens - usage.cached_tokens,
-        "cache_creation_input_tokens": 0,
+    """``usage`` in Anthropic's names: its ``input_tokens`` leave out those read from the
+    prompt cache and written to it, counted apart (the writes by lifetime in
+    ``cache_creation``, when there are some)."""
+    written = usage.cache_write_tokens
+    counts: dict[str, Any] = {
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens - written,
+        "cache_creation_input_tokens": written,
         "cache_read_input_tokens": usage.cached_tokens,
-        "output_tokens": usage.completion_tokens,
     }
+    if written:
+        counts["cache_creation"] = {
+            "ephemeral_5m_input_tokens": usage.cache_write_5m_tokens,
+            "ephemeral_1h_input_tokens": usage.cache_write_1h_tokens,
+        }
+    counts["output_tokens"] = usage.completion_tokens
+    return counts
 
 
 @dataclass

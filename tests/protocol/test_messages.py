@@ -83,9 +83,9 @@ def test_system_as_a_string_or_text_blocks_goes_first():
     assert request.messages[0].role == "system"
     assert request.messages[0].content == "You are Claude Code. Be brief."
     assert request.body["messages"][0]["content"] == [
-        {"type": "text", "text": "You are Claude Code."},
+        {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
         {"type": "text", "text": " Be brief."},
-    ], "an upstream gets the blocks as text parts"
+    ], "an upstream gets the blocks as text parts, with their markers"
 
 
 def test_a_tool_round_trip_is_an_assistant_call_and_a_tool_message():
@@ -244,7 +244,13 @@ def test_sampling_and_stopping_are_the_chat_parameters():
 def test_tools_are_functions_whose_parameters_are_their_input_schema():
     request = chat(tools=[{**WEATHER, "strict": True, "cache_control": {"type": "ephemeral"}}])
     assert request.tools == [
-        Tool("get_weather", "The weather in a city.", WEATHER["input_schema"], strict=True)
+        Tool(
+            "get_weather",
+            "The weather in a city.",
+            WEATHER["input_schema"],
+            strict=True,
+            cache_control={"type": "ephemeral"},
+        )
     ]
     assert request.tool_choice == ToolChoice("auto")
     assert request.parallel_tool_calls
@@ -359,7 +365,6 @@ def test_parameters_accepted_and_ignored_are_not_sent_on():
         diagnostics={},
         fallbacks="default",
         fallback_credit_token="tok",
-        cache_control={"type": "ephemeral", "ttl": "1h"},
         mcp_servers=[],
         thinking={"type": "enabled", "budget_tokens": 1024},
         max_tokens=2048,

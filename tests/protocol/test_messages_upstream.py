@@ -245,7 +245,9 @@ def test_a_stream_of_thinking_and_text():
         Finish(0, "stop"),
     ]
     assert reader.done
-    assert reader.usage == Usage(19, 6, cached_tokens=5, reasoning_tokens=3)
+    assert reader.usage == Usage(
+        19, 6, cached_tokens=5, reasoning_tokens=3, cache_write_5m_tokens=3
+    ), "the cache's writes, of 5 minutes when their lifetime is not said"
 
 
 def test_a_stream_of_a_tool_use():

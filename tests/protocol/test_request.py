@@ -8,6 +8,7 @@ from chatparity.protocol.request import (
     ChatRequest,
     Message,
     ResponseFormat,
+    TextPart,
     Tool,
     ToolChoice,
     functions_as_tools,
@@ -106,8 +107,8 @@ def test_every_field_is_parsed():
         model="smollm2",
         messages=[
             Message("system", "Answer in JSON."),
-            Message("developer", "Be brief."),
-            Message("user", "Weather ?", name="ada"),
+            Message("developer", "Be brief.", parts=(TextPart("Be brief."),)),
+            Message("user", "Weather ?", name="ada", parts=(TextPart("Weather "), TextPart("?"))),
             Message("assistant", None, tool_calls=[CALL]),
             Message("tool", "Sunny", tool_call_id="call_1"),
         ],
@@ -209,7 +210,10 @@ def test_null_means_not_given():
         pytest.param(
             {"messages": [*HI, {"role": "assistant", "content": [REFUSED_PART, TEXT_PART]}]},
             "messages",
-            [Message("user", "Hi"), Message("assistant", "I can't.Hi")],
+            [
+                Message("user", "Hi"),
+                Message("assistant", "I can't.Hi", parts=(TextPart("I can't."), TextPart("Hi"))),
+            ],
             id="an assistant's refusal and text parts are its content",
         ),
         pytest.param(
