@@ -20,6 +20,8 @@ from tests.support.sessions import (
 
 TURNS = 30
 UPSTREAM_MODEL = "agent-model"
+MESSAGES = [{"role": "system", "content": "Rules of the house."}, {"role": "user", "content": "Hi"}]
+CHAT_TOOL = {"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}
 
 
 def normalized(body):
@@ -53,9 +55,13 @@ class CachingSessionTestCase(TestCase):
 
     async def alias(self, wire_api, **fields):
         backend = await Backend.objects.acreate(
-            name=wire_api, kind="openai", base_url=self.stub.base_url, secret="sk-stub",
-            timeout=10, options={"wire_api": wire_api, "retries": 0},
-        )  # fmt: skip
+            name=wire_api,
+            kind="openai",
+            base_url=self.stub.base_url,
+            secret="sk-stub",
+            timeout=10,
+            options={"wire_api": wire_api, "retries": 0},
+        )
         return await ModelAlias.objects.acreate(
             public_id=wire_api, backend=backend, model=UPSTREAM_MODEL, **fields
         )
@@ -86,8 +92,10 @@ class ClaudeCodeSessionTests(CachingSessionTestCase):
         share = read_share(self.stub.reported[warm])
         assert share > 0.8, "a session's prefix is read from the cache"
         assert abs(share - read_share(self.direct_stub.reported[warm])) <= 0.01
-        print(f"\nClaude Code session: cache-read share {share:.4f} through chatparity,"
-              f" {read_share(self.direct_stub.reported[warm]):.4f} direct")  # fmt: skip
+        print(
+            f"\nClaude Code session: cache-read share {share:.4f} through chatparity,"
+            f" {read_share(self.direct_stub.reported[warm]):.4f} direct"
+        )
         first = self.stub.reported[0]["cache_creation"]
         assert first["ephemeral_1h_input_tokens"] > 0, "the system prompt, for an hour"
         assert first["ephemeral_5m_input_tokens"] > 0, "the conversation, for five minutes"
@@ -131,8 +139,10 @@ class ChatSessionTests(CachingSessionTestCase):
             assert found[-1][0].startswith(f"messages.{last}.content.")
         assert read_share(self.stub.reported[1:]) > 0.8
         for exchange, reported in zip(played, self.stub.reported, strict=True):
-            prompt = sum(reported[k] for k in ("input_tokens", "cache_read_input_tokens",
-                                               "cache_creation_input_tokens"))  # fmt: skip
+            prompt = sum(
+                reported[k]
+                for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+            )
             assert exchange.usage["prompt_tokens"] == prompt
             assert (
                 exchange.usage["prompt_tokens_details"]["cached_tokens"]
@@ -163,8 +173,10 @@ class CodexSessionTests(CachingSessionTestCase):
         share = read_share(self.stub.reported[warm])
         assert share > 0.8, "the session's prefix is read from the cache of its key"
         assert abs(share - read_share(self.direct_stub.reported[warm])) <= 0.01
-        print(f"\nCodex session ({wire_api}): cache-read share {share:.4f} through chatparity,"
-              f" {read_share(self.direct_stub.reported[warm]):.4f} direct")  # fmt: skip
+        print(
+            f"\nCodex session ({wire_api}): cache-read share {share:.4f} through chatparity,"
+            f" {read_share(self.direct_stub.reported[warm]):.4f} direct"
+        )
         for exchange, reported in zip(played, self.stub.reported, strict=True):
             if wire_api == "responses":
                 assert exchange.usage["input_tokens"] == reported["input_tokens"]
@@ -184,3 +196,49 @@ class CodexSessionTests(CachingSessionTestCase):
 
     async def test_a_codex_session_to_a_chat_upstream(self):
         await self._session("chat")
+
+
+class BreakpointsTests(CachingSessionTestCase):
+    """An alias's ``cache_breakpoints``: a client that marks nothing (most chat clients)
+    has its tools, system prompt and last user turn cached on a Messages upstream."""
+
+    async def ask(self, **body):
+        post = through(self.async_client, self.plaintext)
+        body = {"model": "messages", "messages": MESSAGES, "tools": [CHAT_TOOL], **body}
+        status, _, raw = await post("/v1/chat/completions", body)
+        assert status == 200, raw
+        return self.stub.requests[-1]
+
+    async def test_an_alias_marks_what_a_request_left_unmarked(self):
+        await self.alias("messages", cache_breakpoints=True)
+        first = await self.ask()
+        assert list(markers(first)) == [
+            ("tools.0", {"type": "ephemeral"}),
+            ("system.0", {"type": "ephemeral"}),
+            ("messages.0.content.0", {"type": "ephemeral"}),
+        ]
+        await self.ask()
+        assert self.stub.reported[1]["cache_read_input_tokens"] > 0, "the second reads the first"
+
+    async def test_a_requests_own_markers_are_left_as_they_are(self):
+        await self.alias("messages", cache_breakpoints=True)
+        own = [
+            {
+                "role": "system",
+                "content": [
+                    {
+                        "type": "text",
+                        "text": "Rules.",
+                        "cache_control": {"type": "ephemeral", "ttl": "1h"},
+                    }
+                ],
+            },
+            {"role": "user", "content": "Hi"},
+        ]
+        assert list(markers(await self.ask(messages=own))) == [
+            ("system.0", {"type": "ephemeral", "ttl": "1h"})
+        ]
+
+    async def test_off_by_default(self):
+        await self.alias("messages")
+        assert list(markers(await self.ask())) == []

@@ -263,12 +263,16 @@ class CachingUpstream(ScriptedUpstream):
         if not body.get("stream"):
             return json.dumps(response).encode()
         events = [
-            {"type": "response.created", "response": {**response, "status": "in_progress",
-                                                      "output": [], "usage": None}},
-            *({"type": "response.output_item.done", "output_index": i, "item": item}
-              for i, item in enumerate(response["output"])),
+            {
+                "type": "response.created",
+                "response": {**response, "status": "in_progress", "output": [], "usage": None},
+            },
+            *(
+                {"type": "response.output_item.done", "output_index": i, "item": item}
+                for i, item in enumerate(response["output"])
+            ),
             {"type": "response.completed", "response": response},
-        ]  # fmt: skip
+        ]
         return "".join(
             f"event: {event['type']}\ndata: {json.dumps(event)}\n\n" for event in events
         ).encode()
@@ -278,13 +282,23 @@ class CachingUpstream(ScriptedUpstream):
         turn = self.turn(body)
         number = len(self.requests)
         if isinstance(turn, Call):
-            item = {"type": "function_call", "id": f"fc_{number}", "call_id": f"call_{number:024}",
-                    "name": turn.name, "arguments": json.dumps(turn.arguments),
-                    "status": "completed"}  # fmt: skip
+            item = {
+                "type": "function_call",
+                "id": f"fc_{number}",
+                "call_id": f"call_{number:024}",
+                "name": turn.name,
+                "arguments": json.dumps(turn.arguments),
+                "status": "completed",
+            }
         else:
             text = {"type": "output_text", "text": turn, "annotations": []}
-            item = {"type": "message", "id": f"msg_{number}", "role": "assistant",
-                    "status": "completed", "content": [text]}  # fmt: skip
+            item = {
+                "type": "message",
+                "id": f"msg_{number}",
+                "role": "assistant",
+                "status": "completed",
+                "content": [text],
+            }
         prompt, cached = self._openai_cache(body)
         usage = {
             "input_tokens": prompt,
@@ -294,9 +308,15 @@ class CachingUpstream(ScriptedUpstream):
             "total_tokens": prompt + OUTPUT_TOKENS,
         }
         self.reported.append(usage)
-        return {"id": f"resp_{number}", "object": "response", "created_at": 1,
-                "status": "completed", "model": body["model"], "output": [item],
-                "usage": usage}  # fmt: skip
+        return {
+            "id": f"resp_{number}",
+            "object": "response",
+            "created_at": 1,
+            "status": "completed",
+            "model": body["model"],
+            "output": [item],
+            "usage": usage,
+        }
 
 
 def _ends_with_a_result(item: dict[str, Any]) -> bool:

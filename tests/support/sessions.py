@@ -183,8 +183,13 @@ class CodexSession:
                 )
             elif item["type"] == "message":
                 text = "".join(part["text"] for part in item["content"])
-                self.input.append({"type": "message", "role": "assistant",
-                                   "content": [{"type": "output_text", "text": text}]})  # fmt: skip
+                self.input.append(
+                    {
+                        "type": "message",
+                        "role": "assistant",
+                        "content": [{"type": "output_text", "text": text}],
+                    }
+                )
         if self.input[-1]["type"] != "function_call_output":
             self.input.append(_user_item(prompt(len(self.input))))
 
@@ -214,8 +219,10 @@ class ChatSession:
 
     def request(self, stream: bool) -> dict[str, Any]:
         last = self.messages[-1]
-        marked = {**last, "content": [{"type": "text", "text": last["content"],
-                                       "cache_control": FIVE_MINUTES}]}  # fmt: skip
+        marked = {
+            **last,
+            "content": [{"type": "text", "text": last["content"], "cache_control": FIVE_MINUTES}],
+        }
         system = [{"type": "text", "text": INSTRUCTIONS, "cache_control": HOUR}]
         body = {
             "model": self.model,
@@ -265,9 +272,13 @@ class ChatSession:
                 for call in delta.get("tool_calls") or ():
                     calls = message.setdefault("tool_calls", [])
                     if call["index"] == len(calls):
-                        calls.append({"id": call["id"], "type": "function",
-                                      "function": {"name": call["function"]["name"],
-                                                   "arguments": ""}})  # fmt: skip
+                        calls.append(
+                            {
+                                "id": call["id"],
+                                "type": "function",
+                                "function": {"name": call["function"]["name"], "arguments": ""},
+                            }
+                        )
                     calls[call["index"]]["function"]["arguments"] += call["function"]["arguments"]
         return {"choices": [{"index": 0, "message": message}], "usage": usage}
 
