@@ -986,12 +986,15 @@ def _calls_as_tools(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def without_cache_markers(body: dict[str, Any]) -> dict[str, Any]:
     """A valid request ``body`` without the ``cache_control`` markers of its messages'
-    parts and calls and of its tools (``body`` itself has none changed)."""
+    parts and calls and of its tools (``body`` itself has none changed); a content of
+    one text part is its text, as it was before a marker made it a list."""
     messages = []
     for message in body["messages"]:
         content, calls = message.get("content"), message.get("tool_calls")
         if isinstance(content, list):
-            message = {**message, "content": [_unmarked(part) for part in content]}
+            parts = [_unmarked(part) for part in content]
+            one = len(parts) == 1 and parts[0]["type"] == "text"
+            message = {**message, "content": parts[0]["text"] if one else parts}
         if calls:
             message = {**message, "tool_calls": [_unmarked(call) for call in calls]}
         messages.append(message)
