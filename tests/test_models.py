@@ -158,3 +158,24 @@ class TestApiKeyScope:
         key.all_aliases = False
         key.save()
         assert not key.allowed_aliases.exists()  # limited anew: to none, not to spare
+
+
+def test_the_prompt_caches_parameters_leave_the_aliases_forwarded_lists(transactional_db):
+    """They are forwarded to every upstream now: an alias listing one would be refused."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    name = next(
+        key for key in executor.loader.graph.nodes if key[1].endswith("_alias_cache_breakpoints")
+    )
+    (before,) = executor.loader.graph.node_map[name].parents
+    executor.migrate([before.key])
+    state = executor.loader.project_state(before.key)
+    backend = state.apps.get_model("chatparity", "Backend").objects.create(name="b", kind="openai")
+    alias = state.apps.get_model("chatparity", "ModelAlias").objects.create(
+        public_id="a", backend=backend, forwarded_params=["prompt_cache_key", "store"]
+    )
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes("chatparity"))
+    assert ModelAlias.objects.get(pk=alias.pk).forwarded_params == ["store"]

@@ -2,6 +2,18 @@
 
 from django.db import migrations, models
 
+# Forwarded to every upstream from now on: an alias listing one would be refused.
+PROMPT_CACHE_PARAMETERS = {"prompt_cache_key", "prompt_cache_retention", "prompt_cache_options"}
+
+
+def unlist_prompt_cache_parameters(apps, schema_editor):
+    ModelAlias = apps.get_model("chatparity", "ModelAlias")
+    for alias in ModelAlias.objects.all():
+        listed = alias.forwarded_params
+        if isinstance(listed, list) and PROMPT_CACHE_PARAMETERS.intersection(listed):
+            alias.forwarded_params = [p for p in listed if p not in PROMPT_CACHE_PARAMETERS]
+            alias.save(update_fields=["forwarded_params"])
+
 
 class Migration(migrations.Migration):
 
@@ -15,4 +27,5 @@ class Migration(migrations.Migration):
             name='cache_breakpoints',
             field=models.BooleanField(default=False, help_text="Mark the tools, the system prompt and the last user turn for the prompt cache of a Messages upstream (Anthropic's) when a request marks nothing itself."),
         ),
+        migrations.RunPython(unlist_prompt_cache_parameters, migrations.RunPython.noop),
     ]

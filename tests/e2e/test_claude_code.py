@@ -168,6 +168,7 @@ def test_claude_codes_second_turn_reads_the_prompt_cache(claude, daphne_server, 
     assert finished.stdout.strip() == "The task says: water the plants."
     first, second = caching.requests
     assert list(markers(first)), "Claude Code marks its prompt"
+    assert list(markers(second)), "and moves its marker on"
     wrote, read = caching.reported
     assert wrote["cache_creation_input_tokens"] > 0
     assert read["cache_read_input_tokens"] >= wrote["cache_creation_input_tokens"] // 2
