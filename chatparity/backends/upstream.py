@@ -144,7 +144,7 @@ def _announce(reader: ChunkReader, calls: UpstreamCalls, announced: Usage | None
     ``announced`` already; the usage it believes."""
     usage = reader.upstream_usage
     if usage is not announced and usage is not None:
-        calls.announced(usage.prompt_tokens)
+        calls.announced(usage.prompt_tokens, usage)
     return usage
 
 

@@ -173,8 +173,11 @@ class MessageEncoder:
             "usage": self._usage_object(),
         }
 
-    def opening(self) -> list[dict[str, Any]]:
-        estimate = Usage(self._input_tokens, 0)
+    def opening(self, announced: Usage | None = None) -> list[dict[str, Any]]:
+        """``message_start``, with the usage the upstream ``announced`` (a Messages
+        upstream's own ``message_start``: its cache's reads and writes), else the
+        estimated input."""
+        estimate = announced or Usage(self._input_tokens, 0)
         started: dict[str, Any] = {
             **self._base,
             "content": [],

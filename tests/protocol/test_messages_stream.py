@@ -335,3 +335,15 @@ def test_the_usage_of_a_cached_prompt_in_anthropics_names():
     events, _ = events_of([TextDelta(0, "Hi"), Finish(0, "stop"), usage])
     assert events[-2]["usage"] == usage_object(usage), "message_delta: the cumulative usage"
     assert "cache_creation" not in usage_object(USAGE), "no writes, nothing to split"
+
+
+def test_message_start_carries_the_usage_an_upstream_announced():
+    """A Messages upstream says in its own message_start what it read from its cache and
+    wrote to it: the SDKs keep that message_start's ``cache_creation``."""
+    announced = Usage(1303, 1, cached_tokens=1000, cache_write_1h_tokens=300)
+    start = encoder().opening(announced)[0]["message"]["usage"]
+    assert start == {**usage_object(announced), "service_tier": "standard"}
+    assert start["cache_creation"] == {
+        "ephemeral_5m_input_tokens": 0,
+        "ephemeral_1h_input_tokens": 300,
+    }

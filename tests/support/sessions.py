@@ -114,7 +114,8 @@ class ClaudeCodeSession:
 
     @staticmethod
     def read(kind: str, raw: bytes) -> dict[str, Any]:
-        """The message a stream adds up to, as Anthropic's SDKs add it up, or the message."""
+        """The message a stream adds up to, as Anthropic's SDKs add it up (the counts of
+        ``message_delta``, the cache's lifetimes of ``message_start``), or the message."""
         if not kind.startswith("text/event-stream"):
             return json.loads(raw)
         message: dict[str, Any] = {}
@@ -131,7 +132,8 @@ class ClaudeCodeSession:
                     block["partial"] = block.get("partial", "") + delta["partial_json"]
             elif event["type"] == "message_delta":
                 message.update(event["delta"])
-                message["usage"].update(event["usage"])
+                counts = {k: v for k, v in event["usage"].items() if k != "cache_creation"}
+                message["usage"].update(counts)
         for block in message["content"]:
             if "partial" in block:
                 block["input"] = json.loads(block.pop("partial"))
