@@ -259,11 +259,10 @@ def _refused(what: str) -> Callable[[str, str], APIError]:
 
 _NAME = String(max_length=64, pattern="^[a-zA-Z0-9_-]+$")
 _TEXT = String(max_length=Limit("max_content_chars"))
-_CACHE_CONTROL = CACHE_CONTROL
 _TEXT_BLOCK = Object(
     (
         Member("text", _TEXT, REQUIRED),
-        Member("cache_control", _CACHE_CONTROL),
+        Member("cache_control", CACHE_CONTROL),
         Member("citations", Array(ANYTHING, may_be_empty=True), description="Ignored."),
     ),
     build=lambda block, path: {
@@ -286,7 +285,7 @@ _RESULT_CONTENT = OneOf(
                     "tool_reference": Object(
                         (
                             Member("tool_name", String(), REQUIRED),
-                            Member("cache_control", _CACHE_CONTROL),
+                            Member("cache_control", CACHE_CONTROL),
                         ),
                         build=lambda block, path: {"type": "text", "text": block["tool_name"]},
                         name="ToolReferenceBlock",
@@ -325,7 +324,7 @@ _BLOCK = Tagged(
                 Member("id", String(), REQUIRED),
                 Member("name", String(), REQUIRED),
                 Member("input", Map(), REQUIRED),
-                Member("cache_control", _CACHE_CONTROL),
+                Member("cache_control", CACHE_CONTROL),
                 Member("caller", Object(), description="Ignored."),
             ),
             build=lambda block, path: {
@@ -343,7 +342,7 @@ _BLOCK = Tagged(
                 Member("tool_use_id", String(), REQUIRED),
                 Member("content", _RESULT_CONTENT),
                 Member("is_error", Boolean()),
-                Member("cache_control", _CACHE_CONTROL),
+                Member("cache_control", CACHE_CONTROL),
             ),
             build=_tool_result,
             name="ToolResultBlock",
@@ -424,7 +423,7 @@ _CUSTOM_TOOL = Object(
             REQUIRED,
         ),
         Member("strict", Boolean()),
-        Member("cache_control", _CACHE_CONTROL),
+        Member("cache_control", CACHE_CONTROL),
         Member("defer_loading", Boolean(), description="Ignored: every tool is offered."),
         Member("eager_input_streaming", Boolean(), description="Ignored."),
         Member("input_examples", Array(Map(), may_be_empty=True), description="Ignored."),
@@ -529,7 +528,7 @@ _MEMBERS = (
     Member("model", String(), NOT_NULL, "A model id from GET /models."),
     Member("messages", Array(_MESSAGE, max_length=Limit("max_messages")), NOT_NULL),
     Member("max_tokens", Integer(1), NOT_NULL),
-    Member("cache_control", _CACHE_CONTROL),
+    Member("cache_control", CACHE_CONTROL),
     Member("container", OneOf((String(), Object())), description="Accepted and ignored."),
     Member("context_management", _ignored("Accepted; the backend reads the whole conversation.")),
     Member("diagnostics", _ignored()),

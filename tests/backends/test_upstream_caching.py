@@ -66,6 +66,16 @@ class CachingSessionTestCase(TestCase):
             public_id=wire_api, backend=backend, model=UPSTREAM_MODEL, **fields
         )
 
+    def assert_read_as_direct(self, session):
+        """The warm turns (all but the first) read most of their prompt from the cache,
+        within a point of the share read direct."""
+        warm = slice(1, None)
+        share = read_share(self.stub.reported[warm])
+        direct_share = read_share(self.direct_stub.reported[warm])
+        print(f"\n{session}: cache-read share {share:.2%} through, {direct_share:.2%} direct")
+        assert share > 0.8, "the session's prefix is read from the cache"
+        assert abs(share - direct_share) <= 0.01
+
     async def both(self, session_of, wire_api, turns=TURNS):
         """The session played direct and through an alias speaking ``wire_api``."""
         await self.alias(wire_api)
@@ -88,14 +98,7 @@ class ClaudeCodeSessionTests(CachingSessionTestCase):
 
         # The cache works as well: the same reads and writes every turn.
         assert self.stub.reported == self.direct_stub.reported
-        warm = slice(1, None)
-        share = read_share(self.stub.reported[warm])
-        assert share > 0.8, "a session's prefix is read from the cache"
-        assert abs(share - read_share(self.direct_stub.reported[warm])) <= 0.01
-        print(
-            f"\nClaude Code session: cache-read share {share:.4f} through chatparity,"
-            f" {read_share(self.direct_stub.reported[warm]):.4f} direct"
-        )
+        self.assert_read_as_direct("Claude Code session")
         first = self.stub.reported[0]["cache_creation"]
         assert first["ephemeral_1h_input_tokens"] > 0, "the system prompt, for an hour"
         assert first["ephemeral_5m_input_tokens"] > 0, "the conversation, for five minutes"
@@ -169,14 +172,7 @@ class CodexSessionTests(CachingSessionTestCase):
         played_direct, played = await self.both(CodexSession, wire_api)
         for received in self.stub.requests:
             assert received["prompt_cache_key"] == "codex-session-0"
-        warm = slice(1, None)
-        share = read_share(self.stub.reported[warm])
-        assert share > 0.8, "the session's prefix is read from the cache of its key"
-        assert abs(share - read_share(self.direct_stub.reported[warm])) <= 0.01
-        print(
-            f"\nCodex session ({wire_api}): cache-read share {share:.4f} through chatparity,"
-            f" {read_share(self.direct_stub.reported[warm]):.4f} direct"
-        )
+        self.assert_read_as_direct(f"Codex session ({wire_api})")
         for exchange, reported in zip(played, self.stub.reported, strict=True):
             if wire_api == "responses":
                 assert exchange.usage["input_tokens"] == reported["input_tokens"]
