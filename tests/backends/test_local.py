@@ -713,9 +713,3 @@ def test_with_no_budget_a_context_reuses_its_callers_last_prompt_only():
     turn(unkept, chat(session("Boxes in an attic"), temperature=0.8), "unkept")
     assert turn(unkept, shed, "unkept")[-1].cached_tokens < 10
     assert unkept._model.prompt_cache.saved() == []
-
-
-def test_the_prompt_cache_budget_is_checked_when_the_backend_is_built():
-    config = BackendConfig(name="local", kind="local", options={"prompt_cache_bytes": -1})
-    with pytest.raises(ValueError, match="'prompt_cache_bytes' must be an integer from 0"):
-        LocalBackend(config)
