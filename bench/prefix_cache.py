@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 import orjson
-from harness import ROOT, chatparity_command, free_port, log, make_chatparity, serve
+from harness import ROOT, log, make_chatparity, serving
 
 TARGET = 0.25  # the second turn's time to first token, at most this share of the first's
 N_CTX = 4096
@@ -92,6 +92,8 @@ def ask(
             if not line.startswith("data: {"):
                 continue
             chunk = orjson.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(f"{alias} failed: {chunk['error']}")
             if chunk.get("usage"):
                 usage = chunk["usage"]
             elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
@@ -145,15 +147,38 @@ def token_counter() -> Callable[[str], int]:
     return lambda text: len(vocab.tokenize(text.encode(), add_bos=False, special=False))
 
 
+def measure(
+    client: httpx.Client, rounds: int, prefix_tokens: int
+) -> dict[tuple[str, str], list[Turn]]:
+    """(scenario, turn) -> that turn in each round."""
+    count_tokens = token_counter()
+    runs: dict[tuple[str, str], list[Turn]] = {}
+    for alias in BACKENDS:  # loads the model and a context
+        ask(client, alias, [{"role": "user", "content": "Hi"}], 0)
+    for round in range(rounds):
+        for temperature, sampling in ((1.0, "sampled"), (0.0, "greedy")):
+            log(f"round {round + 1}, {sampling}: one session")
+            turns = one_session(client, prefix(prefix_tokens, count_tokens), temperature)
+            for name, turn in zip(("turn 1", "turn 2"), turns, strict=True):
+                runs.setdefault((f"one session, {sampling}", name), []).append(turn)
+            for alias, cache in zip(BACKENDS, ("cache", "no cache"), strict=True):
+                log(f"round {round + 1}, {sampling}: interleaved, {cache}")
+                systems = (
+                    prefix(prefix_tokens, count_tokens),
+                    prefix(prefix_tokens, count_tokens),
+                )
+                turns = interleaved(client, alias, systems, temperature)
+                for name, turn in zip(("A1", "B1", "A2", "B2"), turns, strict=True):
+                    runs.setdefault((f"interleaved, {sampling}, {cache}", name), []).append(turn)
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prefix-tokens", type=int, default=3000)
     args = parser.parse_args()
     load_before = os.getloadavg()
-    count_tokens = token_counter()
-    # (scenario, turn) -> one Turn a round
-    runs: dict[tuple[str, str], list[Turn]] = {}
     with tempfile.TemporaryDirectory() as folder:
         site = make_chatparity(Path(folder))
         code = "from chatparity.models import Backend, ModelAlias\n" + "".join(
@@ -162,40 +187,20 @@ def main() -> None:
             for alias, options in BACKENDS.items()
         )
         site.manage("shell", "--no-imports", "-c", code)
-        port = free_port()
-        headers = {"Authorization": f"Bearer {site.key}"}
-        with (
-            serve(
-                chatparity_command("uvicorn", port),
-                f"http://127.0.0.1:{port}/v1/models",
-                headers,
-                env=site.env,
-                log_file=Path(folder) / "uvicorn.log",
-            ),
-            httpx.Client(
-                base_url=f"http://127.0.0.1:{port}/v1", headers=headers, timeout=900
-            ) as client,
-        ):
-            for alias in BACKENDS:  # loads the model and a context
-                ask(client, alias, [{"role": "user", "content": "Hi"}], 0)
-            for round in range(args.rounds):
-                for temperature, sampling in ((1.0, "sampled"), (0.0, "greedy")):
-                    log(f"round {round + 1}, {sampling}: one session")
-                    system = prefix(args.prefix_tokens, count_tokens)
-                    for name, turn in zip(
-                        ("turn 1", "turn 2"), one_session(client, system, temperature), strict=True
-                    ):
-                        runs.setdefault((f"one session, {sampling}", name), []).append(turn)
-                    for alias, cache in zip(BACKENDS, ("cache", "no cache"), strict=True):
-                        log(f"round {round + 1}, {sampling}: interleaved, {cache}")
-                        systems = (
-                            prefix(args.prefix_tokens, count_tokens),
-                            prefix(args.prefix_tokens, count_tokens),
-                        )
-                        turns = interleaved(client, alias, systems, temperature)
-                        for name, turn in zip(("A1", "B1", "A2", "B2"), turns, strict=True):
-                            scenario = f"interleaved, {sampling}, {cache}"
-                            runs.setdefault((scenario, name), []).append(turn)
+        # A cold 3,000-token prompt may take over a minute on a busy machine: more than
+        # FIRST_BYTE_TIMEOUT gives a backend to start answering.
+        settings = Path(folder) / "bench_settings.py"
+        settings.write_text(
+            "from project.settings import *  # noqa: F403\n"
+            "CHATPARITY = {**CHATPARITY, 'FIRST_BYTE_TIMEOUT': 900.0}  # noqa: F405\n"
+        )
+        site.env = {
+            **site.env,
+            "DJANGO_SETTINGS_MODULE": "bench_settings",
+            "PYTHONPATH": f"{site.env['PYTHONPATH']}{os.pathsep}{folder}",
+        }
+        with serving(site, Path(folder), timeout=900) as client:
+            runs = measure(client, args.rounds, args.prefix_tokens)
     report(runs, load_before, os.getloadavg(), args.rounds)
 
 
