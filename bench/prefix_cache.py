@@ -226,7 +226,7 @@ def report(
             f"{statistics.median(turn.prompt_tokens for turn in turns):.0f}",
             f"{statistics.median(turn.cached_tokens for turn in turns):.0f}",
             f"{ttft(scenario, name):,.0f}",
-            f"{ttft(scenario, name) / ttft(scenario, FIRST_OF[name]):.0%}"
+            f"{ttft(scenario, name) / ttft(scenario, FIRST_OF[name]):.1%}"
             if name in FIRST_OF
             else "",
         )
