@@ -28,6 +28,9 @@ DEFAULTS: dict[str, Any] = {
         "n_ctx": 2048,
         "contexts": 2,  # model contexts run in parallel (requests, or choices of n>1)
         "n_threads": None,  # None: CPU cores / contexts
+        # Bytes of evaluated prompts kept for the prompts that start as they did
+        # (docs/caching.md); 0: none kept. SmolLM2 takes 23 KB a token.
+        "prompt_cache_bytes": 256 * 2**20,
     },
     # Options for the embedded embedding model (the "embedder" kind), merged
     # under an embedder Backend row's own ``options``.

@@ -113,6 +113,11 @@ BAD_BACKENDS = cases(
         "no context": ({"options": {"n_ctx": 0}}, "options", "'n_ctx' must be an integer"),
         "contexts as text": ({"options": {"contexts": "2"}}, "options", "'contexts' must be"),
         "half a thread": ({"options": {"n_threads": 2.5}}, "options", "'n_threads' must be"),
+        "a prompt cache below nothing": (
+            {"options": {"prompt_cache_bytes": -1}},
+            "options",
+            "'prompt_cache_bytes' must be an integer from 0",
+        ),
         "model_path a number": (
             {"options": {"model_path": 5}},
             "options",
@@ -127,7 +132,12 @@ GOOD_BACKENDS = [
     pytest.param(
         {
             "kind": "local",
-            "options": {"model_path": "/models/a.gguf", "n_ctx": 4096, "contexts": 1},
+            "options": {
+                "model_path": "/models/a.gguf",
+                "n_ctx": 4096,
+                "contexts": 1,
+                "prompt_cache_bytes": 0,
+            },
         },
         id="local with options",
     ),
