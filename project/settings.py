@@ -198,9 +198,22 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
+# The response cache's own store (docs/caching.md): a Redis of its own in production, so
+# that an eviction there never touches the limits' counters; else this process's memory.
+RESPONSE_CACHE_URL = os.environ.get("CHATPARITY_RESPONSE_CACHE_URL", "")
+RESPONSE_CACHE: dict[str, object] = (
+    {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": RESPONSE_CACHE_URL}
+    if RESPONSE_CACHE_URL
+    else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "responses"}
+)
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "chatparity-responses": RESPONSE_CACHE,
+}
 if REDIS_URL:
-    CACHES = {
-        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+    CACHES["default"] = {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
     }
     CHANNEL_LAYERS = {
         "default": {
@@ -287,6 +300,8 @@ CHATPARITY: dict[str, object] = {
     # Rows the database cannot take now, and each worker's requests in flight: a folder
     # of the server's user (see docs/deploy.md); unset, one in the temporary directory.
     "SPOOL_DIR": os.environ.get("CHATPARITY_SPOOL_DIR") or None,
+    # Used by the aliases whose response_cache turns it on (docs/caching.md).
+    "RESPONSE_CACHE": {"CACHE": "chatparity-responses"},
 }
 # The Prometheus metrics (docs/observability.md), served while anyone may scrape them.
 if _metrics["TOKEN"] or _metrics["ALLOWED_NETWORKS"]:
