@@ -20,7 +20,7 @@ from django.contrib.admin.views.main import PAGE_VAR, ChangeList
 from django.core.exceptions import ValidationError
 from django.core.handlers.asgi import ASGIRequest
 from django.core.paginator import Paginator
-from django.db.models import Count, F, Max, Min, QuerySet
+from django.db.models import Count, Max, Min, QuerySet
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
@@ -318,7 +318,7 @@ class ModelAliasAdmin(admin.ModelAdmin):
         new generation within ``CACHE_SECONDS``, this one at once."""
         aliases = list(queryset)
         for alias in aliases:
-            alias.cache_generation = F("cache_generation") + 1
+            alias.cache_generation += 1  # two purges at once bump it once: purged all the same
             # save(), not update(): its signal empties this worker's alias cache at once.
             alias.save(update_fields=["cache_generation"])
             self.log_change(request, alias, "Purged its response cache.")

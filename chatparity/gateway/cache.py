@@ -35,6 +35,7 @@ from typing import Any
 
 import orjson
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.core.cache import caches
 from django.core.cache.backends.base import BaseCache
 from django.core.cache.backends.locmem import LocMemCache
@@ -90,7 +91,7 @@ class Unavailable(Exception):
     """The store failed, timed out, or rests after a failure."""
 
 
-_resting: dict[str, float] = {}  # by cache name: until when it is left alone
+_resting: dict[str, float] = {}  # by cache name and location: until when it is left alone
 
 
 def store_name() -> str | None:
@@ -102,7 +103,8 @@ async def call(name: str, method: str | Callable[..., Any], *args: Any) -> Any:
     """``caches[name].<method>(*args)`` (or ``method(store, *args)``): directly when the
     cache is in this process's memory, else in a thread, within :data:`STORE_TIMEOUT`;
     :class:`Unavailable` if it fails (then the store rests for :data:`RESTING_SECONDS`)."""
-    if time.monotonic() < _resting.get(name, 0.0):
+    where = f"{name} {settings.CACHES.get(name, {}).get('LOCATION', '')}"
+    if time.monotonic() < _resting.get(where, 0.0):
         raise Unavailable("resting after a failure")
     try:
         store: BaseCache = caches[name]
@@ -112,7 +114,7 @@ async def call(name: str, method: str | Callable[..., Any], *args: Any) -> Any:
         async with asyncio.timeout(STORE_TIMEOUT):
             return await sync_to_async(function, thread_sensitive=False)(*args)
     except Exception as exc:  # each cache backend raises its own errors
-        _resting[name] = time.monotonic() + RESTING_SECONDS
+        _resting[where] = time.monotonic() + RESTING_SECONDS
         raise Unavailable(f"{type(exc).__name__}: {exc}") from exc
 
 
@@ -363,12 +365,11 @@ async def look_up(
     ``semantic``: how a single-turn request is matched when no entry is its own."""
     record = accounting.record
     control = cache_control(record.headers.get("cache-control", ""))
-    why = refusal(grant, control)
+    why = refusal(grant, control) or unanswerable
     if not why and not options.nonreproducible and not reproducible(chat):
         why = "not reproducible (temperature above 0, no seed)"
     if not why and chat.hosted_tools:
         why = "hosted tools"
-    why = why or unanswerable
     if why:
         bypassed(record, why)
         return None

@@ -82,7 +82,7 @@ def parse_cache_options(value: Any, max_ttl: float) -> CacheOptions:
     for name in ("enabled", "nonreproducible", "tool_calls"):
         if not isinstance(value.get(name, False), bool):
             raise ValueError(f"{name!r} is true or false.")
-    ttl = value.get("ttl", DEFAULT_TTL)
+    ttl = value.get("ttl", min(DEFAULT_TTL, int(max_ttl)))
     if isinstance(ttl, bool) or not isinstance(ttl, int) or not 0 < ttl <= max_ttl:
         raise ValueError(f"'ttl' is a whole number of seconds from 1 to {max_ttl:g}.")
     scope = value.get("scope", "owner")
@@ -133,7 +133,7 @@ class Control:
 
 
 ANYTHING = Control()
-_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+(=[^,]*)?")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+(=[!-~]*)?")
 
 
 def cache_control(header: str) -> Control:
