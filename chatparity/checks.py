@@ -427,10 +427,14 @@ def _locations(config: dict[str, Any]) -> list[str]:
     return [location] if isinstance(location, str) else [str(each) for each in location]
 
 
-def _server(url: str) -> str:
-    """A Redis (or memcached) location's host and port, without its database."""
-    parsed = urlsplit(url if "://" in url else f"//{url}")
-    return f"{parsed.hostname}:{parsed.port}" if parsed.hostname else url
+def _servers(config: dict[str, Any]) -> set[str]:
+    """The hosts and ports (without a database) of a CACHES entry's network servers."""
+    found = set()
+    for url in _locations(config):
+        parsed = urlsplit(url if "://" in url else f"//{url}")
+        if parsed.hostname:
+            found.add(f"{parsed.hostname}:{parsed.port}")
+    return found
 
 
 @register()
@@ -469,9 +473,17 @@ def check_response_cache(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
         ]
     config = caches[name]
     limits_url = app_settings.REDIS_URL
-    counted = [limits_url] if limits_url else _locations(caches.get(DEFAULT_CACHE_ALIAS, {}))
-    shared = set(_locations(config)) & set(counted)
-    if (not limits_url and name == DEFAULT_CACHE_ALIAS) or shared:
+    if limits_url:
+        counted = [limits_url]
+        shared = limits_url in _locations(config)
+    else:  # the default cache; two entries of one backend and location are one store
+        default = caches.get(DEFAULT_CACHE_ALIAS, {})
+        counted = _locations(default)
+        same_kind = config.get("BACKEND") == default.get("BACKEND")
+        shared = name == DEFAULT_CACHE_ALIAS or (
+            same_kind and bool(set(_locations(config)) & set(counted))
+        )
+    if shared:
         messages.append(
             Error(
                 f"The response cache ({name!r}) is the store the rate limits and budgets count"
@@ -480,7 +492,7 @@ def check_response_cache(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
                 id="chatparity.E092",
             )
         )
-    elif {_server(url) for url in _locations(config)} & {_server(url) for url in counted}:
+    elif _servers(config) & _servers({"LOCATION": counted}):
         messages.append(
             Warning(
                 f"The response cache ({name!r}) is on the server the rate limits count in: a"

@@ -201,12 +201,12 @@ REDIS_URL = os.environ.get("REDIS_URL", "")
 # The response cache's own store (docs/caching.md): a Redis of its own in production, so
 # that an eviction there never touches the limits' counters; else this process's memory.
 RESPONSE_CACHE_URL = os.environ.get("CHATPARITY_RESPONSE_CACHE_URL", "")
-RESPONSE_CACHE: dict[str, object] = (
+RESPONSE_CACHE: dict[str, str] = (
     {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": RESPONSE_CACHE_URL}
     if RESPONSE_CACHE_URL
     else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "responses"}
 )
-CACHES = {
+CACHES: dict[str, dict[str, str]] = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
     "chatparity-responses": RESPONSE_CACHE,
 }

@@ -103,12 +103,14 @@ class ResponseCacheTestCase(CachingTestCase):
 class AnsweredFromTheCache(ResponseCacheTestCase):
     async def test_a_stream_is_answered_from_what_a_whole_answer_filled(self):
         status, headers, content = await self.post(CHAT, GREEDY)
-        assert status == 200 and headers["x-chatparity-cache"] == "miss"
+        assert status == 200
+        assert headers["x-chatparity-cache"] == "miss"
         first = orjson.loads(content)
         status, headers, content = await self.post(
             CHAT, {**GREEDY, "stream": True, "stream_options": {"include_usage": True}}
         )
-        assert status == 200 and headers["x-chatparity-cache"] == "hit"
+        assert status == 200
+        assert headers["x-chatparity-cache"] == "hit"
         assert headers["content-type"].startswith("text/event-stream")
         stream = chunks_of(content)
         assert stream_problems(stream, include_usage=True) == []
@@ -120,7 +122,7 @@ class AnsweredFromTheCache(ResponseCacheTestCase):
 
     async def test_a_whole_answer_is_the_stream_that_filled_it(self):
         await self.post(CHAT, {**GREEDY, "stream": True})
-        status, headers, content = await self.post(CHAT, GREEDY)
+        _status, headers, content = await self.post(CHAT, GREEDY)
         assert headers["x-chatparity-cache"] == "hit"
         answer = orjson.loads(content)
         assert chat_judges.completion_envelope_problems(answer, "cached") == []
@@ -141,8 +143,10 @@ class AnsweredFromTheCache(ResponseCacheTestCase):
         assert (miss.cache, miss.cost, miss.total_tokens) == ("miss", Decimal("0.5"), 3)
         assert (hit.cache, hit.cost, hit.total_tokens, hit.prompt_tokens) == ("hit", 0, 0, 0)
         assert hit.cost_saved == Decimal("0.5")
-        assert hit.finish_reasons == ["stop"] and hit.status_code == 200
-        assert hit.completion_id and hit.completion_id != miss.completion_id
+        assert hit.finish_reasons == ["stop"]
+        assert hit.status_code == 200
+        assert hit.completion_id
+        assert hit.completion_id != miss.completion_id
         report = await cache_by_alias_now()
         assert report == [
             {
@@ -167,7 +171,8 @@ class AnsweredFromTheCache(ResponseCacheTestCase):
         await self.configure(response_cache={"enabled": False, "ttl": 60})
         await self.post(CHAT, GREEDY)
         _, headers, _ = await self.post(CHAT, GREEDY)
-        assert "x-chatparity-cache" not in headers and len(ScriptedBackend.asked) == 2
+        assert "x-chatparity-cache" not in headers
+        assert len(ScriptedBackend.asked) == 2
 
 
 async def cache_by_alias_now():
@@ -233,7 +238,8 @@ class WhatIsKept(ResponseCacheTestCase):
         _, headers, _ = await self.post(CHAT, asked)
         assert headers["x-chatparity-cache"] == "bypass"
         row = (await self.rows())[-1]
-        assert row.cache == "bypass" and row.cache_note.startswith("not reproducible")
+        assert row.cache == "bypass"
+        assert row.cache_note.startswith("not reproducible")
         _, headers, _ = await self.post(CHAT, {**asked, "seed": 42})
         _, headers, _ = await self.post(CHAT, {**asked, "seed": 42})
         assert headers["x-chatparity-cache"] == "hit"
@@ -260,7 +266,8 @@ class WhatIsKept(ResponseCacheTestCase):
         replayed = stream.chunks[0]["choices"][0]["delta"]["tool_calls"][0]
         kept = orjson.loads(first)["choices"][0]["message"]["tool_calls"][0]
         assert replayed["function"]["name"] == "get_weather"
-        assert replayed["id"].startswith("call_") and replayed["id"] != kept["id"]
+        assert replayed["id"].startswith("call_")
+        assert replayed["id"] != kept["id"]
 
     async def test_an_answer_cut_short_is_not_kept(self):
         self.backend.options = {"script": ["Hello", "<error>"]}
@@ -276,8 +283,9 @@ class WhatIsKept(ResponseCacheTestCase):
         )
         await ModelAlias.objects.acreate(public_id="helper", backend=self.backend)
         await self.configure(backend=failing, fallbacks=["helper"])
-        status, headers, content = await self.post(CHAT, GREEDY)
-        assert status == 200 and headers["x-chatparity-cache"] == "miss"
+        status, headers, _content = await self.post(CHAT, GREEDY)
+        assert status == 200
+        assert headers["x-chatparity-cache"] == "miss"
         assert (await self.rows())[-1].cache_note == "answered by a fallback"
         assert not await held()
 
@@ -322,7 +330,8 @@ class ClientControl(ResponseCacheTestCase):
     async def test_a_directive_it_does_not_know_is_served_uncached(self):
         await self.post(CHAT, GREEDY)
         status, headers, _ = await self.post(CHAT, GREEDY, cache_control="max-age=60")
-        assert status == 200 and headers["x-chatparity-cache"] == "bypass"
+        assert status == 200
+        assert headers["x-chatparity-cache"] == "bypass"
         row = (await self.rows())[-1]
         assert row.cache_note == "Cache-Control: max-age=60 not understood"
         assert len(ScriptedBackend.asked) == 2
@@ -347,7 +356,8 @@ class Limits(ResponseCacheTestCase):
         await self.key.asave()
         await self.post(CHAT, GREEDY)
         status, headers, _ = await self.post(CHAT, GREEDY)
-        assert status == 200 and headers["x-chatparity-cache"] == "hit"
+        assert status == 200
+        assert headers["x-chatparity-cache"] == "hit"
         status, _, content = await self.post(CHAT, GREEDY)
         assert status == 429, content
         assert orjson.loads(content)["error"]["type"] == "requests"
@@ -361,9 +371,11 @@ class Limits(ResponseCacheTestCase):
         await self.key.asave()
         for _ in range(3):
             status, headers, _ = await self.post(CHAT, {**GREEDY, "max_tokens": 40})
-            assert status == 200 and headers["x-chatparity-cache"] == "hit"
+            assert status == 200
+            assert headers["x-chatparity-cache"] == "hit"
         status, _, content = await self.post(CHAT, {**GREEDY, "max_tokens": 39})
-        assert status == 429 and orjson.loads(content)["error"]["code"] == "insufficient_quota"
+        assert status == 429
+        assert orjson.loads(content)["error"]["code"] == "insufficient_quota"
 
 
 class StoreFaults(ResponseCacheTestCase):
@@ -393,8 +405,9 @@ class StoreFaults(ResponseCacheTestCase):
         status, _, _ = await self.post(CHAT, GREEDY)
         (key,) = await held()
         caches[STORE].set(key.split(":", 2)[-1], b"garbage")  # without KEY_PREFIX, version
-        status, headers, content = await self.post(CHAT, GREEDY)
-        assert status == 200 and headers["x-chatparity-cache"] == "miss"
+        status, headers, _content = await self.post(CHAT, GREEDY)
+        assert status == 200
+        assert headers["x-chatparity-cache"] == "miss"
         assert (await self.rows())[-1].cache_note == "entry unreadable"
         _, headers, _ = await self.post(CHAT, GREEDY)
         assert headers["x-chatparity-cache"] == "hit"  # written again
@@ -486,7 +499,8 @@ class Embeddings(ResponseCacheTestCase):
         status, headers, content = await self.post(
             "/v1/embeddings", embedding("the cat", "a dog barks", "three words here")
         )
-        assert status == 200 and headers["x-chatparity-cache"] == "miss"
+        assert status == 200
+        assert headers["x-chatparity-cache"] == "miss"
         assert self.upstream.requests[-1]["input"] == ["three words here"]
         answer = orjson.loads(content)
         texts = ["the cat", "a dog barks", "three words here"]
@@ -500,7 +514,8 @@ class Embeddings(ResponseCacheTestCase):
             "/v1/embeddings",
             {**embedding("three words here", "the cat"), "encoding_format": "base64"},
         )
-        assert headers["x-chatparity-cache"] == "hit" and len(self.upstream.requests) == 2
+        assert headers["x-chatparity-cache"] == "hit"
+        assert len(self.upstream.requests) == 2
         row = (await self.rows())[-1]
         assert (row.cache, row.prompt_tokens, row.cost) == ("hit", 0, 0)
         assert row.cost_saved == Decimal("0.5")
@@ -511,12 +526,14 @@ class Embeddings(ResponseCacheTestCase):
         _, headers, _ = await self.post(
             "/v1/embeddings", embedding("the cat"), key=self.stranger_plaintext
         )
-        assert headers["x-chatparity-cache"] == "miss" and len(self.upstream.requests) == 2
+        assert headers["x-chatparity-cache"] == "miss"
+        assert len(self.upstream.requests) == 2
 
     async def test_a_store_that_is_down_never_fails_an_embeddings_request(self):
         with override_settings(CACHES=with_store(DOWN)):
             status, headers, content = await self.post("/v1/embeddings", embedding("the cat"))
-        assert status == 200 and len(orjson.loads(content)["data"]) == 1
+        assert status == 200
+        assert len(orjson.loads(content)["data"]) == 1
         assert headers["x-chatparity-cache"] == "bypass"
         assert (await self.rows())[-1].cache_note == "store unavailable"
 

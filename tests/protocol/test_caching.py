@@ -515,8 +515,10 @@ def test_events_replayed_as_they_were_with_fresh_tool_call_ids():
     stored = orjson.loads(orjson.dumps(stored_events(events)))  # as an entry keeps them
     replayed = replayed_events(stored)
     first, second = replayed[2].id, replayed[4].id
-    assert first.startswith("call_") and first not in ("call_abc", "call_def")
-    assert second.startswith("call_") and second != first
+    assert first.startswith("call_")
+    assert first not in ("call_abc", "call_def")
+    assert second.startswith("call_")
+    assert second != first
     fresh = {
         2: dataclasses.replace(events[2], id=first),
         4: dataclasses.replace(events[4], id=second),
