@@ -103,7 +103,8 @@ async def call(name: str, method: str | Callable[..., Any], *args: Any) -> Any:
     """``caches[name].<method>(*args)`` (or ``method(store, *args)``): directly when the
     cache is in this process's memory, else in a thread, within :data:`STORE_TIMEOUT`;
     :class:`Unavailable` if it fails (then the store rests for :data:`RESTING_SECONDS`)."""
-    where = f"{name} {settings.CACHES.get(name, {}).get('LOCATION', '')}"
+    config: dict[str, Any] = settings.CACHES.get(name) or {}
+    where = f"{name} {config.get('LOCATION', '')}"
     if time.monotonic() < _resting.get(where, 0.0):
         raise Unavailable("resting after a failure")
     try:
