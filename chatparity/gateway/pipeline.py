@@ -32,7 +32,7 @@ from ..accounting.keys import Grant
 from ..accounting.ledger import Accounting
 from ..accounting.record import UsageRecord
 from ..backends import ChatBackend, get_backend, serves_chat
-from ..backends.base import current_caller
+from ..backends.base import current_caller, upstream_calls
 from ..conf import app_settings
 from ..models import Backend, ModelAlias
 from ..models import Endpoint as LoggedEndpoint
@@ -51,6 +51,7 @@ from ..protocol.request import (
     with_defaults,
 )
 from ..protocol.stream import DONE, ChunkEncoder, sse
+from ..protocol.tokens import prompt_bound
 from . import cache, semantic
 from .auth import authenticate
 
@@ -659,10 +660,12 @@ async def _begin(
     accounting.served_by(alias)
     if not serves_chat(alias.backend):
         raise errors.not_a_chat_model(alias.public_id)
-    chat = await accounting.admit(alias, _as_served_by(alias, requested))
+    backend = get_backend(alias.backend)
+    chat = _as_served_by(alias, requested)
+    chat = await accounting.admit(alias, chat, await reserved_prompt(backend, chat, alias.model))
     current_caller.set(accounting.caller)  # in this request's task: its backends see it
+    upstream_calls.set(accounting.record.upstream)
     while True:
-        backend = get_backend(alias.backend)
         events = aiter(backend.stream(chat, alias.model))
         try:
             return chat, backend, events, await accounting.first_event(events)
@@ -671,7 +674,20 @@ async def _begin(
                 raise
             failed = alias
             alias, chat = await _fall_back(fallbacks, requested, grant, accounting, error)
+            backend = get_backend(alias.backend)
             logger.warning("chatparity: %s failed (%s), falling back to %s", failed, error, alias)
+
+
+async def reserved_prompt(backend: ChatBackend, chat: ChatRequest, model: str) -> int:
+    """The prompt ``backend`` makes of ``chat``, for one call, as admission reserves it:
+    counted by its tokenizer where it has one (``prompt_tokens``, the local model's, off
+    the event loop), else at the bound no tokenizer passes
+    (:func:`~chatparity.protocol.tokens.prompt_bound`)."""
+    count = getattr(backend, "prompt_tokens", None)
+    if count is None:
+        return prompt_bound(chat)
+    counted: int = await count(chat, model)
+    return counted
 
 
 async def _fall_back(
@@ -695,7 +711,8 @@ async def _fall_back(
         except APIError:
             continue
         try:
-            return alias, await accounting.switch(alias, chat)
+            counted = await reserved_prompt(get_backend(alias.backend), chat, alias.model)
+            return alias, await accounting.switch(alias, chat, counted)
         except APIError as refusal:
             failure = refusal
     raise failure

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import orjson
@@ -306,11 +306,11 @@ def stored_events(events: Iterable[Event]) -> list[Stored]:
         elif isinstance(event, Finish):
             stored.append(["f", event.index, event.reason, event.stop_sequence])
         else:
-            stored.append(
-                ["u", event.prompt_tokens, event.completion_tokens, event.cached_tokens,
-                 event.reasoning_tokens, event.counted]
-            )  # fmt: skip
+            stored.append(["u", {name: getattr(event, name) for name in _USAGE}])
     return stored
+
+
+_USAGE = tuple(field.name for field in fields(Usage))
 
 
 def replayed_events(stored: Iterable[Stored]) -> list[Event]:
@@ -333,7 +333,7 @@ def replayed_events(stored: Iterable[Stored]) -> list[Event]:
         elif kind == "f":
             events.append(Finish(item[1], item[2], item[3]))
         elif kind == "u":
-            events.append(Usage(*item[1:6]))
+            events.append(Usage(**item[1]))
         else:
             raise ValueError(f"not a stored event: {kind!r}")
     return events

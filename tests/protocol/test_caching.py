@@ -510,7 +510,7 @@ def test_events_replayed_as_they_were_with_fresh_tool_call_ids():
         ToolCallDelta(0, 0, '{"city": "Paris"}'),
         ToolCallDelta(0, 1, "{}", id="call_def", name="get_time"),
         Finish(0, "stop", stop_sequence="END"),
-        Usage(12, 5, cached_tokens=3, reasoning_tokens=2, counted=True),
+        Usage(12, 5, cached_tokens=3, reasoning_tokens=2, cache_write_1h_tokens=4, counted=True),
     ]
     stored = orjson.loads(orjson.dumps(stored_events(events)))  # as an entry keeps them
     replayed = replayed_events(stored)
