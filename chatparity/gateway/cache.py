@@ -30,15 +30,9 @@ import time
 import zlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import orjson
-from asgiref.sync import sync_to_async
-from django.conf import settings
-from django.core.cache import caches
-from django.core.cache.backends.base import BaseCache
-from django.core.cache.backends.locmem import LocMemCache
 
 from ..accounting import limits
 from ..accounting.batching import OncePerInterval, PerLoop
@@ -63,16 +57,12 @@ from ..protocol.embeddings import Embeddings, EmbeddingsRequest, Input
 from ..protocol.events import Event, Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from ..protocol.request import ChatRequest
 from ..protocol.tokens import approximate_tokens
+from .cache_store import Budget, Unavailable, call
 
 logger = logging.getLogger(__name__)
 _outage_log = OncePerInterval(logger, interval=60.0)
 
 HEADER = "x-chatparity-cache"
-STORE_TIMEOUT = 1.0
-"""Seconds any call to the store may take: past it, the request goes on uncached."""
-RESTING_SECONDS = 1.0
-"""After a failure the store is left alone this long: while it is down, one request a
-second waits for its time-out, not every request."""
 ENTRY_VERSION = 1
 
 
@@ -87,68 +77,20 @@ def header_value(state: str) -> str:
 # The store.
 
 
-class Unavailable(Exception):
-    """The store failed, timed out, or rests after a failure."""
-
-
-_resting: dict[str, float] = {}  # by cache name and location: until when it is left alone
-
-
 def store_name() -> str | None:
     name: str | None = app_settings.RESPONSE_CACHE["CACHE"]
     return name
 
 
-async def call(name: str, method: str | Callable[..., Any], *args: Any) -> Any:
-    """``caches[name].<method>(*args)`` (or ``method(store, *args)``): directly when the
-    cache is in this process's memory, else in a thread, within :data:`STORE_TIMEOUT`;
-    :class:`Unavailable` if it fails (then the store rests for :data:`RESTING_SECONDS`)."""
-    config: dict[str, Any] = settings.CACHES.get(name) or {}
-    where = f"{name} {config.get('LOCATION', '')}"
-    if time.monotonic() < _resting.get(where, 0.0):
-        raise Unavailable("resting after a failure")
-    try:
-        store: BaseCache = caches[name]
-        function = getattr(store, method) if isinstance(method, str) else partial(method, store)
-        if isinstance(store, LocMemCache):
-            return function(*args)
-        async with asyncio.timeout(STORE_TIMEOUT):
-            return await sync_to_async(function, thread_sensitive=False)(*args)
-    except Exception as exc:  # each cache backend raises its own errors
-        _resting[where] = time.monotonic() + RESTING_SECONDS
-        raise Unavailable(f"{type(exc).__name__}: {exc}") from exc
-
-
-def _budget_counters(max_ttl: float) -> list[str]:
-    """The counters of the bytes written in the last window of ``max_ttl`` seconds and in
-    this one: an entry lives at most ``max_ttl``, so together they bound what is kept."""
+def budget() -> Budget:
+    """What the store may take: ``MAX_BYTES`` written within ``MAX_TTL``, counted in the
+    last window of ``MAX_TTL`` seconds and this one (an entry lives at most ``MAX_TTL``,
+    so the two bound what is kept)."""
+    bounds = app_settings.RESPONSE_CACHE
+    max_ttl = int(bounds["MAX_TTL"])
     window = int(time.time() // max_ttl)
-    return [f"cp:rc:written:{window - 1}", f"cp:rc:written:{window}"]
-
-
-def _added(store: BaseCache, counter: str, amount: int, ttl: int) -> int:
-    while True:
-        store.add(counter, 0, ttl)
-        try:
-            return int(store.incr(counter, amount))
-        except ValueError:  # expired between the two calls
-            continue
-
-
-async def write(name: str, entries: dict[str, bytes], ttl: int) -> bool:
-    """Keep ``entries`` for ``ttl`` seconds, unless they would take the bytes written
-    within ``MAX_TTL`` past ``MAX_BYTES``; whether they were kept. Raises
-    :class:`Unavailable`."""
-    settings = app_settings.RESPONSE_CACHE
-    max_ttl = float(settings["MAX_TTL"])
-    size = sum(len(value) for value in entries.values())
-    counters = _budget_counters(max_ttl)
-    written = await call(name, "get_many", counters)
-    if sum(written.values()) + size > settings["MAX_BYTES"]:
-        return False
-    await call(name, "set_many", entries, min(ttl, int(max_ttl)))
-    await call(name, _added, counters[-1], size, int(2 * max_ttl))
-    return True
+    counters = (f"cp:rc:written:{window - 1}", f"cp:rc:written:{window}")
+    return Budget(counters, int(bounds["MAX_BYTES"]), 2 * max_ttl)
 
 
 class Writes:
@@ -172,9 +114,11 @@ writes = PerLoop(Writes)
 
 
 async def kept(name: str, entries: dict[str, bytes], ttl: int) -> None:
-    """:func:`write`, its failure logged (once a minute), never raised."""
+    """Keep ``entries`` for ``ttl`` seconds (``MAX_TTL`` at most), within the
+    :func:`budget`; a failure logged (once a minute), never raised."""
+    longest = int(app_settings.RESPONSE_CACHE["MAX_TTL"])
     try:
-        if not await write(name, entries, ttl):
+        if not await call(name, "write", entries, min(ttl, longest), budget()):
             _outage_log.warning("chatparity: response cache full (MAX_BYTES), an answer not kept")
     except Unavailable as exc:
         _outage_log.warning("chatparity: response cache unavailable, an answer not kept: %s", exc)

@@ -32,7 +32,8 @@ from ..protocol.caching import SemanticOptions, bucket_digest, facts, single_tur
 from ..protocol.embeddings import EmbeddingsRequest
 from ..protocol.errors import APIError
 from ..protocol.request import ChatRequest
-from .cache import Lookup, Unavailable, call, entry_key, hit_of, kept, served_by
+from .cache import Lookup, entry_key, hit_of, kept, served_by
+from .cache_store import Unavailable, call
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +145,8 @@ async def match(lookup: Lookup, chat: ChatRequest, grant: Grant) -> None:
     if not lookup.control.read:
         return
     try:
-        entries, held_facts, vectors = unpacked(await call(lookup.store, "get", key), len(vector))
+        bucket = await call(lookup.store, "get", key)
+        entries, held_facts, vectors = unpacked(bucket, len(vector))
         for similarity, index in most_similar(vector, vectors) if entries else ():
             if similarity < options.threshold:
                 break
