@@ -165,7 +165,31 @@ def bypassed(record: UsageRecord, note: str) -> None:
     record.cache, record.cache_note = CacheState.BYPASS, note[:80]
 
 
-def refusal(grant: Grant, control: Control) -> str:
+def taking_part(record: UsageRecord, grant: Grant, *reasons: str) -> tuple[str, Control] | None:
+    """The store and the ``Cache-Control`` of a request of ``grant`` that takes part in the
+    cache; None for one that does not (logged as passed by: the first of its own
+    ``reasons``, or the store's, the key's, the plan's, the client's)."""
+    control = cache_control(record.headers.get("cache-control", ""))
+    why = _refusal(grant, control) or next((reason for reason in reasons if reason), "")
+    store = store_name()
+    if why or store is None:
+        bypassed(record, why)
+        return None
+    return store, control
+
+
+async def fetched(record: UsageRecord, store: str, method: str, *args: Any) -> Any:
+    """:func:`call`; on a store that is down, the request logged as passed by (served
+    uncached) before :class:`Unavailable` is raised."""
+    try:
+        return await call(store, method, *args)
+    except Unavailable as exc:
+        _outage_log.warning("chatparity: response cache unavailable, served uncached: %s", exc)
+        bypassed(record, "store unavailable")
+        raise
+
+
+def _refusal(grant: Grant, control: Control) -> str:
     """Why a request of ``grant`` with ``control`` neither reads nor writes the cache
     ("": it may do either)."""
     if not grant.key.response_cache:
@@ -309,17 +333,17 @@ async def look_up(
     them). ``unanswerable``: why its wire cannot be answered from the cache.
     ``semantic``: how a single-turn request is matched when no entry is its own."""
     record = accounting.record
-    control = cache_control(record.headers.get("cache-control", ""))
-    why = refusal(grant, control) or unanswerable
-    if not why and not options.nonreproducible and not reproducible(chat):
-        why = "not reproducible (temperature above 0, no seed)"
-    if not why and chat.hosted_tools:
-        why = "hosted tools"
-    if why:
-        bypassed(record, why)
+    unreproducible = not options.nonreproducible and not reproducible(chat)
+    part = taking_part(
+        record,
+        grant,
+        unanswerable,
+        "not reproducible (temperature above 0, no seed)" if unreproducible else "",
+        "hosted tools" if chat.hosted_tools else "",
+    )
+    if part is None:
         return None
-    store = store_name()
-    assert store is not None, "refusal() says so"
+    store, control = part
     scope = scope_of(grant, options)
     key = entry_key(alias, scope, "chat", request_digest(chat, served_by(alias)))
     lookup = Lookup(alias, options, control, store, scope, key, record)
@@ -329,10 +353,8 @@ async def look_up(
             await semantic(lookup, chat, grant)  # to add the answer to its bucket
         return lookup
     try:
-        entry = await call(store, "get", key)
-    except Unavailable as exc:
-        _outage_log.warning("chatparity: response cache unavailable, served uncached: %s", exc)
-        bypassed(record, "store unavailable")
+        entry = await fetched(record, store, "get", key)
+    except Unavailable:
         return None
     lookup.hit = hit_of(entry, chat, record)
     if entry is not None and lookup.hit is None:
@@ -428,13 +450,10 @@ async def look_up_vectors(
     request whose every vector is found is counted in its requests per minute (a 429
     past them) and asks no backend."""
     record = accounting.record
-    control = cache_control(record.headers.get("cache-control", ""))
-    why = refusal(grant, control)
-    if why:
-        bypassed(record, why)
+    part = taking_part(record, grant)
+    if part is None:
         return None
-    store = store_name()
-    assert store is not None, "refusal() says so"
+    store, control = part
     scope = scope_of(grant, options)
     by = served_by(alias)
     keys = [
@@ -446,10 +465,8 @@ async def look_up_vectors(
         bypassed(record, "Cache-Control: no-cache")
         return vectors
     try:
-        held = await call(store, "get_many", keys)
-    except Unavailable as exc:
-        _outage_log.warning("chatparity: response cache unavailable, served uncached: %s", exc)
-        bypassed(record, "store unavailable")
+        held = await fetched(record, store, "get_many", keys)
+    except Unavailable:
         return None
     for index, key in enumerate(keys):
         value = held.get(key)

@@ -131,9 +131,7 @@ def test_no_owner_is_ever_answered_with_another_owner_s_answer(postgres_url, red
             env["CHATPARITY_RESPONSE_CACHE_URL"] = answers_url
             manage(env, "migrate", "--verbosity", "0")
             printed = manage(env, "shell", "-c", SETUP.format(url=upstream.base_url))
-            keys = [
-                tuple(line.split()) for line in printed.splitlines() if line.startswith(OWNERS)
-            ]
+            keys = [tuple(line.split()) for line in printed.splitlines() if line.startswith(OWNERS)]
             with running_workers(env, 2, scratch("response-cache")) as workers:
                 urls = [worker.url for worker in workers]
                 outcomes = asyncio.run(wave(urls, keys))

@@ -21,7 +21,7 @@ from chatparity.conformance import chat as chat_judges
 from chatparity.conformance import messages as messages_judges
 from chatparity.conformance import responses as responses_judges
 from chatparity.models import ApiKey, Backend, ModelAlias, Plan, RequestLog
-from tests.scripted import ScriptedBackend, ScriptedUpstream, scripted_vector
+from tests.scripted import ScriptedBackend, WithScriptedUpstream, scripted_vector
 from tests.services import free_port
 from tests.support.caching import (
     STORE,
@@ -471,13 +471,7 @@ def embedding(*texts):
 
 
 @override_settings(CHATPARITY=cache_settings(), CACHES=with_store())
-class Embeddings(ResponseCacheTestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.upstream = ScriptedUpstream()
-        super().setUpClass()
-        cls.addClassCleanup(cls.upstream.close)
-
+class Embeddings(WithScriptedUpstream, ResponseCacheTestCase):
     @classmethod
     def setUpTestData(cls):
         super().setUpTestData()
