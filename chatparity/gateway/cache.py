@@ -28,9 +28,9 @@ import dataclasses
 import logging
 import time
 import zlib
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -58,6 +58,9 @@ from ..protocol.events import Event, Finish, ReasoningDelta, TextDelta, ToolCall
 from ..protocol.request import ChatRequest
 from ..protocol.tokens import approximate_tokens
 from .cache_store import Budget, Unavailable, call
+
+if TYPE_CHECKING:
+    from .semantic import Bucket
 
 logger = logging.getLogger(__name__)
 _outage_log = OncePerInterval(logger, interval=60.0)
@@ -221,8 +224,8 @@ class Lookup:
     key: str
     record: UsageRecord
     hit: Hit | None = None
-    semantic: Any = None
-    """The semantic cache's part (:class:`~chatparity.gateway.semantic.Bucket`), if any."""
+    semantic: Bucket | None = None
+    """The request's bucket in the semantic cache, if it has one."""
 
     async def recorded(
         self, chat: ChatRequest, fingerprint: str, first: Event, events: AsyncIterator[Event]
@@ -314,7 +317,7 @@ def hit_of(entry: Any, chat: ChatRequest, record: UsageRecord) -> Hit | None:
     return Hit(chat, str(fingerprint), events, record)
 
 
-SemanticLookup = Callable[[Lookup, ChatRequest, Grant], Any]
+SemanticLookup = Callable[[Lookup, ChatRequest, Grant], Awaitable[None]]
 
 
 async def look_up(
