@@ -254,6 +254,11 @@ class ModelAlias(models.Model):
         help_text="Request parameters passed to an upstream beyond the sampling and format"
         " ones, e.g. service_tier, store, metadata, web_search_options. Others are dropped.",
     )
+    cache_breakpoints = models.BooleanField(
+        default=False,
+        help_text="Mark the tools, the system prompt and the last user turn for the prompt"
+        " cache of a Messages upstream (Anthropic's) when a request marks nothing itself.",
+    )
     enabled = models.BooleanField(default=True)
     listed = models.BooleanField(default=True, help_text="Shown in /v1/models.")
     owned_by = models.CharField(max_length=100, default="chatparity")

@@ -141,7 +141,7 @@ class MessagesWire(Wire):
         """Nothing of the alias or its backend shows in a message."""
 
     def opening(self) -> list[dict[str, Any]]:
-        return self._encoder.opening()
+        return self._encoder.opening(self._record.upstream.usage)
 
     def encode(self, event: Event) -> list[dict[str, Any]]:
         return self._encoder.encode(event)

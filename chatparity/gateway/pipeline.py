@@ -37,6 +37,7 @@ from ..conf import app_settings
 from ..models import Backend, ModelAlias
 from ..models import Endpoint as LoggedEndpoint
 from ..protocol import errors
+from ..protocol.breakpoints import with_breakpoints
 from ..protocol.completion import CompletionAccumulator
 from ..protocol.errors import APIError
 from ..protocol.events import Event
@@ -719,14 +720,17 @@ async def _fall_back(
 
 
 def _as_served_by(alias: ModelAlias, requested: ChatRequest) -> ChatRequest:
-    """The request with ``alias``'s default parameters under the client's and the extra
-    parameters it forwards; OpenAI's 400 if it asks for more choices than ``alias`` gives."""
+    """The request with ``alias``'s default parameters under the client's, the extra
+    parameters it forwards and its cache breakpoints (where the client set none);
+    OpenAI's 400 if it asks for more choices than ``alias`` gives."""
     chat = requested
     if alias.default_params:
         chat = parse_chat_request(with_defaults(alias.default_params, requested.body), _limits())
-        # A Responses request's hosted tools are in no chat body: the defaults' reading
-        # does not see them.
-        chat = dataclasses.replace(chat, hosted_tools=requested.hosted_tools)
+        # What no chat body holds (a Responses request's hosted tools, ...): the
+        # defaults' reading does not see it.
+        chat = dataclasses.replace(chat, **requested.beside_body())
+    if alias.cache_breakpoints:
+        chat = with_breakpoints(chat)
     most = _max_n(alias)
     if chat.n > most:
         raise APIError(

@@ -10,6 +10,7 @@ never enters it, and one entry answers every wire in its own framing.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
@@ -185,11 +186,12 @@ ANSWER_FIELDS = (
 
 NOT_ANSWER_FIELDS = (
     "model", "messages", "body", "stream", "include_usage", "user", "service_tier",
-    "forwarded_params", "completion_limit",
+    "cache_control", "translated_markers", "forwarded_params", "completion_limit",
 )  # fmt: skip
 """The others: the conversation is read from the body as sent (its parts, names and
-calls as the upstream receives them); what the alias forwards and its model are keyed as
-the alias's; a completion cut by a budget is never stored."""
+calls as the upstream receives them); prompt caching's markers change what an answer
+costs, never what it says; what the alias forwards and its model are keyed as the
+alias's; a completion cut by a budget is never stored."""
 
 # Body members parsed into ANSWER_FIELDS (or the conversation), read from there.
 _PARSED = frozenset(
@@ -210,6 +212,10 @@ def canonical_request(chat: ChatRequest) -> dict[str, Any]:
     parameters of :data:`ANSWER_FIELDS`, and any other member of the body but those
     :data:`IGNORED` (``verbosity``, ``prediction``, ...)."""
     canonical: dict[str, Any] = {name: getattr(chat, name) for name in ANSWER_FIELDS}
+    canonical["tools"] = [
+        dataclasses.replace(tool, cache_control=None) if tool.cache_control else tool
+        for tool in chat.tools
+    ]
     canonical["messages"] = [_present(message) for message in chat.body.get("messages", ())]
     for name, value in chat.body.items():
         if name not in _SKIPPED and value is not None:
@@ -217,10 +223,18 @@ def canonical_request(chat: ChatRequest) -> dict[str, Any]:
     return canonical
 
 
-def _present(message: Any) -> Any:
-    if isinstance(message, dict):
-        return {name: value for name, value in message.items() if value is not None}
-    return message
+def _present(value: Any) -> Any:
+    """A message, a part or a call as it says: without null members and prompt caching's
+    markers."""
+    if isinstance(value, list):
+        return [_present(item) for item in value]
+    if isinstance(value, dict):
+        return {
+            name: _present(item)
+            for name, item in value.items()
+            if item is not None and name != "cache_control"
+        }
+    return value
 
 
 def digest(value: Any) -> str:

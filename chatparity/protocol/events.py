@@ -106,17 +106,22 @@ class UpstreamCalls:
     :mod:`chatparity.accounting.settlement`)."""
 
     prompts: list[int | None] = field(default_factory=list)
+    usage: Usage | None = None
+    """The usage the upstream said of the call just sent so far (a Messages upstream's
+    ``message_start``: its prompt, read from and written to its cache), if it said."""
 
     def sent(self) -> None:
         """A call's request goes out: it counts from now on."""
         self.prompts.append(None)
+        self.usage = None
 
     def refused(self) -> None:
         """The call just sent was refused (an error status, a connection that failed
         before any answer): the upstream bills nothing for it."""
         self.prompts.pop()
 
-    def announced(self, prompt_tokens: int) -> None:
+    def announced(self, prompt_tokens: int, usage: Usage | None = None) -> None:
         """The upstream said the call just sent reads ``prompt_tokens`` (Anthropic's
-        ``message_start``, any usage it reported)."""
+        ``message_start``, any ``usage`` it reported)."""
         self.prompts[-1] = prompt_tokens
+        self.usage = usage

@@ -77,7 +77,9 @@ def changed_number(value, choices=(0.1, 0.7, 1.5)):
 
 @st.composite
 def chat_bodies(draw):
-    messages = [{"role": "user", "content": draw(TEXT)}]
+    text = draw(TEXT)
+    content = [{"type": "text", "text": text}] if draw(st.booleans()) else text
+    messages = [{"role": "user", "content": content}]
     if draw(st.booleans()):
         messages.insert(0, {"role": "system", "content": draw(TEXT)})
     body = {"model": "gpt-x", "messages": messages, "temperature": draw(TEMPERATURE)}
@@ -96,8 +98,18 @@ def chat_key(body):
     return request_digest(parse_chat_request(body), SERVED_BY)
 
 
-def _asked(body, text):
-    messages = [*body["messages"][:-1], {**body["messages"][-1], "content": text}]
+def _text(body):
+    """The user's text, whether sent as a string or as a text part."""
+    content = body["messages"][-1]["content"]
+    return content if isinstance(content, str) else content[0]["text"]
+
+
+def _asked(body, text, **part):
+    """``body`` asking ``text`` instead, in the same form (a string, or a text part with
+    ``part``'s members too)."""
+    content = body["messages"][-1]["content"]
+    said = text if isinstance(content, str) else [{**content[0], "text": text, **part}]
+    messages = [*body["messages"][:-1], {**body["messages"][-1], "content": said}]
     return {**body, "messages": messages}
 
 
@@ -113,12 +125,12 @@ def _max_tokens(body):
 
 
 CHAT_ANSWER = {
-    "user text": lambda b: _asked(b, b["messages"][-1]["content"] + " please"),
+    "user text": lambda b: _asked(b, _text(b) + " please"),
     "system prompt": lambda b: _system(b, "Answer in French. "),
-    "a message's name": lambda b: (
-        _asked(b, b["messages"][-1]["content"])
-        | {"messages": [*b["messages"][:-1], {**b["messages"][-1], "name": "alice"}]}
-    ),
+    "a message's name": lambda b: {
+        **b,
+        "messages": [*b["messages"][:-1], {**b["messages"][-1], "name": "alice"}],
+    },
     "temperature": lambda b: {**b, "temperature": changed_number(b["temperature"])},
     "top_p": lambda b: {**b, "top_p": 0.5},
     "seed": lambda b: {**b, "seed": b.get("seed", 0) + 1},
@@ -176,7 +188,22 @@ CHAT_NOT_ANSWER = {
         **b,
         "messages": [*b["messages"][:-1], {**b["messages"][-1], "name": None}],
     },
+    "prompt caching's marker on a part": lambda b: _asked(b, _text(b), cache_control=MARKER),
+    "prompt caching's marker on a tool": lambda b: (
+        {
+            **b,
+            "tools": [
+                {"type": "function", "function": WEATHER, "cache_control": MARKER},
+                *b.get("tools", [])[1:],
+            ]
+            if b.get("tools")
+            else [],
+        }
+        if b.get("tools")
+        else b
+    ),
 }
+MARKER = {"type": "ephemeral", "ttl": "1h"}
 
 
 @st.composite
@@ -290,6 +317,11 @@ MESSAGES_NOT_ANSWER = {
     "service_tier": lambda b: {**b, "service_tier": "standard_only"},
     "top_k (ignored)": lambda b: {**b, "top_k": 5},
     "speed (ignored)": lambda b: {**b, "speed": "fast"},
+    "automatic prompt caching": lambda b: {**b, "cache_control": MARKER},
+    "prompt caching's marker on a tool": lambda b: {
+        **b,
+        "tools": [{**tool, "cache_control": MARKER} for tool in b.get("tools", [])],
+    },
 }
 
 WIRES = {
@@ -328,7 +360,7 @@ def test_a_field_that_cannot_change_the_answer_leaves_the_key(wire):
 def test_one_request_has_one_key_on_every_wire(body):
     """The same conversation and parameters asked on Chat Completions and on the
     Responses API: one entry answers both, each in its own framing."""
-    text = body["messages"][-1]["content"]
+    text = _text(body)
     system = [m["content"] for m in body["messages"] if m["role"] == "system"]
     responses = {"model": "gpt-x", "input": text, "temperature": body["temperature"]}
     chat = {"model": "gpt-x", "messages": [{"role": "user", "content": text}]}
