@@ -226,6 +226,21 @@ BAD_ALIASES = cases(
         ),
         "no choices": ({"max_n": 0}, "max_n", "from 1 to 128"),
         "more choices than OpenAI's": ({"max_n": 129}, "max_n", "from 1 to 128"),
+        "a cache kept longer than MAX_TTL": (
+            {"response_cache": {"enabled": True, "ttl": 7 * 24 * 3600 + 1}},
+            "response_cache",
+            "'ttl' is a whole number of seconds from 1 to 604800",
+        ),
+        "a misspelt cache option": (
+            {"response_cache": {"enabled": True, "tool_call": True}},
+            "response_cache",
+            "Unknown option 'tool_call'",
+        ),
+        "a semantic cache embedded by no alias": (
+            {"response_cache": {"enabled": True, "semantic": {"embeddings": "nowhere"}}},
+            "response_cache",
+            "No alias is named 'nowhere' (semantic.embeddings)",
+        ),
     }
 )
 
@@ -238,4 +253,10 @@ GOOD_ALIAS = {
     "fallbacks": ["SPARE"],
     "forwarded_params": ["service_tier", "store", "metadata"],
     "max_n": 128,
+    "response_cache": {
+        "enabled": True,
+        "ttl": 600,
+        "scope": "key",
+        "semantic": {"threshold": 0.95, "embeddings": "spare"},
+    },
 }
