@@ -172,24 +172,7 @@ class ScriptedUpstream:
                     with contextlib.suppress(BrokenPipeError):  # a client that gave up
                         self.wfile.write(payload)
                     return
-                if self.path.endswith("/messages"):
-                    answer = upstream.message(body)
-                    payload = (
-                        "".join(
-                            f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
-                            for event in answer
-                        )
-                        if stream
-                        else json.dumps(answer)
-                    ).encode()
-                else:
-                    answer = upstream.answer(body)
-                    payload = (
-                        "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in answer)
-                        + "data: [DONE]\n\n"
-                        if stream
-                        else json.dumps(answer)
-                    ).encode()
+                payload = upstream.payload(self.path, body)
                 self.send_response(200)
                 kind = "text/event-stream" if stream else "application/json"
                 self.send_header("Content-Type", kind)
@@ -208,6 +191,34 @@ class ScriptedUpstream:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+    def payload(self, path: str, body: dict[str, Any]) -> bytes:
+        """The body answering ``body`` on ``path``: Anthropic's named events or message
+        on ``/messages``, else chat chunks or a completion."""
+        stream = bool(body.get("stream"))
+        if path.endswith("/messages"):
+            answer = self.message(body)
+            if not stream:
+                return json.dumps(answer).encode()
+            named = (f"event: {event['type']}\ndata: {json.dumps(event)}\n\n" for event in answer)
+            return "".join(named).encode()
+        answer = self.answer(body)
+        if not stream:
+            return json.dumps(answer).encode()
+        chunks = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in answer)
+        return (chunks + "data: [DONE]\n\n").encode()
+
+    def message_usage(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Anthropic's usage of the message answering ``body``."""
+        return {"input_tokens": 10, "output_tokens": 5}
+
+    def delta_usage(self, usage: dict[str, Any]) -> dict[str, Any]:
+        """What ``message_delta`` says of the message's ``usage``."""
+        return {"output_tokens": usage["output_tokens"]}
+
+    def chat_usage(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The usage of the completion answering ``body``."""
+        return {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
 
     def embeddings(self, body: dict[str, Any]) -> tuple[int, str, bytes]:
         """The status, content type and body answering the embeddings request ``body``."""
@@ -269,7 +280,7 @@ class ScriptedUpstream:
             blocks, stop = [{**use, "input": turn.arguments}], "tool_use"
         else:
             blocks, stop = [{"type": "text", "text": turn}], "end_turn"
-        usage = {"input_tokens": 10, "output_tokens": 5}
+        usage = self.message_usage(body)
         message = {"id": "msg_scripted", "type": "message", "role": "assistant",
                    "model": body["model"], "stop_reason": stop, "stop_sequence": None}  # fmt: skip
         if not body.get("stream"):
@@ -296,7 +307,7 @@ class ScriptedUpstream:
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": stop, "stop_sequence": None},
-                "usage": {"output_tokens": 5},
+                "usage": self.delta_usage(usage),
             },
             {"type": "message_stop"},
         ]
@@ -314,7 +325,7 @@ class ScriptedUpstream:
             message, finish = {"content": None, "tool_calls": [call]}, "tool_calls"
         else:
             message, finish = {"content": turn}, "stop"
-        usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+        usage = self.chat_usage(body)
         head = {"id": "chatcmpl-scripted", "created": 1, "model": body["model"]}
         if not body.get("stream"):
             choice = {"index": 0, "message": {"role": "assistant", **message}}
@@ -338,3 +349,16 @@ def _called(message: dict[str, Any]) -> bool:
     return isinstance(content, list) and any(
         isinstance(block, dict) and block.get("type") == "tool_use" for block in content
     )
+
+
+class WithScriptedUpstream:
+    """Mixed into a test case (before it): a :class:`ScriptedUpstream` of the class's own,
+    ``cls.upstream``, closed after its tests."""
+
+    upstream: ScriptedUpstream
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.upstream = ScriptedUpstream()
+        super().setUpClass()  # type: ignore[misc]
+        cls.addClassCleanup(cls.upstream.close)  # type: ignore[attr-defined]

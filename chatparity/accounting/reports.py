@@ -43,6 +43,7 @@ USAGE_MEASURES = (
     "requests", "errors", "cancelled", "prompt_tokens", "completion_tokens", "total_tokens",
     "cached_tokens", "cache_write_5m_tokens", "cache_write_1h_tokens", "cost",
 )  # fmt: skip
+CACHE_MEASURES = ("cache_hits", "cache_misses", "cost_saved")
 
 
 @dataclass(frozen=True)
@@ -173,10 +174,26 @@ def usage_by_day_and_alias(
     rows = LogFilter(since=since, until=until, key_prefix=key_prefix).rollups(["key", "alias"])
     if owner_id is not None:
         rows = rows.filter(owner_id=owner_id)
-    groups = sums(rows, ["day", "alias"], USAGE_MEASURES)
+    groups = sums(rows, ["day", "alias"], (*USAGE_MEASURES, *CACHE_MEASURES))
     for group in groups:
         group["cost"] = usd(group["cost"])
+        group["cost_saved"] = usd(group["cost_saved"])
     return groups
+
+
+def cache_by_alias(log_filter: LogFilter) -> list[dict[str, Any]]:
+    """Per alias whose response cache was looked up: its hits, misses, the percentage of
+    lookups it answered (``hit_percent``) and the cost it saved (USD, a Decimal)."""
+    groups = sums(log_filter.rollups(["alias"]), ["alias"], CACHE_MEASURES)
+    return [
+        {
+            **group,
+            "cost_saved": Decimal(group["cost_saved"]),
+            "hit_percent": group["cache_hits"] / lookups * 100,
+        }
+        for group in groups
+        if (lookups := group["cache_hits"] + group["cache_misses"])
+    ]
 
 
 def percentile(counts: Sequence[int], fraction: float) -> float | None:

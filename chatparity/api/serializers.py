@@ -104,9 +104,10 @@ class ModelAliasSerializer(serializers.ModelSerializer[ModelAlias]):
         model = ModelAlias
         fields = [
             "id", "public_id", "backend", "model", "default_params", "fallbacks", "max_n",
-            "forwarded_params", "enabled", "listed", "owned_by", "context_window", "description",
-            "requests_per_minute", "tokens_per_minute", "input_price", "output_price",
-            "cached_input_price", "cache_write_5m_price", "cache_write_1h_price", "created_at",
+            "forwarded_params", "cache_breakpoints", "enabled", "listed", "owned_by",
+            "context_window", "description", "requests_per_minute", "tokens_per_minute",
+            "input_price", "output_price", "cached_input_price", "cache_write_5m_price",
+            "cache_write_1h_price", "response_cache", "created_at",
         ]  # fmt: skip
         extra_kwargs = {
             "public_id": {

@@ -11,7 +11,8 @@ from ..models import RequestLog
 # What the usage page sums.
 MEASURES = (
     "requests", "prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens",
-    "cache_write_5m_tokens", "cache_write_1h_tokens", "cost",
+    "cache_write_5m_tokens", "cache_write_1h_tokens", "cost", "cache_hits", "cache_misses",
+    "cost_saved",
 )  # fmt: skip
 # The columns of a request the portal shows: never a body.
 REQUEST_COLUMNS = (

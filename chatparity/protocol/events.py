@@ -120,3 +120,9 @@ class UpstreamCalls:
         """The upstream said the call just sent reads the prompt of ``usage``, with its
         cache reads and writes (Anthropic's ``message_start``, any usage it reported)."""
         self.prompts[-1] = usage
+
+    @property
+    def usage(self) -> Usage | None:
+        """The usage the upstream said of the call just sent so far (a Messages upstream's
+        ``message_start``: its prompt, read from and written to its cache), if it said."""
+        return self.prompts[-1] if self.prompts else None
