@@ -73,6 +73,11 @@ class LimitTestCase(TestCase):
         estimate = limits.Estimate.of(chat, self.alias, prompt_bound(chat))
         return await limits.admit(key, self.alias, estimate)
 
+    async def standing(self):
+        """What the key has used of each of its limits, by name."""
+        key = await ApiKey.objects.aget(pk=self.key.pk)
+        return {name: used for name, used, _ in await limits.standing(key)}
+
     def ask(self, model="echo", **body):
         messages = [{"role": "user", "content": "Hi"}]
         return self.async_client.post(
@@ -477,10 +482,6 @@ class AdmissionRaceTests(LimitTestCase):
         assert refusals == {429}
         return used, peak
 
-    async def standing(self):
-        key = await ApiKey.objects.aget(pk=self.key.pk)
-        return {name: used for name, used, _ in await limits.standing(key)}
-
     async def test_requests_per_minute_is_exact(self):
         await self.limit(requests_per_minute=50)
         used, _ = await self.race()
@@ -644,16 +645,13 @@ class SettleOnceTests(LimitTestCase):
         await first.settle(1, 1)  # 2 used
         second = await self.admit()  # the slot the first gave back
         await first.settle(1, 1)
-        key = await ApiKey.objects.aget(pk=self.key.pk)
-        standing = {name: used for name, used, _ in await limits.standing(key)}
-        assert standing == {"tokens this minute": 2 + HI + 1, "requests in flight": 1}
+        assert await self.standing() == {"tokens this minute": 2 + HI + 1, "requests in flight": 1}
         with pytest.raises(APIError) as refused:  # the second still holds the key's one slot
             await self.admit()
         assert "in flight" in refused.value.message
         await second.settle(1, 1)
         await second.settle(1, 1)
-        standing = {name: used for name, used, _ in await limits.standing(key)}
-        assert standing == {"tokens this minute": 4, "requests in flight": 0}
+        assert await self.standing() == {"tokens this minute": 4, "requests in flight": 0}
 
 
 class RedisSettleOnceTests(OnRedis, SettleOnceTests):
