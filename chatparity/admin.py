@@ -96,7 +96,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def get_fieldsets(self, request: HttpRequest, obj: ApiKey | None = None) -> Any:
         key = (
             "name", "owner", "is_active", "expires_at", "needs_plan", "all_aliases",
-            "allowed_aliases",
+            "allowed_aliases", "response_cache",
         )  # fmt: skip
         if obj is None:
             return [(None, {"fields": key}), ("Limits and budgets", {"fields": self.limits})]
@@ -202,7 +202,7 @@ class PlanAdmin(admin.ModelAdmin):
     filter_horizontal = ["users", "groups", "allowed_aliases"]
     fieldsets = [
         (None, {"fields": ("name", "description", "users", "groups", "priority")}),
-        ("Aliases", {"fields": ("all_aliases", "allowed_aliases")}),
+        ("Aliases", {"fields": ("all_aliases", "allowed_aliases", "response_cache")}),
         ("Each key made in the portal", {"fields": Plan.KEY_LIMITS}),
         (
             "All of one user's keys together",
@@ -309,7 +309,22 @@ class ModelAliasAdmin(admin.ModelAdmin):
     list_filter = ["backend", "enabled", "listed"]
     search_fields = ["public_id", "model", "description"]
     list_select_related = ["backend"]
-    actions = ["try_it"]
+    actions = ["try_it", "purge_response_cache"]
+
+    @admin.action(description="Purge their response cache", permissions=["change"])
+    def purge_response_cache(self, request: HttpRequest, queryset: QuerySet[ModelAlias]) -> None:
+        """Forget every answer the selected aliases keep, at once: each alias's generation,
+        part of all its cache keys, is bumped (its entries expire unread). Workers see the
+        new generation within ``CACHE_SECONDS``, this one at once."""
+        aliases = list(queryset)
+        for alias in aliases:
+            alias.cache_generation += 1  # two purges at once bump it once: purged all the same
+            # save(), not update(): its signal empties this worker's alias cache at once.
+            alias.save(update_fields=["cache_generation"])
+            self.log_change(request, alias, "Purged its response cache.")
+        self.message_user(
+            request, f"Purged the response cache of {len(aliases)} alias(es).", messages.SUCCESS
+        )
 
     @admin.action(description="Try it: send a short prompt", permissions=["change"])
     def try_it(self, request: HttpRequest, queryset: QuerySet[ModelAlias]) -> TemplateResponse:
@@ -546,7 +561,7 @@ class RequestLogAdmin(admin.ModelAdmin):
 
     list_display = [
         "created_at", "endpoint", "key_prefix", "alias", "backend", "status_code", "stream",
-        "cancelled", "finish", "total_tokens", "first_token", "duration",
+        "cancelled", "finish", "total_tokens", "first_token", "duration", "cache",
     ]  # fmt: skip
     # The latencies in milliseconds on the row's page too, as the list shows them.
     exclude = ["time_to_first_token_ms", "duration_ms"]

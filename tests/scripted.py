@@ -338,3 +338,16 @@ def _called(message: dict[str, Any]) -> bool:
     return isinstance(content, list) and any(
         isinstance(block, dict) and block.get("type") == "tool_use" for block in content
     )
+
+
+class WithScriptedUpstream:
+    """Mixed into a test case (before it): a :class:`ScriptedUpstream` of the class's own,
+    ``cls.upstream``, closed after its tests."""
+
+    upstream: ScriptedUpstream
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.upstream = ScriptedUpstream()
+        super().setUpClass()  # type: ignore[misc]
+        cls.addClassCleanup(cls.upstream.close)  # type: ignore[attr-defined]

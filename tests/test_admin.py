@@ -523,8 +523,9 @@ class TestModelAliasForm:
             "enabled": "on", "listed": "on", "owned_by": "chatparity", "input_price": "0",
             "output_price": "0",
         }  # fmt: skip
-        for name in ("default_params", "fallbacks", "forwarded_params"):
-            data[name] = json.dumps(fields.pop(name, {} if name == "default_params" else []))
+        for name in ("default_params", "fallbacks", "forwarded_params", "response_cache"):
+            empty = {} if name in ("default_params", "response_cache") else []
+            data[name] = json.dumps(fields.pop(name, empty))
         data.update(fields)
         return client.post(reverse("admin:chatparity_modelalias_add"), data)
 

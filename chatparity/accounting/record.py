@@ -70,6 +70,14 @@ class UsageRecord:
     """The request's headers by lower-case name (a trace's ``traceparent``)."""
     omitted_tools: list[str] = field(default_factory=list)
     """The types of the hosted tools the serving alias left out (/v1/responses)."""
+    cache: str = ""
+    """What the response cache did (a :class:`~chatparity.models.CacheState`; "": its
+    alias has none), ``cache_note`` why it was passed by or not written, and a semantic
+    hit's ``cache_similarity``."""
+    cache_note: str = ""
+    cache_similarity: float | None = None
+    saved: Usage | None = None
+    """The usage of what the response cache answered: spent earlier, not now."""
 
     def __post_init__(self) -> None:
         if not self.key_prefix and self.api_key is not None:
@@ -128,6 +136,12 @@ class UsageRecord:
             duration_ms=(now - self.started) * 1000,
             cost=self.model_alias.cost_of(usage.prompt_tokens, usage.completion_tokens)
             if self.model_alias
+            else 0,
+            cache=self.cache,
+            cache_note=self.cache_note,
+            cache_similarity=self.cache_similarity,
+            cost_saved=self.model_alias.cost_of(saved.prompt_tokens, saved.completion_tokens)
+            if self.model_alias and (saved := self.saved)
             else 0,
             output_tokens_per_second=usage.completion_tokens / generating
             if generating > 0

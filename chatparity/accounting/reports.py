@@ -41,6 +41,7 @@ _COLUMNS: dict[Dimension, str] = {
 USAGE_MEASURES = (
     "requests", "errors", "cancelled", "prompt_tokens", "completion_tokens", "total_tokens",
 )  # fmt: skip
+CACHE_MEASURES = ("cache_hits", "cache_misses", "cost_saved")
 
 
 @dataclass(frozen=True)
@@ -149,11 +150,27 @@ def usage_by_day_and_alias(
     rows = LogFilter(since=since, until=until, key_prefix=key_prefix).rollups(["key", "alias"])
     if owner_id is not None:
         rows = rows.filter(owner_id=owner_id)
-    measures = (*USAGE_MEASURES, "cost")
+    measures = (*USAGE_MEASURES, "cost", *CACHE_MEASURES)
     groups = sums(rows, ["day", "alias"], measures)
     for group in groups:
         group["cost"] = Decimal(group["cost"])
+        group["cost_saved"] = Decimal(group["cost_saved"])
     return groups
+
+
+def cache_by_alias(log_filter: LogFilter) -> list[dict[str, Any]]:
+    """Per alias whose response cache was looked up: its hits, misses, the percentage of
+    lookups it answered (``hit_percent``) and the cost it saved (USD, a Decimal)."""
+    groups = sums(log_filter.rollups(["alias"]), ["alias"], CACHE_MEASURES)
+    return [
+        {
+            **group,
+            "cost_saved": Decimal(group["cost_saved"]),
+            "hit_percent": group["cache_hits"] / lookups * 100,
+        }
+        for group in groups
+        if (lookups := group["cache_hits"] + group["cache_misses"])
+    ]
 
 
 def percentile(counts: Sequence[int], fraction: float) -> float | None:

@@ -9,7 +9,10 @@ from ..accounting import reports
 from ..models import RequestLog
 
 # What the usage page sums.
-MEASURES = ("requests", "prompt_tokens", "completion_tokens", "total_tokens", "cost")
+MEASURES = (
+    "requests", "prompt_tokens", "completion_tokens", "total_tokens", "cost", "cache_hits",
+    "cache_misses", "cost_saved",
+)  # fmt: skip
 # The columns of a request the portal shows: never a body.
 REQUEST_COLUMNS = (
     "created_at", "key_prefix", "api_key__name", "alias", "endpoint", "status_code", "error_type",

@@ -18,19 +18,13 @@ from chatparity.backends.embedder import MODEL_PACKAGE
 from chatparity.models import ApiKey, Backend, Endpoint, ModelAlias, RequestLog
 from chatparity.protocol.embeddings import floats
 from tests.asgi import FastPathTestCase
-from tests.scripted import SCRIPTED, ScriptedUpstream, scripted_vector
+from tests.scripted import SCRIPTED, WithScriptedUpstream, scripted_vector
 
 SETTINGS = {**SCRIPTED, "FIRST_BYTE_TIMEOUT": 5}
 
 
 @override_settings(CHATPARITY=SETTINGS)
-class EmbeddingsTestCase(FastPathTestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.upstream = ScriptedUpstream()
-        super().setUpClass()
-        cls.addClassCleanup(cls.upstream.close)
-
+class EmbeddingsTestCase(WithScriptedUpstream, FastPathTestCase):
     @classmethod
     def setUpTestData(cls):
         super().setUpTestData()
