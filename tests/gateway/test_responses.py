@@ -24,7 +24,7 @@ from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
 from chatparity.transport.fastpath import FastPath
 from tests.asgi import FastPathTestCase, http_scope, reply_body
-from tests.scripted import ScriptedUpstream
+from tests.scripted import WithScriptedUpstream
 from tests.support import routed
 from tests.support.waiting import until
 from tests.support.wire import TWO_DELTAS
@@ -523,14 +523,10 @@ AGENTS = {
 WEB_SEARCH = {"type": "web_search", "external_web_access": False}
 
 
-class ToolsTests(ResponsesTestCase):
+class ToolsTests(WithScriptedUpstream, ResponsesTestCase):
     """Namespaces served on every backend, hosted tools as the alias's policy says."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.upstream = ScriptedUpstream({"chatting": ["Hello"], "messaging": ["Hello"]})
-        cls.addClassCleanup(cls.upstream.close)
-        super().setUpClass()
+    upstream_scripts = {"chatting": ["Hello"], "messaging": ["Hello"]}
 
     @classmethod
     def setUpTestData(cls):
