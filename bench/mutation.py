@@ -103,7 +103,7 @@ TARGETS: dict[str, tuple[str, ...]] = {
         "tests/gateway/test_pipeline.py",
     ),
     # A request's row: its usage settled, its columns as the transports and the gateway
-    # fill them.
+    # fill them, what the response cache saved.
     "chatparity/accounting/record.py": (
         "tests/accounting/test_record.py",
         "tests/accounting/test_settlement.py",
@@ -111,6 +111,8 @@ TARGETS: dict[str, tuple[str, ...]] = {
         "tests/transport/test_fastpath.py",
         "tests/transport/test_views.py",
         "tests/gateway/test_pipeline.py",
+        "tests/gateway/test_cache.py::AnsweredFromTheCache",
+        "tests/gateway/test_cache.py::Embeddings",
     ),
     "chatparity/accounting/settlement.py": ("tests/accounting/test_settlement.py",),
     "chatparity/accounting/spool.py": (
