@@ -496,7 +496,6 @@ def _restore(llama: Llama, saved: SavedPrompt) -> bool:
     return True
 
 
-
 class _ChoiceRunner:
     """Runs one choice: free text, or a tool call in two grammar-guided phases."""
 
