@@ -356,9 +356,11 @@ class WithScriptedUpstream:
     ``cls.upstream``, closed after its tests."""
 
     upstream: ScriptedUpstream
+    upstream_scripts: dict[str, list[Turn]] = {}
+    """Its models' scripts (:class:`ScriptedUpstream`)."""
 
     @classmethod
     def setUpClass(cls) -> None:
-        cls.upstream = ScriptedUpstream()
+        cls.upstream = ScriptedUpstream(cls.upstream_scripts)
         super().setUpClass()  # type: ignore[misc]
         cls.addClassCleanup(cls.upstream.close)  # type: ignore[attr-defined]

@@ -66,6 +66,19 @@ class LimitTestCase(TestCase):
     async def limit(self, **fields):
         await save(self.key, **fields)
 
+    async def admit(self):
+        """Admit, as the gateway would, ``Hi`` with ``max_tokens`` 1: HI + 1 tokens."""
+        key = await ApiKey.objects.aget(pk=self.key.pk)
+        messages = [{"role": "user", "content": "Hi"}]
+        chat = parse_chat_request({"model": "echo", "messages": messages, "max_tokens": 1})
+        estimate = limits.Estimate.of(chat, self.alias, prompt_bound(chat))
+        return await limits.admit(key, self.alias, estimate)
+
+    async def standing(self):
+        """What the key has used of each of its limits, by name."""
+        key = await ApiKey.objects.aget(pk=self.key.pk)
+        return {name: used for name, used, _ in await limits.standing(key)}
+
     def ask(self, model="echo", **body):
         messages = [{"role": "user", "content": "Hi"}]
         return self.async_client.post(
@@ -538,10 +551,6 @@ class AdmissionRaceTests(LimitTestCase):
         assert refusals == {429}
         return used, peak
 
-    async def standing(self):
-        key = await ApiKey.objects.aget(pk=self.key.pk)
-        return {name: used for name, used, _ in await limits.standing(key)}
-
     async def test_requests_per_minute_is_exact(self):
         await self.limit(requests_per_minute=50)
         used, _ = await self.race()
@@ -676,13 +685,6 @@ def test_a_killed_workers_slot_is_free_within_its_lease(redis_url):
 class LeaseTests(LimitTestCase):
     """A request's slot is renewed while it lives, and given back when it ends."""
 
-    async def admit(self):
-        key = await ApiKey.objects.aget(pk=self.key.pk)
-        messages = [{"role": "user", "content": "Hi"}]
-        chat = parse_chat_request({"model": "echo", "messages": messages, "max_tokens": 1})
-        estimate = limits.Estimate.of(chat, self.alias, prompt_bound(chat))
-        return await limits.admit(key, self.alias, estimate)
-
     async def test_a_live_request_keeps_its_slot_past_its_first_lease(self):
         await self.limit(max_concurrent=1)
         with (
@@ -698,6 +700,30 @@ class LeaseTests(LimitTestCase):
 
 
 class RedisLeaseTests(OnRedis, LeaseTests):
+    pass
+
+
+class SettleOnceTests(LimitTestCase):
+    """An admission settles once: the ledger guards its own settlement, and the
+    admission's promise holds for any other caller too."""
+
+    async def test_settling_twice_corrects_the_tokens_once_and_frees_only_its_own_slot(self):
+        await clear_of_a_new_minute()
+        await self.limit(tokens_per_minute=1000, max_concurrent=1)
+        first = await self.admit()  # HI + 1 tokens reserved
+        await first.settle(1, 1)  # 2 used
+        second = await self.admit()  # the slot the first gave back
+        await first.settle(1, 1)
+        assert await self.standing() == {"tokens this minute": 2 + HI + 1, "requests in flight": 1}
+        with pytest.raises(APIError) as refused:  # the second still holds the key's one slot
+            await self.admit()
+        assert "in flight" in refused.value.message
+        await second.settle(1, 1)
+        await second.settle(1, 1)
+        assert await self.standing() == {"tokens this minute": 4, "requests in flight": 0}
+
+
+class RedisSettleOnceTests(OnRedis, SettleOnceTests):
     pass
 
 

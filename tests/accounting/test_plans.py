@@ -4,11 +4,14 @@ key's budget: never passed under concurrency, on the cache or on Redis, in one p
 or several."""
 
 import asyncio
+import contextlib
 import datetime
 import json
 import random
 import time
 from decimal import Decimal
+from types import SimpleNamespace
+from unittest import mock
 
 import orjson
 import pytest
@@ -189,6 +192,58 @@ class OwnerBudgetTests(PlanTestCase):
 
 
 class RedisOwnerBudgetTests(OnRedis, OwnerBudgetTests):
+    pass
+
+
+MID_MONTH = datetime.datetime(2031, 5, 15, 12, tzinfo=datetime.UTC)
+
+
+@contextlib.contextmanager
+def budgets_reckoned_at(moment):
+    """Budget periods as they stand at ``moment``: whatever today's date, the day
+    before is in the same month."""
+
+    class Clock(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return moment.astimezone(tz)
+
+    clock = SimpleNamespace(datetime=Clock, timedelta=datetime.timedelta, UTC=datetime.UTC)
+    with mock.patch.object(limits, "datetime", clock):
+        yield
+
+
+class OwnerBudgetPeriodTests(PlanTestCase):
+    """The owners' budgets have a period of their own, apart from the budget of each key
+    made under the plan: a daily allowance per user beside monthly keys, or the reverse."""
+
+    async def spent_yesterday(self, tokens):
+        yesterday = MID_MONTH - datetime.timedelta(days=1)
+        await sync_to_async(logged)(at=yesterday, api_key=self.server, total_tokens=tokens)
+
+    async def test_a_daily_owner_allowance_starts_afresh_each_day(self):
+        await self.set_plan(owner_token_budget=100, owner_budget_period="day",
+                            budget_period="month")  # fmt: skip
+        await self.spent_yesterday(98)
+        with budgets_reckoned_at(MID_MONTH):
+            assert (await self.ask(self.laptop_plaintext)).status_code == 200
+            plan = await Plan.objects.aget(pk=self.plan.pk)
+            standing = await limits.owner_standing(self.alice.pk, plan)
+        assert standing == [("tokens this day (all your keys)", 3, 100)]
+
+    async def test_a_monthly_owner_cap_does_not_start_afresh_each_day(self):
+        await self.set_plan(owner_token_budget=100, owner_budget_period="month",
+                            budget_period="day")  # fmt: skip
+        await self.spent_yesterday(98)
+        with budgets_reckoned_at(MID_MONTH):
+            refused = await self.ask(self.laptop_plaintext)
+        assert refused.status_code == 429
+        error = refused.json()["error"]
+        assert error["code"] == "insufficient_quota"
+        assert "Budget: tokens this month (all your keys), limit 100, used 98" in error["message"]
+
+
+class RedisOwnerBudgetPeriodTests(OnRedis, OwnerBudgetPeriodTests):
     pass
 
 

@@ -211,6 +211,17 @@ class UpstreamTests(EmbeddingsTestCase):
         assert self.upstream.requests[-1]["model"] == "text-embedding"
         assert answer["model"] == "up-embed"
 
+    async def test_user_goes_upstream_only_when_the_alias_forwards_it(self):
+        status, _, answer = await self.embed(model="up-embed", input="a", user="u-1")
+        assert status == 200, answer
+        assert "user" not in self.upstream.requests[-1]
+        alias = await ModelAlias.objects.aget(public_id="up-embed")
+        alias.forwarded_params = ["user"]
+        await alias.asave(update_fields=["forwarded_params"])  # as the admin saves it
+        status, _, answer = await self.embed(model="up-embed", input="a", user="u-1")
+        assert status == 200, answer
+        assert self.upstream.requests[-1]["user"] == "u-1"
+
     async def test_a_malformed_upstream_falls_back_to_the_embedded_model(self):
         status, _, answer = await self.embed(model="up-failing", input="hello")
         assert status == 200, answer

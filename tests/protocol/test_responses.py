@@ -270,6 +270,29 @@ def test_a_flat_name_too_long_is_shortened_and_stays_apart_from_its_neighbours()
     assert names.called(close) == {"name": "close", "namespace": "n" * 60}
 
 
+def test_two_namespaces_whose_joined_names_collide_get_two_flat_names():
+    # a + b__c and a__b + c both join to a__b__c: each call must reach its own function.
+    first = {**AGENTS, "name": "a", "tools": [{**WEATHER, "name": "b__c"}]}
+    second = {**AGENTS, "name": "a__b", "tools": [{**WEATHER, "name": "c"}]}
+    request = parse(input="Hi", tools=[first, second])
+    offered = [tool.name for tool in as_chat_request(request, [], NO_LIMITS).tools]
+    assert len(set(offered)) == 2
+    names = request.names
+    assert offered == [names.flat_name("a", "b__c"), names.flat_name("a__b", "c")]
+    assert names.called(offered[0]) == {"name": "b__c", "namespace": "a"}
+    assert names.called(offered[1]) == {"name": "c", "namespace": "a__b"}
+
+
+@pytest.mark.parametrize(("length", "kept"), [(64, True), (65, False)])
+def test_a_joined_name_is_kept_up_to_the_longest_function_name(length, kept):
+    namespace = "n" * (length - len("__close"))
+    names = parse(input="Hi", tools=[{**AGENTS, "name": namespace}]).names
+    flat = names.flat_name(namespace, "close")
+    assert (flat == f"{namespace}__close") is kept
+    assert len(flat) <= 64
+    assert names.called(flat) == {"name": "close", "namespace": namespace}
+
+
 def test_the_same_tools_give_the_same_flat_names_on_every_turn():
     tools = [{**WEATHER, "name": "agents__spawn"}, AGENTS, {**AGENTS, "name": "more"}]
     assert parse(input="Hi", tools=tools).names == parse(input="Again", tools=tools).names
