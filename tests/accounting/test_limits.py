@@ -711,15 +711,15 @@ class SettleOnceTests(LimitTestCase):
         await clear_of_a_new_minute()
         await self.limit(tokens_per_minute=1000, max_concurrent=1)
         first = await self.admit()  # HI + 1 tokens reserved
-        await first.settle(1, 1)  # 2 used
+        await first.settle(Usage(1, 1))  # 2 used
         second = await self.admit()  # the slot the first gave back
-        await first.settle(1, 1)
+        await first.settle(Usage(1, 1))
         assert await self.standing() == {"tokens this minute": 2 + HI + 1, "requests in flight": 1}
         with pytest.raises(APIError) as refused:  # the second still holds the key's one slot
             await self.admit()
         assert "in flight" in refused.value.message
-        await second.settle(1, 1)
-        await second.settle(1, 1)
+        await second.settle(Usage(1, 1))
+        await second.settle(Usage(1, 1))
         assert await self.standing() == {"tokens this minute": 4, "requests in flight": 0}
 
 

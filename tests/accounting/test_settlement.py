@@ -327,7 +327,7 @@ class TestSettledUsage:
 
     def test_a_reported_usage_is_what_is_charged(self):
         reported = Usage(120, 7)
-        assert settled_usage(900, [None, 80], reported, 3, answered=True) == reported
+        assert settled_usage(900, [None, Usage(80, 1)], reported, 3, answered=True) == reported
 
     def test_a_request_left_midway_is_charged_each_calls_prompt(self):
         usage = settled_usage(900, [None, None, None], None, 5, answered=True)
