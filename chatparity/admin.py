@@ -30,7 +30,7 @@ from django.utils.safestring import SafeString
 from django.utils.text import capfirst
 from django.utils.translation import gettext
 
-from .accounting import limits
+from .accounting import catalog, limits
 from .accounting.rollups import FAILED
 from .gateway import probe
 from .kinds import kinds
@@ -309,7 +309,7 @@ class ModelAliasAdmin(admin.ModelAdmin):
     list_filter = ["backend", "enabled", "listed"]
     search_fields = ["public_id", "model", "description"]
     list_select_related = ["backend"]
-    actions = ["try_it", "purge_response_cache"]
+    actions = ["try_it", "purge_response_cache", "fill_prices"]
 
     @admin.action(description="Purge their response cache", permissions=["change"])
     def purge_response_cache(self, request: HttpRequest, queryset: QuerySet[ModelAlias]) -> None:
@@ -355,6 +355,35 @@ class ModelAliasAdmin(admin.ModelAdmin):
         }
         return TemplateResponse(request, "admin/chatparity/modelalias/try_it.html", context)
 
+    @admin.action(description="Fill prices from the genai-prices catalog", permissions=["change"])
+    def fill_prices(self, request: HttpRequest, queryset: QuerySet[ModelAlias]) -> None:
+        """Each selected alias's prices set to the catalog's for its upstream model, a price
+        the catalog has none of blank (the provider's ratio); an alias it does not know is
+        left as it is."""
+        for alias in queryset.select_related("backend").order_by("public_id"):
+            try:
+                found = catalog.fill(alias)
+            except catalog.CatalogMissing as missing:
+                self.message_user(request, str(missing), messages.ERROR)
+                return
+            if found is None:
+                shown = alias.model or alias.public_id
+                self.message_user(
+                    request,
+                    f"{alias.public_id}: the catalog does not know {shown!r}; prices unchanged.",
+                    messages.WARNING,
+                )
+                continue
+            alias.save(update_fields=list(catalog.PRICE_FIELDS))
+            filled = f"Prices from genai-prices {catalog.version()} ({found.name})."
+            self.log_change(request, alias, filled)
+            tiers = " Its prices rise past a prompt length: the alias keeps the base ones."
+            self.message_user(
+                request,
+                f"{alias.public_id}: {filled}{tiers if found.tiered else ''}",
+                messages.WARNING if found.tiered else messages.SUCCESS,
+            )
+
 
 # A spreadsheet takes a cell starting with one of these for a formula (OWASP's list).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
@@ -373,7 +402,8 @@ CSV_COLUMNS = [
     "upstream_model", "stream", "n", "status_code", "error_type", "error_code", "cancelled",
     "finish_reasons", "prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens",
     "reasoning_tokens", "usage_counted", "time_to_first_token_ms", "duration_ms",
-    "output_tokens_per_second", "client_ip", "user_agent",
+    "output_tokens_per_second", "client_ip", "user_agent", "cache_write_5m_tokens",
+    "cache_write_1h_tokens", "cost",
 ]  # fmt: skip
 
 

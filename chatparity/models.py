@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from decimal import Decimal
+from functools import cached_property
 from typing import Any, cast
 
 from django.conf import settings
@@ -16,9 +18,10 @@ from django.utils import timezone
 
 from .conf import app_settings
 from .encryption import EncryptedTextField
-from .kinds import config_errors
+from .kinds import config_errors, price_provider
 from .protocol.caching import parse_cache_options
 from .protocol.errors import APIError
+from .protocol.events import Usage
 from .protocol.request import parse_chat_request
 from .protocol.upstream import check_forwarded_params
 
@@ -30,6 +33,12 @@ class BudgetPeriod(models.TextChoices):
 
 def _limit(help_text: str) -> models.PositiveIntegerField[int | None, int | None]:
     return models.PositiveIntegerField(null=True, blank=True, help_text=help_text)
+
+
+def _price(help_text: str) -> models.DecimalField[Decimal | None, Decimal | None]:
+    return models.DecimalField(
+        max_digits=12, decimal_places=6, null=True, blank=True, help_text=help_text
+    )
 
 
 def _response_cache(whose: str) -> models.BooleanField[bool, bool]:
@@ -50,6 +59,79 @@ def refused(errors: dict[str, str]) -> ValidationError:
 
 
 MILLION = Decimal(1_000_000)  # prices are per million tokens
+COST_PRECISION = Decimal("1e-8")
+"""A cost's precision in the log and its rollups (USD): a row's cost is rounded to it."""
+
+
+@dataclass(frozen=True)
+class Prices:
+    """An alias's prices in USD per million tokens, blanks filled in: what a request
+    through it costs (:meth:`cost_of`)."""
+
+    input: Decimal
+    output: Decimal
+    cached_input: Decimal
+    cache_write_5m: Decimal
+    cache_write_1h: Decimal
+
+    def cost_of(self, usage: Usage) -> Decimal:
+        """USD for ``usage``, by the providers' formula: the prompt tokens neither read
+        from nor written to the cache at the input price, reads at the cached input
+        price, writes at their lifetime's price, and the completion (reasoning tokens
+        are part of it, as OpenAI and Anthropic count them) at the output price."""
+        # Cache tokens past the prompt (an upstream's numbers gone wrong) are priced as
+        # they are, never as a credit on the rest.
+        uncached = max(usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens, 0)
+        return (
+            uncached * self.input
+            + usage.cached_tokens * self.cached_input
+            + usage.cache_write_5m_tokens * self.cache_write_5m
+            + usage.cache_write_1h_tokens * self.cache_write_1h
+            + usage.completion_tokens * self.output
+        ) / MILLION
+
+    def dearest(self, prompt_tokens: int, completion_tokens: int) -> Usage:
+        """The usage of this many tokens that costs the most: every prompt token of the
+        dearest kind of input (a cache write, at the usual prices). What a request can
+        be charged at most, whatever its upstream reports of its cache."""
+        kinds = {
+            "cache_write_1h_tokens": self.cache_write_1h,
+            "cache_write_5m_tokens": self.cache_write_5m,
+            "cached_tokens": self.cached_input,
+        }
+        kind = max(kinds, key=kinds.__getitem__)
+        if kinds[kind] <= self.input:
+            return Usage(prompt_tokens, completion_tokens)
+        dearest: dict[str, Any] = {kind: prompt_tokens}
+        return Usage(prompt_tokens, completion_tokens, **dearest)
+
+    @cached_property
+    def journalled(self) -> tuple[str, ...]:
+        """These prices as a journal keeps them (:meth:`from_journal` reads them back):
+        once per alias, not per request."""
+        return tuple(map(str, (self.input, self.output, self.cached_input,
+                               self.cache_write_5m, self.cache_write_1h)))  # fmt: skip
+
+    @classmethod
+    def from_journal(cls, prices: Sequence[str]) -> Prices:
+        """The prices :meth:`journalled` wrote; an older journal's two (input, output)
+        price every input token at the input price."""
+        if len(prices) == 2:
+            prices = [prices[0], prices[1], prices[0], prices[0], prices[0]]
+        return cls(*map(Decimal, prices))
+
+
+# What a blank cache price is, by the provider whose rules the alias's backend bills by
+# (kinds.price_provider): a multiple of the input price (cached input, 5-minute write,
+# 1-hour write). Anthropic publishes these multipliers for every model; OpenAI's cached
+# input is half the input price at most (gpt-4o, o1; a quarter for gpt-4.1, o3, o4-mini; a
+# tenth for gpt-5), and it bills no premium for writing it; a backend of no provider's
+# (the local model, a program) prices every input token alike.
+CACHE_PRICE_RATIOS: dict[str | None, tuple[Decimal, Decimal, Decimal]] = {
+    "anthropic": (Decimal("0.1"), Decimal("1.25"), Decimal(2)),
+    "openai": (Decimal("0.5"), Decimal(1), Decimal(1)),
+    None: (Decimal(1), Decimal(1), Decimal(1)),
+}
 
 
 def hash_key(plaintext: str) -> str:
@@ -278,6 +360,18 @@ class ModelAlias(models.Model):
     output_price = models.DecimalField(
         max_digits=12, decimal_places=6, default=0, help_text="USD per million completion tokens."
     )
+    cached_input_price = _price(
+        "USD per million prompt tokens read from the provider's prompt cache. Blank: the"
+        " provider's ratio to the input price (Anthropic 0.1, OpenAI 0.5 at most)."
+    )
+    cache_write_5m_price = _price(
+        "USD per million prompt tokens written to the provider's prompt cache for 5 minutes."
+        " Blank: the provider's ratio to the input price (Anthropic 1.25, OpenAI 1)."
+    )
+    cache_write_1h_price = _price(
+        "USD per million prompt tokens written to the provider's prompt cache for an hour."
+        " Blank: the provider's ratio to the input price (Anthropic 2, OpenAI 1)."
+    )
     response_cache = models.JSONField(
         default=dict,
         blank=True,
@@ -302,9 +396,34 @@ class ModelAlias(models.Model):
     def __str__(self) -> str:
         return self.public_id
 
-    def cost_of(self, prompt_tokens: int, completion_tokens: int) -> Decimal:
-        """USD for these tokens at this alias's prices (per million tokens)."""
-        return (prompt_tokens * self.input_price + completion_tokens * self.output_price) / MILLION
+    @cached_property
+    def provider(self) -> str | None:
+        """The provider whose prices its backend's upstream bills by
+        (:func:`~chatparity.kinds.price_provider`): None for the local model, a program,
+        or an alias without a backend."""
+        if self.backend_id is None:
+            return None
+        return price_provider(self.backend.kind, self.backend.options)
+
+    @cached_property
+    def prices(self) -> Prices:
+        """Its prices, a blank cache price the provider's ratio to the input price
+        (:data:`CACHE_PRICE_RATIOS`)."""
+        ratios = CACHE_PRICE_RATIOS.get(self.provider, CACHE_PRICE_RATIOS[None])
+        given = (self.cached_input_price, self.cache_write_5m_price, self.cache_write_1h_price)
+        input_price = Decimal(self.input_price)
+        return Prices(
+            input_price,
+            Decimal(self.output_price),
+            *(
+                input_price * ratio if price is None else Decimal(price)
+                for price, ratio in zip(given, ratios, strict=True)
+            ),
+        )
+
+    def cost_of(self, usage: Usage) -> Decimal:
+        """USD for ``usage`` at this alias's prices (:meth:`Prices.cost_of`)."""
+        return self.prices.cost_of(usage)
 
     def clean(self) -> None:
         """Default parameters a request could carry, fallbacks naming other aliases,
@@ -549,8 +668,16 @@ class RequestLog(models.Model):
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     total_tokens = models.PositiveIntegerField(default=0)
-    cached_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(
+        default=0, help_text="Prompt tokens read from the provider's prompt cache."
+    )
     reasoning_tokens = models.PositiveIntegerField(default=0)
+    cache_write_5m_tokens = models.PositiveIntegerField(
+        default=0, help_text="Prompt tokens written to the provider's prompt cache for 5 minutes."
+    )
+    cache_write_1h_tokens = models.PositiveIntegerField(
+        default=0, help_text="Prompt tokens written to the provider's prompt cache for an hour."
+    )
     omitted_tools = models.JSONField(
         default=list,
         blank=True,
@@ -566,7 +693,10 @@ class RequestLog(models.Model):
     duration_ms = models.FloatField()
     output_tokens_per_second = models.FloatField(null=True, blank=True)
     cost = models.DecimalField(
-        max_digits=14, decimal_places=8, default=0, help_text="USD, from the alias's prices."
+        max_digits=14,
+        decimal_places=8,  # COST_PRECISION
+        default=0,
+        help_text="USD, from the alias's prices.",
     )
     cache = models.CharField(max_length=8, choices=CacheState.choices, blank=True)
     cache_note = models.CharField(
@@ -688,6 +818,8 @@ class UsageTotals(models.Model):
     total_tokens = _count()
     cached_tokens = _count()
     reasoning_tokens = _count()
+    cache_write_5m_tokens = _count()
+    cache_write_1h_tokens = _count()
     cost = models.DecimalField(max_digits=20, decimal_places=8, default=0, help_text="USD.")
     cache_hits = _count("Answered from the response cache alone.")
     cache_misses = _count("Looked up in the response cache and not found (in part, or at all).")

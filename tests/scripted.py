@@ -34,7 +34,9 @@ class ScriptedBackend:
     """``options["script"]``: a list of text pieces, ``"<fail>"``, ``"<error>"``,
     ``"<hang>"``, function calls (``{"call": name, "arguments": json_text}``) or
     ``"<call every tool>"`` (a call of each function offered, in order, with ``{}``).
-    Each step is a completion token: a request's token limit cuts the script there."""
+    Each step is a completion token: a request's token limit cuts the script there.
+    Its usage: a prompt token, else ``options["usage"]`` (a prompt's tokens, cache reads
+    and writes as :class:`Usage` names them)."""
 
     system_fingerprint = "fp_scripted"
     hanging = 0
@@ -45,6 +47,11 @@ class ScriptedBackend:
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
 
+    @staticmethod
+    def price_provider(options: dict[str, Any]) -> str | None:
+        """``options["provider"]``: whose prices its aliases' blank cache prices follow."""
+        return options.get("provider")
+
     async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[Event]:
         ScriptedBackend.asked.append(request)
         sent = calls = 0
@@ -52,7 +59,7 @@ class ScriptedBackend:
         for step in self._steps(request):
             if sent == limit:
                 yield Finish(0, "length")
-                yield Usage(prompt_tokens=1, completion_tokens=sent)
+                yield self._usage(sent)
                 return
             if step == "<fail>":
                 raise RuntimeError("backend crashed")
@@ -73,7 +80,11 @@ class ScriptedBackend:
             else:
                 yield TextDelta(0, step)
         yield Finish(0, "tool_calls" if calls else "stop")
-        yield Usage(prompt_tokens=1, completion_tokens=sent)
+        yield self._usage(sent)
+
+    def _usage(self, sent: int) -> Usage:
+        return Usage(**{"prompt_tokens": 1, **self.config.options.get("usage", {})},
+                     completion_tokens=sent)  # fmt: skip
 
     def _steps(self, request: ChatRequest) -> list[Any]:
         every_tool = [{"call": tool.name, "arguments": "{}"} for tool in request.tools]

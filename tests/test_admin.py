@@ -5,10 +5,13 @@ import datetime
 import io
 import json
 import re
+import sys
+from decimal import Decimal
 
 import orjson
 import pytest
 from asgiref.sync import async_to_sync
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
 from django.contrib.sessions.models import Session
 from django.db import connection
@@ -18,6 +21,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from chatparity import admin as chatparity_admin
+from chatparity.accounting import catalog
 from chatparity.accounting.inserts import insert_rows
 from chatparity.admin import RequestLogAdmin
 from chatparity.kinds import kinds
@@ -508,6 +512,59 @@ class TestModelAliasAdmin:
         row = RequestLog.objects.get()
         assert (row.backend, row.completion_tokens, row.finish_reasons) == ("local", 4, ["length"])
 
+    @pytest.fixture
+    def anthropic_aliases(self, db):
+        anthropic = Backend.objects.create(name="anthropic", kind="openai",
+                                           base_url="https://api.anthropic.com/v1",
+                                           options={"wire_api": "messages"})  # fmt: skip
+        return [
+            ModelAlias.objects.create(
+                public_id=public_id, model=model, backend=anthropic, cached_input_price=9
+            )
+            for public_id, model in (("opus", "claude-opus-4-1"), ("mine", "my-finetune"))
+        ]
+
+    def test_fill_prices_sets_the_catalogs_and_says_so(self, admin_client, anthropic_aliases):
+        response = run_action(admin_client, "modelalias", "fill_prices", anthropic_aliases)
+        assert response.status_code == 302
+        opus, mine = (ModelAlias.objects.get(pk=alias.pk) for alias in anthropic_aliases)
+        assert [opus.input_price, opus.output_price, opus.cached_input_price,
+                opus.cache_write_5m_price, opus.cache_write_1h_price] == [
+            Decimal(15), Decimal(75), Decimal("1.5"), Decimal("18.75"), Decimal(30),
+        ]  # fmt: skip
+        assert (mine.input_price, mine.cached_input_price) == (0, 9)  # not in the catalog
+        version = catalog.version()
+        assert messages_of(response) == [
+            "mine: the catalog does not know 'my-finetune'; prices unchanged.",
+            f"opus: Prices from genai-prices {version} (anthropic/claude-opus-4-1).",
+        ]
+        (entry,) = LogEntry.objects.filter(object_id=str(opus.pk))
+        assert (
+            entry.get_change_message()
+            == f"Prices from genai-prices {version} (anthropic/claude-opus-4-1)."
+        )
+
+    def test_fill_prices_says_when_a_long_context_costs_more(self, admin_client, anthropic_aliases):
+        sonnet = anthropic_aliases[0]
+        ModelAlias.objects.filter(pk=sonnet.pk).update(model="claude-sonnet-4-5")
+        response = run_action(admin_client, "modelalias", "fill_prices", [sonnet])
+        (message,) = messages_of(response)
+        assert message.endswith("rise past a prompt length: the alias keeps the base ones.")
+        assert ModelAlias.objects.get(pk=sonnet.pk).cache_write_1h_price == 6
+
+    def test_fill_prices_needs_the_change_permission(self, staff_client, anthropic_aliases):
+        run_action(staff_client("view_modelalias"), "modelalias", "fill_prices", anthropic_aliases)
+        assert ModelAlias.objects.get(public_id="opus").input_price == 0
+
+    def test_fill_prices_without_the_catalog_says_how_to_install_it(
+        self, admin_client, anthropic_aliases, monkeypatch
+    ):
+        monkeypatch.setitem(sys.modules, "genai_prices", None)
+        response = run_action(admin_client, "modelalias", "fill_prices", anthropic_aliases)
+        (message,) = messages_of(response)
+        assert "pip install 'django-chatparity[prices]'" in message
+        assert ModelAlias.objects.get(public_id="opus").input_price == 0
+
 
 class TestModelAliasForm:
     """The alias form refuses what a request would refuse, on the field at fault."""
@@ -542,6 +599,12 @@ class TestModelAliasForm:
         assert self.add(admin_client, spare, **GOOD_ALIAS).status_code == 302
         saved = ModelAlias.objects.get(public_id="new")
         assert {name: getattr(saved, name) for name in GOOD_ALIAS} == GOOD_ALIAS
+
+    def test_cache_prices_left_blank_are_saved_blank_and_given_ones_kept(self, admin_client, spare):
+        assert self.add(admin_client, spare, cache_write_1h_price="7.5").status_code == 302
+        saved = ModelAlias.objects.get(public_id="new")
+        assert (saved.cached_input_price, saved.cache_write_5m_price) == (None, None)
+        assert saved.cache_write_1h_price == Decimal("7.5")
 
 
 def exported(response) -> list[dict[str, str]]:
@@ -729,6 +792,15 @@ class TestRequestLogAdmin:
             ("responses", "b", "404", ""),
         ]
         assert table[3]["total_tokens"] == "7"
+
+    def test_csv_export_has_the_cache_reads_writes_and_cost_of_each_row(self, admin_client, db):
+        row = logged(prompt_tokens=1000, cached_tokens=600, cache_write_5m_tokens=100,
+                     cache_write_1h_tokens=200, cost=Decimal("0.00412345"))  # fmt: skip
+        (exported_row,) = exported(run_action(admin_client, "requestlog", "export_csv", [row]))
+        assert [exported_row[name] for name in ("prompt_tokens", "cached_tokens",
+                "cache_write_5m_tokens", "cache_write_1h_tokens", "cost")] == [
+            "1000", "600", "100", "200", "0.00412345",
+        ]  # fmt: skip
 
     @pytest.mark.parametrize("endpoint", ["messages", "embeddings"])
     def test_messages_and_embeddings_rows_are_filtered_and_exported_by_their_endpoint(

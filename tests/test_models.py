@@ -3,6 +3,7 @@ admin and the management API run), each error on the field at fault; a key is fo
 alias or for those selected, never both."""
 
 import datetime
+from decimal import Decimal
 from unittest import mock
 
 import pytest
@@ -12,7 +13,8 @@ from django.db import transaction
 
 from chatparity.backends import config_errors
 from chatparity.conf import DEFAULTS
-from chatparity.models import ApiKey, Backend, ModelAlias
+from chatparity.models import ApiKey, Backend, ModelAlias, Prices
+from chatparity.protocol.events import Usage
 from tests.configs import BAD_ALIASES, BAD_BACKENDS, GOOD_ALIAS, GOOD_BACKENDS
 from tests.scripted import SCRIPTED
 
@@ -158,6 +160,140 @@ class TestApiKeyScope:
         key.all_aliases = False
         key.save()
         assert not key.allowed_aliases.exists()  # limited anew: to none, not to spare
+
+
+def priced_alias(wire_api=None, kind="openai", **prices) -> ModelAlias:
+    """An alias of a backend of ``kind`` speaking ``wire_api`` (unsaved), at ``prices``."""
+    options = {} if wire_api is None else {"wire_api": wire_api}
+    serving = Backend(name="priced", kind=kind, base_url="https://upstream.test/v1",
+                      options=options)  # fmt: skip
+    serving.pk = 1
+    return ModelAlias(public_id="priced", backend=serving, **prices)
+
+
+# Anthropic's prices of claude-sonnet-4-5, OpenAI's of gpt-4o-mini and gpt-5 (USD per
+# million tokens), as published and in genai-prices' catalog.
+SONNET = {"input_price": Decimal(3), "output_price": Decimal(15)}
+GPT_4O_MINI = {"input_price": Decimal("0.15"), "output_price": Decimal("0.6")}
+GPT_5 = {"input_price": Decimal("1.25"), "output_price": Decimal(10),
+         "cached_input_price": Decimal("0.125")}  # fmt: skip
+USD = Decimal("1e-8")
+
+
+class TestCost:
+    """``ModelAlias.cost_of``: the provider's formula, to 1e-8 USD, worked examples."""
+
+    def test_anthropic_every_kind_of_input_token_at_its_own_price(self):
+        # What Anthropic reports: input_tokens 345, cache_read_input_tokens 10,000,
+        # cache_creation 5m 1,500 and 1h 500, output_tokens 678 (thinking among them).
+        usage = Usage(12_345, 678, cached_tokens=10_000, reasoning_tokens=200,
+                      cache_write_5m_tokens=1_500, cache_write_1h_tokens=500)  # fmt: skip
+        cost = priced_alias("messages", **SONNET).cost_of(usage)
+        # 345 x $3 + 10,000 x $0.30 + 1,500 x $3.75 + 500 x $6 + 678 x $15, per million
+        assert cost.quantize(USD) == Decimal("0.02283000")
+        assert cost == (345 * 3 + 10_000 * Decimal("0.3") + 1_500 * Decimal("3.75")
+                        + 500 * 6 + 678 * 15) / Decimal(10**6)  # fmt: skip
+
+    @pytest.mark.parametrize(
+        ("kind", "per_million"),
+        [("cached_tokens", "0.3"), ("cache_write_5m_tokens", "3.75"),
+         ("cache_write_1h_tokens", "6")],
+    )  # fmt: skip
+    def test_anthropic_reads_and_each_lifetime_of_write_apart(self, kind, per_million):
+        usage = Usage(1_000_000, 0, **{kind: 1_000_000})
+        assert priced_alias("messages", **SONNET).cost_of(usage) == Decimal(per_million)
+
+    def test_openai_cached_input_at_half_the_input_price_when_blank(self):
+        # gpt-4o-mini: prompt_tokens 12,345 with prompt_tokens_details.cached_tokens 10,240.
+        usage = Usage(12_345, 678, cached_tokens=10_240)
+        cost = priced_alias("chat", **GPT_4O_MINI).cost_of(usage)
+        # 2,105 x $0.15 + 10,240 x $0.075 + 678 x $0.60, per million
+        assert cost.quantize(USD) == Decimal("0.00149055")
+
+    def test_openai_reasoning_tokens_are_part_of_the_completion_priced_once(self):
+        # gpt-5 on the Responses API: input 2,048 (1,024 cached), output 1,500 of which
+        # 1,200 reasoning.
+        usage = Usage(2_048, 1_500, cached_tokens=1_024, reasoning_tokens=1_200)
+        cost = priced_alias("responses", **GPT_5).cost_of(usage)
+        # 1,024 x $1.25 + 1,024 x $0.125 + 1,500 x $10, per million
+        assert cost.quantize(USD) == Decimal("0.01640800")
+
+    def test_without_cache_tokens_the_cost_is_prompt_and_completion_as_before(self):
+        for alias in (priced_alias("messages", **SONNET), priced_alias("chat", **GPT_5),
+                      priced_alias(kind="local", **SONNET)):  # fmt: skip
+            usage = Usage(1_234, 567)
+            expected = (1_234 * alias.input_price + 567 * alias.output_price) / Decimal(10**6)
+            assert alias.cost_of(usage) == expected
+
+    def test_a_price_set_on_the_alias_is_used_over_the_providers_ratio(self):
+        # claude-opus-5-5 reads its cache at a twentieth of the input price, not a tenth.
+        alias = priced_alias("messages", input_price=Decimal(4), output_price=Decimal(20),
+                             cached_input_price=Decimal("0.2"))  # fmt: skip
+        assert alias.cost_of(Usage(1_000_000, 0, cached_tokens=1_000_000)) == Decimal("0.2")
+        free = priced_alias("messages", **SONNET, cache_write_1h_price=Decimal(0))
+        assert free.cost_of(Usage(1_000, 0, cache_write_1h_tokens=1_000)) == 0  # 0 is no blank
+
+    def test_cache_tokens_past_the_prompt_are_never_priced_below_themselves(self):
+        usage = Usage(100, 0, cached_tokens=1_000_000)
+        assert priced_alias("messages", **SONNET).cost_of(usage) == Decimal("0.3")
+
+
+class TestBlankCachePrices:
+    """A blank cache price is the provider's ratio to the input price, the provider being
+    whose API the alias's backend speaks."""
+
+    def ratios(self, alias):
+        prices = alias.prices
+        return tuple(
+            price / prices.input
+            for price in (prices.cached_input, prices.cache_write_5m, prices.cache_write_1h)
+        )
+
+    def test_anthropics_behind_its_messages_api(self):
+        assert self.ratios(priced_alias("messages", **SONNET)) == (
+            Decimal("0.1"), Decimal("1.25"), Decimal(2),
+        )  # fmt: skip
+
+    @pytest.mark.parametrize("wire_api", [None, "chat", "responses"])
+    def test_openais_behind_its_apis(self, wire_api):
+        assert self.ratios(priced_alias(wire_api, **SONNET)) == (Decimal("0.5"), 1, 1)
+
+    @pytest.mark.parametrize("kind", ["local", "command", "not-configured"])
+    def test_every_input_token_alike_for_a_backend_of_no_provider(self, kind):
+        assert self.ratios(priced_alias(kind=kind, **SONNET)) == (1, 1, 1)
+        assert ModelAlias(**SONNET).provider is None  # no backend at all
+
+    def test_a_sites_own_kind_names_its_provider(self, settings):
+        settings.CHATPARITY = SCRIPTED
+        alias = priced_alias(kind="scripted", **SONNET)
+        alias.backend.options = {"provider": "anthropic"}
+        assert self.ratios(alias) == (Decimal("0.1"), Decimal("1.25"), Decimal(2))
+
+
+class TestDearest:
+    """What a request can be charged at most: every prompt token of the dearest kind."""
+
+    def test_anthropic_every_prompt_token_written_for_an_hour(self):
+        prices = priced_alias("messages", **SONNET).prices
+        assert prices.dearest(1_000, 10) == Usage(1_000, 10, cache_write_1h_tokens=1_000)
+        assert prices.cost_of(prices.dearest(1_000_000, 0)) == 6
+
+    def test_openai_plain_input_when_no_cache_price_is_dearer(self):
+        prices = priced_alias("chat", **GPT_4O_MINI).prices
+        assert prices.dearest(1_000, 10) == Usage(1_000, 10)
+
+    def test_whichever_price_is_dearest(self):
+        odd = priced_alias("chat", input_price=1, output_price=1,
+                           cached_input_price=Decimal(3))  # fmt: skip
+        assert odd.prices.dearest(7, 0) == Usage(7, 0, cached_tokens=7)
+
+
+def test_prices_are_journalled_and_read_back_whole():
+    prices = priced_alias("messages", **SONNET).prices
+    assert Prices.from_journal(prices.journalled) == prices
+    # An older journal kept input and output: every input token at the input price.
+    older = Prices.from_journal(["3", "15"])
+    assert older.cost_of(Usage(1_000_000, 0, cache_write_1h_tokens=1_000_000)) == 3
 
 
 def test_the_prompt_caches_parameters_leave_the_aliases_forwarded_lists(transactional_db):

@@ -214,7 +214,7 @@ class Accounting:
             return
         usage = self.record.tokens
         try:
-            await self.admission.settle(usage.prompt_tokens, usage.completion_tokens)
+            await self.admission.settle(usage)
         except Exception:  # the counters' store: a slot it keeps expires on its own
             logger.exception(
                 "chatparity: the limits of %s were not settled", self.record.request_id

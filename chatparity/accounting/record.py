@@ -130,17 +130,17 @@ class UsageRecord:
             total_tokens=usage.total_tokens,
             cached_tokens=usage.cached_tokens,
             reasoning_tokens=usage.reasoning_tokens,
+            cache_write_5m_tokens=usage.cache_write_5m_tokens,
+            cache_write_1h_tokens=usage.cache_write_1h_tokens,
             usage_counted=usage.counted,
             omitted_tools=self.omitted_tools,
             time_to_first_token_ms=None if first is None else (first - self.started) * 1000,
             duration_ms=(now - self.started) * 1000,
-            cost=self.model_alias.cost_of(usage.prompt_tokens, usage.completion_tokens)
-            if self.model_alias
-            else 0,
+            cost=self.model_alias.cost_of(usage) if self.model_alias else 0,
             cache=self.cache,
             cache_note=self.cache_note,
             cache_similarity=self.cache_similarity,
-            cost_saved=self.model_alias.cost_of(saved.prompt_tokens, saved.completion_tokens)
+            cost_saved=self.model_alias.cost_of(saved)
             if self.model_alias and (saved := self.saved)
             else 0,
             output_tokens_per_second=usage.completion_tokens / generating

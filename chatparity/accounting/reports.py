@@ -15,6 +15,7 @@ from typing import Any, Literal
 from django.db.models import QuerySet, Sum
 
 from ..models import (
+    COST_PRECISION,
     DURATION_BUCKETS,
     FIRST_TOKEN_BUCKETS,
     LATENCY_BOUNDS_MS,
@@ -40,6 +41,7 @@ _COLUMNS: dict[Dimension, str] = {
 }
 USAGE_MEASURES = (
     "requests", "errors", "cancelled", "prompt_tokens", "completion_tokens", "total_tokens",
+    "cached_tokens", "cache_write_5m_tokens", "cache_write_1h_tokens", "cost",
 )  # fmt: skip
 CACHE_MEASURES = ("cache_hits", "cache_misses", "cost_saved")
 
@@ -121,11 +123,32 @@ def key_names(prefixes: set[str]) -> dict[str, str]:
     return {prefix: " / ".join(found) or prefix for prefix, found in names.items()}
 
 
+def usd(cost: Any) -> Decimal:
+    """A summed cost to the rollups' precision (1e-8 USD: SQLite sums in floating point),
+    nothing as 0 rather than 0E-8."""
+    return Decimal(cost).quantize(COST_PRECISION) if cost else Decimal(0)
+
+
+def cache_read_share(cached_tokens: int, prompt_tokens: int) -> float | None:
+    """The share of the prompt tokens read from the provider's prompt cache (None: no
+    prompt)."""
+    return cached_tokens / prompt_tokens if prompt_tokens else None
+
+
+def cache_read_percent(cached_tokens: int, prompt_tokens: int) -> float | None:
+    """:func:`cache_read_share` in percent, as pages show it."""
+    share = cache_read_share(cached_tokens, prompt_tokens)
+    return None if share is None else share * 100
+
+
 def usage(log_filter: LogFilter, dimensions: Sequence[Dimension]) -> list[dict[str, Any]]:
-    """Requests, errors, hang-ups and tokens per group of ``dimensions``, in group order;
-    no dimensions: one row of totals. A key's group also has its ``key_name``."""
+    """Requests, errors, hang-ups, tokens (cache reads and writes among the prompt's) and
+    cost (USD, a Decimal) per group of ``dimensions``, in group order; no dimensions:
+    one row of totals. A key's group also has its ``key_name``."""
     rollups = log_filter.rollups(dimensions)
     groups = sums(rollups, [_COLUMNS[dimension] for dimension in dimensions], USAGE_MEASURES)
+    for group in groups:
+        group["cost"] = usd(group["cost"])
     if "key" in dimensions:
         names = key_names({group["key_prefix"] for group in groups})
         for group in groups:
@@ -141,8 +164,9 @@ def usage_by_day_and_alias(
     key_prefix: str = "",
 ) -> list[dict[str, Any]]:
     """Per UTC day and alias from ``since`` to ``until`` (inclusive), in that order: the
-    requests, errors, tokens and cost (USD, a Decimal) of the keys ``owner_id`` owned when
-    the requests were logged, or of the key ``key_prefix``, or both at once.
+    requests, errors, tokens (cache reads and writes among them) and cost (USD, a Decimal)
+    of the keys ``owner_id`` owned when the requests were logged, or of the key
+    ``key_prefix``, or both at once.
 
     One query of the rollups (indexed by owner and by key): a user's month costs the
     same whatever their traffic, and pruned rows still count.
@@ -150,11 +174,10 @@ def usage_by_day_and_alias(
     rows = LogFilter(since=since, until=until, key_prefix=key_prefix).rollups(["key", "alias"])
     if owner_id is not None:
         rows = rows.filter(owner_id=owner_id)
-    measures = (*USAGE_MEASURES, "cost", *CACHE_MEASURES)
-    groups = sums(rows, ["day", "alias"], measures)
+    groups = sums(rows, ["day", "alias"], (*USAGE_MEASURES, *CACHE_MEASURES))
     for group in groups:
-        group["cost"] = Decimal(group["cost"])
-        group["cost_saved"] = Decimal(group["cost_saved"])
+        group["cost"] = usd(group["cost"])
+        group["cost_saved"] = usd(group["cost_saved"])
     return groups
 
 

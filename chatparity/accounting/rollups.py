@@ -45,10 +45,11 @@ CACHE_MISSES = frozenset({CacheState.MISS, CacheState.PARTIAL})
 # What a rollup sums, in the order of a tally.
 MEASURES = (
     "requests", "errors", "cancelled", "prompt_tokens", "completion_tokens", "total_tokens",
-    "cached_tokens", "reasoning_tokens", "cost", "cache_hits", "cache_misses", "cost_saved",
-    "duration_ms", "first_token_ms", "first_tokens", *DURATION_BUCKETS, *FIRST_TOKEN_BUCKETS,
+    "cached_tokens", "reasoning_tokens", "cache_write_5m_tokens", "cache_write_1h_tokens",
+    "cost", "cache_hits", "cache_misses", "cost_saved", "duration_ms", "first_token_ms",
+    "first_tokens", *DURATION_BUCKETS, *FIRST_TOKEN_BUCKETS,
 )  # fmt: skip
-TOKENS = MEASURES[3:8]
+TOKENS = MEASURES[MEASURES.index("prompt_tokens") : MEASURES.index("cost")]
 MONEY = ("cost", "cost_saved")
 # What a key's daily total sums: the measures up to the cost and the cache's, no latency.
 TOTALS = MEASURES[: MEASURES.index("cost_saved") + 1]
@@ -226,6 +227,8 @@ def reconcile(day: datetime.date, *, using: str | None = None, apps: Apps = glob
     )
     models = (per_key, per_alias, per_key_total)
     rollups = [model.objects.using(database).filter(day=day) for model in models]
+    # A migration's models hold the measures of their time, not those added since.
+    held = {field.name for field in per_key._meta.get_fields()}
     with transaction.atomic(using=database):
         if connection.vendor == "postgresql":
             tables = ", ".join(connection.ops.quote_name(m._meta.db_table) for m in models)
@@ -245,7 +248,7 @@ def reconcile(day: datetime.date, *, using: str | None = None, apps: Apps = glob
                 )
                 for facts in rows.order_by()
                 .values("key_prefix", "alias", "endpoint")
-                .annotate(**_log_sums())
+                .annotate(**_log_sums(held))
             ],
             batch_size=500,
         )
@@ -253,7 +256,7 @@ def reconcile(day: datetime.date, *, using: str | None = None, apps: Apps = glob
             (per_alias, ("alias", "endpoint"), MEASURES),
             (per_key_total, ("key_prefix",), TOTALS),
         ):
-            sums = {f"sum_{name}": Sum(name) for name in measures}
+            sums = {f"sum_{name}": Sum(name) for name in measures if name in held}
             model.objects.using(database).bulk_create(
                 [
                     model(day=day, **_unprefixed(facts))
@@ -273,8 +276,9 @@ def _unprefixed(facts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _log_sums() -> dict[str, Any]:
-    """The aggregates over log rows that make one key's rollup."""
+def _log_sums(held: set[str]) -> dict[str, Any]:
+    """The aggregates over log rows that make one key's rollup, of the measures it
+    ``held``."""
     sums: dict[str, Any] = {
         "last_key": Max("api_key"),
         "last_owner": Max("api_key__owner"),
@@ -301,4 +305,8 @@ def _log_sums() -> dict[str, Any]:
             if index < len(LATENCY_BOUNDS_MS):
                 within &= Q(**{f"{field}__lte": LATENCY_BOUNDS_MS[index]})
             sums[f"sum_{column}"] = Count("pk", filter=within)
-    return sums
+    return {
+        name: aggregate
+        for name, aggregate in sums.items()
+        if not name.startswith("sum_") or name.removeprefix("sum_") in held
+    }

@@ -10,7 +10,7 @@ from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.validators import UniqueValidator
 
-from ..accounting.reports import DIMENSIONS, Dimension, LogFilter
+from ..accounting.reports import DIMENSIONS, Dimension, LogFilter, cache_read_share
 from ..kinds import kinds
 from ..models import ApiKey, Backend, Endpoint, ModelAlias, RequestLog, StoredResponse
 
@@ -106,7 +106,8 @@ class ModelAliasSerializer(serializers.ModelSerializer[ModelAlias]):
             "id", "public_id", "backend", "model", "default_params", "fallbacks", "max_n",
             "forwarded_params", "cache_breakpoints", "enabled", "listed", "owned_by",
             "context_window", "description", "requests_per_minute", "tokens_per_minute",
-            "input_price", "output_price", "response_cache", "created_at",
+            "input_price", "output_price", "cached_input_price", "cache_write_5m_price",
+            "cache_write_1h_price", "response_cache", "created_at",
         ]  # fmt: skip
         extra_kwargs = {
             "public_id": {
@@ -327,9 +328,29 @@ class UsageRowSerializer(serializers.Serializer[Any]):
     # The metaclass turns this into a field; Serializer.errors, which it shadows, stays intact.
     errors = serializers.IntegerField()  # type: ignore[assignment]
     cancelled = serializers.IntegerField()
-    prompt_tokens = serializers.IntegerField()
+    prompt_tokens = serializers.IntegerField(
+        help_text="Every input token, cache reads and writes included."
+    )
     completion_tokens = serializers.IntegerField()
     total_tokens = serializers.IntegerField()
+    cached_tokens = serializers.IntegerField(
+        help_text="Prompt tokens read from the provider's prompt cache."
+    )
+    cache_write_5m_tokens = serializers.IntegerField(
+        help_text="Prompt tokens written to the provider's prompt cache for 5 minutes."
+    )
+    cache_write_1h_tokens = serializers.IntegerField(
+        help_text="Prompt tokens written to the provider's prompt cache for an hour."
+    )
+    cache_read_share = serializers.SerializerMethodField(
+        help_text="cached_tokens / prompt_tokens; null without prompt tokens."
+    )
+    cost = serializers.DecimalField(
+        max_digits=20, decimal_places=8, help_text="USD, at the aliases' prices."
+    )
+
+    def get_cache_read_share(self, row: dict[str, Any]) -> float | None:
+        return cache_read_share(row["cached_tokens"], row["prompt_tokens"])
 
 
 class LatencyRowSerializer(serializers.Serializer[Any]):

@@ -16,7 +16,7 @@ from rest_framework.authentication import (
     TokenAuthentication,
 )
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException
+from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.filters import BaseFilterBackend, SearchFilter
 from rest_framework.pagination import BasePagination, CursorPagination, LimitOffsetPagination
 from rest_framework.permissions import DjangoModelPermissions, IsAdminUser
@@ -25,7 +25,7 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
-from ..accounting import reports
+from ..accounting import catalog, reports
 from ..models import ApiKey, Backend, ModelAlias, RequestLog, StoredResponse
 from . import serializers
 
@@ -82,6 +82,14 @@ class InUse(APIException):
     status_code = status.HTTP_409_CONFLICT
     default_detail = "Still in use."
     default_code = "protected"
+
+
+class CatalogMissing(APIException):
+    """501: the [prices] extra is not installed."""
+
+    status_code = status.HTTP_501_NOT_IMPLEMENTED
+    default_detail = "The genai-prices catalog is not installed."
+    default_code = "catalog_missing"
 
 
 class StaffModelViewSet(PermittedAPIView, viewsets.ModelViewSet[_M]):
@@ -153,6 +161,28 @@ class ModelAliasViewSet(StaffModelViewSet[ModelAlias]):
 
     queryset = ModelAlias.objects.select_related("backend").order_by("public_id")
     serializer_class = serializers.ModelAliasSerializer
+
+    @extend_schema(request=None, responses=serializers.ModelAliasSerializer)
+    @action(
+        detail=True,
+        methods=["post"],
+        url_path="fill-prices",
+        permission_classes=[IsAdminUser, ChangePermission],
+    )
+    def fill_prices(self, request: Request, pk: str | None = None) -> Response:
+        """Set the alias's prices to the genai-prices catalog's for its upstream model (a
+        price the catalog has none of blank: the provider's ratio). 400 when the catalog
+        does not know the model, 501 when it is not installed."""
+        alias = self.get_object()
+        try:
+            found = catalog.fill(alias)
+        except catalog.CatalogMissing as missing:
+            raise CatalogMissing(str(missing)) from None
+        if found is None:
+            shown = alias.model or alias.public_id
+            raise ValidationError({"model": [f"The catalog does not know {shown!r}."]})
+        alias.save(update_fields=list(catalog.PRICE_FIELDS))
+        return Response(self.get_serializer(alias).data)
 
 
 class BackendViewSet(StaffModelViewSet[Backend]):
@@ -235,7 +265,8 @@ class UsageView(ReportView):
         responses=serializers.UsageRowSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
-        """Requests, errors, cancellations and tokens per day, key, alias and/or endpoint."""
+        """Requests, errors, cancellations, tokens (the prompt's cache reads and writes
+        among them) and cost per day, key, alias and/or endpoint."""
         query = parse_query(request, serializers.UsageFilterSerializer)
         totals = reports.usage(query.log_filter(), query.validated_data["group_by"])
         return Response(serializers.UsageRowSerializer(totals, many=True).data)

@@ -144,7 +144,7 @@ def _announce(reader: ChunkReader, calls: UpstreamCalls, announced: Usage | None
     ``announced`` already; the usage it believes."""
     usage = reader.upstream_usage
     if usage is not announced and usage is not None:
-        calls.announced(usage.prompt_tokens, usage)
+        calls.announced(usage)
     return usage
 
 
@@ -195,6 +195,11 @@ class UpstreamBackend:
         self.cache_ttl = config.options.get("cache_ttl", True) is not False
         digest = hashlib.sha256(f"{config.name}:{config.base_url}".encode()).hexdigest()
         self._fingerprint = f"fp_{digest[:10]}"
+
+    @staticmethod
+    def price_provider(options: dict[str, Any]) -> str:
+        """Anthropic's prices behind its Messages API, OpenAI's behind the others."""
+        return "anthropic" if options.get("wire_api") == "messages" else "openai"
 
     @staticmethod
     def check_options(options: dict[str, Any]) -> None:

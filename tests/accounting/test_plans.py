@@ -23,6 +23,7 @@ from django.utils import timezone
 from chatparity.accounting import keys, limits
 from chatparity.models import ApiKey, Backend, ModelAlias, Plan, hash_key
 from chatparity.protocol.errors import APIError
+from chatparity.protocol.events import Usage
 from chatparity.protocol.request import parse_chat_request
 from chatparity.protocol.tokens import prompt_bound
 from tests.accounting.test_limits import HI
@@ -286,7 +287,7 @@ class OwnerBudgetRaceTests(PlanTestCase):
                 await asyncio.sleep(0.01 * rng.random())
                 completion = rng.randint(0, estimate.completion_tokens)
                 used.append(estimate.prompt_tokens + completion)
-                await admission.settle(estimate.prompt_tokens, completion)
+                await admission.settle(Usage(estimate.prompt_tokens, completion))
 
         await asyncio.gather(
             *(client(random.Random(i), grants[i % 3]) for i in range(self.CLIENTS))
@@ -331,7 +332,7 @@ def hammer_owner(url: str, owner_id: int, key_ids: list[int], budget: int, seed:
                 continue
             completion = rng.randint(0, 20)
             await asyncio.sleep(rng.random() / 100)
-            await admission.settle(10, completion)
+            await admission.settle(Usage(10, completion))
             used += 10 + completion
         return used
 

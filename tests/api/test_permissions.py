@@ -24,6 +24,7 @@ NEEDS = [
     ("get", "alias-list", False, "view_modelalias"),
     ("post", "alias-list", False, "add_modelalias"),
     ("get", "alias-detail", True, "view_modelalias"),
+    ("post", "alias-fill-prices", True, "change_modelalias"),
     ("patch", "alias-detail", True, "change_modelalias"),
     ("delete", "alias-detail", True, "delete_modelalias"),
     ("get", "backend-list", False, "view_backend"),
@@ -55,7 +56,7 @@ def rows():
     """One row of each model, by url name prefix; the backend "spare" is unused."""
     spare = Backend.objects.create(name="spare", kind="local")
     backend = Backend.objects.create(name="unused", kind="local")
-    alias = ModelAlias.objects.create(public_id="unused", backend=spare)
+    alias = ModelAlias.objects.create(public_id="unused", backend=spare, model="claude-opus-4-1")
     key, _ = ApiKey.objects.create_key("k")
     response = StoredResponse.objects.create(
         id="resp_1", api_key=key, model="m", status="completed", response={}

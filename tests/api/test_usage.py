@@ -2,6 +2,7 @@
 daily rollups of filtered log rows."""
 
 import datetime
+from decimal import Decimal
 
 import pytest
 
@@ -14,6 +15,7 @@ pytestmark = pytest.mark.django_db
 
 DAY1, DAY2 = datetime.date(2025, 3, 1), datetime.date(2025, 3, 2)
 COUNTS = ("requests", "errors", "cancelled", "prompt_tokens", "completion_tokens", "total_tokens")
+CACHING = ("cached_tokens", "cache_write_5m_tokens", "cache_write_1h_tokens", "cache_read_share")
 
 
 def tokens(prompt, completion):
@@ -48,7 +50,7 @@ def counts(row):
 
 def test_by_day_is_the_default(admin_client, rows):
     days = usage(admin_client)
-    assert [set(row) for row in days] == [{"day", *COUNTS}] * 2
+    assert [set(row) for row in days] == [{"day", *COUNTS, *CACHING, "cost"}] * 2
     assert [(row["day"], counts(row)) for row in days] == [
         ("2025-03-01", (3, 1, 1, 13, 6, 19)),
         ("2025-03-02", (2, 1, 0, 7, 2, 9)),
@@ -97,6 +99,19 @@ def test_filters_narrow_the_rows(admin_client, rows):
     assert (only["key_prefix"], counts(only)) == (rows.prefix, (1, 0, 0, 7, 2, 9))
     [day1] = usage(admin_client, until="2025-03-01", key="sk-cp-gone")
     assert (day1["day"], counts(day1)) == ("2025-03-01", (1, 0, 1, 3, 1, 4))
+
+
+def test_cache_reads_writes_their_share_and_the_cost_per_group(admin_client, db):
+    cache = {"cached_tokens": 600, "cache_write_5m_tokens": 100, "cache_write_1h_tokens": 200}
+    logged(DAY1, alias="claude", **tokens(1000, 10), **cache, cost=Decimal("0.00412345"))
+    logged(DAY1, alias="claude", **tokens(200, 10), cost=Decimal("0.00000001"))
+    logged(DAY1, alias="smollm2", **tokens(0, 0))
+    claude, smollm2 = usage(admin_client, group_by="alias")
+    assert {name: claude[name] for name in (*CACHING, "cost")} == {
+        "cached_tokens": 600, "cache_write_5m_tokens": 100, "cache_write_1h_tokens": 200,
+        "cache_read_share": 0.5, "cost": "0.00412346",
+    }  # fmt: skip
+    assert (smollm2["cache_read_share"], smollm2["cost"]) == (None, "0.00000000")
 
 
 def test_no_rows_no_groups(admin_client, rows):

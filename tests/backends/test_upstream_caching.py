@@ -4,7 +4,14 @@ caches prompts as its provider does (:mod:`tests.support.prompt_cache`) and thro
 chatparity to another, and the two stubs' records compared: what was forwarded, what was
 read from the cache, what each wire reported."""
 
+import datetime
+import re
+from decimal import Decimal
+
+from asgiref.sync import sync_to_async
+from django.contrib.auth.models import User
 from django.test import TestCase
+from django.urls import reverse
 
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from tests.support.prompt_cache import CachingUpstream, markers
@@ -17,6 +24,7 @@ from tests.support.sessions import (
     run,
     through,
 )
+from tests.support.users import portal_user
 
 TURNS = 30
 UPSTREAM_MODEL = "agent-model"
@@ -76,9 +84,10 @@ class CachingSessionTestCase(TestCase):
         assert share > 0.8, "the session's prefix is read from the cache"
         assert abs(share - direct_share) <= 0.01
 
-    async def both(self, session_of, wire_api, turns=TURNS):
-        """The session played direct and through an alias speaking ``wire_api``."""
-        await self.alias(wire_api)
+    async def both(self, session_of, wire_api, turns=TURNS, **prices):
+        """The session played direct and through an alias speaking ``wire_api`` (at
+        ``prices``)."""
+        await self.alias(wire_api, **prices)
         played_direct = await run(
             session_of(UPSTREAM_MODEL), direct(self.direct_stub.base_url.removesuffix("/v1")), turns
         )
@@ -126,6 +135,58 @@ class ClaudeCodeSessionTests(CachingSessionTestCase):
         assert len(sent) == 6
         assert all(marker == {"type": "ephemeral"} for marker in sent)
 
+    async def test_a_claude_code_sessions_rows_cost_anthropics_formula_and_the_reports_total_them(
+        self,
+    ):
+        # claude-sonnet-4-5's prices, its cache's left blank: Anthropic's ratios.
+        await self.alias("messages", input_price=3, output_price=15)
+        owner = await sync_to_async(portal_user)("agent-user")
+        _, plaintext = await sync_to_async(ApiKey.objects.create_key)("claude", owner=owner)
+        await run(ClaudeCodeSession("messages"), through(self.async_client, plaintext), TURNS)
+        rows = [row async for row in RequestLog.objects.order_by("id")]
+        assert len(rows) == TURNS
+        billed = Decimal(0)
+        for row, reported in zip(rows, self.stub.reported, strict=True):
+            written = reported["cache_creation"]
+            assert (row.cache_write_5m_tokens, row.cache_write_1h_tokens) == (
+                written["ephemeral_5m_input_tokens"], written["ephemeral_1h_input_tokens"],
+            )  # fmt: skip
+            bill = (
+                reported["input_tokens"] * 3
+                + reported["cache_read_input_tokens"] * Decimal("0.3")
+                + written["ephemeral_5m_input_tokens"] * Decimal("3.75")
+                + written["ephemeral_1h_input_tokens"] * 6
+                + reported["output_tokens"] * 15
+            ) / Decimal(10**6)
+            assert row.cost == bill.quantize(Decimal("1e-8"))
+            billed += bill
+        uncached = sum(row.prompt_tokens * 3 + row.completion_tokens * 15 for row in rows)
+        print(
+            f"\nClaude Code session, {TURNS} turns: ${sum(row.cost for row in rows)} through"
+            f" chatparity, ${billed:.8f} billed by the provider's formula, ${uncached / 10**6}"
+            " with every input token at the input price"
+        )
+        await reports_total_the_rows(self.async_client, owner, rows)
+
+
+async def reports_total_the_rows(client, owner, rows):
+    """The dashboard's total cost, and the portal's for ``owner`` (whose key made every
+    row), are the sum of ``rows``' costs; so is the management API's."""
+    total = sum(row.cost for row in rows)
+    assert total > 0
+    staff = await User.objects.acreate(username="staff", is_staff=True, is_superuser=True)
+    await client.aforce_login(staff)
+    dashboard = (await client.get("/admin/chatparity_dashboard/usagedashboard/")).content
+    shown = re.search(rb'data-cost="([^"]+)" data-total="cost"', dashboard)
+    assert Decimal(shown[1].decode()) == total
+    usage = await client.get(reverse("chatparity-api:usage"), {"group_by": "alias"})
+    assert sum(Decimal(group["cost"]) for group in usage.json()) == total
+    await client.aforce_login(owner)
+    month = datetime.datetime.now(datetime.UTC).strftime("%Y-%m")
+    portal = (await client.get("/portal/usage/", {"month": month})).content
+    in_total = re.search(rb'<table id="total">.*?data-cost="([^"]+)"', portal, re.S)
+    assert Decimal(in_total[1].decode()) == total
+
 
 class ChatSessionTests(CachingSessionTestCase):
     """A chat client's markers (OpenRouter's form) reach a Messages upstream, and its usage
@@ -169,7 +230,9 @@ class ChatSessionTests(CachingSessionTestCase):
 
 class CodexSessionTests(CachingSessionTestCase):
     async def _session(self, wire_api):
-        played_direct, played = await self.both(CodexSession, wire_api)
+        played_direct, played = await self.both(
+            CodexSession, wire_api, input_price=Decimal("2.5"), output_price=10
+        )
         for received in self.stub.requests:
             assert received["prompt_cache_key"] == "codex-session-0"
         self.assert_read_as_direct(f"Codex session ({wire_api})")
@@ -186,6 +249,16 @@ class CodexSessionTests(CachingSessionTestCase):
             e.usage["input_tokens_details"]["cached_tokens"] for e in played
         ]
         assert len(played_direct) == TURNS
+        # gpt-4o's prices, its cached input left blank: half the input price, OpenAI's.
+        for row, exchange in zip(rows, played, strict=True):
+            usage = exchange.usage
+            cached = usage["input_tokens_details"]["cached_tokens"]
+            bill = (
+                (usage["input_tokens"] - cached) * Decimal("2.5")
+                + cached * Decimal("1.25")
+                + usage["output_tokens"] * 10
+            ) / Decimal(10**6)
+            assert row.cost == bill.quantize(Decimal("1e-8"))
 
     async def test_a_codex_session_to_a_responses_upstream(self):
         await self._session("responses")

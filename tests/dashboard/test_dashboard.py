@@ -2,6 +2,7 @@
 
 import datetime
 import re
+from decimal import Decimal
 
 import pytest
 from django.contrib.auth.models import Permission
@@ -70,11 +71,12 @@ def test_page_is_an_admin_page_with_title_and_breadcrumbs(admin_client):
     assert response.context["site_header"]  # each_context of the admin site
 
 
-def test_per_key_table_counts_requests_tokens_and_errors(admin_client):
+def test_per_key_table_counts_requests_tokens_errors_cache_reads_and_cost(admin_client):
     alpha, _ = ApiKey.objects.create_key("alpha")
     beta, _ = ApiKey.objects.create_key("beta")
     for tokens in (10, 20, 30):
-        log(key=alpha, total_tokens=tokens)
+        log(key=alpha, total_tokens=tokens, prompt_tokens=tokens, cached_tokens=tokens // 2,
+            cost=Decimal("0.00012345"))  # fmt: skip
     log(key=alpha, status_code=500, error_type="server_error")
     log(days_ago(1), key=beta, total_tokens=7)
     log(key_prefix="cp-gone", total_tokens=1)  # a deleted key keeps its prefix
@@ -83,20 +85,41 @@ def test_per_key_table_counts_requests_tokens_and_errors(admin_client):
         response,
         f'<tr class="key-row" data-key-prefix="{alpha.prefix}"><td>alpha</td>'
         f'<td><code>{alpha.prefix}…</code></td><td class="num">4</td><td class="num">60</td>'
-        '<td class="num">1</td></tr>',
+        '<td class="num">1</td><td class="num" data-cache-read-share>50.0%</td>'
+        '<td class="num" data-cost="0.00037035">0.0004</td></tr>',
         html=True,
     )
     assertContains(
         response,
         f'<tr class="key-row" data-key-prefix="{beta.prefix}"><td>beta</td>'
         f'<td><code>{beta.prefix}…</code></td><td class="num">1</td><td class="num">7</td>'
-        '<td class="num">0</td></tr>',
-        html=True,
+        '<td class="num">0</td><td class="num" data-cache-read-share>—</td>',
     )
     assertContains(response, 'data-key-prefix="cp-gone"')
     assert totals(response) == {
         "requests": "6", "tokens": "68", "errors": "1", "error-rate": "16.7%",
+        "cost": "$0.0004", "cache-read-share": "50.0%",
     }  # fmt: skip
+    assertContains(response, 'data-cost="0.00037035" data-total="cost"')
+
+
+def test_prompt_caching_per_alias_reads_writes_share_and_cost(admin_client):
+    log(alias="claude", prompt_tokens=1000, cached_tokens=900, cache_write_5m_tokens=40,
+        cache_write_1h_tokens=60, cost=Decimal("0.00123"))  # fmt: skip
+    log(alias="claude", prompt_tokens=1000, cache_write_1h_tokens=1000, cost=Decimal("0.006"))
+    log(alias="smollm2", prompt_tokens=50)
+    response = admin_client.get(URL)
+    html = response.content.decode()
+    table = re.search(r'<table id="caching-by-alias".*?</table>', html, re.S).group(0)
+    rows = [
+        [re.sub(r"<[^>]+>", "", cell) for cell in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        for row in re.findall(r"<tr class=\"alias-row\".*?</tr>", table)
+    ]
+    assert rows == [
+        ["claude", "2000", "900", "40", "1060", "45.0%", "0.0072"],
+        ["smollm2", "50", "0", "0", "0", "0.0%", "0.0000"],
+    ]
+    assert 'data-cost="0.00723000"' in table
 
 
 def test_latency_percentiles_and_error_rates_per_alias(admin_client):
