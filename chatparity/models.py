@@ -562,25 +562,26 @@ class StoredResponse(models.Model):
         return self.id
 
 
-# The upper bounds (ms) of the latency histograms' buckets, 1-2-3-5 steps: a percentile
-# read from them is off by less than the bucket it falls in (accounting.reports.percentile).
-LATENCY_BOUNDS_MS = (
-    5, 10, 20, 30, 50, 100, 200, 300, 500, 1_000, 2_000, 3_000, 5_000, 10_000, 20_000,
-    30_000, 60_000, 120_000, 300_000,
-)  # fmt: skip
-
-
-def latency_buckets(measure: str) -> tuple[str, ...]:
-    """The histogram columns of ``measure``: ``<measure>_le_<bound>`` for each of
-    LATENCY_BOUNDS_MS, then ``<measure>_over_<the last bound>``."""
-    return (
-        *(f"{measure}_le_{bound}" for bound in LATENCY_BOUNDS_MS),
-        f"{measure}_over_{LATENCY_BOUNDS_MS[-1]}",
-    )
-
-
-DURATION_BUCKETS = latency_buckets("duration_ms")
-FIRST_TOKEN_BUCKETS = latency_buckets("first_token_ms")
+# Each decade of the latency histograms' buckets above 10 ms: every step at most 21%
+# above the last, so that a percentile can be placed within 10% of either end of its
+# bucket (accounting.reports.percentile), and 10, 20, 30 and 50 among them (bounds of the
+# coarser histograms before, migration 0016).
+DECADE_STEPS = (10, 12, 14, 16, 18, 20, 24, 27, 30, 36, 43, 50, 60, 72, 86)
+LONGEST_MS = 600_000  # a backend's default time-out; longer requests share one bucket
+# The upper bounds (ms) of the latency histograms' buckets: every millisecond up to 10,
+# then DECADE_STEPS in each decade up to LONGEST_MS.
+LATENCY_BOUNDS_MS: tuple[int, ...] = (
+    *range(1, 10),
+    *(
+        bound
+        for power in range(5)
+        for step in DECADE_STEPS
+        if (bound := step * 10**power) <= LONGEST_MS
+    ),
+)
+# Each bucket's key in a histogram: its upper bound, then ">" and the last bound for the
+# bucket past it.
+HISTOGRAM_KEYS = (*map(str, LATENCY_BOUNDS_MS), f">{LONGEST_MS}")
 
 
 def _count(help_text: str = "") -> models.PositiveBigIntegerField[int, int]:
@@ -619,15 +620,22 @@ class DailyUsage(UsageTotals):
         default=0, help_text="Sum of the times to first token, over first_tokens requests."
     )
     first_tokens = _count("Requests that sent a first token.")
+    # Sparse (a day's requests of one key fall in a few of 83 buckets), and added to by
+    # one short upsert: a column per bucket made each upsert a statement of 26 KB.
+    duration_histogram = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Requests per bucket of duration: {"<upper bound, ms>": requests, ...},'
+        f' ">{LONGEST_MS}" past the last; a bucket starts at the bound before its own.',
+    )
+    first_token_histogram = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Requests per bucket of time to first token, as duration_histogram.",
+    )
 
     class Meta:
         abstract = True
-
-
-# Counts of requests per latency bucket: columns, so that a row written by two workers
-# at once adds up in one upsert.
-for _bucket in (*DURATION_BUCKETS, *FIRST_TOKEN_BUCKETS):
-    DailyUsage.add_to_class(_bucket, models.PositiveIntegerField(default=0))
 
 
 class DailyKeyUsage(DailyUsage):

@@ -334,7 +334,7 @@ class UsageRowSerializer(serializers.Serializer[Any]):
 
 class LatencyRowSerializer(serializers.Serializer[Any]):
     """Latency of one alias, in milliseconds: percentiles read from the daily rollups'
-    histograms, off by less than the width of the bucket they fall in (docs/history.md)."""
+    histograms, within 10% of the true value from 5 ms up (docs/history.md)."""
 
     alias = serializers.CharField()
     requests = serializers.IntegerField()
