@@ -6,11 +6,11 @@ import hashlib
 import secrets
 from collections.abc import Callable, Collection
 from decimal import Decimal
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from django.conf import settings
 from django.core.exceptions import FieldDoesNotExist, ValidationError
-from django.db import models
+from django.db import models, transaction
 from django.db.models.functions import Lower
 from django.utils import timezone
 
@@ -20,6 +20,9 @@ from .kinds import config_errors
 from .protocol.errors import APIError
 from .protocol.request import parse_chat_request
 from .protocol.upstream import check_forwarded_params
+from .signals import rows_updated
+
+_M = TypeVar("_M", bound=models.Model)
 
 
 class BudgetPeriod(models.TextChoices):
@@ -41,12 +44,55 @@ def refused(errors: dict[str, str]) -> ValidationError:
 
 MILLION = Decimal(1_000_000)  # prices are per million tokens
 
+STAMPS = frozenset({"last_used_at"})
+"""Fields chatparity stamps itself, changed by no one (neither audited nor announced)."""
+# Rows whose values an update() reads before and after at a time: an IN list a
+# database takes whole.
+UPDATED_AT_ONCE = 500
+
+
+class AuditedQuerySet(models.QuerySet[_M]):
+    """A queryset whose ``update()`` (and so ``bulk_update()``) announces what it changed
+    (:data:`chatparity.signals.rows_updated`), as ``save()`` does with ``post_save``:
+    the audit trail records a change made in bulk like one saved. ``delete()`` needs
+    nothing: Django sends ``post_delete`` for each row while anyone listens."""
+
+    def update(self, **kwargs: Any) -> int:
+        fields = [self.model._meta.get_field(name) for name in kwargs]
+        watched = [
+            field.attname  # type: ignore[union-attr]
+            for field in fields
+            if field.name not in STAMPS and not getattr(field, "auto_now", False)
+        ]
+        if not watched or not rows_updated.has_listeners(self.model):
+            return super().update(**kwargs)
+        # The rows as they were, locked until the update commits; then only those are
+        # updated (not rows that came to match meanwhile) and read again.
+        plain = self.model._base_manager.using(self.db)
+        matched = plain.filter(pk__in=self.values("pk"))
+        with transaction.atomic(using=self.db, savepoint=False):
+            before = {
+                row.pop("pk"): row
+                for row in matched.select_for_update(of=("self",)).values("pk", *watched)
+            }
+            updated, after = 0, dict[Any, dict[str, Any]]()
+            keys = list(before)
+            for start in range(0, len(keys), UPDATED_AT_ONCE):
+                rows = plain.filter(pk__in=keys[start : start + UPDATED_AT_ONCE])
+                updated += rows.update(**kwargs)
+                after.update((row.pop("pk"), row) for row in rows.values("pk", *watched))
+            rows_updated.send(self.model, before=before, after=after, using=self.db)
+        return updated
+
 
 def hash_key(plaintext: str) -> str:
     return hashlib.sha256(plaintext.encode()).hexdigest()
 
 
 class ApiKeyManager(models.Manager["ApiKey"]):
+    def get_queryset(self) -> AuditedQuerySet[ApiKey]:
+        return AuditedQuerySet(self.model, using=self._db)
+
     def create_key(self, name: str, **fields: Any) -> tuple[ApiKey, str]:
         """Create a key; return it with its plaintext, which is never stored."""
         key = self.model(name=name, **fields)
@@ -179,6 +225,8 @@ class Backend(models.Model):
     enabled = models.BooleanField(default=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    objects = AuditedQuerySet["Backend"].as_manager()
+
     def __str__(self) -> str:
         return self.name
 
@@ -264,6 +312,8 @@ class ModelAlias(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = AuditedQuerySet["ModelAlias"].as_manager()
+
     class Meta:
         verbose_name = "model alias"
         verbose_name_plural = "model aliases"
@@ -323,7 +373,7 @@ class ModelAlias(models.Model):
             raise ValueError(f"No alias is named {', '.join(map(repr, missing))}.")
 
 
-class PlanQuerySet(models.QuerySet["Plan"]):
+class PlanQuerySet(AuditedQuerySet["Plan"]):
     def for_owner(self, owner_id: int | None) -> Plan | None:
         """The plan of the user ``owner_id``: one given to them, else their groups' plan
         of highest priority (then by name); None without one."""

@@ -12,22 +12,24 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from .models import AuditEntry
-from .recording import AUDITED
+from .recording import followed
 
 
 class ObjectTypeFilter(admin.SimpleListFilter):
-    """The audited models (a fixed list: no query over the entries to find them)."""
+    """The models followed (a fixed list: no query over the entries to find them)."""
 
     title = "object type"
     parameter_name = "type"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(model._meta.model_name or "", str(model._meta.verbose_name)) for model in AUDITED]
+        return [
+            (model._meta.model_name or "", str(model._meta.verbose_name)) for model in followed()
+        ]
 
     def queryset(
         self, request: HttpRequest, queryset: QuerySet[AuditEntry]
     ) -> QuerySet[AuditEntry]:
-        for model in AUDITED:
+        for model in followed():
             if self.value() == model._meta.model_name:
                 return queryset.filter(content_type=ContentType.objects.get_for_model(model))
         return queryset
