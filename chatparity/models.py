@@ -58,6 +58,8 @@ class AuditedQuerySet(models.QuerySet[_M]):
     nothing: Django sends ``post_delete`` for each row while anyone listens."""
 
     def update(self, **kwargs: Any) -> int:
+        if self.query.is_sliced:  # as Django refuses it, before anything is read
+            raise TypeError("Cannot update a query once a slice has been taken.")
         fields = [self.model._meta.get_field(name) for name in kwargs]
         watched = [
             field.attname  # type: ignore[union-attr]
