@@ -83,7 +83,8 @@ class AuditedQuerySet(models.QuerySet[_M]):
                 rows = plain.filter(pk__in=keys[start : start + UPDATED_AT_ONCE])
                 updated += rows.update(**kwargs)
                 after.update((row.pop("pk"), row) for row in rows.values("pk", *watched))
-            rows_updated.send(self.model, before=before, after=after, using=self.db)
+            if before:
+                rows_updated.send(self.model, before=before, after=after, using=self.db)
         return updated
 
 

@@ -26,8 +26,8 @@ rows_updated = Signal()
 """Sent by a queryset's ``update()`` of keys, aliases, backends or plans (and so its
 ``bulk_update()``), which sends no ``post_save``, with ``before`` and ``after``: the
 values of the fields it set, by attribute name, of each row it updated, by primary
-key; and ``using``. In the update's transaction, only if a receiver is connected, and
-not for the fields chatparity stamps itself (``STAMPS``, ``auto_now``)."""
+key; and ``using``. In the update's transaction, only if a receiver is connected and a
+row matched, and not for the fields chatparity stamps itself (``STAMPS``, ``auto_now``)."""
 
 
 async def send_request_logged(row: RequestLog) -> None:

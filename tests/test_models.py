@@ -9,10 +9,12 @@ import pytest
 from django.core.checks import Tags, run_checks
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import F
 
 from chatparity.backends import config_errors
 from chatparity.conf import DEFAULTS
 from chatparity.models import ApiKey, Backend, ModelAlias
+from chatparity.signals import rows_updated
 from tests.configs import BAD_ALIASES, BAD_BACKENDS, GOOD_ALIAS, GOOD_BACKENDS
 from tests.scripted import SCRIPTED
 
@@ -157,3 +159,41 @@ class TestApiKeyScope:
         key.all_aliases = False
         key.save()
         assert not key.allowed_aliases.exists()  # limited anew: to none, not to spare
+
+
+class TestAuditedQuerySet:
+    """update() on keys, aliases, backends and plans says what it changed, as save()
+    does (the audit trail listens)."""
+
+    @pytest.fixture
+    def announced(self):
+        heard = []
+
+        def hear(sender, **kwargs):
+            heard.append((sender, kwargs["before"], kwargs["after"]))
+
+        rows_updated.connect(hear, dispatch_uid="test")
+        yield heard
+        rows_updated.disconnect(dispatch_uid="test")
+
+    def test_an_update_announces_each_row_before_and_after(self, db, announced):
+        one = Backend.objects.create(name="one", kind="local", timeout=5)
+        two = Backend.objects.create(name="two", kind="local", timeout=9)
+        assert Backend.objects.update(timeout=F("timeout") * 2) == 2
+        assert announced == [
+            (
+                Backend,
+                {one.pk: {"timeout": 5}, two.pk: {"timeout": 9}},
+                {one.pk: {"timeout": 10}, two.pk: {"timeout": 18}},
+            )
+        ]
+
+    def test_a_stamp_or_no_row_matched_announces_nothing(self, db, announced):
+        key, _ = ApiKey.objects.create_key("k")
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=datetime.datetime.now(datetime.UTC))
+        ApiKey.objects.filter(name="nobody").update(is_active=False)
+        assert announced == []
+
+    def test_a_sliced_queryset_is_refused_as_django_refuses_it(self, db):
+        with pytest.raises(TypeError, match="slice"):
+            ModelAlias.objects.all()[:1].update(enabled=False)
