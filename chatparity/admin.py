@@ -41,6 +41,7 @@ from .kinds import kinds
 from .models import (
     ApiKey,
     Backend,
+    CacheState,
     DailyAliasUsage,
     Endpoint,
     ModelAlias,
@@ -101,7 +102,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def get_fieldsets(self, request: HttpRequest, obj: ApiKey | None = None) -> Any:
         key = (
             "name", "owner", "is_active", "expires_at", "needs_plan", "all_aliases",
-            "allowed_aliases",
+            "allowed_aliases", "response_cache",
         )  # fmt: skip
         if obj is None:
             return [(None, {"fields": key}), ("Limits and budgets", {"fields": self.limits})]
@@ -115,7 +116,19 @@ class ApiKeyAdmin(admin.ModelAdmin):
         rows = async_to_sync(limits.standing)(key)
         if not rows:
             return "No limits or budgets."
-        return format_html_join("", "<div class='limit'>{}: <strong>{}</strong> of {}</div>", rows)
+        return format_html_join(
+            "",
+            "<div class='limit'>{}: {}</div>",
+            (
+                (
+                    row.name,
+                    format_html("<strong>{}</strong> of {}", row.used_text, row.allowed_text),
+                )
+                if row.used is not None
+                else (row.name, "unknown")
+                for row in rows
+            ),
+        )
 
     @admin.display(description="key", ordering="prefix")
     def masked_key(self, key: ApiKey) -> str:
@@ -194,7 +207,7 @@ class PlanAdmin(admin.ModelAdmin):
     filter_horizontal = ["users", "groups", "allowed_aliases"]
     fieldsets = [
         (None, {"fields": ("name", "description", "users", "groups", "priority")}),
-        ("Aliases", {"fields": ("all_aliases", "allowed_aliases")}),
+        ("Aliases", {"fields": ("all_aliases", "allowed_aliases", "response_cache")}),
         ("Each key made in the portal", {"fields": Plan.KEY_LIMITS}),
         (
             "All of one user's keys together",
@@ -360,7 +373,22 @@ class ModelAliasAdmin(admin.ModelAdmin):
     list_filter = ["backend", "enabled", "listed"]
     search_fields = ["public_id", "model", "description"]
     list_select_related = ["backend"]
-    actions = ["try_it"]
+    actions = ["try_it", "purge_response_cache"]
+
+    @admin.action(description="Purge their response cache", permissions=["change"])
+    def purge_response_cache(self, request: HttpRequest, queryset: QuerySet[ModelAlias]) -> None:
+        """Forget every answer the selected aliases keep, at once: each alias's generation,
+        part of all its cache keys, is bumped (its entries expire unread). Workers see the
+        new generation within ``CACHE_SECONDS``, this one at once."""
+        aliases = list(queryset)
+        for alias in aliases:
+            alias.cache_generation += 1  # two purges at once bump it once: purged all the same
+            # save(), not update(): its signal empties this worker's alias cache at once.
+            alias.save(update_fields=["cache_generation"])
+            self.log_change(request, alias, "Purged its response cache.")
+        self.message_user(
+            request, f"Purged the response cache of {len(aliases)} alias(es).", messages.SUCCESS
+        )
 
     @admin.action(description="Try it: send a short prompt", permissions=["change"])
     def try_it(self, request: HttpRequest, queryset: QuerySet[ModelAlias]) -> TemplateResponse:
@@ -524,7 +552,7 @@ class RequestLogChangeList(ChangeList):
     # What the rows show: not the bodies, which a page of rows would read whole.
     SHOWN = (
         "created_at", "request_id", "key_prefix", "alias", "endpoint", "stream", "status_code",
-        "error_type", "error_code", "cancelled", "finish_reasons", "prompt_tokens",
+        "error_type", "error_code", "cancelled", "finish_reasons", "cache", "prompt_tokens",
         "completion_tokens", "time_to_first_token_ms", "duration_ms",
     )  # fmt: skip
 
@@ -610,6 +638,11 @@ class RequestLogChangeList(ChangeList):
         return list(days.values_list("day", flat=True).distinct())
 
 
+# What the response cache did, under a row's status (nothing without one).
+CACHE_SHOWN = {
+    state: f'<div class="chatparity-muted">cache {label}</div>'
+    for state, label in CacheState.choices
+}
 # The list's short names of the endpoints (the row's page has the paths).
 ENDPOINT_NAMES: dict[str, str] = {
     Endpoint.CHAT_COMPLETIONS: "chat", Endpoint.RESPONSES: "responses",
@@ -699,13 +732,15 @@ class RequestLogAdmin(admin.ModelAdmin):
     @admin.display(description="status", ordering="status_code")
     def outcome(self, row: RequestLog) -> SafeString:
         """The status and what ended the request: the error (breakable at its
-        underscores), a hang-up, or the finish reasons."""
+        underscores), a hang-up, or the finish reasons; below it what the response cache
+        did, if the alias has one."""
         if row.error_type:
             shown = "_<wbr>".join(escape(row.error_type).split("_"))
             detail = f'<span title="{escape(row.error_code)}">{shown}</span>'
         else:
             detail = "cancelled" if row.cancelled else escape(", ".join(row.finish_reasons))
-        return mark_safe(f"{row.status_code} {detail}")
+        cache = CACHE_SHOWN.get(row.cache, "")
+        return mark_safe(f"{row.status_code} {detail}{cache}")
 
     @admin.display(description="tokens in → out", ordering="total_tokens")
     def tokens(self, row: RequestLog) -> SafeString:

@@ -9,6 +9,7 @@ import shutil
 import stat
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.cache import DEFAULT_CACHE_ALIAS
@@ -17,6 +18,7 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DatabaseError
 from django.utils.module_loading import import_string
 
+from .accounting import spool
 from .backends.command import CommandConfigError, parse_declaration
 from .conf import DEFAULTS, app_settings
 from .gateway.responses import HOSTED_TOOLS_POLICIES
@@ -355,18 +357,38 @@ def check_stored_configuration(
 
 @register()
 def check_spool_dir(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """A ``SPOOL_DIR`` another user of the machine may write to, or put in its place, is
-    refused when a row is first spooled (rows and journals there would be read back as
-    this server's): said before that, when the site starts."""
+    """A ``SPOOL_DIR`` chatparity refuses (reached through symlinks others could change,
+    not a folder, another user's, or one others may write to) stops the site: an error,
+    as serving would then refuse to start (``FastPath``). One others could put theirs
+    in the place of is warned about."""
     if not isinstance(getattr(settings, "CHATPARITY", {}), dict):
         return []  # chatparity.E001 says so
     configured = app_settings.SPOOL_DIR
-    problem = spool_dir_problem(Path(configured)) if configured else ""
+    if not configured:
+        return []
+    named = f"CHATPARITY['SPOOL_DIR'] ({configured})"
+    try:
+        real = spool.resolve(Path(configured))
+        status = _status(real)
+    except OSError as exc:
+        return [Error(f"{named} cannot be used: {exc}.", hint=spool.FIX, id="chatparity.E071")]
+    if real != Path(configured):
+        named = f"CHATPARITY['SPOOL_DIR'] ({configured}, which leads to {real})"
+    problem = spool.folder_problem(status) if status is not None else ""
+    if problem:
+        return [
+            Error(
+                f"{named} {problem}: chatparity will not spool there, nor serve.",
+                hint=spool.FIX,
+                id="chatparity.E071",
+            )
+        ]
+    problem = _replaceable(real, status)
     if not problem:
         return []
     return [
         Warning(
-            f"CHATPARITY['SPOOL_DIR'] ({configured}) {problem}",
+            f"{named} {problem}",
             hint="Use a folder only this server's user may write to, in a folder other users"
             " may not write to either; or leave SPOOL_DIR unset (a folder named by a keyed"
             " hash in the temporary directory).",
@@ -396,22 +418,130 @@ def check_counters(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     ]
 
 
-def spool_dir_problem(path: Path) -> str:
-    """Why another user of the machine could write to the spool folder ``path``, or put a
-    folder or link of theirs in its place; "" if they cannot."""
+_RESPONSE_CACHE_NUMBERS = ("MAX_ENTRY_BYTES", "MAX_BYTES", "MAX_TTL", "SEMANTIC_VECTORS")
+
+
+def _locations(config: dict[str, Any]) -> list[str]:
+    """The servers a CACHES entry names (its LOCATION, one or a list)."""
+    location = config.get("LOCATION", "")
+    return [location] if isinstance(location, str) else [str(each) for each in location]
+
+
+def _servers(config: dict[str, Any]) -> set[str]:
+    """The hosts and ports (without a database) of a CACHES entry's network servers."""
+    found = set()
+    for url in _locations(config):
+        parsed = urlsplit(url if "://" in url else f"//{url}")
+        if parsed.hostname:
+            found.add(f"{parsed.hostname}:{parsed.port}")
+    return found
+
+
+@register()
+def check_response_cache(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """The response cache keeps its answers in a CACHES entry of its own: one that exists,
+    keeps something, and is not where the limits count (an eviction there would drop
+    rate-limit state); its bounds are positive whole numbers."""
+    if not isinstance(getattr(settings, "CHATPARITY", {}), dict):
+        return []  # chatparity.E001 says so
+    options = app_settings.RESPONSE_CACHE
+    messages: list[CheckMessage] = [
+        Error(
+            f"CHATPARITY['RESPONSE_CACHE'][{name!r}] must be a positive integer, not"
+            f" {options.get(name)!r}.",
+            id="chatparity.E090",
+        )
+        for name in _RESPONSE_CACHE_NUMBERS
+        if isinstance(options.get(name), bool)
+        or not isinstance(options.get(name), int)
+        or options[name] < 1
+    ]
+    name = options.get("CACHE")
+    if name is None:
+        return messages
+    caches = getattr(settings, "CACHES", {})
+    if not isinstance(name, str) or name not in caches:
+        return [
+            *messages,
+            Error(
+                f"CHATPARITY['RESPONSE_CACHE']['CACHE'] is {name!r}, which names no entry of"
+                " CACHES.",
+                hint="Add a CACHES entry for the response cache (Redis in production) and name"
+                " it here, or set None for no response cache.",
+                id="chatparity.E091",
+            ),
+        ]
+    config = caches[name]
+    limits_url = app_settings.REDIS_URL
+    if limits_url:
+        counted = [limits_url]
+        shared = limits_url in _locations(config)
+    else:  # the default cache; two entries of one backend and location are one store
+        default = caches.get(DEFAULT_CACHE_ALIAS, {})
+        counted = _locations(default)
+        same_kind = config.get("BACKEND") == default.get("BACKEND")
+        shared = name == DEFAULT_CACHE_ALIAS or (
+            same_kind and bool(set(_locations(config)) & set(counted))
+        )
+    if shared:
+        messages.append(
+            Error(
+                f"The response cache ({name!r}) is the store the rate limits and budgets count"
+                " in: evicting answers would drop their counters.",
+                hint="Give the response cache a CACHES entry of its own, on another server.",
+                id="chatparity.E092",
+            )
+        )
+    elif _servers(config) & _servers({"LOCATION": counted}):
+        messages.append(
+            Warning(
+                f"The response cache ({name!r}) is on the server the rate limits count in: a"
+                " server full of answers evicts (or refuses) counters too.",
+                hint="Run the response cache's Redis apart (maxmemory with allkeys-lru).",
+                id="chatparity.W093",
+            )
+        )
+    if config.get("BACKEND") == "django.core.cache.backends.dummy.DummyCache":
+        messages.append(
+            Warning(
+                f"The response cache ({name!r}) is Django's dummy cache: it keeps nothing.",
+                id="chatparity.W094",
+            )
+        )
+    return messages
+
+
+@register(Tags.caches, deploy=True)
+def check_response_cache_shared(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """In production the response cache is every worker's: one in each process's memory
+    answers a request only on the worker that saw it first."""
+    if not isinstance(getattr(settings, "CHATPARITY", {}), dict):
+        return []  # chatparity.E001 says so
+    name = app_settings.RESPONSE_CACHE.get("CACHE")
+    config = getattr(settings, "CACHES", {}).get(name) if isinstance(name, str) else None
+    if config is None or config.get("BACKEND") != "django.core.cache.backends.locmem.LocMemCache":
+        return []
+    return [
+        Warning(
+            f"The response cache ({name!r}) is in each process's memory: with several"
+            " workers, each answers from its own, and the hit rate falls with their number.",
+            hint="Use a cache every worker shares (Redis) for the response cache.",
+            id="chatparity.W095",
+        )
+    ]
+
+
+def _status(path: Path) -> os.stat_result | None:
+    """``path``'s own (not a link's target), None if there is nothing there."""
     try:
-        status = path.lstat()
+        return path.lstat()
     except FileNotFoundError:
-        status = None
-    except OSError as exc:
-        return f"cannot be checked: {exc}."
-    if status is not None:
-        if stat.S_ISLNK(status.st_mode):
-            return "is a symlink: whoever may change it chooses where the rows go."
-        if status.st_uid != os.getuid():
-            return "belongs to another user."
-        if status.st_mode & 0o022:
-            return "may be written to by other users."
+        return None
+
+
+def _replaceable(path: Path, status: os.stat_result | None) -> str:
+    """Why another user of the machine could put a folder or link of theirs in the place
+    of the spool folder ``path`` (``status``, None: not made yet); "" if they cannot."""
     try:
         parent = path.absolute().parent.stat()
     except OSError:

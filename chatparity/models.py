@@ -17,6 +17,7 @@ from django.utils import timezone
 from .conf import app_settings
 from .encryption import EncryptedTextField
 from .kinds import config_errors
+from .protocol.caching import parse_cache_options
 from .protocol.errors import APIError
 from .protocol.request import parse_chat_request
 from .protocol.upstream import check_forwarded_params
@@ -32,6 +33,15 @@ class BudgetPeriod(models.TextChoices):
 
 def _limit(help_text: str) -> models.PositiveIntegerField[int | None, int | None]:
     return models.PositiveIntegerField(null=True, blank=True, help_text=help_text)
+
+
+def _response_cache(whose: str) -> models.BooleanField[bool, bool]:
+    return models.BooleanField(
+        "response cache",
+        default=True,
+        help_text=f"Off: {whose} requests are never answered from the response cache nor"
+        " kept in it, whatever their alias says.",
+    )
 
 
 def refused(errors: dict[str, str]) -> ValidationError:
@@ -147,6 +157,7 @@ class ApiKey(models.Model):
     budget_period = models.CharField(
         max_length=5, choices=BudgetPeriod.choices, default=BudgetPeriod.MONTH
     )
+    response_cache = _response_cache("this key's")
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
 
@@ -294,6 +305,11 @@ class ModelAlias(models.Model):
         help_text="Request parameters passed to an upstream beyond the sampling and format"
         " ones, e.g. service_tier, store, metadata, web_search_options. Others are dropped.",
     )
+    cache_breakpoints = models.BooleanField(
+        default=False,
+        help_text="Mark the tools, the system prompt and the last user turn for the prompt"
+        " cache of a Messages upstream (Anthropic's) when a request marks nothing itself.",
+    )
     enabled = models.BooleanField(default=True)
     listed = models.BooleanField(default=True, help_text="Shown in /v1/models.")
     owned_by = models.CharField(max_length=100, default="chatparity")
@@ -312,6 +328,18 @@ class ModelAlias(models.Model):
     )
     output_price = models.DecimalField(
         max_digits=12, decimal_places=6, default=0, help_text="USD per million completion tokens."
+    )
+    response_cache = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Answers served again to the same request (docs/caching.md), e.g. {"enabled":'
+        ' true, "ttl": 3600, "scope": "owner", "nonreproducible": false, "tool_calls": false,'
+        ' "semantic": {"threshold": 0.9}}. Empty: off.',
+    )
+    cache_generation = models.PositiveIntegerField(
+        default=0,
+        editable=False,
+        help_text="Part of every key of its response cache: purging its entries bumps it.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -340,6 +368,7 @@ class ModelAlias(models.Model):
             ("default_params", lambda: check_default_params(self.default_params)),
             ("fallbacks", self._check_fallbacks),
             ("forwarded_params", lambda: check_forwarded_params(self.forwarded_params)),
+            ("response_cache", self._check_response_cache),
         ]
         for field, check in checks:
             try:
@@ -350,6 +379,20 @@ class ModelAlias(models.Model):
             errors["max_n"] = f"Give a number of choices from 1 to {MAX_N}, or leave it blank."
         if errors:
             raise refused(errors)
+
+    def _check_response_cache(self) -> None:
+        """Raise ValueError unless the response cache's options are known and in range, and
+        a semantic cache's embeddings alias exists."""
+        options = parse_cache_options(self.response_cache, app_settings.RESPONSE_CACHE["MAX_TTL"])
+        named = options.semantic.embeddings if options.semantic is not None else ""
+        if (
+            named
+            and not ModelAlias.objects.db_manager(self._state.db)
+            .filter(public_id__iexact=named)
+            .exclude(pk=self.pk)
+            .exists()
+        ):
+            raise ValueError(f"No alias is named {named!r} (semantic.embeddings).")
 
     def _check_fallbacks(self) -> None:
         """Raise ValueError unless the fallbacks name other aliases, once each."""
@@ -467,6 +510,7 @@ class Plan(models.Model):
     owner_budget_period = models.CharField(
         max_length=5, choices=BudgetPeriod.choices, default=BudgetPeriod.MONTH
     )
+    response_cache = _response_cache("its users' keys'")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -481,6 +525,12 @@ class Plan(models.Model):
     @property
     def has_owner_budget(self) -> bool:
         return self.owner_token_budget is not None or self.owner_cost_budget is not None
+
+    @property
+    def has_key_budget(self) -> bool:
+        """Whether each key made under it has a budget (which then also bounds all of a
+        user's keys made under it together: see :mod:`chatparity.accounting.limits`)."""
+        return self.token_budget is not None or self.cost_budget is not None
 
     def key_limits(self) -> dict[str, Any]:
         """The limits and budgets a key made in the portal gets."""
@@ -505,6 +555,28 @@ class Endpoint(models.TextChoices):
     RESPONSES = "responses", "/v1/responses"
     MESSAGES = "messages", "/v1/messages"
     EMBEDDINGS = "embeddings", "/v1/embeddings"
+    COUNT_TOKENS = "messages.count_tokens", "/v1/messages/count_tokens"
+    STORED_RESPONSES = "responses.stored", "/v1/responses/{id}"
+    MODELS = "models", "/v1/models"
+
+
+class CacheState(models.TextChoices):
+    """What the response cache did for a logged request (blank: its alias has none)."""
+
+    HIT = "hit", "hit"
+    SEMANTIC = "semantic", "semantic hit"
+    PARTIAL = "partial", "partial hit"
+    MISS = "miss", "miss"
+    BYPASS = "bypass", "bypass"
+
+
+CACHE_HITS = frozenset({CacheState.HIT, CacheState.SEMANTIC})
+"""The states of a request answered from the cache alone: no backend was asked."""
+
+
+UNBILLED_ENDPOINTS = frozenset({Endpoint.COUNT_TOKENS, Endpoint.STORED_RESPONSES, Endpoint.MODELS})
+"""The endpoints that ask no model for an answer: their rows cost nothing and carry no
+tokens, and the latencies reported are the others'."""
 
 
 class RequestLog(models.Model):
@@ -548,6 +620,19 @@ class RequestLog(models.Model):
     output_tokens_per_second = models.FloatField(null=True, blank=True)
     cost = models.DecimalField(
         max_digits=14, decimal_places=8, default=0, help_text="USD, from the alias's prices."
+    )
+    cache = models.CharField(max_length=8, choices=CacheState.choices, blank=True)
+    cache_note = models.CharField(
+        max_length=80, blank=True, help_text="Why the response cache was passed by, or not written."
+    )
+    cache_similarity = models.FloatField(
+        null=True, blank=True, help_text="A semantic hit's: its similarity to the text it matched."
+    )
+    cost_saved = models.DecimalField(
+        max_digits=14,
+        decimal_places=8,
+        default=0,
+        help_text="USD: what the answers served from the response cache would have cost.",
     )
     client_ip = models.GenericIPAddressField(null=True, blank=True)
     user_agent = models.CharField(max_length=500, blank=True)
@@ -618,7 +703,7 @@ class StoredResponse(models.Model):
 # Each decade of the latency histograms' buckets above 10 ms: every step at most 21%
 # above the last, so that a percentile can be placed within 10% of either end of its
 # bucket (accounting.reports.percentile), and 10, 20, 30 and 50 among them (bounds of the
-# coarser histograms before, migration 0016).
+# coarser histograms before, migration 0019).
 DECADE_STEPS = (10, 12, 14, 16, 18, 20, 24, 27, 30, 36, 43, 50, 60, 72, 86)
 LONGEST_MS = 600_000  # a backend's default time-out; longer requests share one bucket
 # The upper bounds (ms) of the latency histograms' buckets: every millisecond up to 10,
@@ -658,6 +743,11 @@ class UsageTotals(models.Model):
     cached_tokens = _count()
     reasoning_tokens = _count()
     cost = models.DecimalField(max_digits=20, decimal_places=8, default=0, help_text="USD.")
+    cache_hits = _count("Answered from the response cache alone.")
+    cache_misses = _count("Looked up in the response cache and not found (in part, or at all).")
+    cost_saved = models.DecimalField(
+        max_digits=20, decimal_places=8, default=0, help_text="USD, by the response cache."
+    )
 
     class Meta:
         abstract = True

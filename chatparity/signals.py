@@ -102,6 +102,11 @@ class Observer:
         """``count`` log rows were ``written``, ``spooled``, ``lost`` (to the database
         and the spool alike) or ``drained`` (from the spool)."""
 
+    def spool_failed(self, operation: str) -> None:
+        """The spool folder could not be used to ``operation``: ``drain`` (the log
+        writer's pass over it), ``count`` (a scrape's count of its rows) or ``keep``
+        (rows the database could not take)."""
+
     def lookup(self, cache: str, hit: bool) -> None:
         """The ``key`` or ``aliases`` cache was read: a ``hit``, else a load."""
 

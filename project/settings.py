@@ -145,6 +145,7 @@ INSTALLED_APPS = [
     "chatparity.conformance",
     "chatparity.portal",
     "chatparity.audit",
+    "axes",  # failed logins throttled (/portal/login/ and /admin/): django-axes
     "project",  # the demo's own: every user may use the portal (project/apps.py)
 ]
 
@@ -157,12 +158,25 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "chatparity.audit.middleware.AuditMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as django-axes asks
 ]
 
+# Logins (the portal's /portal/login/ and the admin's): the 5th failure for one username
+# from one address locks that pair out for an hour (429), whichever password is then
+# tried; the user still logs in from elsewhere. The address is REMOTE_ADDR: the
+# client's behind a proxy only when the server is told to trust it (uvicorn
+# --proxy-headers --forwarded-allow-ips, docs/deploy.md).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = 5
+AXES_COOLOFF_TIME = 1  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+
 ROOT_URLCONF = "project.urls"
-LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "/portal/"
-LOGOUT_REDIRECT_URL = "/"
+LOGIN_URL = "chatparity-portal:login"  # the portal's own sign-in page
 ASGI_APPLICATION = "project.asgi.application"
 
 TEMPLATES = [
@@ -200,9 +214,27 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
+CACHES: dict[str, dict[str, str]] = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+}
+# The response cache's own store (docs/caching.md): a Redis of its own, so that an
+# eviction there never touches the limits' counters; in development, this process's
+# memory; in production without one, no response cache.
+RESPONSE_CACHE_URL = os.environ.get("CHATPARITY_RESPONSE_CACHE_URL", "")
+if RESPONSE_CACHE_URL:
+    CACHES["chatparity-responses"] = {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": RESPONSE_CACHE_URL,
+    }
+elif not PRODUCTION:
+    CACHES["chatparity-responses"] = {
+        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+        "LOCATION": "responses",
+    }
 if REDIS_URL:
-    CACHES = {
-        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+    CACHES["default"] = {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
     }
     CHANNEL_LAYERS = {
         "default": {
@@ -286,6 +318,13 @@ CHATPARITY: dict[str, object] = {
     ],
     # The portal's pages extend the site's own base template (templates/base.html).
     "PORTAL": {"BASE_TEMPLATE": "base.html"},
+    # Rows the database cannot take now, and each worker's requests in flight: a folder
+    # of the server's user (see docs/deploy.md); unset, one in the temporary directory.
+    "SPOOL_DIR": os.environ.get("CHATPARITY_SPOOL_DIR") or None,
+    # Used by the aliases whose response_cache turns it on (docs/caching.md).
+    "RESPONSE_CACHE": {
+        "CACHE": "chatparity-responses" if "chatparity-responses" in CACHES else None
+    },
 }
 # The Prometheus metrics (docs/observability.md), served while anyone may scrape them.
 if _metrics["TOKEN"] or _metrics["ALLOWED_NETWORKS"]:

@@ -8,7 +8,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("chatparity.api.urls")),
     path("portal/", include("chatparity.portal.urls")),
-    path("accounts/", include("django.contrib.auth.urls")),
     path("", include("chatparity.urls")),
 ]
 if apps.is_installed("chatparity.metrics"):

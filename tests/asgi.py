@@ -47,12 +47,14 @@ def keep_test_connection(test):
     test.addCleanup(request_finished.connect, close_old_connections)
 
 
-async def ask_fast_path(plaintext):
-    """POST a chat completion of model ``echo`` through the ASGI fast path; its status and
-    body, once the application returned (its row written, or spooled)."""
+async def ask_fast_path(plaintext, application=None):
+    """POST a chat completion of model ``echo`` through the ASGI fast path (``application``,
+    else one made now); its status and body, once the application returned (its row
+    written, or spooled)."""
     headers = [("authorization", f"Bearer {plaintext}"), ("content-type", "application/json")]
     communicator = ApplicationCommunicator(
-        FastPath(get_asgi_application()), http_scope("POST", "/v1/chat/completions", headers)
+        application or FastPath(get_asgi_application()),
+        http_scope("POST", "/v1/chat/completions", headers),
     )
     body = {"model": "echo", "messages": [{"role": "user", "content": "Hi"}]}
     await communicator.send_input({"type": "http.request", "body": orjson.dumps(body)})

@@ -39,11 +39,14 @@ class ScriptedBackend:
     system_fingerprint = "fp_scripted"
     hanging = 0
     """How many streams wait at a ``"<hang>"`` now: tests wait for that, not for a time."""
+    asked: list[ChatRequest] = []
+    """Every request a scripted backend was given, in order (tests clear it)."""
 
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
 
     async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[Event]:
+        ScriptedBackend.asked.append(request)
         sent = calls = 0
         limit = request.most_completion_tokens
         for step in self._steps(request):
@@ -64,7 +67,7 @@ class ScriptedBackend:
             sent += 1
             if isinstance(step, dict):
                 yield ToolCallDelta(
-                    0, calls, step["arguments"], id=f"call_{calls}", name=step["call"]
+                    0, calls, step["arguments"], id=f"call_{calls:024}", name=step["call"]
                 )
                 calls += 1
             else:
@@ -121,9 +124,10 @@ EMBEDDING_FAULTS = {
 class ScriptedUpstream:
     """An upstream on loopback whose model plays a script, speaking OpenAI's Chat
     Completions (``/v1/chat/completions``) or Anthropic's Messages API
-    (``/v1/messages``) as it is asked: ``scripts`` maps a model name to its turns, and
-    a request is answered with the turn after the model's earlier calls in its
-    conversation (the last turn once the script is played). Streamed as asked, with
+    (``/v1/messages``) as it is asked, its ids in each one's form: ``scripts`` maps a
+    model name to its turns, and a request is answered with the turn after the
+    model's earlier calls in its conversation (the last turn once the script is
+    played). Streamed as asked, with
     usage; every request's body is kept in :attr:`requests`, its path and headers in
     :attr:`heads`. It embeds too (``/v1/embeddings``, :func:`scripted_vector` for each
     text, in the encoding asked), or misbehaves as :data:`EMBEDDING_FAULTS` says.
@@ -157,24 +161,7 @@ class ScriptedUpstream:
                     with contextlib.suppress(BrokenPipeError):  # a client that gave up
                         self.wfile.write(payload)
                     return
-                if self.path.endswith("/messages"):
-                    answer = upstream.message(body)
-                    payload = (
-                        "".join(
-                            f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
-                            for event in answer
-                        )
-                        if stream
-                        else json.dumps(answer)
-                    ).encode()
-                else:
-                    answer = upstream.answer(body)
-                    payload = (
-                        "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in answer)
-                        + "data: [DONE]\n\n"
-                        if stream
-                        else json.dumps(answer)
-                    ).encode()
+                payload = upstream.payload(self.path, body)
                 self.send_response(200)
                 kind = "text/event-stream" if stream else "application/json"
                 self.send_header("Content-Type", kind)
@@ -193,6 +180,34 @@ class ScriptedUpstream:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+    def payload(self, path: str, body: dict[str, Any]) -> bytes:
+        """The body answering ``body`` on ``path``: Anthropic's named events or message
+        on ``/messages``, else chat chunks or a completion."""
+        stream = bool(body.get("stream"))
+        if path.endswith("/messages"):
+            answer = self.message(body)
+            if not stream:
+                return json.dumps(answer).encode()
+            named = (f"event: {event['type']}\ndata: {json.dumps(event)}\n\n" for event in answer)
+            return "".join(named).encode()
+        answer = self.answer(body)
+        if not stream:
+            return json.dumps(answer).encode()
+        chunks = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in answer)
+        return (chunks + "data: [DONE]\n\n").encode()
+
+    def message_usage(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Anthropic's usage of the message answering ``body``."""
+        return {"input_tokens": 10, "output_tokens": 5}
+
+    def delta_usage(self, usage: dict[str, Any]) -> dict[str, Any]:
+        """What ``message_delta`` says of the message's ``usage``."""
+        return {"output_tokens": usage["output_tokens"]}
+
+    def chat_usage(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The usage of the completion answering ``body``."""
+        return {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
 
     def embeddings(self, body: dict[str, Any]) -> tuple[int, str, bytes]:
         """The status, content type and body answering the embeddings request ``body``."""
@@ -250,11 +265,11 @@ class ScriptedUpstream:
         """Anthropic's events (streamed) or message for the turn ``body`` is at."""
         turn = self.turn(body)
         if isinstance(turn, Call):
-            use = {"type": "tool_use", "id": f"toolu_{len(self.requests)}", "name": turn.name}
+            use = {"type": "tool_use", "id": f"toolu_{len(self.requests):024}", "name": turn.name}
             blocks, stop = [{**use, "input": turn.arguments}], "tool_use"
         else:
             blocks, stop = [{"type": "text", "text": turn}], "end_turn"
-        usage = {"input_tokens": 10, "output_tokens": 5}
+        usage = self.message_usage(body)
         message = {"id": "msg_scripted", "type": "message", "role": "assistant",
                    "model": body["model"], "stop_reason": stop, "stop_sequence": None}  # fmt: skip
         if not body.get("stream"):
@@ -281,7 +296,7 @@ class ScriptedUpstream:
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": stop, "stop_sequence": None},
-                "usage": {"output_tokens": 5},
+                "usage": self.delta_usage(usage),
             },
             {"type": "message_stop"},
         ]
@@ -291,11 +306,15 @@ class ScriptedUpstream:
         turn = self.turn(body)
         if isinstance(turn, Call):
             function = {"name": turn.name, "arguments": json.dumps(turn.arguments)}
-            call = {"id": f"call_{len(self.requests)}", "type": "function", "function": function}
+            call = {
+                "id": f"call_{len(self.requests):024}",
+                "type": "function",
+                "function": function,
+            }
             message, finish = {"content": None, "tool_calls": [call]}, "tool_calls"
         else:
             message, finish = {"content": turn}, "stop"
-        usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+        usage = self.chat_usage(body)
         head = {"id": "chatcmpl-scripted", "created": 1, "model": body["model"]}
         if not body.get("stream"):
             choice = {"index": 0, "message": {"role": "assistant", **message}}
@@ -319,3 +338,16 @@ def _called(message: dict[str, Any]) -> bool:
     return isinstance(content, list) and any(
         isinstance(block, dict) and block.get("type") == "tool_use" for block in content
     )
+
+
+class WithScriptedUpstream:
+    """Mixed into a test case (before it): a :class:`ScriptedUpstream` of the class's own,
+    ``cls.upstream``, closed after its tests."""
+
+    upstream: ScriptedUpstream
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.upstream = ScriptedUpstream()
+        super().setUpClass()  # type: ignore[misc]
+        cls.addClassCleanup(cls.upstream.close)  # type: ignore[attr-defined]

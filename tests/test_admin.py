@@ -191,7 +191,15 @@ class TestApiKeyAdmin:
         assert (key.requests_per_minute, key.token_budget) == (30, 1000)
         shown = page(admin_client.get(url))
         assert "requests this minute: <strong>0</strong> of 30" in shown
-        assert "tokens this day: <strong>0</strong> of 1000" in shown
+        assert "tokens this day: <strong>0</strong> of 1,000" in shown
+
+    def test_usage_the_counters_cannot_tell_is_unknown(self, admin_client, db, settings):
+        key, _ = ApiKey.objects.create_key("k", token_budget=1000)
+        url = reverse("admin:chatparity_apikey_change", args=[key.pk])
+        # A cache that keeps nothing: a budget's counter is gone as soon as it is seeded.
+        settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}}
+        shown = page(admin_client.get(url))
+        assert "usage (the counters are unavailable): unknown</div>" in shown
 
     def test_search_by_prefix_and_name(self, admin_client, db):
         alpha, _ = ApiKey.objects.create_key("alpha-team")
@@ -515,8 +523,9 @@ class TestModelAliasForm:
             "enabled": "on", "listed": "on", "owned_by": "chatparity", "input_price": "0",
             "output_price": "0",
         }  # fmt: skip
-        for name in ("default_params", "fallbacks", "forwarded_params"):
-            data[name] = json.dumps(fields.pop(name, {} if name == "default_params" else []))
+        for name in ("default_params", "fallbacks", "forwarded_params", "response_cache"):
+            empty = {} if name in ("default_params", "response_cache") else []
+            data[name] = json.dumps(fields.pop(name, empty))
         data.update(fields)
         return client.post(reverse("admin:chatparity_modelalias_add"), data)
 

@@ -1,6 +1,7 @@
 """System checks of the programs declared in ``CHATPARITY["COMMANDS"]``, and the
 example project's declarations."""
 
+import os
 import sys
 from pathlib import Path
 from unittest import mock
@@ -9,6 +10,7 @@ import pytest
 from django.core.checks import run_checks
 from django.test import override_settings
 
+from chatparity.accounting.spool import FIX
 from chatparity.backends.command import parse_declaration
 from chatparity.checks import (
     check_commands,
@@ -16,11 +18,14 @@ from chatparity.checks import (
     check_counters,
     check_embedding_model,
     check_hosted_tools,
+    check_response_cache,
+    check_response_cache_shared,
     check_responses_retention,
     check_spool_dir,
     check_stored_response_bytes,
 )
 from project import settings as project_settings
+from tests.support import spools
 
 
 def reported(commands):
@@ -226,19 +231,63 @@ def test_a_spool_folder_of_this_users_alone_passes(tmp_path):
 @pytest.mark.parametrize(
     ("make", "problem"),
     [
-        (lambda path: path.mkdir() or path.chmod(0o760), "may be written to by other"),
-        (lambda path: path.mkdir() or path.chmod(0o706), "may be written to by other"),
-        (lambda path: path.mkdir() or path.chmod(0o777), "may be written to by other"),
-        (lambda path: path.symlink_to(path.parent), "is a symlink"),
+        (
+            lambda path: path.mkdir() or path.chmod(0o760),
+            "is not this user's alone: other users may write to it (mode 760)",
+        ),
+        (
+            lambda path: path.mkdir() or path.chmod(0o706),
+            "is not this user's alone: other users may write to it (mode 706)",
+        ),
+        (
+            lambda path: path.mkdir() or path.chmod(0o777),
+            "is not this user's alone: other users may write to it (mode 777)",
+        ),
+        (lambda path: path.write_bytes(b""), "is not a folder"),
     ],
-    ids=["writable by its group", "writable by any user", "writable by anyone", "a symlink"],
+    ids=["writable by its group", "writable by any user", "writable by anyone", "a file"],
 )
-def test_a_spool_folder_others_may_write_or_point_elsewhere_is_a_warning(tmp_path, make, problem):
+def test_a_spool_folder_chatparity_would_refuse_is_an_error(tmp_path, make, problem):
     spool = tmp_path / "spool"
     make(spool)
     ((id, message),) = spool_reported(spool)
-    assert id == "chatparity.W070"
-    assert problem in message
+    assert id == "chatparity.E071"
+    assert message == (
+        f"CHATPARITY['SPOOL_DIR'] ({spool}) {problem}: chatparity will not spool there, nor serve."
+    )
+
+
+@spools.ANOTHER_USER
+def test_a_spool_folder_of_another_user_is_an_error(tmp_path, other):
+    (tmp_path / "spool").mkdir(mode=0o700)
+    with mock.patch("os.getuid", return_value=os.getuid() + other):
+        ((id, message),) = spool_reported(tmp_path / "spool")
+    assert id == "chatparity.E071"
+    assert "it belongs to another user" in message
+
+
+@pytest.mark.parametrize("layout", spools.RESOLVED, ids=spools.layout_id)
+def test_a_spool_folder_reached_through_symlinks_no_one_else_can_change_passes(tmp_path, layout):
+    configured, _ = layout(tmp_path)
+    assert spool_reported(configured) == []
+
+
+@pytest.mark.parametrize("layout", spools.REFUSED, ids=spools.layout_id)
+def test_a_spool_folder_reached_through_symlinks_others_could_change_is_an_error(tmp_path, layout):
+    configured, said = layout(tmp_path)
+    with override_settings(CHATPARITY={"SPOOL_DIR": str(configured)}):
+        (error,) = check_spool_dir()
+    assert error.id == "chatparity.E071"
+    assert error.msg.startswith(f"CHATPARITY['SPOOL_DIR'] ({configured}")
+    assert said in error.msg
+    assert error.hint == FIX
+
+
+def test_a_linked_spool_folder_says_where_it_leads(tmp_path):
+    configured, real = spools.a_link_to_a_private_folder(tmp_path)
+    real.chmod(0o777)
+    ((_, message),) = spool_reported(configured)
+    assert message.startswith(f"CHATPARITY['SPOOL_DIR'] ({configured}, which leads to {real})")
 
 
 def test_a_spool_folder_in_a_folder_anyone_may_write_to_is_a_warning(tmp_path):
@@ -291,3 +340,68 @@ def test_a_log_database_the_writer_cannot_write_is_an_error():
         (error,) = check_log_database()
     assert error.id == "chatparity.E070"
     assert "mysql" in error.msg
+
+
+LOCAL = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+REDIS = "django.core.cache.backends.redis.RedisCache"
+
+
+def cache_checks(caches, **response_cache):
+    """The ids of what the response cache's checks say under ``caches`` and
+    ``CHATPARITY["RESPONSE_CACHE"]`` (with ``REDIS_URL`` when given)."""
+    redis_url = response_cache.pop("REDIS_URL", None)
+    chatparity = {"RESPONSE_CACHE": response_cache, "REDIS_URL": redis_url}
+    with override_settings(CACHES=caches, CHATPARITY=chatparity):
+        return sorted(message.id for message in check_response_cache())
+
+
+def test_the_response_cache_has_a_store_of_its_own():
+    assert cache_checks({"default": LOCAL}) == []  # no response cache
+    answers = {**LOCAL, "LOCATION": "answers"}
+    assert cache_checks({"default": LOCAL, "answers": answers}, CACHE="answers") == []
+    # Two caches in memory under one name are one: the counters'.
+    assert cache_checks({"default": LOCAL, "answers": LOCAL}, CACHE="answers") == [
+        "chatparity.E092"
+    ]
+    assert cache_checks({"default": LOCAL}, CACHE="answers") == ["chatparity.E091"]
+    # The limits count in the default cache when REDIS_URL is not set.
+    assert cache_checks({"default": LOCAL}, CACHE="default") == ["chatparity.E092"]
+    counters = "redis://10.0.0.5:6379/0"
+    own = {"default": LOCAL, "answers": {"BACKEND": REDIS, "LOCATION": "redis://10.0.0.9:6379/0"}}
+    assert cache_checks(own, CACHE="answers", REDIS_URL=counters) == []
+    same = {"default": LOCAL, "answers": {"BACKEND": REDIS, "LOCATION": counters}}
+    assert cache_checks(same, CACHE="answers", REDIS_URL=counters) == ["chatparity.E092"]
+    listed = {"default": LOCAL, "answers": {"BACKEND": REDIS, "LOCATION": [counters]}}
+    assert cache_checks(listed, CACHE="answers", REDIS_URL=counters) == ["chatparity.E092"]
+    # Another database of the same server: its eviction is the counters' too.
+    other_db = {"default": LOCAL, "answers": {"BACKEND": REDIS, "LOCATION": counters[:-1] + "4"}}
+    assert cache_checks(other_db, CACHE="answers", REDIS_URL=counters) == ["chatparity.W093"]
+    default = {"default": {"BACKEND": REDIS, "LOCATION": counters}}
+    assert cache_checks({**same, **default}, CACHE="answers") == ["chatparity.E092"]
+    dummy = {"default": LOCAL, "answers": DUMMY_CACHE["default"]}
+    assert cache_checks(dummy, CACHE="answers") == ["chatparity.W094"]
+
+
+def test_the_response_cache_s_bounds_are_positive_whole_numbers():
+    caches = {"default": LOCAL}
+    for name in ("MAX_ENTRY_BYTES", "MAX_BYTES", "MAX_TTL", "SEMANTIC_VECTORS"):
+        for value in (0, -1, 1.5, "10", True, None):
+            assert cache_checks(caches, **{name: value}) == ["chatparity.E090"], (name, value)
+
+
+def test_a_response_cache_in_each_worker_s_memory_is_a_deploy_warning():
+    with override_settings(
+        CACHES={"default": LOCAL, "answers": LOCAL},
+        CHATPARITY={"RESPONSE_CACHE": {"CACHE": "answers"}},
+    ):
+        (warning,) = check_response_cache_shared()
+        assert warning.id == "chatparity.W095"
+        assert "chatparity.W095" not in {message.id for message in run_checks()}
+        assert "chatparity.W095" in {m.id for m in run_checks(include_deployment_checks=True)}
+    assert check_response_cache_shared() == []  # no response cache
+
+
+def test_the_example_project_s_response_cache_passes_its_checks():
+    caches, chatparity = project_settings.CACHES, project_settings.CHATPARITY
+    with override_settings(CACHES=caches, CHATPARITY=chatparity):
+        assert check_response_cache() == []

@@ -13,6 +13,8 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import TestCase, override_settings
 
+from tests.support import spools
+
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = ROOT / "project" / "settings.py"
 ENV_TEMPLATE = ROOT / "project" / "deploy" / "chatparity.env"
@@ -42,15 +44,20 @@ def load_settings(**env: str) -> dict[str, object]:
         return runpy.run_path(str(SETTINGS))
 
 
-def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def python(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``python args`` in the project's folder, with exactly ``env`` (and PATH)."""
     return subprocess.run(
-        [sys.executable, "manage.py", *args],
+        [sys.executable, *args],
         cwd=ROOT,
         env={"PATH": os.environ["PATH"], **env},
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return python("manage.py", *args, env=env)
 
 
 def test_development_is_the_default_and_needs_no_environment():
@@ -196,14 +203,7 @@ asyncio.run(main())
 
 
 def test_production_fast_path_refuses_bad_hosts_redirects_http_and_sends_hsts():
-    result = subprocess.run(
-        [sys.executable, "-c", FAST_PATH_REQUESTS],
-        cwd=ROOT,
-        env={"PATH": os.environ["PATH"], **PRODUCTION},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = python("-c", FAST_PATH_REQUESTS, env=PRODUCTION)
     assert result.returncode == 0, result.stderr
     *logged, last = result.stdout.splitlines()
     replies = json.loads(last)
@@ -238,3 +238,76 @@ class HttpsRedirectTests(TestCase):
     def test_the_health_check_is_answered_over_plain_http(self):
         response = self.client.get("/healthz")
         assert response.status_code == 200
+
+
+LOGINS = """
+import django
+django.setup()
+from django.core.management import call_command
+from django.contrib.auth.models import User
+from django.test import Client
+call_command("migrate", verbosity=0)
+User.objects.create_superuser("staff", password="the-right-one")
+for address, path in (("192.0.2.1", "/portal/login/"), ("192.0.2.2", "/admin/login/")):
+    client = Client(HTTP_HOST="localhost", REMOTE_ADDR=address)
+    wrong = [client.post(path, {"username": "staff", "password": f"guess-{i}"}).status_code
+             for i in range(5)]
+    right = client.post(path, {"username": "staff", "password": "the-right-one"}).status_code
+    other = Client(HTTP_HOST="localhost", REMOTE_ADDR="192.0.2.9")  # the user, elsewhere
+    print(path, wrong, right, other.post(path, {"username": "staff",
+          "password": "the-right-one"}).status_code)
+"""
+
+
+def test_the_example_projects_logins_are_throttled(tmp_path):
+    # Security round 4: /portal/login/ and /admin/ took password guesses without end.
+    result = subprocess.run(
+        [sys.executable, "-c", LOGINS],
+        cwd=ROOT,
+        env={
+            "PATH": os.environ["PATH"],
+            "DJANGO_SETTINGS_MODULE": "project.settings",
+            "DATABASE_URL": f"sqlite:///{tmp_path / 'logins.sqlite3'}",
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    # The fifth wrong password locks that user out from that address (429), the right
+    # one too, while it still logs in from another.
+    assert result.stdout.splitlines() == [
+        "/portal/login/ [200, 200, 200, 200, 429] 429 302",
+        "/admin/login/ [200, 200, 200, 200, 429] 429 302",
+    ]
+
+
+def start_worker(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """What a worker does as it starts, load the ASGI application (``project.asgi``); then
+    print the folder it spools in."""
+    started = "import project.asgi, chatparity.accounting.spool as s; print(s.real_path())"
+    return python("-c", started, env=env)
+
+
+def test_a_spool_folder_linked_to_a_private_folder_passes_and_is_resolved_at_start(tmp_path):
+    configured, real = spools.a_link_to_a_private_folder(tmp_path)
+    env = {"CHATPARITY_SPOOL_DIR": str(configured)}
+    assert load_settings(**env)["CHATPARITY"]["SPOOL_DIR"] == str(configured)
+    checked = manage("check", env=env)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    started = start_worker(env)
+    assert started.returncode == 0, started.stderr
+    assert started.stdout == f"{real}\n"
+
+
+def test_a_spool_folder_linked_into_a_shared_folder_stops_the_site_at_start(tmp_path):
+    configured, said = spools.a_link_into_a_shared_folder(tmp_path)
+    env = {"CHATPARITY_SPOOL_DIR": str(configured)}
+    checked = manage("check", env=env)
+    assert checked.returncode != 0
+    assert "chatparity.E071" in checked.stderr
+    assert said in checked.stderr
+    started = start_worker(env)
+    assert started.returncode != 0
+    assert "ImproperlyConfigured" in started.stderr
+    assert f"CHATPARITY['SPOOL_DIR'] ({configured}) cannot be used" in started.stderr

@@ -113,7 +113,8 @@ def test_stored_rows_that_would_be_refused_are_reported_by_check_database(spare)
         (
             "chatparity.W040",
             "backend 'typo': options: Unknown option(s) 'retry'; this kind of backend takes"
-            " 'backoff', 'connect_timeout', 'headers', 'pass_error_text', 'retries', 'wire_api'.",
+            " 'backoff', 'cache_ttl', 'connect_timeout', 'headers', 'pass_error_text',"
+            " 'retries', 'wire_api'.",
         ),
         ("chatparity.W040", "model alias 'broken': fallbacks: No alias is named 'nowhere'."),
     ]
@@ -197,3 +198,24 @@ class TestAuditedQuerySet:
     def test_a_sliced_queryset_is_refused_as_django_refuses_it(self, db):
         with pytest.raises(TypeError, match="slice"):
             ModelAlias.objects.all()[:1].update(enabled=False)
+
+
+def test_the_prompt_caches_parameters_leave_the_aliases_forwarded_lists(transactional_db):
+    """They are forwarded to every upstream now: an alias listing one would be refused."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    name = next(
+        key for key in executor.loader.graph.nodes if key[1].endswith("_alias_cache_breakpoints")
+    )
+    (before,) = executor.loader.graph.node_map[name].parents
+    executor.migrate([before.key])
+    state = executor.loader.project_state(before.key)
+    backend = state.apps.get_model("chatparity", "Backend").objects.create(name="b", kind="openai")
+    alias = state.apps.get_model("chatparity", "ModelAlias").objects.create(
+        public_id="a", backend=backend, forwarded_params=["prompt_cache_key", "store"]
+    )
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes("chatparity"))
+    assert ModelAlias.objects.get(pk=alias.pk).forwarded_params == ["store"]

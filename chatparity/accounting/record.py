@@ -16,7 +16,8 @@ from ..conf import app_settings
 from ..models import ApiKey, Endpoint, ModelAlias, RequestLog
 from ..protocol.completion import CompletionAccumulator
 from ..protocol.errors import APIError
-from ..protocol.events import Usage
+from ..protocol.events import UpstreamCalls, Usage
+from .settlement import settled_usage
 
 
 @dataclass
@@ -45,7 +46,12 @@ class UsageRecord:
     cancelled: bool = False
     finish_reasons: dict[int, str] = field(default_factory=dict)
     usage: Usage | None = None
+    """The usage the backend reported (its last event)."""
     completion_tokens_sent: int = 0
+    reserved_prompt: int = 0
+    """The prompt tokens its admission reserved for each upstream call."""
+    upstream: UpstreamCalls = field(default_factory=UpstreamCalls)
+    """The calls its backends made upstream, as they made them."""
     first_token_at: float | None = None
     request_body: Any = None
     model_alias: ModelAlias | None = None
@@ -64,6 +70,14 @@ class UsageRecord:
     """The request's headers by lower-case name (a trace's ``traceparent``)."""
     omitted_tools: list[str] = field(default_factory=list)
     """The types of the hosted tools the serving alias left out (/v1/responses)."""
+    cache: str = ""
+    """What the response cache did (a :class:`~chatparity.models.CacheState`; "": its
+    alias has none), ``cache_note`` why it was passed by or not written, and a semantic
+    hit's ``cache_similarity``."""
+    cache_note: str = ""
+    cache_similarity: float | None = None
+    saved: Usage | None = None
+    """The usage of what the response cache answered: spent earlier, not now."""
 
     def __post_init__(self) -> None:
         if not self.key_prefix and self.api_key is not None:
@@ -80,9 +94,13 @@ class UsageRecord:
 
     @property
     def tokens(self) -> Usage:
-        """The usage the backend reported, else the completion tokens counted as sent."""
-        return self.usage or Usage(
-            prompt_tokens=0, completion_tokens=self.completion_tokens_sent, counted=True
+        """The usage the request is charged and logged with (:func:`settled_usage`)."""
+        return settled_usage(
+            self.reserved_prompt,
+            self.upstream.prompts,
+            self.usage,
+            self.completion_tokens_sent,
+            answered=self.backend_answered is not None,
         )
 
     def row(self) -> RequestLog:
@@ -118,6 +136,12 @@ class UsageRecord:
             duration_ms=(now - self.started) * 1000,
             cost=self.model_alias.cost_of(usage.prompt_tokens, usage.completion_tokens)
             if self.model_alias
+            else 0,
+            cache=self.cache,
+            cache_note=self.cache_note,
+            cache_similarity=self.cache_similarity,
+            cost_saved=self.model_alias.cost_of(saved.prompt_tokens, saved.completion_tokens)
+            if self.model_alias and (saved := self.saved)
             else 0,
             output_tokens_per_second=usage.completion_tokens / generating
             if generating > 0

@@ -18,6 +18,7 @@ from django.db.models import QuerySet, Sum
 from ..models import (
     HISTOGRAM_KEYS,
     LATENCY_BOUNDS_MS,
+    UNBILLED_ENDPOINTS,
     ApiKey,
     DailyAliasUsage,
     DailyKeyTotal,
@@ -40,6 +41,7 @@ _COLUMNS: dict[Dimension, str] = {
 USAGE_MEASURES = (
     "requests", "errors", "cancelled", "prompt_tokens", "completion_tokens", "total_tokens",
 )  # fmt: skip
+CACHE_MEASURES = ("cache_hits", "cache_misses", "cost_saved")
 
 
 @dataclass(frozen=True)
@@ -148,11 +150,27 @@ def usage_by_day_and_alias(
     rows = LogFilter(since=since, until=until, key_prefix=key_prefix).rollups(["key", "alias"])
     if owner_id is not None:
         rows = rows.filter(owner_id=owner_id)
-    measures = (*USAGE_MEASURES, "cost")
+    measures = (*USAGE_MEASURES, "cost", *CACHE_MEASURES)
     groups = sums(rows, ["day", "alias"], measures)
     for group in groups:
         group["cost"] = Decimal(group["cost"])
+        group["cost_saved"] = Decimal(group["cost_saved"])
     return groups
+
+
+def cache_by_alias(log_filter: LogFilter) -> list[dict[str, Any]]:
+    """Per alias whose response cache was looked up: its hits, misses, the percentage of
+    lookups it answered (``hit_percent``) and the cost it saved (USD, a Decimal)."""
+    groups = sums(log_filter.rollups(["alias"]), ["alias"], CACHE_MEASURES)
+    return [
+        {
+            **group,
+            "cost_saved": Decimal(group["cost_saved"]),
+            "hit_percent": group["cache_hits"] / lookups * 100,
+        }
+        for group in groups
+        if (lookups := group["cache_hits"] + group["cache_misses"])
+    ]
 
 
 # How far a percentile may be from the true value, as a share of it.
@@ -189,8 +207,10 @@ def percentile(counts: Sequence[int], fraction: float) -> float | None:
 
 
 def latency_by_alias(log_filter: LogFilter) -> list[dict[str, Any]]:
-    """Per alias: requests, error rate, p50/p95 duration and time to first token (ms)."""
-    rollups = log_filter.rollups(["alias"], latency=True)
+    """Per alias: requests, error rate, p50/p95 duration and time to first token (ms) of
+    the model's answers (the endpoints that ask it for none are left out: a token count
+    is no answer)."""
+    rollups = log_filter.rollups(["alias"], latency=True).exclude(endpoint__in=UNBILLED_ENDPOINTS)
     groups = sums(rollups, ["alias"], ("requests", "errors"))
     histograms = histograms_per(rollups, "alias")
     return [_latency(group, *histograms[group["alias"]]) for group in groups if group["requests"]]

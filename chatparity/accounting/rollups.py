@@ -29,9 +29,11 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Case, Count, Max, Model, Q, QuerySet, Sum, Value, When
 
 from ..models import (
+    CACHE_HITS,
     HISTOGRAM_KEYS,
     LATENCY_BOUNDS_MS,
     ApiKey,
+    CacheState,
     DailyAliasUsage,
     DailyKeyTotal,
     DailyKeyUsage,
@@ -40,16 +42,19 @@ from ..models import (
 
 # A row that failed: an error status, or an error after streaming began (status 200).
 FAILED = Q(status_code__gte=400) | ~Q(error_type="")
+# What the response cache did: answered alone, or looked up and asked a backend.
+CACHE_MISSES = frozenset({CacheState.MISS, CacheState.PARTIAL})
 
 # What a rollup sums, in the order of a tally.
 MEASURES = (
     "requests", "errors", "cancelled", "prompt_tokens", "completion_tokens", "total_tokens",
-    "cached_tokens", "reasoning_tokens", "cost", "duration_ms", "first_token_ms",
-    "first_tokens",
+    "cached_tokens", "reasoning_tokens", "cost", "cache_hits", "cache_misses", "cost_saved",
+    "duration_ms", "first_token_ms", "first_tokens",
 )  # fmt: skip
 TOKENS = MEASURES[3:8]
-# What a key's daily total sums: the measures up to the cost, no latency.
-TOTALS = MEASURES[: MEASURES.index("cost") + 1]
+MONEY = ("cost", "cost_saved")
+# What a key's daily total sums: the measures up to the cost and the cache's, no latency.
+TOTALS = MEASURES[: MEASURES.index("cost_saved") + 1]
 _AT = {name: index for index, name in enumerate(MEASURES)}
 # A DailyUsage's latency histograms, and the log's field each counts.
 HISTOGRAMS = (
@@ -88,7 +93,8 @@ def day_start(day: datetime.date) -> datetime.datetime:
 
 def _empty_sums() -> list[Any]:
     sums: list[Any] = [0] * len(MEASURES)
-    sums[_AT["cost"]] = Decimal(0)
+    for name in MONEY:
+        sums[_AT[name]] = Decimal(0)
     return sums
 
 
@@ -136,6 +142,9 @@ def tally(rows: Iterable[RequestLog]) -> dict[KeyGrain, Tally]:
         for name in TOKENS:
             sums[_AT[name]] += getattr(row, name)
         sums[_AT["cost"]] += Decimal(row.cost)
+        sums[_AT["cache_hits"]] += row.cache in CACHE_HITS
+        sums[_AT["cache_misses"]] += row.cache in CACHE_MISSES
+        sums[_AT["cost_saved"]] += Decimal(row.cost_saved)
         sums[_AT["duration_ms"]] += row.duration_ms
         entry.histograms[0][bucket(row.duration_ms)] += 1
         first_token = row.time_to_first_token_ms
@@ -188,7 +197,8 @@ def _parameters(
     parameters = dict(zip(grain(model), of, strict=True))
     parameters.update(part.fields(model))
     parameters["day"] = connection.ops.adapt_datefield_value(of[0])
-    parameters["cost"] = connection.ops.adapt_decimalfield_value(parameters["cost"], 20, 8)
+    for name in MONEY:
+        parameters[name] = connection.ops.adapt_decimalfield_value(parameters[name], 20, 8)
     for name, _ in HISTOGRAMS:
         if name in parameters:
             parameters[name] = orjson.dumps(parameters[name]).decode()
@@ -328,6 +338,9 @@ def _log_tallies(
         "sum_cancelled": Count("pk", filter=Q(cancelled=True)),
         **{f"sum_{name}": Sum(name) for name in TOKENS},
         "sum_cost": Sum("cost"),
+        "sum_cache_hits": Count("pk", filter=Q(cache__in=CACHE_HITS)),
+        "sum_cache_misses": Count("pk", filter=Q(cache__in=CACHE_MISSES)),
+        "sum_cost_saved": Sum("cost_saved"),
         "sum_duration_ms": Sum("duration_ms"),
         "sum_first_token_ms": Sum("time_to_first_token_ms"),
         "sum_first_tokens": Count("time_to_first_token_ms"),

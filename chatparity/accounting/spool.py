@@ -10,7 +10,13 @@ writes nothing twice), then deletes the file.
 Other users of the machine are not trusted: a process opens the folder once, checks
 the folder it opened (never through a symlink, this user's alone), and makes, opens,
 renames and deletes its files relative to it (:class:`Folder`), so a name swapped
-afterwards reaches nothing else.
+afterwards reaches nothing else. A folder reached through symlinks is resolved once
+(:func:`resolve`), when no other user can change where they lead; else refused.
+
+A folder refused stops the server at start (``FastPath`` calls :func:`open_for_serving`;
+the system check ``chatparity.E071`` says so before). One that fails later, while it
+serves, is said once and counted (:func:`failed`), never raised to a request or a
+scrape.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import functools
 import hmac
 import logging
 import os
+import stat
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
@@ -29,11 +36,13 @@ from typing import Any
 
 import orjson
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router
 from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteWrapper
 from django.db.models import Field
 from django.utils import timezone
 
+from .. import signals
 from ..conf import app_settings
 from ..models import RequestLog
 from . import inserts
@@ -102,16 +111,31 @@ class Folder:
 
 
 _NO_LINK = os.O_NOFOLLOW | os.O_CLOEXEC
-# Folders this process opened, by path: each is opened and checked once.
+# Folders this process opened, by their real path: each is opened and checked once.
 _opened: dict[str, Folder] = {}
+# The folders this process was configured with, to their real paths: resolved once.
+_resolved: dict[Path, Path] = {}
+# The symlinks a path may go through, at most (as the kernel's MAXSYMLINKS).
+_MAX_LINKS = 40
+
+FIX = (
+    "Point CHATPARITY['SPOOL_DIR'] at a folder of the server's user that no other user may"
+    " write to, reached through folders and symlinks that are the server user's or root's"
+    " and that no other user may write to (a sticky folder such as /tmp excepted); or leave"
+    " SPOOL_DIR unset (a folder named by a keyed hash in the temporary directory)."
+)
+
+
+class Refused(PermissionError):
+    """The spool folder, refused: what is wrong with it."""
 
 
 def open_folder(*, create: bool = True) -> Folder | None:
-    """The spool folder (:func:`spool_path`), made when ``create`` (else None when there
-    is none), opened once and checked on what was opened: a symlink, or a folder another
-    user owns or may write to, is refused (:class:`PermissionError`), since rows put
+    """The spool folder (:func:`real_path`), made when ``create`` (else None when there
+    is none), opened once and checked on what was opened: a symlink, or a folder
+    another user owns or may write to, is refused (:class:`Refused`), since rows put
     there would be written to the log as they are, and the journals read back."""
-    path = spool_path()
+    path = real_path()
     opened = _opened.get(str(path))
     if opened is not None and os.fstat(opened.descriptor).st_nlink:  # not removed since
         return opened
@@ -125,14 +149,157 @@ def open_folder(*, create: bool = True) -> Folder | None:
         if create:
             raise
         return None
-    except OSError as exc:  # ELOOP: a symlink; ENOTDIR: not a folder
-        raise PermissionError(f"{path} is not a folder: chatparity will not spool there") from exc
-    status = os.fstat(descriptor)
-    if status.st_uid != os.getuid() or status.st_mode & 0o022:
+    except OSError as exc:  # ELOOP: a symlink (put there since it was resolved); ENOTDIR
+        raise Refused(f"{path} is not a folder: chatparity will not spool there") from exc
+    problem = folder_problem(os.fstat(descriptor))
+    if problem:
         os.close(descriptor)
-        raise PermissionError(f"{path} is not this user's alone: chatparity will not spool there")
+        raise Refused(f"{path} {problem}: chatparity will not spool there")
     opened = _opened[str(path)] = Folder(path, descriptor)
     return opened
+
+
+def open_for_serving() -> Folder:
+    """The spool folder, made and opened as a worker starts to serve; else
+    :class:`ImproperlyConfigured` naming ``SPOOL_DIR``, what is wrong and the fix: a
+    server that can neither spool the rows the database cannot take nor journal its
+    requests in flight must not serve (it would lose rows without a word)."""
+    try:
+        folder = open_folder()
+    except OSError as exc:
+        configured = app_settings.SPOOL_DIR
+        named = (
+            f"CHATPARITY['SPOOL_DIR'] ({configured})"
+            if configured
+            else "The spool folder (CHATPARITY['SPOOL_DIR'] unset)"
+        )
+        raise ImproperlyConfigured(
+            f"{named} cannot be used, so chatparity will not serve: {exc}. {FIX}"
+        ) from exc
+    assert folder is not None  # made
+    return folder
+
+
+def folder_problem(status: os.stat_result) -> str:
+    """What makes the folder of ``status`` one chatparity will not spool in; "" if
+    nothing."""
+    if not stat.S_ISDIR(status.st_mode):
+        return "is not a folder"
+    if status.st_uid != os.getuid():
+        return f"is not this user's alone: it belongs to another user (uid {status.st_uid})"
+    if status.st_mode & 0o022:
+        mode = stat.S_IMODE(status.st_mode)
+        return f"is not this user's alone: other users may write to it (mode {mode:o})"
+    return ""
+
+
+def real_path() -> Path:
+    """:func:`spool_path` with its symlinks resolved (:func:`resolve`) the first time it
+    is asked for, as the server starts: the same folder after, wherever the links
+    come to point."""
+    path = spool_path()
+    real = _resolved.get(path)
+    if real is None:
+        real = _resolved[path] = resolve(path)
+    return real
+
+
+def resolve(path: Path) -> Path:
+    """``path`` with the symlinks on its way resolved, if no user but this one or root
+    can change where they lead: each symlink is theirs, and so is every folder on the
+    way (the links' and the real folder's, up to ``/``), which no other user may write
+    to (a sticky one, as /tmp, excepted: there others cannot rename or remove what is
+    not theirs, though they may make what is not there yet). Else :class:`Refused`.
+
+    A path with no symlink on its way is ``path`` itself (the system check
+    ``chatparity.W070`` warns about folders above it that others may write to); the
+    part of the path not made yet is kept as it is."""
+    absolute = path.absolute()
+    here = Path(absolute.anchor)
+    ahead = list(reversed(absolute.parts[1:]))
+    links: list[Path] = []
+    problems: list[str] = []
+    while ahead:
+        name = ahead.pop()
+        if name == "..":
+            here = here.parent
+            continue
+        entry = here / name
+        try:
+            status: os.stat_result | None = os.lstat(entry)
+        except FileNotFoundError:
+            status = None
+        problems.append(_changeable(here, entry, status))
+        if status is None:
+            here = entry.joinpath(*reversed(ahead))
+            break
+        if not stat.S_ISLNK(status.st_mode):
+            here = entry
+            continue
+        links.append(entry)
+        if len(links) > _MAX_LINKS:
+            raise Refused(f"{path} goes through more than {_MAX_LINKS} symlinks")
+        target = Path(os.readlink(entry))
+        if target.is_absolute():
+            here = Path(target.anchor)
+        ahead.extend(reversed(target.parts[1:] if target.is_absolute() else target.parts))
+    if not links:
+        return path
+    problem = next((problem for problem in problems if problem), "")
+    if problem:
+        raise Refused(
+            f"{path} goes through the symlink {links[0]}, and {problem}: another user"
+            " could change where it leads"
+        )
+    return here
+
+
+def _changeable(folder: Path, entry: Path, status: os.stat_result | None) -> str:
+    """Why a user other than this one or root could change what ``entry`` (of
+    ``status``; None: not made yet) is in ``folder``; "" if none could."""
+    trusted = (os.getuid(), 0)
+    holder = os.stat(folder)
+    if holder.st_uid not in trusted:
+        return f"{folder} belongs to another user (uid {holder.st_uid})"
+    if status is not None and status.st_uid not in trusted:
+        return f"{entry} belongs to another user (uid {status.st_uid})"
+    if not holder.st_mode & 0o022:
+        return ""
+    if not holder.st_mode & stat.S_ISVTX:
+        return f"other users may write to {folder}"
+    if status is None:
+        return f"{entry} is not made yet, in {folder}, where other users may make it first"
+    return ""
+
+
+# The operations the spool folder failed, logged and not done well since (failed()).
+_said: set[str] = set()
+
+
+def failed(operation: str, error: BaseException) -> None:
+    """The spool folder could not be used to ``operation`` (``drain``, ``count``,
+    ``keep``): counted each time (the observers'
+    :meth:`~chatparity.signals.Observer.spool_failed`), logged the first time, and again
+    only once it has :func:`worked` since."""
+    for observer in signals.observers:
+        observer.spool_failed(operation)
+    if operation not in _said:
+        _said.add(operation)
+        logger.error(
+            "chatparity: the spool folder cannot be used to %s (%s): log rows the database"
+            " cannot take would be lost, and the requests of a killed worker would leave no"
+            " row; said once until it works again, each failure counted",
+            operation,
+            error,
+            exc_info=error,
+        )
+
+
+def worked(operation: str) -> None:
+    """The spool folder was used to ``operation``: said if it had :func:`failed` to."""
+    if operation in _said:
+        _said.discard(operation)
+        logger.warning("chatparity: the spool folder can be used to %s again", operation)
 
 
 def spool_path() -> Path:

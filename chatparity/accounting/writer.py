@@ -121,9 +121,11 @@ class LogWriter(BatchWriter[RequestLog]):
         try:
             await sync_to_async(spool.keep)([row for row, _ in batch])
         except OSError as exc:
+            spool.failed("keep", exc)
             for _, written in batch:
                 settle(written, exc)
             return
+        spool.worked("keep")
         for _, written in batch:
             settle(written, False)
         self._drain_soon()
@@ -134,28 +136,52 @@ class LogWriter(BatchWriter[RequestLog]):
 
     async def _drain(self) -> None:
         """Recover the journals of dead processes, then write the machine's spooled
-        rows, trying again every DRAIN_SECONDS while any remain."""
+        rows, trying again every DRAIN_SECONDS while any remain. It never dies with an
+        error no one sees: a spool folder it cannot use is said and counted, and so is
+        anything else that would end it (the next look starts another)."""
         try:
             while True:
-                try:
-                    await sync_to_async(_recover_and_drain)()
-                except (DatabaseError, OSError) as exc:
-                    _outage_log.error(
-                        "chatparity: spooled log rows are not written yet (%s)", exc, exc_info=exc
-                    )
-                if not await sync_to_async(spool.pending)():
+                if not await sync_to_async(_recover_and_drain)():
                     return
                 await asyncio.sleep(DRAIN_SECONDS)
+        except Exception as exc:  # a bug: said, counted
+            spool.failed("drain", exc)
         finally:
             self._draining = None
 
 
-def _recover_and_drain() -> None:
-    journal.recover()
-    written = drain_spool()
-    if written:
-        logger.warning("chatparity: %d spooled log rows written", written)
-        _count_rows("drained", written)
+def _recover_and_drain() -> bool:
+    """One pass of the drain; whether spooled rows remain for another. A part that
+    cannot use the spool folder leaves the others to do what they can, and the pass
+    says so once (:func:`spool.failed`); a folder that cannot be read ends the
+    passes until the next look."""
+    failures: list[OSError] = []
+    try:
+        journal.recover()
+    except OSError as exc:
+        failures.append(exc)
+    try:
+        written = drain_spool()
+    except DatabaseError as exc:
+        _outage_log.error(
+            "chatparity: spooled log rows are not written yet (%s)", exc, exc_info=exc
+        )
+    except OSError as exc:
+        failures.append(exc)
+    else:
+        if written:
+            logger.warning("chatparity: %d spooled log rows written", written)
+            _count_rows("drained", written)
+    try:
+        remaining = spool.pending()
+    except OSError as exc:
+        failures.append(exc)
+        remaining = False
+    if failures:
+        spool.failed("drain", failures[0])
+    else:
+        spool.worked("drain")
+    return remaining
 
 
 drain_spool = reconnecting(spool.drain)

@@ -115,9 +115,9 @@ class ModelAliasSerializer(serializers.ModelSerializer[ModelAlias]):
         model = ModelAlias
         fields = [
             "id", "public_id", "backend", "model", "default_params", "fallbacks", "max_n",
-            "forwarded_params", "enabled", "listed", "owned_by", "context_window", "description",
-            "requests_per_minute", "tokens_per_minute", "input_price", "output_price",
-            "created_at",
+            "forwarded_params", "cache_breakpoints", "enabled", "listed", "owned_by",
+            "context_window", "description", "requests_per_minute", "tokens_per_minute",
+            "input_price", "output_price", "response_cache", "created_at",
         ]  # fmt: skip
         extra_kwargs = {
             "public_id": {

@@ -9,13 +9,20 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
+from ..protocol import errors
 from ..protocol.embeddings import Embeddings, EmbeddingsRequest
-from ..protocol.events import Event
+from ..protocol.events import Event, UpstreamCalls
 from ..protocol.request import ChatRequest
 
 current_caller: ContextVar[str] = ContextVar("chatparity_caller", default="")
 """Who asks, in the task of the request (the gateway names its API key), so a backend
 that many keys share can take turns among them."""
+
+upstream_calls: ContextVar[UpstreamCalls | None] = ContextVar("chatparity_calls", default=None)
+"""Where a backend that calls an upstream notes each call it sends and the prompt the
+upstream announced for it, in the task of the request (read before its first event:
+the rest of a stream may be read from another task). The request is charged the
+prompt of every call noted, whether or not its answer ends."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +49,16 @@ class ChatBackend(Protocol):
     ``model`` is the serving alias's model. A backend that passes parameters on
     to another server passes the client's sampling and format parameters from
     ``request.body`` and others only when named in ``request.forwarded_params``
-    (the alias's choice, never the client's).
+    (the alias's choice, never the client's), and notes each call it sends in
+    :data:`upstream_calls`.
+
+    A backend with a tokenizer may have ``async prompt_tokens(request, model) ->
+    int``: the exact tokens of the prompt it makes of ``request`` (the chat
+    template's own tokens too), or the 400 it would refuse ``request`` with. Admission
+    reserves that count (a backend without one is reserved at
+    :func:`~chatparity.protocol.tokens.prompt_bound`); and ``async
+    count_tokens(request, model) -> int``, the same count whether or not it fits,
+    which ``/v1/messages/count_tokens`` answers.
 
     Two static methods may check a Backend row before it is saved (the admin
     and the management API; a kind without them is not checked). Each raises
@@ -83,6 +99,13 @@ class EmbeddingBackend(Protocol):
     class has ``embed`` serves ``/v1/embeddings``; one with ``stream`` serves the
     chat endpoints (a kind may serve both). Its rows are checked as
     :class:`ChatBackend` says.
+
+    A backend with a tokenizer may have ``async tokenized(request, model) ->
+    EmbeddingsRequest``: ``request`` with its texts as the model's token ids, which
+    admission reserves exactly and ``embed`` then takes as they are; a backend
+    without one is reserved at
+    :func:`~chatparity.protocol.embeddings.counted_tokens`, the bound its usage is
+    believed within.
     """
 
     config: BackendConfig
@@ -90,6 +113,16 @@ class EmbeddingBackend(Protocol):
     def __init__(self, config: BackendConfig) -> None: ...
 
     async def embed(self, request: EmbeddingsRequest, model: str) -> Embeddings: ...
+
+
+def not_installed(model: str, extra: str, *, or_set: str = "") -> errors.APIError:
+    """The 503 of a model this server cannot load: chatparity's ``extra`` is not installed
+    (or else the options ``or_set`` names are not set)."""
+    alternative = f", or set the backend's {or_set}" if or_set else ""
+    return errors.model_unavailable(
+        f"The {model} is not installed on this server: install chatparity's '{extra}'"
+        f" extra in the server's environment{alternative}."
+    )
 
 
 def known_options(options: dict[str, Any], known: frozenset[str]) -> None:

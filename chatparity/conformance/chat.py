@@ -1004,14 +1004,25 @@ CHECKS: tuple[Check, ...] = (
     ),
     _check(
         "errors.metadata-long-key",
-        "a metadata key of 65 characters: 400",
-        judge_error(400, type=INVALID),
+        "a metadata key of 65 characters: 400 property_name_above_max_length, param the key's",
+        judge_error(
+            400,
+            type=INVALID,
+            param="metadata." + "k" * 65,
+            code="property_name_above_max_length",
+        ),
         ChatProbe({"store": True, "metadata": {"k" * 65: "v"}, "max_tokens": 1}),
     ),
     _check(
         "errors.logit-bias-range",
         "a logit_bias of 200: 400, param logit_bias, code null",
-        judge_error(400, type=INVALID, param="logit_bias", code=None),
+        judge_error(
+            400,
+            type=INVALID,
+            param="logit_bias",
+            code=None,
+            message="Logit bias value 200.0 is invalid or outside of range [-100, 100]",
+        ),
         ChatProbe({"logit_bias": {"12345": 200}, "max_tokens": 1}),
     ),
     _check(

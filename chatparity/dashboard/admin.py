@@ -19,7 +19,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils import timezone
 
-from ..accounting.reports import LogFilter, latency_by_alias, usage
+from ..accounting.reports import LogFilter, cache_by_alias, latency_by_alias, usage
 from ..models import ApiKey, DailyAliasUsage, Endpoint, ModelAlias, RequestLog
 from .charts import grouped_bars, stacked_bars
 from .models import UsageDashboard
@@ -246,6 +246,7 @@ class UsageDashboardAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             days = days_between(form.cleaned_data["since"], form.cleaned_data["until"])
             context.update(daily_charts(log_filter, days), endpoints=endpoint_table(log_filter))
             context["latency"], context["latency_chart"] = latency_table(log_filter)
+            context["cache"] = cache_by_alias(log_filter)
         return TemplateResponse(
             request, "admin/chatparity_dashboard/usagedashboard/change_list.html", context
         )

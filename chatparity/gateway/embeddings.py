@@ -4,8 +4,10 @@ of the chat endpoints.
 The request is validated by :mod:`chatparity.protocol.embeddings` (the model
 first: an unknown one is OpenAI's 404 whatever else is wrong), served by the
 alias it names if that alias's backend embeds (else a 400 naming the model),
-admitted under the alias's and the key's limits for its input tokens (texts
-estimated, token ids counted; the reservation made exact by the usage), and
+admitted under the alias's and the key's limits for its input tokens (counted
+exactly where the backend tokenizes, as the embedded model does; else texts at
+their bound, the most an upstream's usage is believed; the reservation made
+exact by the usage), and
 answered by the backend, or, if it is unavailable (502, 503, 504), by the
 alias's fallbacks that embed. No answer within ``FIRST_BYTE_TIMEOUT`` seconds
 is a 504. The log row is an ``embeddings`` row: its input tokens and cost,
@@ -23,7 +25,7 @@ from ..accounting.keys import Grant
 from ..accounting.ledger import Accounting
 from ..accounting.limits import Estimate
 from ..backends import get_backend, serves_embeddings
-from ..backends.base import EmbeddingBackend, current_caller
+from ..backends.base import EmbeddingBackend, current_caller, upstream_calls
 from ..conf import app_settings
 from ..models import Endpoint, ModelAlias
 from ..protocol import errors
@@ -37,6 +39,7 @@ from ..protocol.embeddings import (
 from ..protocol.errors import APIError
 from ..protocol.events import Usage
 from ..protocol.request import parse_model
+from . import cache
 from .pipeline import (
     _UNAVAILABLE,
     Call,
@@ -70,17 +73,39 @@ async def _embed(body: Any, accounting: Accounting, grant: Grant) -> Reply:
     try:
         async with asyncio.timeout(app_settings.FIRST_BYTE_TIMEOUT) as deadline:
             alias = await serving(request.model, grant, accounting)
-            embedded = await _answer(request, alias, grant, accounting)
+            vectors = await _looked_up(request, alias, grant, accounting)
+            if vectors is None:
+                embedded = answered = await _answer(request, alias, grant, accounting)
+            elif vectors.missing:
+                embedded = await _answer(vectors.asked(), alias, grant, accounting)
+                answered = vectors.answer(embedded)
+            else:  # every vector from the cache
+                embedded, answered = None, vectors.answer(None)
     except TimeoutError:
         if not deadline.expired():
             raise
         raise first_byte_timeout() from None
-    accounting.observe(Usage(embedded.prompt_tokens, 0, counted=embedded.counted))
+    if embedded is not None:  # what the backend embedded now: the rest was paid for before
+        accounting.observe(Usage(embedded.prompt_tokens, 0, counted=embedded.counted))
     answer = embeddings_object(
-        embedded, model=request.model, encoding_format=request.encoding_format
+        answered, model=request.model, encoding_format=request.encoding_format
     )
     await accounting.settle()
     return json_reply(answer)
+
+
+async def _looked_up(
+    request: EmbeddingsRequest, alias: ModelAlias, grant: Grant, accounting: Accounting
+) -> cache.Vectors | None:
+    """The response cache's part in ``request`` on ``alias``, if the alias has one: a
+    vector kept for each input, so that embedding the same texts again (a re-indexing
+    job) pays only for the new ones."""
+    if not alias.response_cache:
+        return None
+    options = cache.options_of(alias)
+    if options is None or not serves_embeddings(alias.backend):
+        return None
+    return await cache.look_up_vectors(request, alias, grant, accounting, options)
 
 
 async def _answer(
@@ -91,27 +116,22 @@ async def _answer(
     accounting.served_by(alias)
     if not serves_embeddings(alias.backend):
         raise errors.not_an_embedding_model(alias.public_id)
-    estimate = Estimate(counted_tokens(request), 0)
-    await accounting.reserve(alias, estimate)
+    backend, served = await _counted(alias, request)
+    await accounting.reserve(alias, Estimate(counted_tokens(served), 0))
     current_caller.set(accounting.caller)  # in this request's task: its backends see it
+    upstream_calls.set(accounting.record.upstream)
     fallbacks = list(alias.fallbacks)
     try:
         while True:
-            backend = get_backend(alias.backend)
-            assert isinstance(backend, EmbeddingBackend), "its kind serves embeddings"
-            served = dataclasses.replace(
-                request,
-                forwarded_params=frozenset(
-                    name for name in alias.forwarded_params or () if isinstance(name, str)
-                ),
-            )
             try:
                 return await accounting.answer(backend.embed(served, alias.model))
             except APIError as error:
                 if error.status not in _UNAVAILABLE:
                     raise
                 failed = alias
-                alias = await _fall_back(fallbacks, grant, accounting, estimate, error)
+                alias, backend, served = await _fall_back(
+                    fallbacks, request, grant, accounting, error
+                )
                 logger.warning(
                     "chatparity: %s failed (%s), falling back to %s", failed, error, alias
                 )
@@ -119,22 +139,43 @@ async def _answer(
         accounting.backend_done()
 
 
+async def _counted(
+    alias: ModelAlias, request: EmbeddingsRequest
+) -> tuple[EmbeddingBackend, EmbeddingsRequest]:
+    """The backend of ``alias`` and ``request`` as it is to embed it: with the parameters
+    the alias forwards and, where the backend tokenizes, its texts as token ids (which
+    :func:`counted_tokens` counts exactly; texts are counted at their bound)."""
+    backend = get_backend(alias.backend)
+    assert isinstance(backend, EmbeddingBackend), "its kind serves embeddings"
+    served = dataclasses.replace(
+        request,
+        forwarded_params=frozenset(
+            name for name in alias.forwarded_params or () if isinstance(name, str)
+        ),
+    )
+    tokenize = getattr(backend, "tokenized", None)
+    if tokenize is not None:
+        served = await tokenize(served, alias.model)
+    return backend, served
+
+
 async def _fall_back(
     fallbacks: list[str],
+    request: EmbeddingsRequest,
     grant: Grant,
     accounting: Accounting,
-    estimate: Estimate,
     failure: APIError,
-) -> ModelAlias:
+) -> tuple[ModelAlias, EmbeddingBackend, EmbeddingsRequest]:
     """The next of ``fallbacks`` that embeds, ``grant`` may use and whose limits admit
-    the request, the admission moved to it; else the last refusal of a limit, or
-    ``failure``."""
+    ``request``, the admission moved to it, with its backend and the request as it
+    embeds it; else the last refusal of a limit, or ``failure``."""
     while (alias := await first_usable(fallbacks, grant, serves_embeddings)) is not None:
         try:
-            await accounting.reserve(alias, estimate)
+            backend, served = await _counted(alias, request)
+            await accounting.reserve(alias, Estimate(counted_tokens(served), 0))
         except APIError as refusal:
             failure = refusal
             continue
         accounting.fell_back(alias)
-        return alias
+        return alias, backend, served
     raise failure

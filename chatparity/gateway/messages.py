@@ -14,25 +14,29 @@ has not begun. ``?beta=true`` and the ``anthropic-version`` and
 
 ``POST /v1/messages/count_tokens`` counts the prompt a request would send: with
 the serving backend's tokenizer where it has one (``count_tokens``: the local
-model's), else with the estimate the limits reserve by. It is not a model call:
-like ``GET /v1/models``, it leaves no log row; but it counts against the key's
-requests per minute and takes a slot in flight while it counts.
+model's), else estimated at four characters a token (its tools, calls and schema
+too). It is not a model call: its log row (endpoint ``messages.count_tokens``)
+costs nothing and carries no tokens; but it counts against the key's requests per
+minute (a model it may not use too) and takes a slot in flight while it counts, as
+Anthropic rate-limits counting by requests per minute.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypedDict
 
 from ..accounting import limits
 from ..accounting.keys import Grant
 from ..accounting.ledger import Accounting
 from ..accounting.record import UsageRecord
-from ..backends import ChatBackend, get_backend
+from ..backends import get_backend
 from ..conf import app_settings
 from ..models import Endpoint
 from ..protocol import errors, messages
 from ..protocol.errors import APIError
 from ..protocol.events import Event
+from ..protocol.ids import anthropic_id
 from ..protocol.messages import (
     MessagesRequest,
     as_chat_request,
@@ -42,20 +46,20 @@ from ..protocol.messages import (
 )
 from ..protocol.messages_stream import PING, MessageEncoder, sse_event
 from ..protocol.request import ChatRequest
-from ..protocol.tokens import approximate_prompt_tokens
+from ..protocol.tokens import approximate_prompt_tokens, approximate_request_tokens
 from .auth import authenticate, authenticate_key
 from .pipeline import (
     Call,
+    ErrorReply,
     Reply,
     Wire,
     _as_served_by,
-    _decode,
     _limits,
-    _resolve,
     endpoint,
     json_reply,
-    random_id,
     respond,
+    serve,
+    serving,
 )
 from .responses import LoggedResponse
 
@@ -72,25 +76,37 @@ async def _authenticate(call: Call) -> Grant:
     raise messages.missing_api_key()
 
 
+def request_id() -> str:
+    """A request's id as Anthropic makes them (``request-id``, ``x-request-id``)."""
+    return anthropic_id("req")
+
+
 def error_reply(error: APIError, call: Call) -> Reply:
     """A failure in Anthropic's envelope, with its status and ``request-id``."""
     reply = json_reply(error_body(error, call.request_id), status=error_status(error))
     reply.headers.update(error.headers)
+    return _stamped(reply, call)
+
+
+class _Anthropics(TypedDict):
+    authenticate: Callable[[Call], Awaitable[Grant]]
+    answer_error: ErrorReply
+
+
+_ANTHROPICS = _Anthropics(authenticate=_authenticate, answer_error=error_reply)
+"""How Anthropic's endpoints are served: its keys, its envelope."""
+
+
+def _stamped(reply: Reply, call: Call) -> Reply:
+    """``reply`` with Anthropic's ``request-id`` header."""
     reply.headers["request-id"] = call.request_id
     return reply
 
 
-@endpoint("POST", answer_error=error_reply)
+@endpoint("POST", answer_error=error_reply, request_ids=request_id)
 async def create_message(call: Call) -> Reply:
-    reply = await respond(
-        call,
-        _messages_request,
-        authenticate=_authenticate,
-        answer_error=error_reply,
-        logged_as=Endpoint.MESSAGES,
-    )
-    reply.headers["request-id"] = call.request_id
-    return reply
+    answer = respond(call, _messages_request, logged_as=Endpoint.MESSAGES, **_ANTHROPICS)
+    return _stamped(await answer, call)
 
 
 async def _messages_request(
@@ -110,7 +126,7 @@ class MessagesWire(Wire):
     keepalive = PING
 
     def __init__(self, request: MessagesRequest, chat: ChatRequest, record: UsageRecord) -> None:
-        super().__init__(random_id("msg"))
+        super().__init__(anthropic_id("msg"))
         self._record = record
         self._encoder = MessageEncoder(
             message_id=self.answer_id,
@@ -121,11 +137,11 @@ class MessagesWire(Wire):
             ping_every=app_settings.KEEPALIVE_SECONDS,
         )
 
-    def begin(self, request: ChatRequest, backend: ChatBackend) -> None:
+    def begin(self, request: ChatRequest, system_fingerprint: str) -> None:
         """Nothing of the alias or its backend shows in a message."""
 
     def opening(self) -> list[dict[str, Any]]:
-        return self._encoder.opening()
+        return self._encoder.opening(self._record.upstream.usage)
 
     def encode(self, event: Event) -> list[dict[str, Any]]:
         return self._encoder.encode(event)
@@ -151,35 +167,36 @@ class MessagesWire(Wire):
             self._record.body = LoggedResponse(self._encoder.message())
 
 
-@endpoint("POST", answer_error=error_reply)
+@endpoint("POST", answer_error=error_reply, request_ids=request_id)
 async def count_tokens(call: Call) -> Reply:
     """The input tokens of a Messages request, on the alias it names."""
-    grant = await _authenticate(call)
-    requested = parse_messages_request(await _decode(call), _limits(), counting=True)
+    answer = serve(call, _count_tokens, logged_as=Endpoint.COUNT_TOKENS, **_ANTHROPICS)
+    return _stamped(await answer, call)
+
+
+async def _count_tokens(body: Any, accounting: Accounting, grant: Grant) -> Reply:
+    requested = parse_messages_request(body, _limits(), counting=True)
     chat = as_chat_request(requested, _limits())
-    alias = await _resolve(chat.model, grant)
+    accounting.requested(chat, body)
+    alias = await serving(chat.model, grant, accounting)
+    accounting.served_by(alias)
     chat = _as_served_by(alias, chat)
     backend = get_backend(alias.backend)
     if not hasattr(backend, "stream"):  # as creating a message there would be
         raise errors.not_a_chat_model(alias.public_id)
-    counter = getattr(backend, "count_tokens", None)
     # A request, if no model call: under the key's requests per minute and slots in
     # flight (a tokenizer's work is real), spending no token, budget or alias limit.
-    admission = await limits.admit(grant.key, None, limits.NOTHING)
-    try:
-        if counter is not None:
-            tokens = await counter(chat, alias.model)
-        else:
-            tokens = approximate_prompt_tokens(chat.messages)
-    finally:
-        await admission.settle(0, 0)
-    reply = json_reply({"input_tokens": tokens})
-    reply.headers.update(admission.headers)
-    reply.headers["request-id"] = call.request_id
-    return reply
+    await accounting.reserve(None, limits.NOTHING)
+    counter = getattr(backend, "count_tokens", None)
+    if counter is not None:
+        tokens = await counter(chat, alias.model)
+    else:
+        tokens = approximate_request_tokens(chat)
+    await accounting.settle()  # the slot given back before the answer goes out
+    return json_reply({"input_tokens": tokens})
 
 
-@endpoint("GET", "POST", "PUT", "PATCH", "DELETE", answer_error=error_reply)
+@endpoint("GET", "POST", "PUT", "PATCH", "DELETE", answer_error=error_reply, request_ids=request_id)
 async def not_found(call: Call) -> Reply:
     """Anything else under ``/v1/messages/``: Anthropic's 404 (no batches here)."""
     raise messages.not_found(call.path)

@@ -17,10 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
-import random
 import re
-import string
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
@@ -35,14 +32,16 @@ from ..accounting.keys import Grant
 from ..accounting.ledger import Accounting
 from ..accounting.record import UsageRecord
 from ..backends import ChatBackend, get_backend, serves_chat
-from ..backends.base import current_caller
+from ..backends.base import current_caller, upstream_calls
 from ..conf import app_settings
 from ..models import Backend, ModelAlias
 from ..models import Endpoint as LoggedEndpoint
 from ..protocol import errors
+from ..protocol.breakpoints import with_breakpoints
 from ..protocol.completion import CompletionAccumulator
 from ..protocol.errors import APIError
 from ..protocol.events import Event
+from ..protocol.ids import completion_id, request_id
 from ..protocol.openapi import openapi_document
 from ..protocol.request import (
     ChatRequest,
@@ -53,6 +52,8 @@ from ..protocol.request import (
     with_defaults,
 )
 from ..protocol.stream import DONE, ChunkEncoder, sse
+from ..protocol.tokens import prompt_bound
+from . import cache, semantic
 from .auth import authenticate
 
 logger = logging.getLogger(__name__)
@@ -62,31 +63,6 @@ EVENT_STREAM = "text/event-stream; charset=utf-8"
 _STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 # Sent while a stream waits for its backend's first event; OpenAI's clients skip comments.
 KEEPALIVE = b": keepalive\n\n"
-
-
-# Ids only need to be unique, not secret: drawn from a generator seeded once per
-# process (again after a fork), not from a system call per request, which under
-# load makes the event loop wait for the GIL.
-_ids = random.Random(os.urandom(32))
-os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))
-# OpenAI's completion ids: "chatcmpl-" and 29 letters or digits. A byte modulo
-# 62 favours the first eight characters a little, which an id does not mind.
-_ALPHANUMERIC = (string.ascii_letters + string.digits).encode()
-_TO_ALPHANUMERIC = bytes(_ALPHANUMERIC[byte % 62] for byte in range(256))
-
-
-def request_id() -> str:
-    return f"req_{_ids.getrandbits(128):032x}"
-
-
-def completion_id() -> str:
-    return "chatcmpl-" + _ids.randbytes(29).translate(_TO_ALPHANUMERIC).decode()
-
-
-def random_id(prefix: str) -> str:
-    """An id as OpenAI's Responses API makes them: ``resp_``, ``msg_``, ``fc_`` and 50
-    hex digits."""
-    return f"{prefix}_{_ids.getrandbits(200):050x}"
 
 
 BodyReader = Callable[[int], Awaitable[bytes]]
@@ -165,10 +141,14 @@ def openai_error(error: APIError, call: Call) -> Reply:
 
 
 def endpoint(
-    *methods: str, answer_error: ErrorReply = openai_error
+    *methods: str,
+    answer_error: ErrorReply = openai_error,
+    request_ids: Callable[[], str] | None = None,
 ) -> Callable[[Endpoint], Endpoint]:
     """Allow ``methods``, answer failures with ``answer_error`` (in OpenAI's envelope
-    unless told), and stamp every reply with ``x-request-id``, ``openai-processing-ms``
+    unless told), give the call an id of ``request_ids``' making (its API's form; the
+    transport's, OpenAI's, unless told) and stamp every reply with ``x-request-id``,
+    ``openai-processing-ms``
     and ``x-chatparity-overhead-ms``: of the processing time, what was not spent
     waiting on a backend. Both are measured
     when the reply's headers are ready: a stream's, once its backend's first event came
@@ -178,6 +158,8 @@ def endpoint(
         @wraps(handler)
         async def wrapper(call: Call, *args: Any, **kwargs: Any) -> Reply:
             started = time.perf_counter()
+            if request_ids is not None:
+                call.request_id = request_ids()
             if call.method not in methods:
                 message = f"Invalid method for URL ({call.method} {call.path})"
                 reply = answer_error(APIError(message, status=405), call)
@@ -329,12 +311,14 @@ async def serve(
     authenticate: Callable[[Call], Awaitable[Grant]] = _authenticate,
     answer_error: ErrorReply = openai_error,
     logged_as: LoggedEndpoint = LoggedEndpoint.CHAT_COMPLETIONS,
+    body: bool = True,
 ) -> Reply:
     """Serve ``call``: the key checked (by ``authenticate``), the request's accounting
-    opened, the body read and ``answer``ed, a failure as ``answer_error`` says (the log
-    row, of endpoint ``logged_as`` from the start, whatever is wrong with the body,
-    records the status the client got), the reply given the rate-limit headers and the
-    accounting its transport closes."""
+    opened, the body read (unless there is none to read: ``answer`` is given None) and
+    ``answer``ed, a failure as ``answer_error`` says (the log row, of endpoint
+    ``logged_as`` from the start, whatever is wrong with the body, records the status
+    the client got), the reply given the rate-limit headers and the accounting its
+    transport closes."""
     grant = await authenticate(call)
     accounting = Accounting(
         UsageRecord(
@@ -347,7 +331,7 @@ async def serve(
         )
     )
     try:
-        reply = await answer(await _decode(call), accounting, grant)
+        reply = await answer(await _decode(call) if body else None, accounting, grant)
     except asyncio.CancelledError:  # the client left before its reply
         accounting.cancel()
         await accounting.close()
@@ -357,6 +341,8 @@ async def serve(
         accounting.record.status_code = reply.status
     for name, value in accounting.headers.items():
         reply.headers.setdefault(name, value)
+    if accounting.record.cache:
+        reply.headers[cache.HEADER] = cache.header_value(accounting.record.cache)
     reply.accounting = accounting
     return reply
 
@@ -474,13 +460,16 @@ class Wire(ABC):
     """The stream's last bytes, after its last frame."""
     keepalive = KEEPALIVE
     """Sent while the backend has not begun: a comment, which every client skips."""
+    uncacheable = ""
+    """Why the response cache may not answer this request ("": it may)."""
 
     def __init__(self, answer_id: str) -> None:
         self.answer_id = answer_id
 
     @abstractmethod
-    def begin(self, request: ChatRequest, backend: ChatBackend) -> None:
-        """The request as its alias serves it, and the backend that does."""
+    def begin(self, request: ChatRequest, system_fingerprint: str) -> None:
+        """The request as its alias serves it, and the system fingerprint of the backend
+        that answers it (or answered it, for an answer from the response cache)."""
 
     def opening(self) -> list[dict[str, Any]]:
         """Payloads sent before the first event's."""
@@ -519,12 +508,12 @@ class ChatWire(Wire):
         self._encoder: ChunkEncoder | None = None
         self._accumulator: CompletionAccumulator | None = None
 
-    def begin(self, request: ChatRequest, backend: ChatBackend) -> None:
+    def begin(self, request: ChatRequest, system_fingerprint: str) -> None:
         self._encoder = ChunkEncoder(
             completion_id=self.answer_id,
             created=int(time.time()),
             model=request.model,
-            system_fingerprint=backend.system_fingerprint,
+            system_fingerprint=system_fingerprint,
             include_usage=request.include_usage or not request.stream,
             logprobs=request.logprobs,
             legacy_functions=request.legacy_functions,
@@ -598,19 +587,57 @@ async def _answer(
     wire: Wire,
     alias: ModelAlias | None = None,
 ) -> Answer:
-    """:func:`start` once the body is validated as ``requested``, answered in ``wire``."""
+    """:func:`start` once the body is validated as ``requested``, answered in ``wire``:
+    from the response cache when its alias has one that holds the answer, else by its
+    backend (the answer then kept in the cache, when it may be)."""
+    lookup: cache.Lookup | None = None
     try:
         async with asyncio.timeout(app_settings.FIRST_BYTE_TIMEOUT) as deadline:
             if alias is None:
                 alias = await serving(requested.model, grant, accounting)
+            if alias.response_cache and grant is not None:
+                lookup = await _looked_up(requested, alias, grant, accounting, wire)
+                if lookup is not None and lookup.hit is not None:
+                    return _replayed(lookup.hit, accounting, wire)
             chat, backend, events, first = await _begin(requested, alias, grant, accounting)
     except TimeoutError:
         if not deadline.expired():
             raise
         raise first_byte_timeout() from None
     accounting.answering(wire.answer_id)
-    wire.begin(chat, backend)
+    fingerprint = backend.system_fingerprint
+    wire.begin(chat, fingerprint)
+    if lookup is not None:
+        events = lookup.recorded(chat, fingerprint, first, events)
     return Answer(chat, _chunks(first, events, wire, accounting), accounting, wire)
+
+
+async def _looked_up(
+    requested: ChatRequest, alias: ModelAlias, grant: Grant, accounting: Accounting, wire: Wire
+) -> cache.Lookup | None:
+    """The response cache's part in ``requested`` on ``alias`` (a chat backend's), if the
+    alias has one."""
+    options = cache.options_of(alias)
+    if options is None or not serves_chat(alias.backend):
+        return None
+    accounting.served_by(alias)
+    return await cache.look_up(
+        _as_served_by(alias, requested),
+        alias,
+        grant,
+        accounting,
+        options,
+        unanswerable=wire.uncacheable,
+        semantic=semantic.match if options.semantic is not None else None,
+    )
+
+
+def _replayed(hit: cache.Hit, accounting: Accounting, wire: Wire) -> Answer:
+    """The answer of a cache hit, in ``wire``'s framing."""
+    accounting.answering(wire.answer_id)
+    wire.begin(hit.request, hit.system_fingerprint)
+    chunks = _chunks(hit.events[0], hit.rest(), wire, accounting, hit.observe)
+    return Answer(hit.request, chunks, accounting, wire)
 
 
 # Failures that mean "this backend is unreachable": the next fallback alias may serve.
@@ -634,10 +661,12 @@ async def _begin(
     accounting.served_by(alias)
     if not serves_chat(alias.backend):
         raise errors.not_a_chat_model(alias.public_id)
-    chat = await accounting.admit(alias, _as_served_by(alias, requested))
+    backend = get_backend(alias.backend)
+    chat = _as_served_by(alias, requested)
+    chat = await accounting.admit(alias, chat, await reserved_prompt(backend, chat, alias.model))
     current_caller.set(accounting.caller)  # in this request's task: its backends see it
+    upstream_calls.set(accounting.record.upstream)
     while True:
-        backend = get_backend(alias.backend)
         events = aiter(backend.stream(chat, alias.model))
         try:
             return chat, backend, events, await accounting.first_event(events)
@@ -646,7 +675,20 @@ async def _begin(
                 raise
             failed = alias
             alias, chat = await _fall_back(fallbacks, requested, grant, accounting, error)
+            backend = get_backend(alias.backend)
             logger.warning("chatparity: %s failed (%s), falling back to %s", failed, error, alias)
+
+
+async def reserved_prompt(backend: ChatBackend, chat: ChatRequest, model: str) -> int:
+    """The prompt ``backend`` makes of ``chat``, for one call, as admission reserves it:
+    counted by its tokenizer where it has one (``prompt_tokens``, the local model's, off
+    the event loop), else at the bound no tokenizer passes
+    (:func:`~chatparity.protocol.tokens.prompt_bound`)."""
+    count = getattr(backend, "prompt_tokens", None)
+    if count is None:
+        return prompt_bound(chat)
+    counted: int = await count(chat, model)
+    return counted
 
 
 async def _fall_back(
@@ -670,21 +712,25 @@ async def _fall_back(
         except APIError:
             continue
         try:
-            return alias, await accounting.switch(alias, chat)
+            counted = await reserved_prompt(get_backend(alias.backend), chat, alias.model)
+            return alias, await accounting.switch(alias, chat, counted)
         except APIError as refusal:
             failure = refusal
     raise failure
 
 
 def _as_served_by(alias: ModelAlias, requested: ChatRequest) -> ChatRequest:
-    """The request with ``alias``'s default parameters under the client's and the extra
-    parameters it forwards; OpenAI's 400 if it asks for more choices than ``alias`` gives."""
+    """The request with ``alias``'s default parameters under the client's, the extra
+    parameters it forwards and its cache breakpoints (where the client set none);
+    OpenAI's 400 if it asks for more choices than ``alias`` gives."""
     chat = requested
     if alias.default_params:
         chat = parse_chat_request(with_defaults(alias.default_params, requested.body), _limits())
-        # A Responses request's hosted tools are in no chat body: the defaults' reading
-        # does not see them.
-        chat = dataclasses.replace(chat, hosted_tools=requested.hosted_tools)
+        # What no chat body holds (a Responses request's hosted tools, ...): the
+        # defaults' reading does not see it.
+        chat = dataclasses.replace(chat, **requested.beside_body())
+    if alias.cache_breakpoints:
+        chat = with_breakpoints(chat)
     most = _max_n(alias)
     if chat.n > most:
         raise APIError(
@@ -723,13 +769,18 @@ async def first_usable(
 
 
 async def _chunks(
-    first: Event, events: AsyncIterator[Event], wire: Wire, accounting: Accounting
+    first: Event,
+    events: AsyncIterator[Event],
+    wire: Wire,
+    accounting: Accounting,
+    observe: Callable[[Event], None] | None = None,
 ) -> AsyncGenerator[list[dict[str, Any]], None]:
     """The payloads of each backend event in ``wire``'s encoding (none: nothing), each
-    event noted by ``accounting``; a backend's failure midway raised as the
-    :class:`APIError` the client is told. Sent together, the payloads of one event
-    cost the server one write: a Responses stream's first event makes four."""
-    observe, encoded = accounting.observe, wire.encode
+    event noted by ``accounting`` (or by ``observe``: a cache hit's); a backend's failure
+    midway raised as the :class:`APIError` the client is told. Sent together, the
+    payloads of one event cost the server one write: a Responses stream's first event
+    makes four."""
+    observe, encoded = observe or accounting.observe, wire.encode
 
     def encode(event: Event) -> list[dict[str, Any]]:
         observe(event)
@@ -763,20 +814,34 @@ def _model_object(alias: ModelAlias) -> dict[str, Any]:
 
 @endpoint("GET")
 async def list_models(call: Call) -> Reply:
-    grant = await _authenticate(call)
+    """The aliases the key may use. Logged, costing nothing and counted against no limit:
+    it asks no model anything."""
+    return await serve(call, _list_models, logged_as=LoggedEndpoint.MODELS, body=False)
+
+
+async def _list_models(body: None, accounting: Accounting, grant: Grant) -> Reply:
     listed = (await keys.aliases()).listed(grant)
     return json_reply({"object": "list", "data": [_model_object(alias) for alias in listed]})
 
 
 @endpoint("GET")
 async def retrieve_model(call: Call, model: str) -> Reply:
-    grant = await _authenticate(call)
-    alias = (await keys.aliases()).find(model, grant, servable=False)
-    if alias is None:
-        raise APIError(
-            f"The model '{model}' does not exist", status=404, param="model", code="model_not_found"
-        )
-    return json_reply(_model_object(alias))
+    """One alias the key may use, logged as :func:`list_models` is."""
+
+    async def retrieve(body: None, accounting: Accounting, grant: Grant) -> Reply:
+        alias = (await keys.aliases()).find(model, grant, servable=False)
+        if alias is None:
+            accounting.unknown_model()
+            raise APIError(
+                f"The model '{model}' does not exist",
+                status=404,
+                param="model",
+                code="model_not_found",
+            )
+        accounting.served_by(alias)
+        return json_reply(_model_object(alias))
+
+    return await serve(call, retrieve, logged_as=LoggedEndpoint.MODELS, body=False)
 
 
 @endpoint("GET", "POST", "PUT", "PATCH", "DELETE")

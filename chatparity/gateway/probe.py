@@ -17,6 +17,7 @@ from typing import Any
 from ..accounting.ledger import Accounting
 from ..accounting.record import UsageRecord
 from ..models import Backend, ModelAlias
+from ..protocol.ids import request_id
 from . import pipeline
 
 TRY_PROMPT = "Say hello in one short sentence."
@@ -59,7 +60,7 @@ async def _complete(
 ) -> Trial:
     accounting = Accounting(
         UsageRecord(
-            request_id=pipeline.request_id(),
+            request_id=request_id(),
             key_prefix=KEY_PREFIX,
             user_agent=f"chatparity admin ({operator})",
         )

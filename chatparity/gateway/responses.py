@@ -34,7 +34,7 @@ from ..accounting.batching import BatchWriter, PerLoop, reconnecting
 from ..accounting.keys import Grant
 from ..accounting.ledger import Accounting
 from ..accounting.record import UsageRecord, storable
-from ..backends import ChatBackend, get_backend
+from ..backends import get_backend
 from ..backends.upstream import UpstreamBackend
 from ..conf import app_settings
 from ..models import Endpoint, StoredResponse
@@ -42,6 +42,7 @@ from ..protocol import errors
 from ..protocol.completion import CompletionAccumulator
 from ..protocol.errors import APIError
 from ..protocol.events import Event
+from ..protocol.ids import random_id
 from ..protocol.request import ChatRequest
 from ..protocol.responses import (
     ResponsesRequest,
@@ -57,12 +58,11 @@ from .pipeline import (
     Call,
     Reply,
     Wire,
-    _authenticate,
     _limits,
     endpoint,
     json_reply,
-    random_id,
     respond,
+    serve,
     serving,
 )
 
@@ -134,6 +134,8 @@ class ResponsesWire(Wire):
 
     def __init__(self, request: ResponsesRequest, grant: Grant, record: UsageRecord) -> None:
         super().__init__(random_id("resp"))
+        if request.previous_response_id is not None:
+            self.uncacheable = "continues a stored response"
         self._request = request
         self._grant = grant
         self._record = record
@@ -147,7 +149,7 @@ class ResponsesWire(Wire):
             names=request.names,
         )
 
-    def begin(self, request: ChatRequest, backend: ChatBackend) -> None:
+    def begin(self, request: ChatRequest, system_fingerprint: str) -> None:
         """Nothing of the alias or its backend shows in a response."""
 
     def opening(self) -> list[dict[str, Any]]:
@@ -399,28 +401,31 @@ def _first(found: QuerySet[StoredResponse]) -> StoredResponse | None:
 
 
 @contextlib.asynccontextmanager
-async def _counted(grant: Grant) -> AsyncIterator[None]:
-    """A read of what ``grant``'s key stored, counted against the key's own limits (one
-    request, in flight while it lasts): their 429 before anything is read."""
-    admission = await limits.admit(grant.key, None, limits.NOTHING)
+async def _counted(accounting: Accounting) -> AsyncIterator[None]:
+    """A read of what the request's key stored, counted against the key's own limits
+    (one request, in flight while it lasts): their 429 before anything is read."""
+    await accounting.reserve(None, limits.NOTHING)
     try:
         yield
     finally:
-        await admission.settle(0, 0)
+        await accounting.settle()
 
 
 @endpoint("GET", "DELETE")
 async def response(call: Call, response_id: str) -> Reply:
-    """``GET``: the stored response; ``DELETE``: forget it."""
-    grant = await _authenticate(call)
-    async with _counted(grant):
-        if call.method == "GET":
-            return json_reply((await _find(grant, response_id, "response")).response)
-        stored = await _find(grant, response_id, "id", "size", "api_key")
-        await sync_to_async(reconnecting(stored.delete))()
-        if stored.api_key_id is not None:
-            await limits.count_stored(stored.api_key_id, -stored.size)
-    return json_reply({"id": response_id, "object": "response", "deleted": True})
+    """``GET``: the stored response; ``DELETE``: forget it. Logged, costing nothing."""
+
+    async def read(body: None, accounting: Accounting, grant: Grant) -> Reply:
+        async with _counted(accounting):
+            if call.method == "GET":
+                return json_reply((await _find(grant, response_id, "response")).response)
+            stored = await _find(grant, response_id, "id", "size", "api_key")
+            await sync_to_async(reconnecting(stored.delete))()
+            if stored.api_key_id is not None:
+                await limits.count_stored(stored.api_key_id, -stored.size)
+        return json_reply({"id": response_id, "object": "response", "deleted": True})
+
+    return await serve(call, read, logged_as=Endpoint.STORED_RESPONSES, body=False)
 
 
 MAX_PAGE = 100
@@ -431,29 +436,32 @@ _ORDER = Enum(("asc", "desc"))
 @endpoint("GET")
 async def input_items(call: Call, response_id: str) -> Reply:
     """The input items of a stored response, a page at a time, as OpenAI lists them."""
-    grant = await _authenticate(call)
-    query = {name: values[-1] for name, values in parse_qs(call.query).items()}
-    limit = _LIMIT.parse(_number(query.get("limit", "20")), "limit")
-    order = _ORDER.parse(query.get("order", "desc"), "order")
-    async with _counted(grant):
-        stored = await _find(grant, response_id, "input_items")
-    items: list[dict[str, Any]] = stored.input_items
-    if order == "desc":
-        items = items[::-1]
-    after = query.get("after")
-    if after is not None:
-        ids = [item.get("id") for item in items]
-        items = items[ids.index(after) + 1 :] if after in ids else []
-    page = items[:limit]
-    return json_reply(
-        {
-            "object": "list",
-            "data": page,
-            "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None,
-            "has_more": len(items) > limit,
-        }
-    )
+
+    async def read(body: None, accounting: Accounting, grant: Grant) -> Reply:
+        query = {name: values[-1] for name, values in parse_qs(call.query).items()}
+        limit = _LIMIT.parse(_number(query.get("limit", "20")), "limit")
+        order = _ORDER.parse(query.get("order", "desc"), "order")
+        async with _counted(accounting):
+            stored = await _find(grant, response_id, "input_items")
+        items: list[dict[str, Any]] = stored.input_items
+        if order == "desc":
+            items = items[::-1]
+        after = query.get("after")
+        if after is not None:
+            ids = [item.get("id") for item in items]
+            items = items[ids.index(after) + 1 :] if after in ids else []
+        page = items[:limit]
+        return json_reply(
+            {
+                "object": "list",
+                "data": page,
+                "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None,
+                "has_more": len(items) > limit,
+            }
+        )
+
+    return await serve(call, read, logged_as=Endpoint.STORED_RESPONSES, body=False)
 
 
 def _number(text: str) -> int | str:

@@ -86,6 +86,12 @@ LOG_ROWS_PENDING = Gauge(
     "Request log rows waiting for their write.",
     multiprocess_mode="livesum",
 )
+SPOOL_ERRORS = Counter(
+    "chatparity_spool_errors",
+    "Uses of the spool folder that failed: drain (the log writer's pass), count (a scrape's),"
+    " keep (rows the database could not take).",
+    ["operation"],
+)
 CACHE_LOOKUPS = Counter(
     "chatparity_cache_lookups",
     "Reads of the key and alias cache: a hit, else a load from the database.",
@@ -241,6 +247,9 @@ class Metrics(Observer):
 
     def log_rows(self, outcome: str, count: int) -> None:
         _log_rows(outcome).inc(count)  # once a request: after its row, not worth a tally
+
+    def spool_failed(self, operation: str) -> None:
+        SPOOL_ERRORS.labels(operation).inc()
 
     def lookup(self, cache: str, hit: bool) -> None:
         _tally.amounts[_lookups(cache, hit)] += 1

@@ -38,9 +38,9 @@ def allowed(request: HttpRequest) -> bool:
 
 class _AtScrape(Collector):
     """What is read when scraped, once for the machine: the dependencies' health and
-    the log rows waiting in the spool."""
+    the log rows waiting in the spool (left out when the spool cannot be read)."""
 
-    def __init__(self, outcomes: dict[str, str], spooled: int) -> None:
+    def __init__(self, outcomes: dict[str, str], spooled: int | None) -> None:
         self.outcomes, self.spooled = outcomes, spooled
 
     def collect(self) -> list[Metric]:
@@ -51,6 +51,8 @@ class _AtScrape(Collector):
         )
         for name, outcome in self.outcomes.items():
             up.add_metric([name], 1.0 if outcome == "ok" else 0.0)
+        if self.spooled is None:
+            return [up]
         spooled = GaugeMetricFamily(
             "chatparity_log_rows_spooled",
             "Log rows kept in this machine's spool until the database takes them.",
@@ -59,7 +61,7 @@ class _AtScrape(Collector):
         return [up, spooled]
 
 
-def _exposition(outcomes: dict[str, str], spooled: int) -> bytes:
+def _exposition(outcomes: dict[str, str], spooled: int | None) -> bytes:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         workers = CollectorRegistry()
         MultiProcessCollector(workers)  # type: ignore[no-untyped-call]  # unannotated
@@ -68,6 +70,18 @@ def _exposition(outcomes: dict[str, str], spooled: int) -> bytes:
     at_scrape = CollectorRegistry()
     at_scrape.register(_AtScrape(outcomes, spooled))
     return generate_latest(workers) + generate_latest(at_scrape)
+
+
+def _spooled() -> int | None:
+    """The rows in this machine's spool; None when the spool folder cannot be read
+    (said once and counted: the scrape still answers)."""
+    try:
+        spooled = spool.count()
+    except OSError as exc:
+        spool.failed("count", exc)
+        return None
+    spool.worked("count")
+    return spooled
 
 
 @require_GET
@@ -81,7 +95,7 @@ async def metrics(request: HttpRequest) -> HttpResponse:
     # within FLUSH_SECONDS.
     instruments.flush()
     outcomes = await health.dependencies(counters=True)
-    spooled = await sync_to_async(spool.count)()
+    spooled = await sync_to_async(_spooled)()
     body = await sync_to_async(_exposition)(outcomes, spooled)
     response = HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
     response["Cache-Control"] = "no-store"

@@ -3,7 +3,7 @@ rollups of the rows logged so far.
 
 Safe on a live PostgreSQL with millions of log rows, hence not atomic: the log's
 indexes are built CONCURRENTLY (writes go on meanwhile). The rollups of the days logged
-so far are filled by migration 0016, one day per short transaction.
+so far are filled by migration 0019, one day per short transaction.
 """
 
 import datetime
@@ -101,7 +101,7 @@ class AddIndexConcurrently(migrations.AddIndex):
 
 
 def fill_rollups(apps, schema_editor):
-    """Nothing now: migration 0016 fills the rollups of the days logged so far, as the
+    """Nothing now: migration 0019 fills the rollups of the days logged so far, as the
     code writes them since (their histograms are not 0011's columns)."""
 
 

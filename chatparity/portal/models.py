@@ -1,3 +1,5 @@
+from django.db import models
+
 from ..models import ApiKey
 
 PERMISSION = "chatparity_portal.use_portal"
@@ -12,3 +14,19 @@ class OwnKey(ApiKey):
         verbose_name = "own API key"
         default_permissions = ()
         permissions = [("use_portal", "Can issue and revoke own API keys and see own usage")]
+
+
+class PlaygroundKey(models.Model):
+    """A key the portal made for its owner's playground: short-lived, at most one active
+    per user (a new one revokes the one before), its plaintext only ever in the browser
+    tab that asked for it."""
+
+    key = models.OneToOneField(
+        ApiKey, primary_key=True, on_delete=models.CASCADE, related_name="playground"
+    )
+
+    class Meta:
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return str(self.key)

@@ -9,10 +9,13 @@ from ..accounting import reports
 from ..models import RequestLog
 
 # What the usage page sums.
-MEASURES = ("requests", "prompt_tokens", "completion_tokens", "total_tokens", "cost")
+MEASURES = (
+    "requests", "prompt_tokens", "completion_tokens", "total_tokens", "cost", "cache_hits",
+    "cache_misses", "cost_saved",
+)  # fmt: skip
 # The columns of a request the portal shows: never a body.
 REQUEST_COLUMNS = (
-    "created_at", "key_prefix", "alias", "endpoint", "status_code", "error_type",
+    "created_at", "key_prefix", "api_key__name", "alias", "endpoint", "status_code", "error_type",
     "prompt_tokens", "completion_tokens", "total_tokens", "cost", "duration_ms",
 )  # fmt: skip
 
@@ -54,3 +57,13 @@ def recent_requests(owner_id: int, count: int) -> list[dict[str, Any]]:
     rows = RequestLog.objects.filter(api_key__owner_id=owner_id)
     latest = rows.order_by("-created_at", "-pk")[:count]
     return list(latest.values(*REQUEST_COLUMNS))
+
+
+def playground_request(owner_id: int, completion_id: str) -> dict[str, Any] | None:
+    """The request ``completion_id`` made with ``owner_id``'s playground keys, once its
+    row is written (None before)."""
+    rows = RequestLog.objects.filter(
+        api_key__owner_id=owner_id, api_key__playground__isnull=False, completion_id=completion_id
+    )
+    row: dict[str, Any] | None = rows.values(*REQUEST_COLUMNS).first()
+    return row

@@ -1,4 +1,5 @@
-"""The portal's pages: a user's own keys, usage and requests, and nobody else's.
+"""The portal's pages: a user's own keys, usage and requests, and nobody else's; and
+its sign-in and sign-out pages, for a site without its own.
 
 Every key is looked up with its owner, so another user's key is a 404 whatever id is
 asked for; changes are POSTs under Django's CSRF protection.
@@ -15,6 +16,7 @@ from asgiref.sync import async_to_sync
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required, permission_required
+from django.contrib.auth.views import LoginView, LogoutView
 from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
@@ -26,10 +28,12 @@ from django.views.decorators.http import require_GET, require_POST
 
 from ..accounting import limits
 from ..conf import app_settings
-from ..models import ApiKey, Plan
+from ..models import ApiKey, ModelAlias, Plan
 from . import usage as own
+from .endpoints import api_urls, chat_aliases
 from .forms import MonthForm, NewKeyForm
 from .models import PERMISSION
+from .snippets import snippets
 
 logger = logging.getLogger(__name__)
 
@@ -73,15 +77,39 @@ def live_keys(keys: QuerySet[ApiKey]) -> QuerySet[ApiKey]:
     )
 
 
+def made_keys(request: HttpRequest) -> QuerySet[ApiKey]:
+    """The user's keys but those the playground made, which ``MAX_KEYS`` does not count."""
+    return own_keys(request).filter(playground__isnull=True)
+
+
+def listed_keys(request: HttpRequest) -> QuerySet[ApiKey]:
+    """The keys the user sees: those they made, and the playground's while it serves."""
+    playground = live_keys(own_keys(request)).filter(playground__isnull=False)
+    return made_keys(request) | playground
+
+
+def usable_aliases(key: ApiKey, plan: Plan) -> QuerySet[ModelAlias]:
+    """The aliases ``key`` may use under ``plan``."""
+    aliases = plan.usable_aliases()
+    return aliases if key.all_aliases else aliases.filter(api_keys=key)
+
+
 def _keys_page(
     request: HttpRequest, plan: Plan | None, form: NewKeyForm | None, status: int = 200
 ) -> TemplateResponse:
-    keys = own_keys(request).prefetch_related("allowed_aliases").order_by("-created_at", "-pk")
+    """The user's keys, each with what it used of each limit if it still serves (its
+    owner budgets too: every key is read with the plan, as the gateway reads it)."""
+    keys = listed_keys(request).prefetch_related("allowed_aliases")
+    live = set(live_keys(own_keys(request)).values_list("pk", flat=True))
+    rows = []
+    for key in keys.order_by("-created_at", "-pk"):
+        key.owner_plan = plan
+        rows.append((key, async_to_sync(limits.standing)(key) if key.pk in live else None))
     context = {
-        "keys": keys,
+        "rows": rows,
         "plan": plan,
         "form": form,
-        "live": live_keys(own_keys(request)).count(),
+        "live": live_keys(made_keys(request)).count(),
         "max_keys": app_settings.PORTAL["MAX_KEYS"],
     }
     return render(request, "keys.html", context, status)
@@ -109,7 +137,7 @@ def create_key(request: HttpRequest) -> HttpResponse:
     with transaction.atomic():
         # One user's creations one at a time, so that two at once cannot pass the cap.
         get_user_model().objects.select_for_update().filter(pk=user_id(request)).first()
-        if live_keys(own_keys(request)).count() >= most:
+        if live_keys(made_keys(request)).count() >= most:
             form.add_error(
                 None, f"You hold {most} active keys, the most allowed: revoke one first."
             )
@@ -125,7 +153,16 @@ def create_key(request: HttpRequest) -> HttpResponse:
         )
         key.allowed_aliases.set(aliases)
     logger.info("chatparity.portal: %s created key %s", request.user.get_username(), key.prefix)
-    return render(request, "key_created.html", {"key": key, "plaintext": plaintext}, status=201)
+    urls = api_urls(request)
+    models = chat_aliases(usable_aliases(key, plan))
+    context = {
+        "key": key,
+        "plaintext": plaintext,
+        "urls": urls,
+        "models": models,
+        "snippets": snippets(urls, plaintext, models[0]) if urls and models else [],
+    }
+    return render(request, "key_created.html", context, status=201)
 
 
 @require_POST
@@ -169,8 +206,8 @@ def usage(request: HttpRequest) -> HttpResponse:
     return render(request, "usage.html", context)
 
 
-def _owner_standing(request: HttpRequest, plan: Plan | None) -> list[tuple[str, str, str]]:
-    if plan is None or not plan.has_owner_budget:
+def _owner_standing(request: HttpRequest, plan: Plan | None) -> list[limits.Standing]:
+    if plan is None or not (plan.has_owner_budget or plan.has_key_budget):
         return []
     return async_to_sync(limits.owner_standing)(user_id(request), plan)
 
@@ -183,3 +220,22 @@ def recent_requests(request: HttpRequest) -> HttpResponse:
     count = app_settings.PORTAL["RECENT_REQUESTS"]
     rows = own.recent_requests(user_id(request), count)
     return render(request, "requests.html", {"rows": rows, "count": count})
+
+
+class SignIn(LoginView):
+    """The portal's own sign-in page, for a site without one (``LOGIN_URL =
+    "chatparity-portal:login"``): back to the page asked for, else to the user's keys."""
+
+    template_name = "chatparity/portal/login.html"
+    next_page = "chatparity-portal:keys"
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        context = super().get_context_data(**kwargs)
+        context["portal_base_template"] = app_settings.PORTAL["BASE_TEMPLATE"]
+        return context
+
+
+class SignOut(LogoutView):
+    """Sign out (a POST), then the sign-in page."""
+
+    next_page = "chatparity-portal:login"

@@ -14,16 +14,13 @@ ROLES: tuple[Role, ...] = get_args(Role)
 
 ContentPartType = Literal["text", "image_url", "input_audio", "refusal", "audio", "file"]
 CONTENT_PART_TYPES: tuple[ContentPartType, ...] = get_args(ContentPartType)
-"""Every part type OpenAI knows; only text parts are served."""
-
-AssistantPartType = Literal["text", "refusal"]
-ASSISTANT_PART_TYPES: tuple[AssistantPartType, ...] = get_args(AssistantPartType)
-"""The part types of an earlier assistant message's content."""
+"""Every part type OpenAI knows, in any message; only text parts (and an assistant's
+refusal parts) are served."""
 
 Modality = Literal["text", "audio"]
 MODALITIES: tuple[Modality, ...] = get_args(Modality)
 
-AudioFormat = Literal["wav", "aac", "mp3", "flac", "opus", "pcm16"]
+AudioFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm16"]
 AUDIO_FORMATS: tuple[AudioFormat, ...] = get_args(AudioFormat)
 
 ResponseFormatType = Literal["text", "json_object", "json_schema"]

@@ -113,16 +113,27 @@ class ContextLengthExceeded(APIError):
 
 
 def context_length_exceeded(
-    limit: int, prompt_tokens: int, completion_tokens: int
+    limit: int, prompt_tokens: int, completion_tokens: int | None, *, at_least: bool = False
 ) -> ContextLengthExceeded:
+    """OpenAI's error for a prompt of ``prompt_tokens`` that does not fit ``limit`` tokens
+    with the ``completion_tokens`` asked (None: none were asked). ``at_least``: the
+    prompt was not tokenized, ``prompt_tokens`` is a lower bound, said so."""
+    counted = "at least " if at_least else ""
+    if completion_tokens is None:
+        asked = f"your messages resulted in {counted}{prompt_tokens} tokens"
+        reduce = "the messages"
+    else:
+        asked = (
+            f"you requested {counted}{prompt_tokens + completion_tokens} tokens ({counted}"
+            f"{prompt_tokens} in the messages, {completion_tokens} in the completion)"
+        )
+        reduce = "the messages or completion"
     return ContextLengthExceeded(
-        f"This model's maximum context length is {limit} tokens. However, you requested"
-        f" {prompt_tokens + completion_tokens} tokens ({prompt_tokens} in the messages,"
-        f" {completion_tokens} in the completion). Please reduce the length of the messages"
-        " or completion.",
+        f"This model's maximum context length is {limit} tokens. However, {asked}. Please"
+        f" reduce the length of {reduce}.",
         limit=limit,
         prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
+        completion_tokens=completion_tokens or 0,
     )
 
 
@@ -142,6 +153,12 @@ def timed_out(message: str) -> APIError:
 def service_unavailable(message: str) -> APIError:
     """A 503: something the gateway needs (its database, its counters) is away for now."""
     return APIError(message, status=503, type="server_error", code="service_unavailable")
+
+
+def model_unavailable(message: str) -> APIError:
+    """A 503: this server cannot load the alias's model (a package or a file missing);
+    ``message`` says how to fix it."""
+    return APIError(message, status=503, type="server_error", code="model_unavailable")
 
 
 def as_api_error(exc: BaseException) -> APIError:

@@ -8,16 +8,16 @@ several parameters or messages follow it, as code.
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import orjson
 
 from .enums import (
-    ASSISTANT_PART_TYPES,
     AUDIO_FORMATS,
     CONTENT_PART_TYPES,
     FUNCTION_CALL_MODES,
@@ -45,7 +45,9 @@ from .schema import (
     Components,
     Enum,
     Excludes,
+    Holds,
     Integer,
+    Later,
     Limit,
     Map,
     Member,
@@ -61,6 +63,19 @@ from .schema import (
     wrong_type,
 )
 
+CacheTTL = Literal["5m", "1h"]
+CACHE_TTLS: tuple[CacheTTL, ...] = get_args(CacheTTL)
+"""The lifetimes of an entry of Anthropic's prompt cache; a marker without one is 5m's."""
+
+
+@dataclass(frozen=True, slots=True)
+class TextPart:
+    """A text part of a message's content, as sent, with the cache marker it carries:
+    Anthropic's ``cache_control`` (OpenRouter's clients put it on chat parts)."""
+
+    text: str
+    cache_control: dict[str, Any] | None = None
+
 
 @dataclass(frozen=True, slots=True)
 class Message:
@@ -70,9 +85,13 @@ class Message:
     content: str | None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    """As sent: a call may carry a ``cache_control`` marker (a Messages client's)."""
     tool_call_id: str | None = None
     function_call: dict[str, Any] | None = None
     """An assistant's call in the deprecated shape: ``{name, arguments}``."""
+    parts: tuple[TextPart, ...] = ()
+    """Array content's parts, each with its marker (none for string content): an
+    upstream that caches prompts is sent them as they came."""
 
     @property
     def calls(self) -> list[dict[str, Any]]:
@@ -87,6 +106,8 @@ class Tool:
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool = False
+    cache_control: dict[str, Any] | None = None
+    """Anthropic's cache marker: the prompt is cached up to this tool."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +169,13 @@ class ChatRequest:
     hosted_tools: tuple[dict[str, Any], ...] = ()
     """Not in a chat body: the Responses API's hosted tools (``web_search``, ...) asked
     for, as sent, for an upstream that speaks that API to run."""
+    cache_control: dict[str, Any] | None = None
+    """Not in a chat body: a Messages request's own ``cache_control`` (Anthropic's
+    automatic caching), for an upstream that speaks that API."""
+    translated_markers: bool = False
+    """Not the client's: the body's ``cache_control`` markers were written by the gateway
+    from another API's request (Anthropic's blocks, Responses parts): an
+    OpenAI-compatible upstream, which may refuse them, is sent none."""
     # Not the client's: what the serving alias lets an upstream receive beyond the
     # sampling and format parameters (ModelAlias.forwarded_params).
     forwarded_params: frozenset[str] = frozenset()
@@ -155,6 +183,15 @@ class ChatRequest:
     """Not the client's: the completion tokens a choice of a request that sets no
     ``max_tokens`` may use, as its admission reserved them (what a budget has left). An
     answer that reaches it ends with ``length``; it is never refused as too long."""
+
+    def beside_body(self) -> dict[str, Any]:
+        """What this request holds that no chat body does, to keep when its body is read
+        again (with an alias's defaults)."""
+        return {
+            "hosted_tools": self.hosted_tools,
+            "cache_control": self.cache_control,
+            "translated_markers": self.translated_markers,
+        }
 
     @property
     def most_completion_tokens(self) -> int | None:
@@ -224,11 +261,12 @@ def parse_chat_request(body: Any, limits: Limits = NO_LIMITS) -> ChatRequest:
     """Validate a decoded JSON body; raise :class:`APIError` as OpenAI would.
 
     The checks run in OpenAI's order: the model, the other required keys,
-    unknown keys, each parameter's JSON types, bounds and values (``modalities``
-    without text among them) in the order the body lists them, the parameters
-    that need another or exclude one, then the values of ``logit_bias``, then
-    the rules that span several parameters or messages. ``limits`` are enforced with the errors
-    OpenAI gives for its own maximum lengths.
+    unknown keys, each parameter's JSON types, bounds and values in the order
+    the body lists them, then the table's rules in theirs (``modalities``
+    without text, ``logprobs``' type, the parameters that need another, those
+    that exclude one), then the values of ``logit_bias``, then the rules that
+    span several parameters or messages. ``limits`` are enforced with the
+    errors OpenAI gives for its own maximum lengths.
     """
     parse_model(body)
     given = chat_completion_request(limits).read(body, "", {})
@@ -283,40 +321,86 @@ _NAME = String(max_length=64, pattern="^[a-zA-Z0-9_-]+$")
 """A function, schema or participant name."""
 _TOOL_TYPE = Enum(TOOL_TYPES)
 _TEXT = String(max_length=Limit("max_content_chars"))
+MAX_STOPS = 4
+"""The most stop sequences a request may give, as OpenAI allows."""
+MAX_STOP_CHARS = 512
+"""The longest stop sequence (OpenAI documents no length; this is far past any marker
+a client ends an answer with): a backend that looks for stops in what it generates
+holds back up to this much text, and looks through it at each token."""
+STOP = String(max_length=MAX_STOP_CHARS)
 
 
-def _unserved_part(kind: str, param: str) -> APIError:
-    return APIError(
-        f"Invalid content type. {kind} is only supported by certain models.",
-        param=param.replace("[", ".["),  # as OpenAI's semantic checks spell a path
-    )
+def _refused_part(role: Role) -> Callable[[str, str], APIError]:
+    """How a part of a ``role`` message whose type is not served is refused (given the
+    type and its path): an image outside a user's message as OpenAI refuses it for any
+    model, any other part as a model without it is refused."""
 
+    def refuse(kind: str, param: str) -> APIError:
+        if kind == "image_url" and role != "user":
+            message = param.rsplit(".content", 1)[0]
+            return APIError(
+                f"Invalid '{message}'. Image URLs are only allowed for messages with role"
+                f" 'user', but this message with role '{role}' contains an image URL.",
+                param=message,
+                code="invalid_value",
+            )
+        return APIError(
+            f"Invalid content type. {kind} is only supported by certain models.",
+            param=param.replace("[", ".["),  # as OpenAI's semantic checks spell a path
+        )
+
+    return refuse
+
+
+CACHE_CONTROL = Object(
+    (Member("type", Enum(("ephemeral",)), REQUIRED), Member("ttl", Enum(CACHE_TTLS))),
+    name="CacheControl",
+    description=(
+        "Anthropic's cache marker: the prompt up to here is cached (5 minutes, or the"
+        " ttl), sent on to an upstream that speaks the Messages API."
+    ),
+)
+"""A ``cache_control`` marker: on a chat part or tool (OpenRouter's form), a Responses
+part, an Anthropic block, tool or request."""
+_CACHE_CONTROL = Member("cache_control", CACHE_CONTROL)
 
 _TEXT_PART = Object(
-    (Member("text", _TEXT, REQUIRED),),
-    build=lambda part, path: part["text"],
+    (Member("text", _TEXT, REQUIRED), _CACHE_CONTROL),
+    build=lambda part, path: TextPart(part["text"], part["cache_control"]),
     name="TextContentPart",
     description="Only text parts are served; other part types are a 400.",
 )
-_CONTENT = OneOf(
-    (_TEXT, Array(Tagged("type", CONTENT_PART_TYPES, {"text": _TEXT_PART}, refuse=_unserved_part))),
-    description="A string, or text parts whose texts are joined.",
-)
+
+
+def _content(role: Role) -> OneOf:
+    """The content of a ``role`` message other than an assistant's."""
+    return OneOf(
+        (
+            _TEXT,
+            Array(
+                Tagged("type", CONTENT_PART_TYPES, {"text": _TEXT_PART}, refuse=_refused_part(role))
+            ),
+        ),
+        description="A string, or text parts whose texts are joined.",
+    )
+
+
 _ASSISTANT_CONTENT = OneOf(
     (
         _TEXT,
         Array(
             Tagged(
                 "type",
-                ASSISTANT_PART_TYPES,
+                CONTENT_PART_TYPES,
                 {
                     "text": _TEXT_PART,
                     "refusal": Object(
                         (Member("refusal", _TEXT, REQUIRED),),
-                        build=lambda part, path: part["refusal"],
+                        build=lambda part, path: TextPart(part["refusal"]),
                         name="RefusalContentPart",
                     ),
                 },
+                refuse=_refused_part("assistant"),
             )
         ),
     ),
@@ -326,13 +410,18 @@ _ASSISTANT_CONTENT = OneOf(
 
 def _message(members: dict[str, Any], path: str) -> Message:
     content = members.get("content")
+    parts: tuple[TextPart, ...] = ()
+    if isinstance(content, list):
+        parts = tuple(content)
+        content = "".join(part.text for part in parts)
     return Message(
         members["role"],
-        content if content is None or isinstance(content, str) else "".join(content),
+        content,
         name=members.get("name"),
         tool_calls=members.get("tool_calls"),
         tool_call_id=members.get("tool_call_id"),
         function_call=members.get("function_call"),
+        parts=parts,
     )
 
 
@@ -340,9 +429,13 @@ def _message_of(role: str, description: str, *members: Member) -> Object:
     return Object(members, build=_message, name=f"{role}Message", description=description)
 
 
-# Only the developer schema requires content; a null content in another role is a
-# semantic error, reported once the whole body is well-formed (LATER).
-_INSTRUCTIONS = (Member("content", _CONTENT, LATER), Member("name", _NAME))
+def _instructions(role: Role) -> tuple[Member, ...]:
+    """The content and name of a ``role`` message. Only the developer schema requires
+    content; a null content in another role is a semantic error, reported once the whole
+    body is well-formed (LATER)."""
+    return (Member("content", _content(role), LATER), Member("name", _NAME))
+
+
 TOOL_CALL = Object(
     (
         Member("id", String(), REQUIRED),
@@ -352,6 +445,7 @@ TOOL_CALL = Object(
             Object((Member("name", String(), REQUIRED), Member("arguments", String(), REQUIRED))),
             REQUIRED,
         ),
+        _CACHE_CONTROL,
     ),
     name="ToolCall",
 )
@@ -360,14 +454,14 @@ _MESSAGE = Tagged(
     "role",
     ROLES,
     {
-        "system": _message_of("System", "Instructions.", *_INSTRUCTIONS),
+        "system": _message_of("System", "Instructions.", *_instructions("system")),
         "developer": _message_of(
             "Developer",
             "Instructions.",
-            Member("content", _CONTENT, REQUIRED),
+            Member("content", _content("developer"), REQUIRED),
             Member("name", _NAME),
         ),
-        "user": _message_of("User", "The user's turn.", *_INSTRUCTIONS),
+        "user": _message_of("User", "The user's turn.", *_instructions("user")),
         "assistant": _message_of(
             "Assistant",
             "An earlier answer: content, calls, or both (not neither).",
@@ -386,7 +480,7 @@ _MESSAGE = Tagged(
         "tool": _message_of(
             "Tool",
             "A tool's result; it answers a call of the assistant message just before.",
-            *_INSTRUCTIONS,
+            *_instructions("tool"),
             Member("tool_call_id", String(), REQUIRED),
         ),
         "function": _message_of(
@@ -427,8 +521,13 @@ _TOOL = Object(
             Object((*_FUNCTION_MEMBERS, Member("strict", Boolean())), build=_tool),
             REQUIRED,
         ),
+        _CACHE_CONTROL,
     ),
-    build=lambda tool, path: tool["function"],
+    build=lambda tool, path: (
+        tool["function"]
+        if tool["cache_control"] is None
+        else dataclasses.replace(tool["function"], cache_control=tool["cache_control"])
+    ),
     name="Tool",
 )
 _FUNCTION = Object(
@@ -516,22 +615,6 @@ class _LogitBias(Map):
         }
 
 
-class _Modalities(Array):
-    """``modalities``: audio output only together with text. Checked with its values, at
-    its place among the parameters: OpenAI names it before a later parameter's type."""
-
-    def parse(self, value: Any, path: str) -> list[Any]:
-        modalities = super().parse(value, path)
-        if "text" not in modalities:
-            raise APIError(
-                "Invalid value for 'modalities': audio output is only supported together with"
-                " text, as ['text', 'audio'].",
-                param=path,
-                code="invalid_value",
-            )
-        return modalities
-
-
 def _token_biases(sent: dict[str, Any]) -> dict[int, float]:
     """``logit_bias`` as sent (its types checked) read as token ids and biases, in
     OpenAI's words: ``param`` is ``logit_bias`` itself, whichever entry is wrong."""
@@ -553,8 +636,8 @@ def _token_biases(sent: dict[str, Any]) -> dict[int, float]:
             )
         if not -MAX_BIAS <= bias <= MAX_BIAS:
             raise APIError(
-                f"Invalid value in 'logit_bias': {bias} for token {key}. Biases should be between"
-                f" -{MAX_BIAS} and {MAX_BIAS}.",
+                f"Logit bias value {float(bias)!r} is invalid or outside of range"
+                f" [-{MAX_BIAS}, {MAX_BIAS}]",
                 param="logit_bias",
             )
         biases[int(digits)] = float(bias)
@@ -570,6 +653,39 @@ _PREDICTION = Object(
         Member("content", OneOf((String(), Array(_PREDICTED_PART))), REQUIRED),
     )
 )
+
+
+PROMPT_CACHE_MEMBERS = (
+    Member(
+        "prompt_cache_key",
+        String(),
+        description="Sent on to an OpenAI-compatible upstream: requests that share it share"
+        " a cache.",
+    ),
+    Member(
+        "prompt_cache_options",
+        Object(
+            (
+                Member("mode", Enum(("implicit", "explicit"))),
+                Member("ttl", Enum(("30m",))),
+            )
+        ),
+        description="Sent on to an OpenAI-compatible upstream.",
+    ),
+    Member(
+        "prompt_cache_retention",
+        Enum(("in_memory", "24h")),
+        description="Sent on to an OpenAI-compatible upstream (earlier models'"
+        " prompt_cache_options).",
+    ),
+)
+"""OpenAI's prompt cache parameters, the same in both its APIs."""
+PROMPT_CACHE_PARAMETERS = tuple(member.name for member in PROMPT_CACHE_MEMBERS)
+
+METADATA = Map(
+    String(max_length=512), max_properties=16, max_key_length=64, expected="a metadata object"
+)
+"""OpenAI's metadata object: at most 16 keys of at most 64 characters, values of at most 512."""
 
 
 def _no_model(param: str) -> APIError:
@@ -623,46 +739,19 @@ CHAT_COMPLETION_REQUEST = Parameters(
         Member("logprobs", Boolean()),
         Member("max_completion_tokens", Integer(1)),
         Member("max_tokens", Integer(1), description="Deprecated: see max_completion_tokens."),
-        Member(
-            "metadata",
-            Map(
-                String(max_length=512),
-                keys=String(max_length=64),
-                max_properties=16,
-                expected="a metadata object",
-            ),
-        ),
-        Member(
-            "modalities",
-            _Modalities(Enum(MODALITIES)),
-            description="Audio only with text; answers are text only.",
-        ),
+        Member("metadata", METADATA),
+        Member("modalities", Array(Enum(MODALITIES)), description="Answers are text only."),
         Member("n", Integer(1, 128)),
         Member("parallel_tool_calls", Boolean()),
         Member("prediction", _PREDICTION, description="Accepted; not used to speed answers up."),
         Member("presence_penalty", _PENALTY),
-        Member("prompt_cache_key", String()),
-        Member(
-            "prompt_cache_options",
-            Object(
-                (
-                    Member("mode", Enum(("implicit", "explicit"))),
-                    Member("ttl", Enum(("30m",))),
-                )
-            ),
-            description="Accepted; a hint for OpenAI's prompt cache.",
-        ),
-        Member(
-            "prompt_cache_retention",
-            Enum(("in_memory", "24h")),
-            description="Deprecated: see prompt_cache_options. Accepted.",
-        ),
+        *PROMPT_CACHE_MEMBERS,
         Member("reasoning_effort", Enum(REASONING_EFFORTS)),
         Member("response_format", _RESPONSE_FORMAT),
         Member("safety_identifier", String()),
         Member("seed", Integer(-(2**63), 2**63 - 1)),  # a signed 64-bit integer
         Member("service_tier", Enum(SERVICE_TIERS)),
-        Member("stop", OneOf((String(), Array(String(), max_length=4, may_be_empty=True)))),
+        Member("stop", OneOf((STOP, Array(STOP, max_length=MAX_STOPS, may_be_empty=True)))),
         Member("store", Boolean()),
         Member("stream", Boolean()),
         Member(
@@ -681,7 +770,16 @@ CHAT_COMPLETION_REQUEST = Parameters(
         Member("verbosity", Enum(VERBOSITIES)),
         Member("web_search_options", Object()),
     ),
-    requires=(
+    # In OpenAI's order: its checks of the values read, then the parameters that need
+    # another, then those that exclude one.
+    rules=(
+        Holds(
+            "modalities",
+            lambda modalities: "text" in modalities,
+            "Invalid value for 'modalities'. Only ['text'] and ['text', 'audio'] are supported.",
+            "Audio only with text.",
+        ),
+        Later("logprobs"),
         Requires(
             "top_logprobs",
             "logprobs",
@@ -691,9 +789,6 @@ CHAT_COMPLETION_REQUEST = Parameters(
             "stream_options",
             "stream",
             "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
-        ),
-        Requires(
-            "metadata", "store", "The 'metadata' parameter is only allowed when 'store' is enabled."
         ),
         Requires(
             "tool_choice",
@@ -713,8 +808,9 @@ CHAT_COMPLETION_REQUEST = Parameters(
             "Invalid value for 'function_call': 'function_call' is only allowed when 'functions'"
             " are specified.",
         ),
-    ),
-    excludes=(
+        Requires(
+            "metadata", "store", "The 'metadata' parameter is only allowed when 'store' is enabled."
+        ),
         Excludes(
             "max_tokens",
             "max_completion_tokens",
@@ -886,6 +982,30 @@ def _calls_as_tools(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         result = {"role": "tool", "tool_call_id": call_id, "content": following["content"] or ""}
         converted[i + 1] = result
     return messages if converted is None else converted
+
+
+def without_cache_markers(body: dict[str, Any]) -> dict[str, Any]:
+    """A valid request ``body`` without the ``cache_control`` markers of its messages'
+    parts and calls and of its tools (``body`` itself has none changed); a content of
+    one text part is its text, as it was before a marker made it a list."""
+    messages = []
+    for message in body["messages"]:
+        content, calls = message.get("content"), message.get("tool_calls")
+        if isinstance(content, list):
+            parts = [_unmarked(part) for part in content]
+            one = len(parts) == 1 and parts[0]["type"] == "text"
+            message = {**message, "content": parts[0]["text"] if one else parts}
+        if calls:
+            message = {**message, "tool_calls": [_unmarked(call) for call in calls]}
+        messages.append(message)
+    unmarked = {**body, "messages": messages}
+    if body.get("tools"):
+        unmarked["tools"] = [_unmarked(tool) for tool in body["tools"]]
+    return unmarked
+
+
+def _unmarked(item: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in item.items() if key != "cache_control"}
 
 
 # JSON Schemas: bounded before anything (a grammar, an upstream request) is built from one.

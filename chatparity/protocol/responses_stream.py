@@ -14,6 +14,7 @@ from typing import Any, Literal, get_args
 
 import orjson
 
+from . import ids
 from .errors import APIError
 from .events import Event, Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from .responses import NO_NAMESPACES, NewId, ToolNames
@@ -249,7 +250,7 @@ class ResponseEncoder:
             call = {
                 "id": self._new_id("fc"),
                 "type": "function_call",
-                "call_id": delta.id or self._new_id("call"),
+                "call_id": delta.id or ids.call_id(),  # OpenAI's form, not new_id's
                 **self._names.called(delta.name or ""),
                 "arguments": "",
             }

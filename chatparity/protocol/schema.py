@@ -539,12 +539,13 @@ class Array(Node):
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Map(Node):
-    """A JSON object of any keys (checked by ``keys``, given the map's path) and
-    ``values`` (each at ``path.key``)."""
+    """A JSON object of any keys (checked by ``keys``, given the map's path; at most
+    ``max_key_length`` characters) and ``values`` (each at ``path.key``)."""
 
     values: Node = ANYTHING
     keys: Node | None = None
     max_properties: int | None = None
+    max_key_length: int | None = None
     expected: str = "an object"
     description: str | None = None
 
@@ -563,20 +564,37 @@ class Map(Node):
                 code="object_above_max_properties",
             )
         key_of = self.keys.parse if self.keys is not None else _same
-        return {
-            key_of(key, path): self.values.parse(item, f"{path}.{key}")
-            for key, item in value.items()
-        }
+        longest = self.max_key_length
+        parsed = {}
+        for key, item in value.items():
+            if longest is not None and len(key) > longest:
+                raise _long_property_name(path, key, longest)
+            parsed[key_of(key, path)] = self.values.parse(item, f"{path}.{key}")
+        return parsed
 
     def schema(self, components: Components) -> Schema:
         schema: Schema = {"type": "object"}
         if self.keys is not None:
             schema["propertyNames"] = components.describe(self.keys)
+        elif self.max_key_length is not None:
+            schema["propertyNames"] = {"maxLength": self.max_key_length}
         if self.values is not ANYTHING:
             schema["additionalProperties"] = components.describe(self.values)
         if self.max_properties is not None:
             schema["maxProperties"] = self.max_properties
         return schema
+
+
+def _long_property_name(path: str, key: str, limit: int) -> APIError:
+    """OpenAI's error for a key of an object longer than ``limit``: the key shown by
+    its first and last three characters, ``param`` its path."""
+    return APIError(
+        f"Invalid property name in '{path}': '{key[:3]}...{key[-3:]}' is too long. Expected a"
+        f" string with maximum length {limit}, but got a string with length {len(key)}"
+        " instead.",
+        param=f"{path}.{key}",
+        code="property_name_above_max_length",
+    )
 
 
 def _same(key: str, path: str) -> str:
@@ -670,22 +688,87 @@ class Tagged(Node):
         return schema
 
 
+class Rule(ABC):
+    """A check of a request body's parameters once each was read (see
+    :class:`Parameters`), and what the document says of it."""
+
+    __slots__ = ()
+    parameter: str
+
+    @abstractmethod
+    def apply(self, body: Parameters, sent: dict[str, Any], given: dict[str, Any]) -> None:
+        """Raise OpenAI's error if ``given`` (the parameters read from ``sent``) breaks
+        the rule; a rule that reads a parameter adds it to ``given``."""
+
+    def notes(self) -> dict[str, str]:
+        """What the document adds to each parameter's description, by parameter."""
+        return {}
+
+
 @dataclass(frozen=True, slots=True)
-class Requires:
+class Requires(Rule):
     """Parameter ``parameter`` is refused with ``message`` unless ``needed`` is given and true."""
 
     parameter: str
     needed: str
     message: str
 
+    def apply(self, body: Parameters, sent: dict[str, Any], given: dict[str, Any]) -> None:
+        if self.parameter in given and not given.get(self.needed):
+            raise APIError(self.message, param=self.parameter)
+
+    def notes(self) -> dict[str, str]:
+        return {self.parameter: f"Only with {self.needed}."}
+
 
 @dataclass(frozen=True, slots=True)
-class Excludes:
+class Excludes(Rule):
     """Parameters ``parameter`` and ``other`` are refused together with ``message``."""
 
     parameter: str
     other: str
     message: str
+
+    def apply(self, body: Parameters, sent: dict[str, Any], given: dict[str, Any]) -> None:
+        if self.parameter in given and self.other in given:
+            raise APIError(self.message, param=self.parameter, code="invalid_parameter_combination")
+
+    def notes(self) -> dict[str, str]:
+        return {
+            self.parameter: f"Not with {self.other}.",
+            self.other: f"Not with {self.parameter}.",
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Holds(Rule):
+    """Parameter ``parameter``, once read, is refused with ``message`` (code
+    ``invalid_value``) unless ``test`` holds of its value; ``note`` documents it."""
+
+    parameter: str
+    test: Callable[[Any], bool]
+    message: str
+    note: str
+
+    def apply(self, body: Parameters, sent: dict[str, Any], given: dict[str, Any]) -> None:
+        if self.parameter in given and not self.test(given[self.parameter]):
+            raise APIError(self.message, param=self.parameter, code="invalid_value")
+
+    def notes(self) -> dict[str, str]:
+        return {self.parameter: self.note}
+
+
+@dataclass(frozen=True, slots=True)
+class Later(Rule):
+    """Parameter ``parameter`` is read here, among the rules, rather than at its place
+    in the body: OpenAI checks its type only once the other parameters were read."""
+
+    parameter: str
+
+    def apply(self, body: Parameters, sent: dict[str, Any], given: dict[str, Any]) -> None:
+        value = sent.get(self.parameter)
+        if value is not None:
+            given[self.parameter] = body.member(self.parameter).node.parse(value, self.parameter)
 
 
 def unrecognized(keys: list[str]) -> APIError:
@@ -700,17 +783,17 @@ class Parameters(Object):
 
     First the ``NOT_NULL`` ones must be there (in the order declared), then
     unknown keys are refused with ``unknown``, then each parameter is checked
-    in the order the body lists them (null is always "not given"), then the
-    ``requires`` rules apply in their order, then the ``excludes`` rules
-    (members' checks are not run: rules across parameters are these, or the
-    caller's). Its value is the parameters given, parsed.
+    in the order the body lists them (null is always "not given"; a parameter a
+    :class:`Later` rule reads is left to it), then the ``rules`` apply in their
+    order (members' checks are not run: rules across parameters are these, or
+    the caller's). Its value is the parameters given, parsed.
     """
 
-    requires: tuple[Requires, ...] = ()
-    excludes: tuple[Excludes, ...] = ()
+    rules: tuple[Rule, ...] = ()
     unknown: Callable[[list[str]], APIError] = unrecognized
     _by_name: Mapping[str, Member] = field(init=False, default_factory=dict)
     _needed: tuple[Member, ...] = field(init=False, default=())
+    _later: frozenset[str] = field(init=False, default=frozenset())
 
     def __post_init__(self) -> None:
         if any(member.presence not in (OPTIONAL, NOT_NULL) for member in self.members):
@@ -718,6 +801,12 @@ class Parameters(Object):
         object.__setattr__(self, "_by_name", {member.name: member for member in self.members})
         needed = tuple(member for member in self.members if member.presence is NOT_NULL)
         object.__setattr__(self, "_needed", needed)
+        later = frozenset(rule.parameter for rule in self.rules if isinstance(rule, Later))
+        object.__setattr__(self, "_later", later)
+
+    def member(self, name: str) -> Member:
+        """The parameter called ``name``."""
+        return self._by_name[name]
 
     def read(self, obj: dict[str, Any], path: str, parsed: dict[str, Any]) -> dict[str, Any]:
         for member in self._needed:
@@ -727,28 +816,19 @@ class Parameters(Object):
         unknown = obj.keys() - by_name.keys()
         if unknown:
             raise self.unknown(sorted(unknown))
+        later = self._later
         for key, value in obj.items():
-            if value is not None:
+            if value is not None and key not in later:
                 parsed[key] = by_name[key].node.parse(value, key)
-        for rule in self.requires:
-            if rule.parameter in parsed and not parsed.get(rule.needed):
-                raise APIError(rule.message, param=rule.parameter)
-        for exclusion in self.excludes:
-            if exclusion.parameter in parsed and exclusion.other in parsed:
-                raise APIError(
-                    exclusion.message,
-                    param=exclusion.parameter,
-                    code="invalid_parameter_combination",
-                )
+        for rule in self.rules:
+            rule.apply(self, obj, parsed)
         return parsed
 
     def schema(self, components: Components) -> Schema:
         rules: dict[str, list[str]] = {}
-        for rule in self.requires:
-            rules.setdefault(rule.parameter, []).append(f"Only with {rule.needed}.")
-        for exclusion in self.excludes:
-            rules.setdefault(exclusion.parameter, []).append(f"Not with {exclusion.other}.")
-            rules.setdefault(exclusion.other, []).append(f"Not with {exclusion.parameter}.")
+        for rule in self.rules:
+            for parameter, note in rule.notes().items():
+                rules.setdefault(parameter, []).append(note)
         members = [
             replace(member, description=_with_rules(member.description, rules[member.name]))
             if member.name in rules

@@ -18,7 +18,8 @@ cross-origin requests, preflights included, get the same CORS answers as from
 the views (:mod:`chatparity.transport.cors`). The body is read only once the key is
 valid, and must arrive within ``BODY_TIMEOUT``.
 The request's accounting (limits settled, log row written) is closed once the
-reply is sent, so it costs the client nothing.
+reply is sent, so it costs the client nothing. A worker whose spool folder is refused
+does not start (:func:`~chatparity.accounting.spool.open_for_serving`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from django.http import HttpRequest, HttpResponse
 from django.middleware.security import SecurityMiddleware
 from django.urls import Resolver404, get_resolver, resolve
 
+from ..accounting import spool
 from ..conf import app_settings
 from ..gateway import pipeline
 from ..gateway.pipeline import Call, Endpoint, Reply
@@ -66,6 +68,10 @@ class FastPath:
     every other request (and every other protocol) to ``application``."""
 
     def __init__(self, application: Any) -> None:
+        # Before anything is served: the spool folder is resolved, made and opened, or
+        # the worker refuses to start (ImproperlyConfigured) rather than serve without
+        # its durability.
+        spool.open_for_serving()
         self.application = application
         self._routes: dict[str, Route | None] = {}
         # The URLconf and all it imports, loaded at start-up rather than by the first

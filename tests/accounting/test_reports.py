@@ -211,3 +211,14 @@ def test_latency_percentiles_of_known_durations_are_within_ten_percent():
             exact = nearest_rank(values, fraction)
             assert row[column] == pytest.approx(exact, rel=0.1), (alias, column)
     assert rows["smollm2"]["p95_ms"] < 7393
+
+
+def test_latency_is_the_models_answers_not_the_endpoints_that_ask_for_none():
+    logged(alias="a", duration_ms=1000.0)
+    logged(alias="a", endpoint="messages.count_tokens", duration_ms=1.0)
+    logged(alias="a", endpoint="responses.stored", duration_ms=1.0)
+    logged(alias="", endpoint="models", duration_ms=1.0)
+    (row,) = reports.latency_by_alias(reports.LogFilter())
+    assert (row["alias"], row["requests"], row["p50_ms"]) == ("a", 1, 930.0)  # (860, 1000]
+    (totals,) = reports.usage(reports.LogFilter(), [])
+    assert totals["requests"] == 4, "every row is a request"

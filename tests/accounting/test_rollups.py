@@ -34,8 +34,10 @@ DAY1, DAY2, DAY3 = datetime.date(2025, 3, 1), datetime.date(2025, 3, 2), datetim
 ALIASES = ("gpt", "llama", "")
 ENDPOINTS = ("chat.completions", "responses", "messages")
 SUMS = ("requests", "errors", "cancelled", "prompt_tokens", "completion_tokens",
-        "total_tokens", "cached_tokens", "reasoning_tokens", "cost", "first_tokens",
-        "duration_histogram", "first_token_histogram")  # fmt: skip
+        "total_tokens", "cached_tokens", "reasoning_tokens", "cost", "cache_hits",
+        "cache_misses", "cost_saved", "first_tokens", "duration_histogram",
+        "first_token_histogram")  # fmt: skip
+CACHE_STATES = ("", "", "hit", "semantic", "partial", "miss", "bypass")
 
 on_postgresql = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="concurrent writers need PostgreSQL"
@@ -66,6 +68,8 @@ def varied_rows(count, seed, days=(DAY1, DAY2, DAY3), prefixes=("sk-cp-AAAA", "s
                 cached_tokens=prompt // 3,
                 reasoning_tokens=completion // 4,
                 cost=Decimal(chance.randrange(0, 10**6)) / 10**8,
+                cache=(cache := chance.choice(CACHE_STATES)),
+                cost_saved=Decimal(chance.randrange(0, 10**6)) / 10**8 if cache else 0,
                 duration_ms=chance.choice([0.0, 5.0, 5.5, 999.9, 400_000.0])
                 if index % 7 == 0
                 else chance.lognormvariate(6, 1.5),
@@ -102,6 +106,9 @@ def summed(rows, per):
                      "reasoning_tokens"):  # fmt: skip
             total[name] += getattr(row, name)
         total["cost"] += Decimal(row.cost)
+        total["cache_hits"] += row.cache in ("hit", "semantic")
+        total["cache_misses"] += row.cache in ("miss", "partial")
+        total["cost_saved"] += Decimal(row.cost_saved)
         total["duration_ms"] += row.duration_ms
         total["duration_histogram"][HISTOGRAM_KEYS[bucket_of(row.duration_ms)]] += 1
         if row.time_to_first_token_ms is not None:

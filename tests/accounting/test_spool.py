@@ -5,6 +5,8 @@ import asyncio
 import fcntl
 import logging
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,16 +20,21 @@ import orjson
 import pytest
 from django.apps import apps
 from django.conf import settings as django_settings
+from django.core.asgi import get_asgi_application
+from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connections
+from django.test import AsyncRequestFactory
 
 from chatparity.accounting import inserts, journal, spool, writer
 from chatparity.accounting.record import UsageRecord
+from chatparity.metrics.views import metrics
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.events import Usage
+from chatparity.transport.fastpath import FastPath
 from tests import services
 from tests.asgi import ask_fast_path as ask
 from tests.scripted import SCRIPTED
-from tests.support import routed
+from tests.support import routed, spools
 from tests.support.waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,7 +185,14 @@ time.sleep(60)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_requests_a_killed_worker_had_in_flight_become_interrupted_rows(spool_dir):
+@pytest.mark.parametrize("linked", [False, True], ids=["a folder", "a link to a private folder"])
+def test_the_requests_a_killed_worker_had_in_flight_become_interrupted_rows(
+    spool_dir, tmp_path, linked
+):
+    real = spool_dir
+    if linked:  # the worker and this process each resolve it as they start
+        real = spools.private_folder(tmp_path)
+        spool_dir.symlink_to(real)
     environment = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": ROOT}
     worker = subprocess.Popen(
         [sys.executable, "-c", KILLED_WORKER, str(spool_dir)],
@@ -188,14 +202,16 @@ def test_the_requests_a_killed_worker_had_in_flight_become_interrupted_rows(spoo
     )
     try:
         assert worker.stdout.readline() == b"serving\n"
-        [its_journal] = spool_dir.glob("journal-*")
+        [its_journal] = real.glob("journal-*")
         asyncio.run(until(lambda: b'"completion_tokens":7' in its_journal.read_bytes()))
     finally:
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=10)
 
+    spool.open_for_serving()
     assert journal.recover() == 1
     assert spool.drain() == 1
+    assert list(real.iterdir()) == []
     row = RequestLog.objects.get()
     assert (row.request_id, row.endpoint, row.key_prefix) == (
         "req-killed",
@@ -448,12 +464,90 @@ def test_a_spool_folder_swapped_for_a_symlink_after_its_check_reaches_nothing_el
     ]
 
 
-def test_a_spool_folder_that_is_a_symlink_is_refused(spool_dir, tmp_path):
-    mine = tmp_path / "mine"
-    mine.mkdir(mode=0o700)
-    spool_dir.symlink_to(mine)
-    with pytest.raises(PermissionError, match="is not a folder"):
+# Reliability (issue 39): a SPOOL_DIR reached through symlinks is resolved once, at
+# start, when only the server's user or root can change where they lead; else refused,
+# and the server does not start.
+
+
+@pytest.mark.parametrize("layout", spools.RESOLVED, ids=spools.layout_id)
+def test_a_spool_folder_reached_through_symlinks_no_one_else_can_change_is_resolved(
+    settings, tmp_path, layout
+):
+    configured, real = layout(tmp_path)
+    settings.CHATPARITY = {**SCRIPTED, "SPOOL_DIR": str(configured)}
+    assert spool.open_for_serving().path == real
+    spool.keep([a_row("req-1")])
+    assert [path.name for path in real.iterdir()] == [f"rows-{os.getpid()}.jsonl"]
+    assert spool.count() == 1
+
+
+@pytest.mark.parametrize("layout", spools.REFUSED, ids=spools.layout_id)
+def test_a_spool_folder_reached_through_symlinks_others_could_change_is_refused(
+    settings, tmp_path, layout
+):
+    configured, said = layout(tmp_path)
+    settings.CHATPARITY = {**SCRIPTED, "SPOOL_DIR": str(configured)}
+    with pytest.raises(spool.Refused, match=re.escape(said)):
         spool.open_folder()
+    with pytest.raises(ImproperlyConfigured) as refused:
+        spool.open_for_serving()
+    message = str(refused.value)
+    assert message.startswith(f"CHATPARITY['SPOOL_DIR'] ({configured}) cannot be used")
+    assert said in message
+    assert message.endswith(spool.FIX)
+    assert not list(tmp_path.glob("**/rows-*"))  # nothing spooled anywhere
+
+
+def test_a_linked_spool_folder_is_resolved_once_wherever_the_link_comes_to_point(
+    spool_dir, tmp_path
+):
+    first, second = spools.private_folder(tmp_path, "first"), spools.private_folder(tmp_path)
+    spool_dir.symlink_to(first)
+    spool.open_for_serving()
+    spool_dir.unlink()
+    spool_dir.symlink_to(second)
+    shutil.rmtree(first)  # the folder opened is gone: opened again, where it was
+    first.mkdir(mode=0o700)
+    spool.keep([a_row("req-1")])
+    assert len(list(first.iterdir())) == 1
+    assert list(second.iterdir()) == []
+
+
+def test_a_spool_folder_replaced_by_a_symlink_after_it_was_resolved_is_refused(spool_dir, tmp_path):
+    spool.open_for_serving()
+    spool_dir.rmdir()
+    spool_dir.symlink_to(spools.private_folder(tmp_path))
+    with pytest.raises(spool.Refused, match="is not a folder"):
+        spool.keep([a_row("req-1")])
+
+
+@pytest.fixture
+def a_journal_of_its_own():
+    """This process journals into a journal opened from now on."""
+    with mock.patch.object(journal, "_current", None):
+        yield
+
+
+def an_echo_key():
+    """The plaintext of a key that may ask the scripted alias ``echo``."""
+    _, plaintext = ApiKey.objects.create_key("spool")
+    backend = Backend.objects.create(name="scripted", kind="scripted", options={"script": ["Hi"]})
+    ModelAlias.objects.create(public_id="echo", backend=backend)
+    return plaintext
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_site_whose_spool_folder_links_to_a_private_one_serves_and_journals_there(
+    spool_dir, tmp_path, a_journal_of_its_own
+):
+    private = spools.private_folder(tmp_path)
+    spool_dir.symlink_to(private)
+    plaintext = an_echo_key()
+    status, _ = asyncio.run(ask(plaintext))
+    assert status == 200
+    assert RequestLog.objects.count() == 1
+    assert (private / f"journal-{os.getpid()}.jsonl").is_file()  # through the real path
+    assert spool_dir.is_symlink()
 
 
 def test_a_file_planted_under_a_journals_name_is_replaced_never_written(spool_dir, tmp_path):
@@ -494,10 +588,7 @@ def test_a_spool_folder_that_is_a_file_is_refused(spool_dir):
         spool.open_folder()
 
 
-ANOTHER_USER = pytest.mark.parametrize("other", [-1, 1], ids=["a lower uid", "a higher uid"])
-
-
-@ANOTHER_USER
+@spools.ANOTHER_USER
 def test_a_spool_folder_another_user_made_is_refused(spool_dir, other):
     spool_dir.mkdir(mode=0o700)
     with (
@@ -507,7 +598,7 @@ def test_a_spool_folder_another_user_made_is_refused(spool_dir, other):
         spool.open_folder()
 
 
-@ANOTHER_USER
+@spools.ANOTHER_USER
 def test_a_rows_file_another_user_made_is_never_appended_to(spool_dir, other):
     spool.open_folder()
     planted = spool_dir / f"rows-{os.getpid()}.jsonl"
@@ -902,3 +993,113 @@ def test_a_journal_that_can_no_longer_be_written_loses_its_notes_never_the_reque
         with caplog.at_level(logging.ERROR):
             journal.end("req-1")
     assert "the end of request req-1 was not journalled" in caplog.text
+
+
+# Reliability (issue 39): a spool folder that becomes unusable while the server serves
+# is said once and counted; requests, their rows and the scrape go on.
+
+
+@pytest.fixture
+def metrics_observed():
+    with spools.failures_counted():
+        yield
+
+
+def said(caplog, level, words):
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.levelno == level and words in record.getMessage()
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_spool_folder_unusable_while_serving_is_said_once_and_counted_never_raised(
+    settings, spool_dir, tmp_path, caplog, a_journal_of_its_own, metrics_observed
+):
+    private = spools.private_folder(tmp_path)
+    spool_dir.symlink_to(private)
+    settings.CHATPARITY = {**settings.CHATPARITY, "METRICS": {"ALLOWED_NETWORKS": ["127.0.0.1"]}}
+    plaintext = an_echo_key()
+    drains, counts = spools.spool_errors("drain"), spools.spool_errors("count")
+
+    async def serve(application, requests):
+        """``requests`` requests one after another, each batch's drain awaited."""
+        statuses = []
+        for _ in range(requests):
+            status, _ = await ask(plaintext, application)
+            statuses.append(status)
+            draining = writer._writers.get()._draining
+            if draining is not None:
+                await draining  # raises nothing, whatever the spool
+        return statuses
+
+    async def scrape():
+        request = AsyncRequestFactory().get("/metrics")
+        return await metrics(request)
+
+    async def serving():
+        application = FastPath(get_asgi_application())  # the folder resolved and opened
+        before = await serve(application, 1)
+        shutil.rmtree(private)
+        private.mkdir()
+        private.chmod(0o777)  # made again, by someone, for anyone to write to
+        during = await serve(application, 3)
+        scrapes = [await scrape(), await scrape()]
+        private.chmod(0o700)  # mended
+        after = await serve(application, 1)
+        return before + during + after, scrapes
+
+    with (
+        mock.patch.object(writer, "SPOOL_LOOK_SECONDS", 0),  # a drain after each batch
+        caplog.at_level(logging.WARNING, "chatparity.accounting.spool"),
+    ):
+        statuses, scrapes = asyncio.run(serving())
+
+    assert statuses == [200] * 5
+    assert RequestLog.objects.count() == 5  # every row written to the database
+    assert [response.status_code for response in scrapes] == [200, 200]
+    exposition = scrapes[-1].content.decode()
+    assert "chatparity_log_rows_spooled" not in exposition  # not known, not zero
+    assert 'chatparity_dependency_up{dependency="database"} 1.0' in exposition
+    assert spools.spool_errors("drain") - drains == 3  # one for each drain while it was unusable
+    assert spools.spool_errors("count") - counts == 2  # and for each scrape
+    [drain_error] = said(caplog, logging.ERROR, "cannot be used to drain")
+    assert "other users may write to it" in drain_error
+    assert len(said(caplog, logging.ERROR, "cannot be used to count")) == 1
+    assert said(caplog, logging.WARNING, "can be used to drain again")
+
+
+def test_a_drain_that_would_die_of_anything_else_is_said_and_counted(caplog, metrics_observed):
+    def broken():
+        raise RuntimeError("a bug")
+
+    async def drain_once():
+        log_writer = writer.LogWriter()
+        log_writer._drain_soon()
+        await log_writer._draining  # raises nothing
+        return log_writer
+
+    drains = spools.spool_errors("drain")
+    with mock.patch.object(writer, "_recover_and_drain", broken), caplog.at_level(logging.ERROR):
+        log_writer = asyncio.run(drain_once())
+    assert log_writer._draining is None  # the next look starts another
+    assert spools.spool_errors("drain") - drains == 1
+    assert said(caplog, logging.ERROR, "cannot be used to drain (a bug)")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_recovery_leaves_the_drain_to_write_what_it_can(
+    spool_dir, caplog, metrics_observed
+):
+    spool.keep([a_row("req-1")])
+
+    def unwritable(folder=None):
+        raise OSError(28, "No space left on device")
+
+    drains = spools.spool_errors("drain")
+    with mock.patch.object(journal, "recover", unwritable), caplog.at_level(logging.ERROR):
+        assert writer._recover_and_drain() is False  # nothing left to drain
+    assert RequestLog.objects.get().request_id == "req-1"
+    assert spools.spool_errors("drain") - drains == 1
+    assert said(caplog, logging.ERROR, "No space left on device")

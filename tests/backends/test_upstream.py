@@ -18,6 +18,7 @@ from chatparity.backends import _http1
 from chatparity.backends import upstream as upstream_backend
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.transport.fastpath import FastPath
+from tests.accounting.test_limits import HI
 from tests.asgi import completion_scope, keep_test_connection
 from tests.backends import faulty_upstream
 from tests.support.upstream import SECRET, UpstreamTestCase
@@ -64,8 +65,9 @@ UNFORWARDED = {
     "modalities": ["text"],
     "user": "u-1",
     "safety_identifier": "s-1",
-    "prompt_cache_key": "k-1",
 }
+# What finds an agent's cached prefix: forwarded, else its input is billed in full.
+PROMPT_CACHE = {"prompt_cache_key": "session-1", "prompt_cache_retention": "24h"}
 SAMPLING = {
     "temperature": 0.5,
     "top_p": 0.9,
@@ -93,6 +95,13 @@ class AllowListTests(UpstreamTestCase):
         sent = self.upstream.bodies["whole"]
         assert sent.keys() == {"model", "messages", "stream", *SAMPLING}
         assert {name: sent[name] for name in SAMPLING} == SAMPLING
+
+    async def test_the_prompt_caches_parameters_reach_it(self):
+        assert (await self.ask("whole", **PROMPT_CACHE)).status_code == 200
+        assert self.upstream.bodies["whole"].items() >= PROMPT_CACHE.items()
+        options = {"prompt_cache_options": {"mode": "explicit", "ttl": "30m"}}
+        assert (await self.post("up-whole", **options)).status_code == 200
+        assert self.upstream.bodies["whole"].items() >= options.items()
 
     async def test_tools_and_formats_reach_it(self):
         tool = {"type": "function", "function": {"name": "get_weather"}}
@@ -129,10 +138,10 @@ class CompletionLimitTests(UpstreamTestCase):
 
         cache.clear()
         key = await ApiKey.objects.aget(pk=self.key.pk)
-        key.token_budget = 50
+        key.token_budget = 100
         await key.asave(update_fields=["token_budget"])
         assert (await self.ask("whole")).status_code == 200
-        assert self.upstream.bodies["whole"]["max_tokens"] == 50 - 4  # "Hi" is estimated at 4
+        assert self.upstream.bodies["whole"]["max_tokens"] == 100 - HI  # "Hi" at its bound
         assert (await self.post("up-whole", max_tokens=5)).status_code == 200
         assert self.upstream.bodies["whole"]["max_tokens"] == 5  # the client's, as sent
 

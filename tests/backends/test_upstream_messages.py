@@ -4,6 +4,8 @@ with the secret in ``x-api-key``, and its named events read back into the same e
 whichever endpoint the client called: a chat client reaches a Claude model, and a
 Messages client any model, through one alias."""
 
+import re
+
 import orjson
 import pytest
 from django.test import TestCase
@@ -131,7 +133,9 @@ class NativeMessagesTests(TestCase):
             for c in chunks
             if c["choices"] and c["choices"][0]["delta"].get("tool_calls")
         )
-        assert call["id"].startswith("toolu_"), "the upstream's call id, kept"
+        # The upstream's toolu_ id, in the chat wire's form: call_ and the same 24.
+        assert re.fullmatch(r"call_[A-Za-z0-9]{24}", call["id"])
+        its_own = "toolu_" + call["id"].removeprefix("call_")
         assert (call["function"]["name"], orjson.loads(arguments)) == (
             "get_weather",
             {"city": "Paris"},
@@ -170,7 +174,7 @@ class NativeMessagesTests(TestCase):
                 "content": [
                     {
                         "type": "tool_use",
-                        "id": call["id"],
+                        "id": its_own,
                         "name": "get_weather",
                         "input": {"city": "Paris"},
                     }
@@ -178,7 +182,7 @@ class NativeMessagesTests(TestCase):
             },
             {
                 "role": "user",
-                "content": [{"type": "tool_result", "tool_use_id": call["id"], "content": "Sunny"}],
+                "content": [{"type": "tool_result", "tool_use_id": its_own, "content": "Sunny"}],
             },
         ]
 

@@ -127,6 +127,27 @@ def test_latency_percentiles_and_error_rates_per_alias(admin_client):
     assert 'data-series="p95 latency" data-category="slow" data-value="2850"' in latency
 
 
+def test_the_response_cache_s_hit_rate_and_savings_per_alias(admin_client):
+    """Hits (semantic ones too) over lookups (misses, partial hits); requests that passed
+    it by, or whose alias has none, are not lookups."""
+    for cache in ("hit", "semantic", "miss", "partial", "bypass"):
+        log(alias="cached", cache=cache, cost_saved="0.25" if cache != "miss" else "0")
+    log(alias="uncached")
+    response = admin_client.get(URL)
+    assertContains(
+        response,
+        '<tr class="cache-row" data-alias="cached"><td>cached</td><td class="num">2</td>'
+        '<td class="num">2</td><td class="num">50.0%</td><td class="num">1.0000</td></tr>',
+        html=True,
+    )
+    assertNotContains(response, '<tr class="cache-row" data-alias="uncached">')
+
+
+def test_no_response_cache_no_table(admin_client):
+    log(alias="uncached")
+    assertNotContains(admin_client.get(URL), 'id="cache-by-alias"')
+
+
 def test_charts_stack_requests_and_tokens_per_day_by_alias(admin_client):
     log(days_ago(1), alias="a", total_tokens=5)
     log(days_ago(1), alias="a", total_tokens=5)

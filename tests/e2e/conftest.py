@@ -212,19 +212,27 @@ def http(daphne_server):
 
 
 @contextmanager
-def serving_with_cors(daphne_server, origins, folder):
+def serving_with_settings(daphne_server, folder, settings):
     """Another daphne on ``daphne_server``'s database, with the example project's settings
-    allowing ``origins``; yields its URL."""
-    (folder / "cors_settings.py").write_text(
-        "from project.settings import *  # noqa: F403\n"
-        f"CHATPARITY = {{**CHATPARITY, 'CORS_ALLOWED_ORIGINS': {json.dumps(origins)}}}  # noqa\n"
+    and then the lines ``settings``; yields its URL."""
+    (folder / "site_settings.py").write_text(
+        f"from project.settings import *  # noqa: F403\n{settings}"
     )
-    env = {**daphne_server.env, "DJANGO_SETTINGS_MODULE": "cors_settings"}
+    env = {**daphne_server.env, "DJANGO_SETTINGS_MODULE": "site_settings"}
     env["PYTHONPATH"] = f"{folder}:{ROOT}"
     command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", "{port}"]
     command.append("project.asgi:application")
     with _serving(command, folder / "daphne.log", env=env) as (url, _):
         yield url
+
+
+def serving_with_cors(daphne_server, origins, folder):
+    """Another daphne on ``daphne_server``'s database, with the example project's settings
+    allowing ``origins``; yields its URL."""
+    allowed = (
+        f"CHATPARITY = {{**CHATPARITY, 'CORS_ALLOWED_ORIGINS': {json.dumps(origins)}}}  # noqa\n"
+    )
+    return serving_with_settings(daphne_server, folder, allowed)
 
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

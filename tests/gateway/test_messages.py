@@ -2,13 +2,15 @@
 pipeline, through the ASGI fast path and the Django views, behind the same keys,
 limits and log as chat, answering in Anthropic's envelope."""
 
+import re
+
 import orjson
 from django.test import override_settings
 
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.messages_stream import PING
 from tests.asgi import FastPathTestCase
-from tests.scripted import SCRIPTED
+from tests.scripted import SCRIPTED, ScriptedBackend
 
 HI = [{"role": "user", "content": "Hi"}]
 WEATHER = {
@@ -109,12 +111,33 @@ class CreateTests(MessagesTestCase):
             events[0]["message"]["id"],
         )
 
-    async def test_a_tool_use_and_its_result(self):
+    async def test_ids_are_anthropics_alike_in_a_stream_and_a_message(self):
+        _, headers, message = await self.create(model="weather", tools=[WEATHER])
+        _, streamed_headers, events = await self.create(
+            model="weather", tools=[WEATHER], stream=True
+        )
+        streamed = events[0]["message"]["id"]
+        for made in (message["id"], streamed):
+            assert re.fullmatch(r"msg_01[1-9A-HJ-NP-Za-km-z]{22}", made)
+        for sent in (headers, streamed_headers):
+            assert re.fullmatch(r"req_01[1-9A-HJ-NP-Za-km-z]{22}", sent["request-id"])
+            assert sent["x-request-id"] == sent["request-id"]
+        assert message["id"] != streamed
+        started = [e["content_block"] for e in events if e["type"] == "content_block_start"]
+        assert (
+            [block["id"] for block in started]
+            == [message["content"][0]["id"]]
+            == [
+                "toolu_" + "0" * 24  # the backend's call_ and 24: its 24 kept
+            ]
+        )
+
+    async def test_a_tool_use_and_its_result_reach_the_backend_with_its_own_call_id(self):
         _, _, message = await self.create(model="weather", tools=[WEATHER])
         (use,) = message["content"]
         assert use == {
             "type": "tool_use",
-            "id": "call_0",
+            "id": "toolu_" + "0" * 24,
             "name": "get_weather",
             "input": {"city": "Paris"},
         }
@@ -124,12 +147,17 @@ class CreateTests(MessagesTestCase):
             {"role": "assistant", "content": [use]},
             {
                 "role": "user",
-                "content": [{"type": "tool_result", "tool_use_id": "call_0", "content": "Sunny"}],
+                "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "Sunny"}],
             },
         ]
+        ScriptedBackend.asked.clear()
         status, _, message = await self.create(messages=answered, tools=[WEATHER])
         assert status == 200
         assert message["content"] == [{"type": "text", "text": "Hello there"}]
+        (asked,) = ScriptedBackend.asked
+        calling, result = asked.messages[1:]
+        assert [call["id"] for call in calling.tool_calls] == ["call_" + "0" * 24]
+        assert result.tool_call_id == "call_" + "0" * 24
 
     async def test_claude_codes_way_of_asking_is_served(self):
         """Bearer auth, ?beta=true, beta headers, system blocks, adaptive thinking."""
@@ -228,6 +256,18 @@ class ErrorTests(MessagesTestCase):
             == "messages.0.content.0.type: 'image' content blocks are not supported by this server."
         )
 
+    async def test_a_fifth_cache_breakpoint_is_refused_as_anthropic_refuses_it(self):
+        marked = {"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}}
+        body = {
+            "model": "echo",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": [marked] * 5}],
+        }
+        message, headers = await self.assert_error(400, "invalid_request_error", body=body)
+        assert message == "A maximum of 4 blocks with cache_control may be provided. Found 5."
+        row = await RequestLog.objects.aget(request_id=headers["request-id"])
+        assert (row.endpoint, row.status_code) == ("messages", 400)
+
     async def test_a_body_too_large_is_request_too_large(self):
         with override_settings(CHATPARITY={**SETTINGS, "MAX_BODY_BYTES": 100}):
             body = {
@@ -281,7 +321,48 @@ class ErrorTests(MessagesTestCase):
 
 
 class CountTokensTests(MessagesTestCase):
-    async def test_a_backend_without_a_tokenizer_is_counted_as_the_limits_estimate(self):
+    async def test_a_backend_without_a_tokenizer_counts_the_tools_too(self):
+        # Security round 4: a 540 KB tool was counted as the 4 tokens of its "Hi".
+        tool = {"name": "big", "description": "x" * 540_000, "input_schema": {"type": "object"}}
+        body = {"model": "echo", "messages": HI, "tools": [tool]}
+        status, _, content = await self.post("/v1/messages/count_tokens", body)
+        assert status == 200
+        assert orjson.loads(content)["input_tokens"] > 540_000 // 4
+
+    async def test_cache_markers_change_no_count(self):
+        marker = {"type": "ephemeral", "ttl": "1h"}
+        tool = {"name": "read", "description": "Reads.", "input_schema": {"type": "object"}}
+        bare = {
+            "model": "echo",
+            "system": [{"type": "text", "text": "Rules."}],
+            "messages": HI,
+            "tools": [tool],
+        }
+        marked = {
+            **bare,
+            "system": [{"type": "text", "text": "Rules.", "cache_control": marker}],
+            "tools": [{**tool, "cache_control": marker}],
+            "cache_control": marker,
+        }
+        counts = []
+        for body in (bare, marked):
+            status, _, content = await self.post("/v1/messages/count_tokens", body)
+            assert status == 200
+            counts.append(orjson.loads(content)["input_tokens"])
+        assert counts[0] == counts[1]
+
+    async def test_a_count_for_a_model_it_may_not_use_is_a_request_too(self):
+        # Security round 4: a 404 for an unknown model never counted against the key.
+        await ApiKey.objects.filter(pk=self.key.pk).aupdate(requests_per_minute=1)
+        status, _, _ = await self.post(
+            "/v1/messages/count_tokens", {"model": "nope", "messages": HI}
+        )
+        assert status == 404
+        body = {"model": "echo", "messages": HI}
+        status, _, content = await self.post("/v1/messages/count_tokens", body)
+        assert (status, orjson.loads(content)["error"]["type"]) == (429, "rate_limit_error")
+
+    async def test_a_backend_without_a_tokenizer_is_counted_at_four_characters_a_token(self):
         body = {
             "model": "echo",
             "system": "Be brief.",
@@ -290,8 +371,14 @@ class CountTokensTests(MessagesTestCase):
         status, headers, content = await self.post("/v1/messages/count_tokens", body)
         assert status == 200
         assert orjson.loads(content) == {"input_tokens": (3 + 3) + (3 + 2)}
-        assert headers["request-id"].startswith("req_")
-        assert not await RequestLog.objects.aexists(), "a count is not a model call"
+        row = await RequestLog.objects.aget(request_id=headers["request-id"])
+        assert (row.endpoint, row.status_code, row.alias, row.backend) == (
+            "messages.count_tokens",
+            200,
+            "echo",
+            "scripted",
+        )
+        assert (row.prompt_tokens, row.completion_tokens, row.cost) == (0, 0, 0), "unbilled"
 
     async def test_a_count_is_a_request_under_the_keys_own_limits(self):
         """A tokenizer's work is real: counts may not flood past the key's requests per
@@ -305,7 +392,12 @@ class CountTokensTests(MessagesTestCase):
         error = orjson.loads(content)
         assert (status, error["error"]["type"]) == (429, "rate_limit_error"), error
         assert int(headers["retry-after"]) >= 1
-        assert not await RequestLog.objects.aexists()
+        logged = [row async for row in RequestLog.objects.order_by("id")]
+        assert [(row.endpoint, row.status_code) for row in logged] == [
+            ("messages.count_tokens", 200),
+            ("messages.count_tokens", 200),
+            ("messages.count_tokens", 429),
+        ]
 
     async def test_counting_refuses_what_creating_refuses(self):
         status, _, content = await self.post(
@@ -316,10 +408,16 @@ class CountTokensTests(MessagesTestCase):
             orjson.loads(content)["error"]["message"]
             == "max_tokens: Extra inputs are not permitted"
         )
-        status, _, _ = await self.post(
+        status, headers, _ = await self.post(
             "/v1/messages/count_tokens", {"model": "nope", "messages": HI}
         )
         assert status == 404
+        row = await RequestLog.objects.aget(request_id=headers["request-id"])
+        assert (row.endpoint, row.status_code, row.alias) == (
+            "messages.count_tokens",
+            404,
+            "unknown",
+        )
         embedder = await Backend.objects.acreate(name="embedder", kind="embedder")
         await ModelAlias.objects.acreate(public_id="embed", backend=embedder)
         for path in ("/v1/messages/count_tokens", "/v1/messages"):

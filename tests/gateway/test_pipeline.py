@@ -2,6 +2,7 @@
 first-byte timeout when it never does, and a row that says what the client got."""
 
 import asyncio
+import re
 import time
 
 import httpx
@@ -17,8 +18,9 @@ from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, Usage
 from chatparity.transport.fastpath import FastPath
-from tests.asgi import http_scope, reply_body
+from tests.asgi import FastPathTestCase, http_scope, reply_body
 from tests.backends import faulty_upstream
+from tests.scripted import SCRIPTED
 
 
 class SlowStartBackend:
@@ -370,3 +372,76 @@ class SlowResponsesTests(Responses, SlowBackend, GatewayTestCase):
         }
         row = await self.row()
         assert (row.status_code, row.error_type) == (200, "server_error")
+
+
+@override_settings(CHATPARITY=SCRIPTED)
+class ChatIdTests(FastPathTestCase):
+    """Every id the chat wire hands out is OpenAI's form, streamed or not."""
+
+    @classmethod
+    def setUpTestData(cls):
+        super().setUpTestData()
+        backend = Backend.objects.create(
+            name="weather",
+            kind="scripted",
+            options={"script": [{"call": "get_weather", "arguments": "{}"}]},
+        )
+        ModelAlias.objects.create(public_id="weather", backend=backend)
+
+    async def test_completion_request_and_tool_call_ids_are_openais_form(self):
+        tool = {"type": "function", "function": {"name": "get_weather"}}
+        start, content = await self.ask(model="weather", tools=[tool])
+        answer = orjson.loads(content)
+        streamed_start, streamed = await self.ask(model="weather", tools=[tool], stream=True)
+        chunks = [
+            orjson.loads(frame.removeprefix(b"data: "))
+            for frame in streamed.split(b"\n\n")
+            if frame.startswith(b"data: {")
+        ]
+        for made in (answer["id"], *(chunk["id"] for chunk in chunks)):
+            assert re.fullmatch(r"chatcmpl-[A-Za-z0-9]{29}", made)
+        for headers in (start["headers"], streamed_start["headers"]):
+            assert re.fullmatch(rb"req_[0-9a-f]{32}", dict(headers)[b"x-request-id"])
+        (call,) = answer["choices"][0]["message"]["tool_calls"]
+        (opened,) = chunks[0]["choices"][0]["delta"]["tool_calls"]
+        assert call["id"] == opened["id"] == "call_" + "0" * 24  # the backend's, kept
+
+
+class ModelsLogTests(FastPathTestCase):
+    """GET /v1/models leaves a row like any request past authentication: unbilled, and
+    under no limit (it asks no model anything)."""
+
+    async def get(self, path, headers=None):
+        start, content, communicator = await self.exchange("GET", path, headers=headers)
+        await communicator.wait(timeout=10)
+        return start["status"], orjson.loads(content)
+
+    async def test_listing_and_retrieving_leave_a_row_each_that_costs_nothing(self):
+        assert (await self.get("/v1/models"))[0] == 200
+        assert (await self.get("/v1/models/ECHO"))[0] == 200
+        assert (await self.get("/v1/models/made-up"))[0] == 404
+        rows = [row async for row in RequestLog.objects.order_by("id")]
+        assert [(row.endpoint, row.status_code, row.alias) for row in rows] == [
+            ("models", 200, ""),
+            ("models", 200, "echo"),
+            ("models", 404, "unknown"),  # a name made up is never stored
+        ]
+        assert {(row.total_tokens, row.cost, row.key_prefix) for row in rows} == {
+            (0, 0, self.key.prefix)
+        }
+
+    async def test_a_key_past_its_requests_per_minute_still_lists_models(self):
+        await ApiKey.objects.filter(pk=self.key.pk).aupdate(requests_per_minute=1)
+        start, _ = await self.ask()
+        assert start["status"] == 200
+        for _ in range(3):
+            status, answer = await self.get("/v1/models")
+            assert status == 200, answer
+        start, _ = await self.ask()
+        assert start["status"] == 429
+        assert await RequestLog.objects.filter(endpoint="models").acount() == 3
+
+    async def test_a_wrong_key_leaves_no_row(self):
+        status, _ = await self.get("/v1/models", headers=[("authorization", "Bearer sk-nope")])
+        assert status == 401
+        assert not await RequestLog.objects.aexists()

@@ -2,6 +2,7 @@
 the ASGI fast path and the Django views, behind the same keys, limits and log as chat."""
 
 import asyncio
+import re
 from datetime import timedelta
 from unittest import mock
 
@@ -88,6 +89,12 @@ class ResponsesTestCase(FastPathTestCase):
         alias("weather", ["call", "call_1", "get_weather", '{"city":"Paris"}'])
         alias("broken", "Hel", "<fail>")
         alias("refusing", "<refuse>")
+        alias(
+            "calls",
+            "Checking.",
+            ["call", "call_" + "k" * 24, "get_weather", "{}"],
+            ["call", None, "get_weather", "{}"],
+        )
 
     def setUp(self):
         super().setUp()
@@ -176,6 +183,21 @@ class CreateTests(ResponsesTestCase):
         assert response["tools"][0]["strict"] is True
         served = ScriptBackend.served[0]
         assert [t.name for t in served.tools] == ["get_weather"]
+
+    async def test_every_id_is_openais_form_streamed_or_not(self):
+        tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+        asked = {"model": "calls", "input": "Weather?", "tools": [tool]}
+        _, response = await self.create(**asked)
+        _, _, content = await self.fast("POST", "/v1/responses", {**asked, "stream": True})
+        streamed = parse_events(content)[-1]["response"]
+        for made in (response, streamed):
+            assert re.fullmatch(r"resp_[0-9a-f]{50}", made["id"])
+            message, kept, made_up = made["output"]
+            assert re.fullmatch(r"msg_[0-9a-f]{50}", message["id"])
+            assert [re.fullmatch(r"fc_[0-9a-f]{50}", call["id"]) for call in (kept, made_up)]
+            assert kept["call_id"] == "call_" + "k" * 24  # the backend's own
+            assert re.fullmatch(r"call_[A-Za-z0-9]{24}", made_up["call_id"])  # it gave none
+        assert len({made["id"] for made in (response, streamed)}) == 2
 
     async def test_the_log_row_names_the_endpoint_and_the_response(self):
         _, response = await self.create(input="Hi")
@@ -277,7 +299,11 @@ class StoreTests(ResponsesTestCase):
         status, _, _ = await self.fast("GET", f"/v1/responses/{response['id']}")
         assert status == 404
         assert not await StoredResponse.objects.aexists()
-        assert await RequestLog.objects.acount() == 1
+        logged = [row async for row in RequestLog.objects.order_by("id")]
+        assert [(row.endpoint, row.status_code) for row in logged] == [
+            ("responses", 200),
+            ("responses.stored", 404),  # the read: a row of its own, unbilled
+        ]
 
     async def test_an_expired_response_is_neither_read_nor_continued(self):
         _, response = await self.create(input="Hi")
@@ -304,6 +330,12 @@ class StoreTests(ResponsesTestCase):
         )
         assert (await self.fast("GET", path))[0] == 404
         assert (await self.fast("DELETE", path))[0] == 404
+        reads = RequestLog.objects.filter(endpoint="responses.stored").order_by("id")
+        assert [(row.status_code, row.total_tokens, row.cost) async for row in reads] == [
+            (200, 0, 0),
+            (404, 0, 0),
+            (404, 0, 0),
+        ]
 
     async def test_a_stranger_cannot_delete_it(self):
         _, response = await self.create(input="Hi")

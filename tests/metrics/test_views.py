@@ -1,12 +1,16 @@
 """``GET /metrics`` answers only the scrapers the settings allow: a bearer token, or an
 address in an allowed network; nobody by default."""
 
+import shutil
+import tempfile
+from pathlib import Path
 from unittest import mock
 
 from django.test import AsyncRequestFactory, TestCase, override_settings
 
-from chatparity.accounting import limits
+from chatparity.accounting import limits, spool
 from chatparity.metrics.views import metrics
+from tests.support import spools
 
 TOKEN = "scrape-token-0123456789"
 
@@ -63,3 +67,38 @@ class ScrapeAuthTests(TestCase):
         with mock.patch.object(limits, "_counters", {}):
             text = (await self.scrape()).content.decode()
         assert 'chatparity_dependency_up{dependency="redis"} 0.0' in text
+
+
+class SpoolTests(TestCase):
+    """Reliability (issue 39): a spool folder that cannot be read never fails the scrape."""
+
+    def setUp(self):
+        self.enterContext(spools.failures_counted())
+        folder = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, folder)
+        self.spool = Path(folder) / "spool"
+
+    async def scrape(self):
+        request = AsyncRequestFactory().get("/metrics")
+        request.META["REMOTE_ADDR"] = "127.0.0.1"
+        return await metrics(request)
+
+    async def test_a_spool_folder_that_cannot_be_read_leaves_its_gauge_out_of_a_200(self):
+        self.spool.mkdir(mode=0o777)
+        self.spool.chmod(0o777)  # refused: others may write to it
+        settings = metrics_settings(ALLOWED_NETWORKS=["127.0.0.1"])
+        settings["SPOOL_DIR"] = str(self.spool)
+        failures = spools.spool_errors("count")
+        with override_settings(CHATPARITY=settings), self.assertLogs(spool.logger) as said:
+            responses = [await self.scrape(), await self.scrape()]
+            self.spool.chmod(0o700)
+            mended = await self.scrape()
+        assert [response.status_code for response in responses] == [200, 200]
+        text = responses[-1].content.decode()
+        assert "chatparity_log_rows_spooled" not in text
+        assert 'chatparity_spool_errors_total{operation="count"} ' in text
+        assert spools.spool_errors("count") - failures == 2
+        assert [record.levelname for record in said.records] == ["ERROR", "WARNING"]
+        assert "cannot be used to count" in said.records[0].getMessage()
+        assert "can be used to count again" in said.records[1].getMessage()
+        assert "chatparity_log_rows_spooled 0.0" in mended.content.decode()

@@ -4,13 +4,20 @@ their own keys under their plan, and never sees or touches another user's."""
 import datetime
 import re
 from decimal import Decimal
+from html import unescape
 
 import orjson
+from asgiref.sync import async_to_sync
 from django.contrib.auth.models import Group
+from django.db.models import Sum
 from django.test import Client, TestCase, override_settings
 from django.utils import timezone
 
-from chatparity.models import ApiKey, Backend, ModelAlias, Plan, hash_key
+from chatparity.accounting import limits
+from chatparity.models import ApiKey, Backend, ModelAlias, Plan, RequestLog, hash_key
+from tests.accounting.test_limits import HI
+from tests.scripted import SCRIPTED
+from tests.support.logs import logged
 from tests.support.users import portal_user
 
 KEYS, NEW_KEY = "/portal/", "/portal/keys/new/"
@@ -46,8 +53,8 @@ class PortalTestCase(TestCase):
     def setUp(self):
         self.client.force_login(self.alice)
 
-    def create(self, client=None, **fields):
-        return (client or self.client).post(NEW_KEY, {"name": "laptop", **fields})
+    def create(self, client=None, secure=False, **fields):
+        return (client or self.client).post(NEW_KEY, {"name": "laptop", **fields}, secure=secure)
 
     def ask(self, plaintext, model="smollm2"):
         """A real completion from the local model with ``plaintext``."""
@@ -318,3 +325,134 @@ class KeyCapTests(PortalTestCase):
         ApiKey.objects.create_key("one", owner=self.bob)
         ApiKey.objects.create_key("two", owner=self.bob)
         assert self.create(name="alices").status_code == 201
+
+
+@override_settings(CHATPARITY={**SCRIPTED, "PORTAL": {"MAX_KEYS": 2}})
+class KeyCyclingTests(TestCase):
+    """Security round 4: revoking a spent key and making another gave the plan's budget of
+    each key again, without end. The keys a user makes under a plan may spend together
+    at most what the most keys they may hold at once could (``MAX_KEYS`` times a key's
+    budget), whichever of them were revoked."""
+
+    KEY_BUDGET = HI + 11  # a key spends 4 requests of 3 tokens, each reserving HI + 2
+
+    @classmethod
+    def setUpTestData(cls):
+        backend = Backend.objects.create(
+            name="scripted", kind="scripted", options={"script": ["Hello", " there"]}
+        )
+        ModelAlias.objects.create(public_id="echo", backend=backend)
+        plan = Plan.objects.create(name="starter", token_budget=cls.KEY_BUDGET, budget_period="day")
+        cls.alice = portal_user("alice", plan)
+
+    def test_revoking_and_making_keys_never_spends_past_max_keys_budgets(self):
+        self.client.force_login(self.alice)
+        for _ in range(12):  # spent without the bound: 12 keys of 12 tokens
+            created = self.client.post(NEW_KEY, {"name": "cycled"})
+            assert created.status_code == 201
+            plaintext = plaintext_of(created)
+            while (answer := ask_echo(plaintext)).status_code == 200:
+                pass
+            assert answer.json()["error"]["code"] == "insufficient_quota"
+            key = ApiKey.objects.get(hashed_key=hash_key(plaintext))
+            assert self.client.post(revoke_url(key)).status_code == 302
+        spent = RequestLog.objects.aggregate(total=Sum("total_tokens"))["total"]
+        assert 2 * self.KEY_BUDGET - HI - 2 <= spent <= 2 * self.KEY_BUDGET
+        plan = Plan.objects.get(name="starter")
+        assert async_to_sync(limits.owner_standing)(self.alice.pk, plan) == [
+            ("tokens this day (all your keys made under your plan)", spent, 2 * self.KEY_BUDGET),
+        ]
+
+
+def ask_echo(plaintext):
+    """A completion of the scripted alias ``echo`` (1 prompt and 2 completion tokens)."""
+    body = {"model": "echo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    return Client().post(
+        "/v1/chat/completions",
+        orjson.dumps(body),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {plaintext}"},
+    )
+
+
+def shown(page, element_id):
+    """The text of the element ``element_id`` on ``page``, its tags dropped."""
+    html = page.content.decode()
+    return html_text(re.search(rf'<(\w+) [^>]*id="{element_id}"[^>]*>(.*?)</\1>', html, re.S)[2])
+
+
+def html_text(html):
+    return unescape(re.sub(r"<[^>]+>", "", html)).strip()
+
+
+class KeyCreatedTests(PortalTestCase):
+    """The page after a new key tells how to use it: the API's real base URLs, the
+    user's own models, and snippets for curl, the SDKs, Claude Code and Codex."""
+
+    def test_the_base_urls_are_where_the_site_mounts_the_api(self):
+        created = self.create()
+        assert shown(created, "openai-base-url") == "http://testserver/v1"
+        assert shown(created, "anthropic-base-url") == "http://testserver"
+
+    @override_settings(ROOT_URLCONF="tests.support.bare_site_urls")
+    def test_a_site_mounting_the_api_under_llm_is_told_llm(self):
+        created = self.create(secure=True)
+        assert shown(created, "openai-base-url") == "https://testserver/llm/v1"
+        assert shown(created, "anthropic-base-url") == "https://testserver/llm"
+        curl = shown(created, "code-curl")
+        assert "https://testserver/llm/v1/chat/completions" in curl
+        assert "testserver/v1" not in created.content.decode()
+
+    def test_the_snippets_name_the_models_the_key_may_use(self):
+        embedder = Backend.objects.create(name="embedder", kind="embedder")
+        ModelAlias.objects.create(public_id="embed-small", backend=embedder)
+        created = self.create()
+        assert shown(created, "models") == "other, smollm2"  # not embed-small: it does not chat
+        plaintext = plaintext_of(created)
+        for slug in ("curl", "openai-python", "anthropic-python", "claude-code", "codex"):
+            section = shown(created, f"snippet-{slug}")
+            assert plaintext in section, slug  # Codex's in the line after its config.toml
+            assert "other" in shown(created, f"code-{slug}"), slug  # the first of the models
+        scoped = self.create(name="scoped", aliases=[self.smollm2.pk])
+        assert shown(scoped, "models") == "smollm2"
+        assert "ANTHROPIC_MODEL=smollm2" in shown(scoped, "code-claude-code")
+
+    @override_settings(ROOT_URLCONF="tests.support.portal_only_urls")
+    def test_a_site_without_the_api_mounted_is_told_so(self):
+        created = self.create()
+        assert created.status_code == 201
+        assert "does not mount chatparity's API" in created.content.decode()
+        assert 'id="code-curl"' not in created.content.decode()
+
+
+class UsedOfAllowedTests(PortalTestCase):
+    """Each key that serves shows what it used of every limit, the plan's budget shared
+    by all the user's keys included, with thousands separators."""
+
+    def test_each_limit_and_the_shared_budget_used_of_allowed(self):
+        self.plan.owner_token_budget = 1_000_000
+        self.plan.owner_cost_budget = Decimal("1500")
+        self.plan.save()
+        created = self.create()
+        key = ApiKey.objects.get(hashed_key=hash_key(plaintext_of(created)))
+        logged(at=timezone.now(), api_key=key, key_prefix=key.prefix, prompt_tokens=12_000,
+               completion_tokens=345, total_tokens=12_345, cost=Decimal("1234.5"))  # fmt: skip
+        page = self.client.get(KEYS).content.decode()
+        cell = html_text(re.search(r'<td class="limits">(.*?)</td>', page, re.S)[1])
+        lines = [" ".join(line.split()) for line in cell.splitlines() if line.strip()]
+        assert lines == [
+            "requests this minute: 0 of 30",
+            "tokens this day: 12,345 of 50,000",
+            "cost this day: $1,234.5000 of $2.5000",
+            "tokens this month (all your keys): 12,345 of 1,000,000",
+            "cost this month (all your keys): $1,234.5000 of $1,500.0000",
+            # MAX_KEYS (10) times the plan's budget of each key, revoked keys included.
+            "tokens this day (all your keys made under your plan): 12,345 of 500,000",
+            "cost this day (all your keys made under your plan): $1,234.5000 of $25.0000",
+        ]
+
+    def test_a_key_that_no_longer_serves_shows_its_limits(self):
+        ApiKey.objects.create_key("old", owner=self.alice, is_active=False, token_budget=123_456)
+        page = self.client.get(KEYS).content.decode()
+        cell = html_text(re.search(r'<td class="limits">(.*?)</td>', page, re.S)[1])
+        assert " ".join(cell.split()) == "123,456 tokens per month."

@@ -60,24 +60,34 @@ class UsageTests(TestCase):
         page = self.client.get("/portal/usage/", {"month": "2025-03"})
         assert page.status_code == 200
         assert table(page, "by-day") == [
-            ["2025-03-01", "1", "10", "5", "15", "0.0010"],
-            ["2025-03-02", "2", "110", "10", "120", "0.0110"],
+            ["2025-03-01", "1", "10", "5", "15", "0.0010", "—", "0.0000"],
+            ["2025-03-02", "2", "110", "10", "120", "0.0110", "—", "0.0000"],
         ]
         assert table(page, "by-alias") == [
-            ["gpt", "1", "10", "5", "15", "0.0010"],
-            ["smollm2", "2", "110", "10", "120", "0.0110"],
+            ["gpt", "1", "10", "5", "15", "0.0010", "—", "0.0000"],
+            ["smollm2", "2", "110", "10", "120", "0.0110", "—", "0.0000"],
         ]
-        assert table(page, "total") == [["3", "120", "15", "135", "0.0120"]]
+        assert table(page, "total") == [["3", "120", "15", "135", "0.0120", "—", "0.0000"]]
 
     def test_another_month_holds_only_its_rows(self):
         page = self.client.get("/portal/usage/", {"month": "2025-04"})
-        assert table(page, "total") == [["1", "10", "5", "15", "0.0010"]]
-        assert table(page, "by-day") == [["2025-04-01", "1", "10", "5", "15", "0.0010"]]
+        assert table(page, "total") == [["1", "10", "5", "15", "0.0010", "—", "0.0000"]]
+        assert table(page, "by-day") == [
+            ["2025-04-01", "1", "10", "5", "15", "0.0010", "—", "0.0000"]
+        ]
 
     def test_another_users_rows_never_count(self):
         self.client.force_login(self.bob)
         page = self.client.get("/portal/usage/", {"month": "2025-03"})
-        assert table(page, "total") == [["1", "9999", "5", "10004", "0.0010"]]
+        assert table(page, "total") == [["1", "9,999", "5", "10,004", "0.0010", "—", "0.0000"]]
+
+    def test_the_response_cache_s_hit_rate_and_what_it_saved(self):
+        may = datetime.datetime(2025, 5, 1, tzinfo=UTC)
+        used(self.laptop, may, cache="miss")
+        for key in (self.laptop, self.server):
+            used(key, may, prompt=0, completion=0, cost="0", cache="hit", cost_saved="0.001")
+        page = self.client.get("/portal/usage/", {"month": "2025-05"})
+        assert table(page, "total") == [["3", "10", "5", "15", "0.0010", "67%", "0.0020"]]
 
     def test_a_month_that_is_not_one_is_a_400(self):
         # 9999-12 is a month, whose end no date can hold: a 400 too, not a 500.
@@ -91,7 +101,9 @@ class UsageTests(TestCase):
         used(self.laptop, this_month, prompt=100, completion=20)
         used(self.server, this_month, prompt=200, completion=30)
         page = self.client.get("/portal/usage/")
-        assert table(page, "owner-budget") == [["tokens this month (all your keys)", "350", "1000"]]
+        assert table(page, "owner-budget") == [
+            ["tokens this month (all your keys)", "350", "1,000"]
+        ]
         html = page.content.decode()
         laptop = re.search(r"laptop <code>.*?<tbody>(.*?)</tbody>", html, re.S)[1]
         assert re.findall(r"<td[^>]*>(.*?)</td>", laptop) == ["tokens this month", "120", "500"]
@@ -104,7 +116,9 @@ class UsageTests(TestCase):
         self.client.get("/portal/usage/")
         with CaptureQueriesContext(connection) as queries:
             page = self.client.get("/portal/usage/")
-        assert table(page, "owner-budget") == [["tokens this month (all your keys)", "120", "1000"]]
+        assert table(page, "owner-budget") == [
+            ["tokens this month (all your keys)", "120", "1,000"]
+        ]
         sums = [query["sql"] for query in queries if "SUM(" in query["sql"].upper()]
         assert not [sql for sql in sums if "chatparity_requestlog" in sql], sums
         assert len(sums) == 1, sums  # the month's table, from the rollups
@@ -135,8 +149,8 @@ class RecentRequestsTests(TestCase):
         rows = table(self.client.get("/portal/requests/"), "requests")
         assert [row[2] for row in rows] == [f"model-{m}" for m in (4, 3, 2, 1, 0)]
         assert rows[0] == [
-            "2025-03-01 00:04:00", f"{self.key.prefix}…", "model-4", "chat.completions", "200",
-            "15", "0.001000", "120",
+            "2025-03-01 00:04:00", f"laptop {self.key.prefix}…", "model-4", "chat.completions",
+            "200", "15", "0.001000", "120",
         ]  # fmt: skip
 
     def test_never_a_body_nor_another_users_request(self):

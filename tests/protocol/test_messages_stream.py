@@ -7,6 +7,7 @@ The real ``anthropic`` SDK reads each stream (over an in-memory transport) into 
 very message the encoder answers without streaming.
 """
 
+import re
 from pathlib import Path
 
 import anthropic
@@ -15,13 +16,21 @@ import pytest
 
 from chatparity.protocol import errors
 from chatparity.protocol.events import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
-from chatparity.protocol.messages_stream import PING, MessageEncoder, sse_event, tool_input
+from chatparity.protocol.ids import call_id_of
+from chatparity.protocol.messages_stream import (
+    PING,
+    MessageEncoder,
+    sse_event,
+    tool_input,
+    usage_object,
+)
 
 GOLDEN = Path(__file__).parent / "golden"
 USAGE = Usage(prompt_tokens=9, completion_tokens=3, cached_tokens=2)
 HELLO = [TextDelta(0, "Hel"), TextDelta(0, "lo!"), Finish(0, "stop"), USAGE]
+CALL_ID = "call_golden" + "0" * 18  # a backend's call id, in OpenAI's form
 WEATHER_CALL = [
-    ToolCallDelta(0, 0, "", id="toolu_golden", name="get_weather"),
+    ToolCallDelta(0, 0, "", id=CALL_ID, name="get_weather"),
     ToolCallDelta(0, 0, '{"city": '),
     ToolCallDelta(0, 0, '"Paris"}'),
 ]
@@ -156,7 +165,7 @@ def test_a_call_stops_for_tool_use_even_when_the_tool_was_named():
     assert enc.message()["content"] == [
         {
             "type": "tool_use",
-            "id": "toolu_golden",
+            "id": "toolu_golden" + "0" * 18,
             "name": "get_weather",
             "input": {"city": "Paris"},
         }
@@ -167,7 +176,7 @@ def test_a_call_stops_for_tool_use_even_when_the_tool_was_named():
 
 def test_parallel_calls_are_blocks_in_order():
     second = [
-        ToolCallDelta(0, 1, "", id="toolu_2", name="get_time"),
+        ToolCallDelta(0, 1, "", id="call_" + "2" * 24, name="get_time"),
         ToolCallDelta(0, 1, "{}"),
     ]
     events, enc = events_of([*WEATHER_CALL, *second, Finish(0, "tool_calls"), USAGE])
@@ -176,7 +185,31 @@ def test_parallel_calls_are_blocks_in_order():
         (0, "get_weather"),
         (1, "get_time"),
     ]
-    assert [block["id"] for block in enc.message()["content"]] == ["toolu_golden", "toolu_2"]
+    assert [block["id"] for block in enc.message()["content"]] == [
+        "toolu_golden" + "0" * 18,
+        "toolu_" + "2" * 24,
+    ]
+
+
+TOOL_USE_ID = re.compile(r"toolu_[A-Za-z0-9]{24}")
+
+
+@pytest.mark.parametrize("streaming", [True, False], ids=["stream", "whole"])
+def test_a_tool_use_id_is_anthropics_form_of_the_backends_call_id(streaming):
+    calls = [
+        ToolCallDelta(0, 0, "", id="call_" + "a" * 24, name="get_weather"),
+        ToolCallDelta(0, 1, "", id="chatcmpl-tool-7", name="get_time"),  # another server's
+        ToolCallDelta(0, 2, "", name="get_date"),  # none: one is made
+        Finish(0, "tool_calls"),
+        USAGE,
+    ]
+    events, enc = events_of(calls, streaming=streaming)
+    used = [block["id"] for block in enc.message()["content"]]
+    assert used[0] == "toolu_" + "a" * 24
+    assert call_id_of(used[1]) == "chatcmpl-tool-7"
+    assert TOOL_USE_ID.fullmatch(used[2])
+    started = [e["content_block"]["id"] for e in events if e["type"] == "content_block_start"]
+    assert started == (used if streaming else [])
 
 
 @pytest.mark.parametrize(
@@ -286,3 +319,31 @@ def test_no_finisher_from_the_backend_ends_the_turn():
 )
 def test_a_calls_input_is_an_object(arguments, expected):
     assert tool_input(arguments) == expected
+
+
+def test_the_usage_of_a_cached_prompt_in_anthropics_names():
+    """Anthropic's ``input_tokens`` leaves out the cache's reads and writes; the writes
+    are told by lifetime."""
+    usage = Usage(1303, 7, cached_tokens=1000, cache_write_5m_tokens=100, cache_write_1h_tokens=200)
+    assert usage_object(usage) == {
+        "input_tokens": 3,
+        "cache_creation_input_tokens": 300,
+        "cache_read_input_tokens": 1000,
+        "cache_creation": {"ephemeral_5m_input_tokens": 100, "ephemeral_1h_input_tokens": 200},
+        "output_tokens": 7,
+    }
+    events, _ = events_of([TextDelta(0, "Hi"), Finish(0, "stop"), usage])
+    assert events[-2]["usage"] == usage_object(usage), "message_delta: the cumulative usage"
+    assert "cache_creation" not in usage_object(USAGE), "no writes, nothing to split"
+
+
+def test_message_start_carries_the_usage_an_upstream_announced():
+    """A Messages upstream says in its own message_start what it read from its cache and
+    wrote to it: the SDKs keep that message_start's ``cache_creation``."""
+    announced = Usage(1303, 1, cached_tokens=1000, cache_write_1h_tokens=300)
+    start = encoder().opening(announced)[0]["message"]["usage"]
+    assert start == {**usage_object(announced), "service_tier": "standard"}
+    assert start["cache_creation"] == {
+        "ephemeral_5m_input_tokens": 0,
+        "ephemeral_1h_input_tokens": 300,
+    }

@@ -8,11 +8,13 @@ from chatparity.protocol.request import (
     ChatRequest,
     Message,
     ResponseFormat,
+    TextPart,
     Tool,
     ToolChoice,
     functions_as_tools,
     parse_chat_request,
     with_defaults,
+    without_cache_markers,
 )
 from tests.support.wire import HI, WEATHER
 
@@ -106,8 +108,8 @@ def test_every_field_is_parsed():
         model="smollm2",
         messages=[
             Message("system", "Answer in JSON."),
-            Message("developer", "Be brief."),
-            Message("user", "Weather ?", name="ada"),
+            Message("developer", "Be brief.", parts=(TextPart("Be brief."),)),
+            Message("user", "Weather ?", name="ada", parts=(TextPart("Weather "), TextPart("?"))),
             Message("assistant", None, tool_calls=[CALL]),
             Message("tool", "Sunny", tool_call_id="call_1"),
         ],
@@ -209,7 +211,10 @@ def test_null_means_not_given():
         pytest.param(
             {"messages": [*HI, {"role": "assistant", "content": [REFUSED_PART, TEXT_PART]}]},
             "messages",
-            [Message("user", "Hi"), Message("assistant", "I can't.Hi")],
+            [
+                Message("user", "Hi"),
+                Message("assistant", "I can't.Hi", parts=(TextPart("I can't."), TextPart("Hi"))),
+            ],
             id="an assistant's refusal and text parts are its content",
         ),
         pytest.param(
@@ -479,8 +484,7 @@ ERRORS = [
     ),
     case(
         {"logit_bias": {"50256": -101}},
-        "Invalid value in 'logit_bias': -101 for token 50256. Biases should be between -100 and"
-        " 100.",
+        "Logit bias value -101.0 is invalid or outside of range [-100, 100]",
         "logit_bias",
         id="a bias below -100",
     ),
@@ -521,6 +525,24 @@ ERRORS = [
         "stop",
         "array_above_max_length",
         id="five stops",
+    ),
+    # Security round 4: a 1 MB stop sequence was taken, and the local model looked
+    # through up to all of it at each token.
+    case(
+        {"stop": "x" * 513},
+        "Invalid 'stop': string too long. Expected a string with maximum length 512, but got a"
+        " string with length 513 instead.",
+        "stop",
+        "string_above_max_length",
+        id="a long stop",
+    ),
+    case(
+        {"stop": ["a", "x" * 1_000_000]},
+        "Invalid 'stop[1]': string too long. Expected a string with maximum length 512, but got"
+        " a string with length 1000000 instead.",
+        "stop[1]",
+        "string_above_max_length",
+        id="a megabyte stop",
     ),
     case(
         {"metadata": {f"k{i}": "v" for i in range(17)}},
@@ -818,11 +840,8 @@ ERRORS = [
 
 # OpenAI's recorded answers to requests at every boundary (issue 15): what it
 # checks, and in which order.
-FORMATS = "'wav', 'aac', 'mp3', 'flac', 'opus', and 'pcm16'"
-LOGIT_BIAS_101 = (
-    "Invalid value in 'logit_bias': 101 for token 12345. Biases should be between -100 and 100.",
-    "logit_bias",
-)
+FORMATS = "'mp3', 'opus', 'aac', 'flac', 'wav', and 'pcm16'"
+LOGIT_BIAS_101 = ("Logit bias value 101.0 is invalid or outside of range [-100, 100]", "logit_bias")
 STREAM_OPTIONS = (
     "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
     "stream_options",
@@ -838,11 +857,16 @@ BOTH_MAXIMA = (
     "invalid_parameter_combination",
 )
 ONLY_AUDIO = (
-    "Invalid value for 'modalities': audio output is only supported together with text, as"
-    " ['text', 'audio'].",
+    "Invalid value for 'modalities'. Only ['text'] and ['text', 'audio'] are supported.",
     "modalities",
     "invalid_value",
 )
+PARALLEL_TOOL_CALLS = (
+    "Invalid value for 'parallel_tool_calls': 'parallel_tool_calls' is only allowed when 'tools'"
+    " are specified.",
+    "parallel_tool_calls",
+)
+ANY_PART = "'text', 'image_url', 'input_audio', 'refusal', 'audio', and 'file'"
 BOUNDARIES = [
     # The model comes first.
     case({"model": ""}, "you must provide a model parameter", id="an empty model"),
@@ -860,12 +884,20 @@ BOUNDARIES = [
     case({"metadata": {"run": "1"}}, *METADATA, id="metadata without store"),
     case({"metadata": {"run": "1"}, "store": False}, *METADATA, id="metadata with store false"),
     case(
-        {"metadata": {"k" * 65: "v"}, "store": True},
-        "Invalid 'metadata': string too long. Expected a string with maximum length 64, but got a"
-        " string with length 65 instead.",
-        "metadata",
-        "string_above_max_length",
+        {"metadata": {"ab" + "k" * 60 + "xyz": "v"}, "store": True},
+        "Invalid property name in 'metadata': 'abk...xyz' is too long. Expected a string with"
+        " maximum length 64, but got a string with length 65 instead.",
+        "metadata." + "ab" + "k" * 60 + "xyz",
+        "property_name_above_max_length",
         id="a metadata key of 65 characters",
+    ),
+    case(
+        {"metadata": {"k" * 64: "v" * 513}},
+        "Invalid 'metadata." + "k" * 64 + "': string too long. Expected a string with maximum"
+        " length 512, but got a string with length 513 instead.",
+        "metadata." + "k" * 64,
+        "string_above_max_length",
+        id="a metadata value of 513 characters under a key of 64",
     ),
     case(
         {"metadata": {"k": 1}},
@@ -904,15 +936,43 @@ BOUNDARIES = [
     ),
     # modalities and audio.
     case({"modalities": ["audio"]}, *ONLY_AUDIO, id="audio alone"),
+    case({"modalities": ["audio", "audio"]}, *ONLY_AUDIO, id="audio twice"),
+    # modalities without text is checked once every parameter was read, before the
+    # parameters that need another; logprobs' type after it.
     case(
-        {"modalities": ["audio"], "logprobs": "yes"},
-        *ONLY_AUDIO,
-        id="audio alone before a later parameter's type",
+        {"modalities": ["audio"], "stop": 123},
+        *invalid_type("stop", "one of a string or array of strings", "an integer"),
+        id="a later parameter's type before audio alone",
     ),
     case(
-        {"n": "x", "modalities": ["audio"]},
-        *invalid_type("n", "an integer", "a string"),
-        id="an earlier parameter's type before audio alone",
+        {"modalities": ["audio"], "temperature": 3},
+        *out_of_range("temperature", "decimal", "max", 2, 3),
+        id="a later parameter's range before audio alone",
+    ),
+    case(
+        {"logprobs": "yes", "modalities": ["audio"]},
+        *ONLY_AUDIO,
+        id="audio alone before an earlier logprobs' type",
+    ),
+    case(
+        {"modalities": ["audio"], "stream_options": {}},
+        *ONLY_AUDIO,
+        id="audio alone before a parameter that needs another",
+    ),
+    case(
+        {"logprobs": "yes", "stop": 123},
+        *invalid_type("stop", "one of a string or array of strings", "an integer"),
+        id="any other parameter's type before logprobs' type",
+    ),
+    case(
+        {"logprobs": 1, "top_logprobs": 2, "max_tokens": 1, "max_completion_tokens": 1},
+        *invalid_type("logprobs", "a boolean", "an integer"),
+        id="logprobs' type before the parameters that need another",
+    ),
+    case(
+        {"stream": True, "stream_options": {"include_usage": "no"}, "logprobs": "yes"},
+        *invalid_type("stream_options.include_usage", "a boolean", "a string"),
+        id="a member's type before logprobs' type",
     ),
     case(
         {"modalities": [""]},
@@ -990,6 +1050,21 @@ BOUNDARIES = [
         *STREAM_OPTIONS,
         id="stream_options before metadata",
     ),
+    case(
+        {"metadata": {}, "parallel_tool_calls": True, "stream_options": {}},
+        *STREAM_OPTIONS,
+        id="stream_options before parallel_tool_calls",
+    ),
+    case(
+        {"metadata": {"run": "1"}, "parallel_tool_calls": False},
+        *PARALLEL_TOOL_CALLS,
+        id="parallel_tool_calls before metadata",
+    ),
+    case(
+        {"parallel_tool_calls": False, "top_logprobs": 0},
+        *TOP_LOGPROBS,
+        id="top_logprobs before parallel_tool_calls",
+    ),
     # An assistant's content: text and refusal parts.
     case(
         {"messages": [*HI, {"role": "assistant", "content": [{"type": "refusal"}]}]},
@@ -997,9 +1072,36 @@ BOUNDARIES = [
         id="a refusal part without its refusal",
     ),
     case(
+        {"messages": [*HI, {"role": "assistant", "content": [{"type": "unknown", "text": "Hi"}]}]},
+        *unsupported("messages[1].content[0].type", "unknown", ANY_PART),
+        id="an unknown part in an assistant's content",
+    ),
+    case(
+        {"messages": [{"role": "user", "content": [{"type": "unknown", "text": "Hi"}]}]},
+        *unsupported("messages[0].content[0].type", "unknown", ANY_PART),
+        id="an unknown part in a user's content",
+    ),
+    case(
         {"messages": [*HI, {"role": "assistant", "content": [{"type": "image_url"}]}]},
-        *unsupported("messages[1].content[0].type", "image_url", "'text' and 'refusal'"),
+        "Invalid 'messages[1]'. Image URLs are only allowed for messages with role 'user', but"
+        " this message with role 'assistant' contains an image URL.",
+        "messages[1]",
+        "invalid_value",
         id="an image in an assistant's content",
+    ),
+    case(
+        {"messages": [{"role": "system", "content": [{"type": "image_url"}]}, *HI]},
+        "Invalid 'messages[0]'. Image URLs are only allowed for messages with role 'user', but"
+        " this message with role 'system' contains an image URL.",
+        "messages[0]",
+        "invalid_value",
+        id="an image in a system message",
+    ),
+    case(
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        "Invalid content type. image_url is only supported by certain models.",
+        "messages.[0].content.[0].type",
+        id="an image in a user's content, which this server does not read",
     ),
     case(
         {"messages": [*HI, {"role": "assistant", "content": [{"type": "refusal", "refusal": 1}]}]},
@@ -1215,3 +1317,68 @@ def test_a_null_function_result_is_an_empty_tool_result():
 def test_defaults_apply_to_what_the_client_does_not_set_under_either_name(defaults, sent, merged):
     assert with_defaults(defaults, sent) == merged
     parse_chat_request(with_defaults(defaults, body(**sent)))
+
+
+# Cache markers, as OpenRouter's clients put them on chat parts and tools.
+
+MARK = {"type": "ephemeral", "ttl": "1h"}
+
+
+def test_markers_on_parts_calls_and_tools_are_kept():
+    call = {**CALL, "cache_control": MARK}
+    request = parse_chat_request(
+        body(
+            messages=[
+                {
+                    "role": "system",
+                    "content": [{"type": "text", "text": "Rules.", "cache_control": MARK}],
+                },
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+            ],
+            tools=[{**WEATHER, "cache_control": MARK}],
+        )
+    )
+    assert request.messages[0].parts == (TextPart("Rules.", MARK),)
+    assert request.messages[2].tool_calls == [call]
+    assert request.tools[0].cache_control == MARK
+    assert not request.translated_markers, "the client's own: sent to a chat upstream as sent"
+
+
+def test_a_body_without_its_markers():
+    sent = body(
+        messages=[
+            {"role": "user", "content": [{"type": "text", "text": "Hi", "cache_control": MARK}]},
+            {"role": "assistant", "content": None, "tool_calls": [{**CALL, "cache_control": MARK}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+        ],
+        tools=[{**WEATHER, "cache_control": MARK}],
+    )
+    unmarked = without_cache_markers(sent)
+    assert "cache_control" not in str(unmarked)
+    assert unmarked["messages"][0]["content"] == "Hi", "as it was before its marker"
+    assert unmarked["tools"] == [WEATHER]
+    assert "cache_control" in str(sent), "the body itself is left as it was"
+
+
+@pytest.mark.parametrize(
+    ("marker", "message"),
+    [
+        (
+            {"type": "ephemeral", "ttl": "2h"},
+            "Invalid value: '2h'. Supported values are: '5m' and '1h'.",
+        ),
+        ({"ttl": "5m"}, "Missing required parameter: 'messages[0].content[0].cache_control.type'."),
+        (
+            "ephemeral",
+            "Invalid type for 'messages[0].content[0].cache_control': expected an object, but"
+            " got a string instead.",
+        ),
+    ],
+)
+def test_a_marker_of_the_wrong_shape_is_refused(marker, message):
+    part = {"type": "text", "text": "Hi", "cache_control": marker}
+    with pytest.raises(APIError) as caught:
+        parse_chat_request(body(messages=[{"role": "user", "content": [part]}]))
+    assert caught.value.message == message

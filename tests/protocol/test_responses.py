@@ -6,7 +6,7 @@ import itertools
 import pytest
 
 from chatparity.protocol.errors import APIError
-from chatparity.protocol.request import Limits, ResponseFormat, Tool, ToolChoice
+from chatparity.protocol.request import Limits, ResponseFormat, TextPart, Tool, ToolChoice
 from chatparity.protocol.responses import (
     as_chat_request,
     conversation,
@@ -417,6 +417,13 @@ def test_a_refused_hosted_tool_is_named_where_it_was_sent():
         ),
         ({}, "Missing required parameter: 'input'.", "input", "missing_required_parameter"),
         (
+            {"input": "Hi", "metadata": {"k" * 65: "v"}},
+            "Invalid property name in 'metadata': 'kkk...kkk' is too long. Expected a string with"
+            " maximum length 64, but got a string with length 65 instead.",
+            "metadata." + "k" * 65,
+            "property_name_above_max_length",
+        ),
+        (
             {"input": "Hi", "background": True},
             "Background responses are not supported by this server.",
             "background",
@@ -470,3 +477,62 @@ def test_a_text_over_the_content_limit_is_refused_where_it_is():
         parse(Limits(max_content_chars=3), input=[{"role": "user", "content": "four"}])
     assert caught.value.param == "input[0].content"
     assert caught.value.code == "string_above_max_length"
+
+
+# Prompt caching.
+
+MARK = {"type": "ephemeral"}
+
+
+def test_the_prompt_caches_parameters_are_the_chat_requests():
+    served = chat(
+        input="Hi",
+        prompt_cache_key="session-1",
+        prompt_cache_retention="24h",
+        prompt_cache_options={"mode": "explicit", "ttl": "30m"},
+    )
+    assert served.body["prompt_cache_key"] == "session-1"
+    assert served.body["prompt_cache_retention"] == "24h"
+    assert served.body["prompt_cache_options"] == {"mode": "explicit", "ttl": "30m"}
+
+
+def test_markers_on_text_parts_ride_on_the_chat_requests_parts():
+    """OpenRouter's form, for an upstream that speaks Anthropic's Messages API."""
+    parts = [
+        {"type": "input_text", "text": "Rules."},
+        {"type": "input_text", "text": "Weather?", "cache_control": MARK},
+    ]
+    served = chat(input=[{"role": "user", "content": parts}])
+    assert served.messages[0].content == "Rules.Weather?"
+    assert [part.cache_control for part in served.messages[0].parts] == [None, MARK]
+    assert served.translated_markers, "a chat upstream is sent none"
+    assert not chat(input="Hi").translated_markers
+
+
+def test_the_markers_of_earlier_responses_items_are_not_sent_again():
+    """Stored items keep what was sent; only the new input's markers count."""
+    marked = [
+        {"role": "user", "content": [{"type": "input_text", "text": "Hi", "cache_control": MARK}]}
+    ]
+    earlier = parse(input=marked).input
+    served = chat(earlier, input=marked)
+    assert [m.parts for m in served.messages] == [(), (TextPart("Hi", MARK),)]
+
+
+def test_an_invalid_marker_is_refused_in_openais_words():
+    error = refused(
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "input_text",
+                        "text": "Hi",
+                        "cache_control": {"type": "ephemeral", "ttl": "9h"},
+                    }
+                ],
+            }
+        ]
+    )
+    assert error.message == "Invalid value: '9h'. Supported values are: '5m' and '1h'."
+    assert error.param == "input[0].content[0].cache_control.ttl"

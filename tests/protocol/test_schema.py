@@ -18,7 +18,10 @@ from chatparity.protocol.schema import (
     Boolean,
     Components,
     Enum,
+    Excludes,
+    Holds,
     Integer,
+    Later,
     Limit,
     Map,
     Member,
@@ -231,6 +234,19 @@ def test_integers_and_decimals_are_told_apart_as_openai_does():
     assert refusal(Number(), False).message.endswith("but got a boolean instead.")
 
 
+def test_a_map_key_past_its_length_is_refused_shortened_by_its_path():
+    node = Map(String(), max_key_length=4)
+    refused = refusal(node, {"abcd": "x", "abcdefg": "x"})
+    assert (refused.param, refused.code) == ("p.abcdefg", "property_name_above_max_length")
+    assert refused.message == (
+        "Invalid property name in 'p': 'abc...efg' is too long. Expected a string with maximum"
+        " length 4, but got a string with length 7 instead."
+    )
+    assert node.parse({"abcd": "x"}, "p") == {"abcd": "x"}
+    assert valid_by_the_document(node, {"abcd": "x"})
+    assert not valid_by_the_document(node, {"abcde": "x"})
+
+
 def test_array_items_and_map_values_are_checked_at_their_paths():
     assert refusal(Array(Integer()), [1, "x"]).param == "p[1]"
     assert refusal(Map(Integer()), {"k": "x"}).param == "p.k"
@@ -301,7 +317,7 @@ BODY = Parameters(
         Member("stream", Boolean()),
         Member("stream_options", Object()),
     ),
-    requires=(Requires("stream_options", "stream", "needs stream"),),
+    rules=(Requires("stream_options", "stream", "needs stream"),),
 )
 
 
@@ -325,6 +341,57 @@ def test_a_parameter_that_needs_another_is_refused_without_it():
     refused = refusal(BODY, {"model": "m", "stream": False, "stream_options": {}})
     assert (refused.message, refused.param) == ("needs stream", "stream_options")
     assert document(BODY)["properties"]["stream_options"]["description"] == "Only with stream."
+
+
+RULED = Parameters(
+    (
+        Member("model", String(), NOT_NULL),
+        Member("n", Integer(1)),
+        Member("best_of", Integer(1)),
+        Member("echo", Boolean()),
+        Member("stream", Boolean()),
+        Member("stream_options", Object()),
+    ),
+    rules=(
+        Holds("n", lambda n: n % 2 == 1, "n is odd", "An odd number."),
+        Later("echo"),
+        Requires("stream_options", "stream", "needs stream"),
+        Excludes("n", "best_of", "not both"),
+    ),
+)
+
+
+def test_rules_apply_in_their_order_once_every_parameter_was_read():
+    sent = {"model": "m", "stream_options": {}, "n": 2, "best_of": "x"}
+    assert refusal(RULED, sent).param == "best_of"  # every parameter first
+    del sent["best_of"]
+    assert refusal(RULED, sent).message == "n is odd"
+    sent["n"] = 1
+    assert refusal(RULED, sent).message == "needs stream"
+    assert refusal(RULED, {"model": "m", "n": 1, "best_of": 1}).code == (
+        "invalid_parameter_combination"
+    )
+
+
+def test_a_value_that_breaks_a_holds_rule_is_an_invalid_value():
+    refused = refusal(RULED, {"n": 4, "model": "m"})
+    assert (refused.message, refused.param, refused.code) == ("n is odd", "n", "invalid_value")
+    assert RULED.read({"model": "m", "n": 3}, "", {}) == {"model": "m", "n": 3}
+
+
+def test_a_parameter_read_later_is_checked_at_its_rules_place_not_the_bodys():
+    sent = {"echo": "x", "model": "m", "n": 2, "stream_options": {}}
+    assert refusal(RULED, sent).message == "n is odd"  # though echo came first
+    sent["n"] = 1
+    assert refusal(RULED, sent).message.startswith("Invalid type for 'echo'")
+    assert RULED.read({"model": "m", "echo": True}, "", {}) == {"model": "m", "echo": True}
+
+
+def test_every_rule_is_documented_on_its_parameters():
+    properties = document(RULED)["properties"]
+    assert properties["n"]["description"] == "An odd number. Not with best_of."
+    assert properties["best_of"]["description"] == "Not with n."
+    assert "description" not in properties["echo"]
 
 
 def test_a_body_is_documented_closed():

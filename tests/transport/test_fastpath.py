@@ -1,13 +1,16 @@
 """The ASGI fast path: ``/v1`` answered in front of Django, the same as the views."""
 
 import asyncio
+import re
 import threading
 import time
 from unittest import mock
 
 import orjson
+import pytest
 from asgiref.sync import sync_to_async
 from django.core.asgi import get_asgi_application
+from django.core.exceptions import ImproperlyConfigured
 from django.test import modify_settings, override_settings
 from django.urls import clear_url_caches, get_resolver
 
@@ -17,6 +20,7 @@ from chatparity.signals import request_logged
 from chatparity.transport.fastpath import FastPath
 from tests.asgi import FastPathTestCase, reply_body
 from tests.scripted import SCRIPTED, ScriptedBackend
+from tests.support import spools
 
 # The production settings of SecurityMiddleware, behind a proxy that says the scheme.
 HTTPS = {
@@ -440,3 +444,23 @@ class HttpsTests(FastPathTestCase):
         start, _, _ = await self.exchange("GET", "/v1/models")
         assert start["status"] == 200
         assert not {name for name, _ in start["headers"]} & set(SECURITY_HEADERS)
+
+
+# Reliability (issue 39): a worker starts only with a spool folder it may use.
+
+
+@pytest.mark.parametrize("layout", spools.REFUSED, ids=spools.layout_id)
+def test_a_worker_whose_spool_folder_is_refused_does_not_start(settings, tmp_path, layout):
+    configured, said = layout(tmp_path)
+    settings.CHATPARITY = {**SCRIPTED, "SPOOL_DIR": str(configured)}
+    with pytest.raises(ImproperlyConfigured, match=re.escape(said)) as refused:
+        FastPath(get_asgi_application())
+    assert f"CHATPARITY['SPOOL_DIR'] ({configured}) cannot be used" in str(refused.value)
+
+
+def test_a_worker_starts_with_its_spool_folder_made_and_resolved(settings, tmp_path):
+    configured, real = spools.a_folder_under_a_linked_volume(tmp_path)
+    settings.CHATPARITY = {**SCRIPTED, "SPOOL_DIR": str(configured)}
+    FastPath(get_asgi_application())
+    assert real.is_dir()
+    assert real.stat().st_mode & 0o777 == 0o700

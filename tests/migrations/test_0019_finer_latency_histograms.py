@@ -1,4 +1,4 @@
-"""Migration 0016: the rollups' latency histograms made finer (JSON objects of the
+"""Migration 0019: the rollups' latency histograms made finer (JSON objects of the
 buckets with requests), the old counts kept, the days never rolled up filled."""
 
 import datetime
@@ -12,8 +12,8 @@ from chatparity.accounting import reports
 from chatparity.models import LATENCY_BOUNDS_MS, DailyAliasUsage, DailyKeyUsage, RequestLog
 from tests.support.logs import logged_without_rollups, noon
 
-BEFORE = [("chatparity", "0015_apikey_needs_plan")]
-AFTER = [("chatparity", "0016_finer_latency_histograms")]
+BEFORE = [("chatparity", "0018_response_cache")]
+AFTER = [("chatparity", "0019_finer_latency_histograms")]
 DAY = datetime.date(2025, 3, 1)
 # Counts per old bucket: 5 in (0, 5] ms, 7 in (500, 1,000], 3 in (2,000, 3,000], 2 past
 # 300,000; first tokens: 4 in (5, 10].
@@ -24,7 +24,7 @@ OLD_COUNTS = {
     "duration_ms_over_300000": 2,
     "first_token_ms_le_10": 4,
 }
-migration = importlib.import_module("chatparity.migrations.0016_finer_latency_histograms")
+migration = importlib.import_module("chatparity.migrations.0019_finer_latency_histograms")
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

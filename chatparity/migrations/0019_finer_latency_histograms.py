@@ -176,7 +176,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("chatparity", "0015_apikey_needs_plan"),
+        ("chatparity", "0018_response_cache"),
     ]
 
     operations = [
