@@ -838,6 +838,16 @@ class TestRequestLogAdmin:
         for cell in cells:
             assert cell in html, cell
 
+    def test_the_status_says_what_the_response_cache_did(self, admin_client, db):
+        logged(alias="hit", cache="semantic", finish_reasons=["stop"])
+        logged(alias="none", finish_reasons=["stop"])
+        html = page(admin_client.get(reverse("admin:chatparity_requestlog_changelist")))
+        assert (
+            '<td class="field-outcome">200 stop<div class="chatparity-muted">cache semantic hit'
+            "</div></td>" in html
+        )
+        assert '<td class="field-outcome">200 stop</td>' in html
+
     def test_a_rows_link_keeps_the_lists_filters(self, admin_client, rows):
         changelist = reverse("admin:chatparity_requestlog_changelist")
         html = page(admin_client.get(changelist, {"alias": "b"}))
