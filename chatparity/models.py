@@ -8,11 +8,11 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import cached_property
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from django.conf import settings
 from django.core.exceptions import FieldDoesNotExist, ValidationError
-from django.db import models
+from django.db import models, transaction
 from django.db.models.functions import Lower
 from django.utils import timezone
 
@@ -24,6 +24,9 @@ from .protocol.errors import APIError
 from .protocol.events import Usage
 from .protocol.request import parse_chat_request
 from .protocol.upstream import check_forwarded_params
+from .signals import rows_updated
+
+_M = TypeVar("_M", bound=models.Model)
 
 
 class BudgetPeriod(models.TextChoices):
@@ -133,12 +136,58 @@ CACHE_PRICE_RATIOS: dict[str | None, tuple[Decimal, Decimal, Decimal]] = {
     None: (Decimal(1), Decimal(1), Decimal(1)),
 }
 
+STAMPS = frozenset({"last_used_at"})
+"""Fields chatparity stamps itself, changed by no one (neither audited nor announced)."""
+# Rows whose values an update() reads before and after at a time: an IN list a
+# database takes whole.
+UPDATED_AT_ONCE = 500
+
+
+class AuditedQuerySet(models.QuerySet[_M]):
+    """A queryset whose ``update()`` (and so ``bulk_update()``) announces what it changed
+    (:data:`chatparity.signals.rows_updated`), as ``save()`` does with ``post_save``:
+    the audit trail records a change made in bulk like one saved. ``delete()`` needs
+    nothing: Django sends ``post_delete`` for each row while anyone listens."""
+
+    def update(self, **kwargs: Any) -> int:
+        if self.query.is_sliced:  # as Django refuses it, before anything is read
+            raise TypeError("Cannot update a query once a slice has been taken.")
+        fields = [self.model._meta.get_field(name) for name in kwargs]
+        watched = [
+            field.attname  # type: ignore[union-attr]
+            for field in fields
+            if field.name not in STAMPS and not getattr(field, "auto_now", False)
+        ]
+        if not watched or not rows_updated.has_listeners(self.model):
+            return super().update(**kwargs)
+        # The rows as they were, locked until the update commits; then only those are
+        # updated (not rows that came to match meanwhile) and read again.
+        plain = self.model._base_manager.using(self.db)
+        matched = plain.filter(pk__in=self.values("pk"))
+        with transaction.atomic(using=self.db, savepoint=False):
+            before = {
+                row.pop("pk"): row
+                for row in matched.select_for_update(of=("self",)).values("pk", *watched)
+            }
+            updated, after = 0, dict[Any, dict[str, Any]]()
+            keys = list(before)
+            for start in range(0, len(keys), UPDATED_AT_ONCE):
+                rows = plain.filter(pk__in=keys[start : start + UPDATED_AT_ONCE])
+                updated += rows.update(**kwargs)
+                after.update((row.pop("pk"), row) for row in rows.values("pk", *watched))
+            if before:
+                rows_updated.send(self.model, before=before, after=after, using=self.db)
+        return updated
+
 
 def hash_key(plaintext: str) -> str:
     return hashlib.sha256(plaintext.encode()).hexdigest()
 
 
 class ApiKeyManager(models.Manager["ApiKey"]):
+    def get_queryset(self) -> AuditedQuerySet[ApiKey]:
+        return AuditedQuerySet(self.model, using=self._db)
+
     def create_key(self, name: str, **fields: Any) -> tuple[ApiKey, str]:
         """Create a key; return it with its plaintext, which is never stored."""
         key = self.model(name=name, **fields)
@@ -272,6 +321,8 @@ class Backend(models.Model):
     enabled = models.BooleanField(default=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    objects = AuditedQuerySet["Backend"].as_manager()
+
     def __str__(self) -> str:
         return self.name
 
@@ -386,6 +437,8 @@ class ModelAlias(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = AuditedQuerySet["ModelAlias"].as_manager()
+
     class Meta:
         verbose_name = "model alias"
         verbose_name_plural = "model aliases"
@@ -485,7 +538,7 @@ class ModelAlias(models.Model):
             raise ValueError(f"No alias is named {', '.join(map(repr, missing))}.")
 
 
-class PlanQuerySet(models.QuerySet["Plan"]):
+class PlanQuerySet(AuditedQuerySet["Plan"]):
     def for_owner(self, owner_id: int | None) -> Plan | None:
         """The plan of the user ``owner_id``: one given to them, else their groups' plan
         of highest priority (then by name); None without one."""
@@ -777,25 +830,26 @@ class StoredResponse(models.Model):
         return self.id
 
 
-# The upper bounds (ms) of the latency histograms' buckets, 1-2-3-5 steps: a percentile
-# read from them is off by less than the bucket it falls in (accounting.reports.percentile).
-LATENCY_BOUNDS_MS = (
-    5, 10, 20, 30, 50, 100, 200, 300, 500, 1_000, 2_000, 3_000, 5_000, 10_000, 20_000,
-    30_000, 60_000, 120_000, 300_000,
-)  # fmt: skip
-
-
-def latency_buckets(measure: str) -> tuple[str, ...]:
-    """The histogram columns of ``measure``: ``<measure>_le_<bound>`` for each of
-    LATENCY_BOUNDS_MS, then ``<measure>_over_<the last bound>``."""
-    return (
-        *(f"{measure}_le_{bound}" for bound in LATENCY_BOUNDS_MS),
-        f"{measure}_over_{LATENCY_BOUNDS_MS[-1]}",
-    )
-
-
-DURATION_BUCKETS = latency_buckets("duration_ms")
-FIRST_TOKEN_BUCKETS = latency_buckets("first_token_ms")
+# Each decade of the latency histograms' buckets above 10 ms: every step at most 21%
+# above the last, so that a percentile can be placed within 10% of either end of its
+# bucket (accounting.reports.percentile), and 10, 20, 30 and 50 among them (bounds of the
+# coarser histograms before, migration 0019).
+DECADE_STEPS = (10, 12, 14, 16, 18, 20, 24, 27, 30, 36, 43, 50, 60, 72, 86)
+LONGEST_MS = 600_000  # a backend's default time-out; longer requests share one bucket
+# The upper bounds (ms) of the latency histograms' buckets: every millisecond up to 10,
+# then DECADE_STEPS in each decade up to LONGEST_MS.
+LATENCY_BOUNDS_MS: tuple[int, ...] = (
+    *range(1, 10),
+    *(
+        bound
+        for power in range(5)
+        for step in DECADE_STEPS
+        if (bound := step * 10**power) <= LONGEST_MS
+    ),
+)
+# Each bucket's key in a histogram: its upper bound, then ">" and the last bound for the
+# bucket past it.
+HISTOGRAM_KEYS = (*map(str, LATENCY_BOUNDS_MS), f">{LONGEST_MS}")
 
 
 def _count(help_text: str = "") -> models.PositiveBigIntegerField[int, int]:
@@ -841,15 +895,22 @@ class DailyUsage(UsageTotals):
         default=0, help_text="Sum of the times to first token, over first_tokens requests."
     )
     first_tokens = _count("Requests that sent a first token.")
+    # Sparse (a day's requests of one key fall in a few of 83 buckets), and added to by
+    # one short upsert: a column per bucket made each upsert a statement of 26 KB.
+    duration_histogram = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Requests per bucket of duration: {"<upper bound, ms>": requests, ...},'
+        f' ">{LONGEST_MS}" past the last; a bucket starts at the bound before its own.',
+    )
+    first_token_histogram = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Requests per bucket of time to first token, as duration_histogram.",
+    )
 
     class Meta:
         abstract = True
-
-
-# Counts of requests per latency bucket: columns, so that a row written by two workers
-# at once adds up in one upsert.
-for _bucket in (*DURATION_BUCKETS, *FIRST_TOKEN_BUCKETS):
-    DailyUsage.add_to_class(_bucket, models.PositiveIntegerField(default=0))
 
 
 class DailyKeyUsage(DailyUsage):

@@ -851,11 +851,14 @@ class TestRequestLogAdmin:
         ("first_token", "duration", "shown"),
         [
             (0.4321, 8.2449, ["0.4 ms", "8.2 ms"]),
-            (245.3333, 12034.5678, ["245 ms", "12,035 ms"]),
+            (245.3333, 1681.2, ["245 ms", "1.68 s"]),
             (None, 99.95, ["—", "100 ms"]),
+            (9.96, 999.6, ["10 ms", "1.00 s"]),  # no "10.0 ms", no "1000 ms"
+            (9_999.4, 12_034.5678, ["10.0 s", "12.0 s"]),
+            (99_960.0, 1_234_567.0, ["100 s", "1,235 s"]),
         ],
     )
-    def test_latencies_are_milliseconds_to_a_sensible_precision(
+    def test_latencies_are_shown_to_a_sensible_precision(
         self, admin_client, db, first_token, duration, shown
     ):
         row = logged(time_to_first_token_ms=first_token, duration_ms=duration)
@@ -865,10 +868,84 @@ class TestRequestLogAdmin:
             assert all(f">{latency}<" in text for latency in shown), shown
             assert str(duration) not in text
 
+    def test_the_list_is_seven_columns_and_the_rows_page_every_field(self, admin_client, rows):
+        response = admin_client.get(reverse("admin:chatparity_requestlog_changelist"))
+        assert response.context["cl"].list_display == [
+            "action_checkbox", "time", "key", "served", "outcome", "tokens", "first_token",
+            "duration",
+        ]  # fmt: skip
+        detail = page(
+            admin_client.get(reverse("admin:chatparity_requestlog_change", args=[rows[1].pk]))
+        )
+        for field in ("request_id", "backend", "upstream_model", "cached_tokens", "user_agent"):
+            assert f"field-{field}" in detail, field
+
+    def test_each_row_says_when_who_what_how_it_ended_its_tokens_and_latencies(
+        self, admin_client, db
+    ):
+        earlier = timezone.now() - datetime.timedelta(days=2)
+        rows = [
+            logged(alias="gpt-4o-mini", endpoint="responses", stream=True, key_prefix="sk-cp-AbCd",
+                   prompt_tokens=12_345, completion_tokens=678, finish_reasons=["stop", "length"],
+                   time_to_first_token_ms=245.3, duration_ms=1681.2),
+            logged(alias="smollm2", status_code=429, error_type="rate_limit_exceeded",
+                   error_code="rate_limit_exceeded", at=earlier),
+            logged(alias="smollm2", endpoint="messages", cancelled=True),
+        ]  # fmt: skip
+        html = page(admin_client.get(reverse("admin:chatparity_requestlog_changelist")))
+        cells = [
+            '<td class="field-key">sk-cp-AbCd</td>',
+            '<td class="field-served">gpt-4o-mini<div class="chatparity-muted">responses · stream'
+            "</div></td>",
+            '<td class="field-outcome">200 stop, length</td>',
+            '<td class="field-tokens">12,345 → 678</td>',
+            '<td class="field-first_token">245 ms</td><td class="field-duration">1.68 s</td>',
+            '<td class="field-outcome">429 <span title="rate_limit_exceeded">rate_<wbr>limit_<wbr>'
+            "exceeded</span></td>",
+            f'<div class="chatparity-muted">{timezone.localtime(earlier):%m-%d}</div></a></th>',
+            '<td class="field-served">smollm2<div class="chatparity-muted">messages</div></td>',
+            '<td class="field-outcome">200 cancelled</td>',
+            f'<input type="checkbox" name="{ACTION}" value="{rows[0].pk}" class="action-select"',
+        ]
+        for cell in cells:
+            assert cell in html, cell
+
+    def test_the_status_says_what_the_response_cache_did(self, admin_client, db):
+        logged(alias="hit", cache="semantic", finish_reasons=["stop"])
+        logged(alias="none", finish_reasons=["stop"])
+        html = page(admin_client.get(reverse("admin:chatparity_requestlog_changelist")))
+        assert (
+            '<td class="field-outcome">200 stop<div class="chatparity-muted">cache semantic hit'
+            "</div></td>" in html
+        )
+        assert '<td class="field-outcome">200 stop</td>' in html
+
+    def test_a_rows_link_keeps_the_lists_filters(self, admin_client, rows):
+        changelist = reverse("admin:chatparity_requestlog_changelist")
+        html = page(admin_client.get(changelist, {"alias": "b"}))
+        change = reverse("admin:chatparity_requestlog_change", args=[rows[1].pk])
+        assert f'<a href="{change}?_changelist_filters=alias%3Db">' in html
+
+    def test_what_clients_and_upstreams_wrote_is_escaped(self, admin_client, db):
+        evil = '<script>alert("x")</script>'
+        logged(alias=evil, request_id=evil, key_prefix=evil, error_type=evil, error_code=evil,
+               status_code=502, endpoint=evil)  # fmt: skip
+        logged(alias="a", finish_reasons=[evil])
+        html = page(admin_client.get(reverse("admin:chatparity_requestlog_changelist")))
+        assert "<script>" not in html
+        assert html.count("&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;") >= 6
+
+    def test_a_page_of_rows_reads_no_bodies(self, admin_client, db):
+        logged(request_body={"messages": ["x" * 1000]}, response_body="y" * 1000)
+        with CaptureQueriesContext(connection) as queries:
+            response = admin_client.get(reverse("admin:chatparity_requestlog_changelist"))
+        assert len(response.context["cl"].result_list) == 1
+        assert not [q["sql"] for q in queries if "body" in q["sql"]]
+
     def test_the_list_says_which_endpoint_each_row_served(self, admin_client, rows):
         response = admin_client.get(reverse("admin:chatparity_requestlog_changelist"))
-        assert "endpoint" in response.context["cl"].list_display
-        assert "/v1/responses" in page(response)
+        assert '<div class="chatparity-muted">responses</div>' in page(response)
+        assert '<div class="chatparity-muted">chat · stream</div>' in page(response)
 
 
 class TestStoredResponseAdmin:

@@ -10,11 +10,13 @@ import pytest
 from django.core.checks import Tags, run_checks
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import F
 
 from chatparity.backends import config_errors
 from chatparity.conf import DEFAULTS
 from chatparity.models import ApiKey, Backend, ModelAlias, Prices
 from chatparity.protocol.events import Usage
+from chatparity.signals import rows_updated
 from tests.configs import BAD_ALIASES, BAD_BACKENDS, GOOD_ALIAS, GOOD_BACKENDS
 from tests.scripted import SCRIPTED
 
@@ -294,6 +296,44 @@ def test_prices_are_journalled_and_read_back_whole():
     # An older journal kept input and output: every input token at the input price.
     older = Prices.from_journal(["3", "15"])
     assert older.cost_of(Usage(1_000_000, 0, cache_write_1h_tokens=1_000_000)) == 3
+
+
+class TestAuditedQuerySet:
+    """update() on keys, aliases, backends and plans says what it changed, as save()
+    does (the audit trail listens)."""
+
+    @pytest.fixture
+    def announced(self):
+        heard = []
+
+        def hear(sender, **kwargs):
+            heard.append((sender, kwargs["before"], kwargs["after"]))
+
+        rows_updated.connect(hear, dispatch_uid="test")
+        yield heard
+        rows_updated.disconnect(dispatch_uid="test")
+
+    def test_an_update_announces_each_row_before_and_after(self, db, announced):
+        one = Backend.objects.create(name="one", kind="local", timeout=5)
+        two = Backend.objects.create(name="two", kind="local", timeout=9)
+        assert Backend.objects.update(timeout=F("timeout") * 2) == 2
+        assert announced == [
+            (
+                Backend,
+                {one.pk: {"timeout": 5}, two.pk: {"timeout": 9}},
+                {one.pk: {"timeout": 10}, two.pk: {"timeout": 18}},
+            )
+        ]
+
+    def test_a_stamp_or_no_row_matched_announces_nothing(self, db, announced):
+        key, _ = ApiKey.objects.create_key("k")
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=datetime.datetime.now(datetime.UTC))
+        ApiKey.objects.filter(name="nobody").update(is_active=False)
+        assert announced == []
+
+    def test_a_sliced_queryset_is_refused_as_django_refuses_it(self, db):
+        with pytest.raises(TypeError, match="slice"):
+            ModelAlias.objects.all()[:1].update(enabled=False)
 
 
 def test_the_prompt_caches_parameters_leave_the_aliases_forwarded_lists(transactional_db):

@@ -26,7 +26,7 @@ from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
 from ..accounting import catalog, reports
-from ..models import ApiKey, Backend, ModelAlias, RequestLog, StoredResponse
+from ..models import ApiKey, Backend, ModelAlias, Plan, RequestLog, StoredResponse
 from . import serializers
 
 if TYPE_CHECKING:
@@ -190,6 +190,18 @@ class BackendViewSet(StaffModelViewSet[Backend]):
 
     queryset = Backend.objects.order_by("name")
     serializer_class = serializers.BackendSerializer
+
+
+class PlanViewSet(StaffModelViewSet[Plan]):
+    """Plans, highest priority first, as in the admin: who has them (users, groups), the
+    aliases their keys may use, the limits of each key made in the portal, the budgets
+    all of one user's keys share. Deleting one takes it from its users: their keys made
+    in the portal then serve only under another plan of theirs."""
+
+    queryset = Plan.objects.prefetch_related("users", "groups", "allowed_aliases").order_by(
+        "-priority", "name"
+    )
+    serializer_class = serializers.PlanSerializer
 
 
 class LogPagination(LimitOffsetPagination):

@@ -19,8 +19,7 @@ from chatparity.accounting import journal, rollups, spool
 from chatparity.accounting.inserts import insert_rows
 from chatparity.accounting.record import UsageRecord
 from chatparity.models import (
-    DURATION_BUCKETS,
-    FIRST_TOKEN_BUCKETS,
+    HISTOGRAM_KEYS,
     LATENCY_BOUNDS_MS,
     ApiKey,
     DailyAliasUsage,
@@ -38,7 +37,7 @@ ENDPOINTS = ("chat.completions", "responses", "messages")
 TOKENS = ("prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens",
           "reasoning_tokens", "cache_write_5m_tokens", "cache_write_1h_tokens")  # fmt: skip
 SUMS = ("requests", "errors", "cancelled", *TOKENS, "cost", "cache_hits", "cache_misses",
-        "cost_saved", "first_tokens", *DURATION_BUCKETS, *FIRST_TOKEN_BUCKETS)  # fmt: skip
+        "cost_saved", "first_tokens", "duration_histogram", "first_token_histogram")  # fmt: skip
 CACHE_STATES = ("", "", "hit", "semantic", "partial", "miss", "bypass")
 
 on_postgresql = pytest.mark.skipif(
@@ -96,7 +95,9 @@ def bucket_of(ms):
 def summed(rows, per):
     """The log rows summed in Python per the fields ``per`` (a day is created_at's UTC
     date): what the rollups must say."""
-    totals = defaultdict(Counter)
+    totals = defaultdict(
+        lambda: Counter(duration_histogram=Counter(), first_token_histogram=Counter())
+    )
     for row in rows:
         facts = {"day": row.created_at.astimezone(datetime.UTC).date()}
         of = tuple(facts[name] if name in facts else getattr(row, name) for name in per)
@@ -111,11 +112,13 @@ def summed(rows, per):
         total["cache_misses"] += row.cache in ("miss", "partial")
         total["cost_saved"] += Decimal(row.cost_saved)
         total["duration_ms"] += row.duration_ms
-        total[DURATION_BUCKETS[bucket_of(row.duration_ms)]] += 1
+        total["duration_histogram"][HISTOGRAM_KEYS[bucket_of(row.duration_ms)]] += 1
         if row.time_to_first_token_ms is not None:
             total["first_tokens"] += 1
             total["first_token_ms"] += row.time_to_first_token_ms
-            total[FIRST_TOKEN_BUCKETS[bucket_of(row.time_to_first_token_ms)]] += 1
+            total["first_token_histogram"][
+                HISTOGRAM_KEYS[bucket_of(row.time_to_first_token_ms)]
+            ] += 1
     return totals
 
 

@@ -4,7 +4,7 @@ import pytest
 from django.contrib.auth.models import Permission
 from rest_framework.authtoken.models import Token
 
-from chatparity.models import ApiKey, Backend, ModelAlias, StoredResponse
+from chatparity.models import ApiKey, Backend, ModelAlias, Plan, StoredResponse
 from tests.support.logs import logged
 
 from .helpers import url
@@ -32,6 +32,11 @@ NEEDS = [
     ("get", "backend-detail", True, "view_backend"),
     ("patch", "backend-detail", True, "change_backend"),
     ("delete", "backend-detail", True, "delete_backend"),
+    ("get", "plan-list", False, "view_plan"),
+    ("post", "plan-list", False, "add_plan"),
+    ("get", "plan-detail", True, "view_plan"),
+    ("patch", "plan-detail", True, "change_plan"),
+    ("delete", "plan-detail", True, "delete_plan"),
     ("get", "log-list", False, "view_requestlog"),
     ("get", "log-detail", True, "view_requestlog"),
     ("get", "usage", False, "view_requestlog"),
@@ -47,6 +52,8 @@ BODIES = {
     "key-detail": {"name": "renamed"},
     "alias-detail": {"model": "renamed"},
     "backend-detail": {"timeout": 5},
+    "plan-list": {"name": "new"},
+    "plan-detail": {"priority": 5},
 }
 ALL = sorted({codename for *_, codename in NEEDS})
 
@@ -63,6 +70,7 @@ def rows():
     )
     return {
         "key": key, "alias": alias, "backend": backend, "log": logged(), "response": response,
+        "plan": Plan.objects.create(name="starter"),
     }  # fmt: skip
 
 
