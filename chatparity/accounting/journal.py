@@ -62,7 +62,8 @@ class Journal:
         self._open: dict[str, tuple[UsageRecord, int]] = {}
         self._lock = threading.RLock()
         self._progress: threading.Thread | None = None
-        atexit.register(self._close)
+        self._closed = False
+        atexit.register(self.close)
 
     def begin(self, record: UsageRecord) -> None:
         """Note ``record``'s request as admitted."""
@@ -81,16 +82,19 @@ class Journal:
             if self._open.pop(request_id, None) is not None:
                 self._write(orjson.dumps({"end": request_id}) + b"\n")
 
-    def _close(self) -> None:
+    def close(self) -> None:
         """At a normal exit: its requests are over (the server waited for them)."""
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             self.folder.unlink(self.name)
             self._file.close()
         with contextlib.suppress(OSError):  # not empty: other processes' files
             self.folder.path.rmdir()  # a folder only: a symlink put there stays
 
     def _note_progress(self) -> None:
-        while True:
+        while not self._closed:
             time.sleep(PROGRESS_SECONDS)
             self.note_progress()
 
@@ -110,6 +114,10 @@ class Journal:
 
     def _write(self, data: bytes) -> None:
         with self._lock:
+            # Closed at exit while the progress thread or a last request still runs:
+            # the file is gone with the process, as the journal of a clean exit is.
+            if self._closed:
+                return
             if not self._file.append(data):
                 self._compact(data)
 

@@ -341,6 +341,20 @@ def test_a_request_that_ends_while_its_progress_is_noted_stays_ended(spool_dir):
     assert own._open == {}
 
 
+def test_a_journal_closed_at_exit_takes_no_more_notes(spool_dir):
+    # At exit the journal's file is unmapped while the progress thread and the last
+    # requests may still note: they wrote into a closed map (ValueError on a thread).
+    spool_dir.mkdir()
+    own = journal.Journal(spool.open_folder())
+    own.begin(in_flight("req-open"))
+    own.close()
+    own.begin(in_flight("req-late"))
+    own.note_progress()
+    own.end("req-open")
+    own.close()  # atexit may run it again after a test or the server did
+    assert not spool_dir.exists()  # its file and folder gone, as at a clean exit
+
+
 def test_a_journal_is_compacted_to_its_open_requests(spool_dir):
     spool_dir.mkdir()
     with mock.patch.object(journal, "COMPACT_BYTES", 2000):
