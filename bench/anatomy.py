@@ -405,17 +405,18 @@ def section(results: dict[str, Run], loop: str, cache_seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def in_process_site(prefix: str) -> tuple[harness.Chatparity, int, str]:
-    """The example project on a fresh SQLite file with an alias on the stub (to be
-    started), set up to be imported into this process: the site, the stub's port and URL."""
+def in_process_site(prefix: str, tree: Path = harness.ROOT) -> tuple[harness.Chatparity, int, str]:
+    """The example project (of ``tree``: another revision's checkout) on a fresh SQLite
+    file with an alias on the stub (to be started), set up to be imported into this
+    process: the site, the stub's port and URL."""
     work = Path(tempfile.mkdtemp(prefix=prefix))
-    site = harness.make_chatparity(work)
+    site = harness.make_chatparity(work, tree)
     stub_port = harness.free_port()
     stub_url = f"http://127.0.0.1:{stub_port}/v1"
     site.add_upstream("stub", stub_url)
     os.environ.update(site.env)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
-    sys.path.insert(0, str(harness.ROOT))
+    sys.path.insert(0, str(tree))
     return site, stub_port, stub_url
 
 

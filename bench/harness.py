@@ -115,17 +115,28 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (uvicorn's workers under its supervisor), from /proc."""
+    tree = [pid]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children = (task / "children").read_text().split()
+        for child in children:
+            tree += process_tree(int(child))
+    return tree
+
+
 def rss_kib(pid: int) -> int:
-    """Resident memory of ``pid`` in KiB, from /proc."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for {pid}")
+    """Resident memory of ``pid`` and its descendants in KiB, from /proc."""
+    total = 0
+    for member in process_tree(pid):
+        status = Path(f"/proc/{member}/status").read_text().splitlines()
+        total += next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    return total
 
 
 def thread_count(pid: int) -> int:
-    """Threads of ``pid``, from /proc."""
-    return len(list(Path(f"/proc/{pid}/task").iterdir()))
+    """Threads of ``pid`` and its descendants, from /proc."""
+    return sum(len(list(Path(f"/proc/{member}/task").iterdir())) for member in process_tree(pid))
 
 
 def wait_until_up(url: str, process: subprocess.Popen[bytes], headers: dict[str, str]) -> None:

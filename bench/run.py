@@ -1,7 +1,8 @@
 """Side-by-side gateway benchmark: direct stub vs chatparity vs LiteLLM, on loopback.
 
     .venv/bin/python bench/run.py [--duration 10] [--rounds 1] [--base REVISION]
-        [--streams 1000] [--skip-litellm] [--skip-scaling] [--skip-memory] [--skip-local]
+        [--streams 1000] [--skip-litellm] [--skip-scaling] [--skip-busbar] [--skip-memory]
+        [--skip-local]
 
 One command. It installs what it lacks (wrk from apt when root; LiteLLM
 pinned in ``bench/.venv-litellm``; matplotlib and py-spy in
@@ -15,12 +16,15 @@ stub's 1,536 numbers); with ``--base``, another revision of chatparity served th
 same way beside this one; chatparity on PostgreSQL and Redis (servers of its own)
 with one, two and four uvicorn workers, and the database statements and Redis
 commands one request costs there (with a key without limits and one with them);
-the LiteLLM proxy (one worker, no database). ``--rounds`` repeats the
-measurements, each round in the other order of targets; the tables give the
-medians, and each ratio is the median of the ratios within a round. Then the
-memory per open stream with many concurrent slow streams on one worker, and the
-local model's tokens/s through the HTTP stream against raw llama-cpp-python. It
-writes ``bench/RESULTS.md``, ``bench/results.json`` and ``bench/results.png``.
+the LiteLLM proxy (one worker, no database); GetBusbar's row: a stub that answers
+after 20 ms, 256 connections, non-stream, through uvicorn with one worker and two
+(PostgreSQL + Redis, or SQLite with ``--skip-scaling``) and LiteLLM. ``--rounds``
+repeats the measurements, each round in the other order of targets; the tables
+give the medians, and each ratio is the median of the ratios within a round. Then
+the memory per open stream with many concurrent slow streams held by one worker
+of each server and by two uvicorn workers, and the local model's tokens/s
+through the HTTP stream against raw llama-cpp-python. It writes
+``bench/RESULTS.md``, ``bench/results.json`` and ``bench/results.png``.
 
 Quote the ratios, which come from one run on one machine; the absolute numbers
 move with whatever else the machine is doing.
@@ -62,6 +66,15 @@ ENDPOINTS = (
     (MESSAGES, harness.MESSAGES),
     (EMBEDDINGS, harness.EMBEDDINGS),
 )
+# GetBusbar's method: an upstream that answers after 20 ms, 256 connections, non-stream;
+# uvicorn with one worker and two: (label, workers).
+BUSBAR_LATENCY_S = 0.020
+BUSBAR_ALIAS = "stub-20ms"
+BUSBAR = tuple((f"chatparity uvicorn x{n}, 20 ms upstream", n) for n in (1, 2))
+BUSBAR_LITELLM = f"{LITELLM}, 20 ms upstream"
+BUSBAR_WORKLOADS = ((False, 256),)
+# The slow streams' servers: (ASGI server, workers).
+MEMORY_SERVERS = (("daphne", 1), ("uvicorn", 1), ("uvicorn", 2))
 # uvicorn workers on PostgreSQL + Redis: (label, workers).
 SCALED = tuple((f"chatparity uvicorn x{n}, PostgreSQL + Redis", n) for n in (1, 2, 4))
 WORKLOADS = ((False, 1), (False, 32), (True, 1), (True, 32))  # (stream, concurrency)
@@ -192,6 +205,59 @@ def environment(litellm: bool) -> dict[str, str]:
 # -- the measurements ---------------------------------------------------------------
 
 
+def start_chatparity(
+    stack: ExitStack, name: str, server: str, workers: int, site: Chatparity, work: Path
+) -> str:
+    """Serve ``site`` with ``workers`` workers of ``server`` until ``stack`` closes; its
+    /v1 URL."""
+    port = harness.free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    command = harness.chatparity_command(server, port, workers)
+    auth = {"Authorization": f"Bearer {site.key}"}
+    log_file = work / f"{slug(name)}.log"
+    stack.enter_context(
+        harness.serve(command, f"{url}/models", auth, site.env, log_file, cwd=site.tree)
+    )
+    return url
+
+
+def start_litellm(stack: ExitStack, name: str, stub_url: str, work: Path) -> Target:
+    """The LiteLLM proxy (one worker, no database) in front of the stub at ``stub_url``,
+    until ``stack`` closes."""
+    port = harness.free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    config = work / f"{slug(name)}.yaml"
+    config.write_text(
+        "model_list:\n  - model_name: stub\n    litellm_params:\n"
+        f"      model: openai/{harness.STUB_MODEL}\n      api_base: {stub_url}\n"
+        "      api_key: sk-stub\n"
+    )
+    master = "sk-bench-" + os.urandom(16).hex()  # keys checked, as chatparity checks its own
+    env = {
+        **os.environ,
+        "LITELLM_MASTER_KEY": master,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_TELEMETRY": "False",
+        "LITELLM_LOG": "ERROR",
+    }
+    command = [
+        str(harness.LITELLM_VENV / "bin" / "litellm"),
+        "--config",
+        str(config),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num_workers",
+        "1",
+    ]
+    auth = {"Authorization": f"Bearer {master}"}
+    stack.enter_context(
+        harness.serve(command, f"{url}/models", auth, env, work / f"{slug(name)}.log")
+    )
+    return Target(name, url, master, "stub")
+
+
 def start_gateways(
     stack: ExitStack,
     sites: dict[str, Chatparity],
@@ -202,67 +268,38 @@ def start_gateways(
     """Start every target (stub already up); they idle while another is measured. ``sites``:
     the SQLite site, and, when measured, the other revision's and the PostgreSQL one."""
     targets = [Target(DIRECT, stub_url, "sk-stub", harness.STUB_MODEL)]
-
-    def start(name: str, server: str, workers: int, site: Chatparity) -> str:
-        port = harness.free_port()
-        url = f"http://127.0.0.1:{port}/v1"
-        command = harness.chatparity_command(server, port, workers)
-        auth = {"Authorization": f"Bearer {site.key}"}
-        log_file = work / f"{slug(name)}.log"
-        stack.enter_context(
-            harness.serve(command, f"{url}/models", auth, site.env, log_file, cwd=site.tree)
-        )
-        return url
-
     site = sites["sqlite"]
     for name, server in ((DAPHNE, "daphne"), (UVICORN, "uvicorn")):
-        url = start(name, server, 1, site)
+        url = start_chatparity(stack, name, server, 1, site, work)
         targets.append(Target(name, url, site.key, "stub", site=site))
         if name == UVICORN:
             targets += [Target(label, url, site.key, "stub", api, site) for label, api in ENDPOINTS]
     for name, base in sites.items():
         if name.startswith(UVICORN):  # another revision
-            targets.append(
-                Target(name, start(name, "uvicorn", 1, base), base.key, "stub", site=base)
-            )
+            url = start_chatparity(stack, name, "uvicorn", 1, base, work)
+            targets.append(Target(name, url, base.key, "stub", site=base))
     if "postgresql" in sites:
         scaled = sites["postgresql"]
         for name, workers in SCALED:
-            url = start(name, "uvicorn", workers, scaled)
+            url = start_chatparity(stack, name, "uvicorn", workers, scaled, work)
             targets.append(Target(name, url, scaled.key, "stub", site=scaled))
     if litellm:
-        port = harness.free_port()
-        url = f"http://127.0.0.1:{port}/v1"
-        config = work / "litellm.yaml"
-        config.write_text(
-            "model_list:\n  - model_name: stub\n    litellm_params:\n"
-            f"      model: openai/{harness.STUB_MODEL}\n      api_base: {stub_url}\n"
-            "      api_key: sk-stub\n"
-        )
-        master = "sk-bench-" + os.urandom(16).hex()  # keys checked, as chatparity checks its own
-        env = {
-            **os.environ,
-            "LITELLM_MASTER_KEY": master,
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            "LITELLM_TELEMETRY": "False",
-            "LITELLM_LOG": "ERROR",
-        }
-        command = [
-            str(harness.LITELLM_VENV / "bin" / "litellm"),
-            "--config",
-            str(config),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--num_workers",
-            "1",
-        ]
-        auth = {"Authorization": f"Bearer {master}"}
-        stack.enter_context(
-            harness.serve(command, f"{url}/models", auth, env, work / "litellm.log")
-        )
-        targets.append(Target(LITELLM, url, master, "stub"))
+        targets.append(start_litellm(stack, LITELLM, stub_url, work))
+    return targets
+
+
+def start_busbar(
+    stack: ExitStack, site: Chatparity, stub_url: str, work: Path, litellm: bool
+) -> list[Target]:
+    """GetBusbar's targets, in front of the stub that answers after 20 ms (``stub_url``,
+    alias ``BUSBAR_ALIAS`` of ``site``): uvicorn with one worker and with two, and
+    LiteLLM."""
+    targets = []
+    for name, workers in BUSBAR:
+        url = start_chatparity(stack, name, "uvicorn", workers, site, work)
+        targets.append(Target(name, url, site.key, BUSBAR_ALIAS, site=site))
+    if litellm:
+        targets.append(start_litellm(stack, BUSBAR_LITELLM, stub_url, work))
     return targets
 
 
@@ -277,14 +314,16 @@ def gateways(
     rounds: int,
     work: Path,
     stub_stats: str,
+    workloads: tuple[tuple[bool, int], ...] = WORKLOADS,
 ) -> None:
     """Every workload, each target in turn, so drift hits them alike; each round takes the
-    targets in the other order."""
+    targets in the other order (its cells join those of the same round measured before)."""
     for number in range(rounds):
         order = targets if number % 2 == 0 else targets[::-1]
-        cells: list[Cell] = []
-        results.rounds.append(cells)
-        for stream, concurrency in WORKLOADS:
+        if number == len(results.rounds):
+            results.rounds.append([])
+        cells = results.rounds[number]
+        for stream, concurrency in workloads:
             for target in order:
                 if stream and not target.api.streams:
                     continue
@@ -338,15 +377,17 @@ def round_trips(results: Results, targets: list[Target], seconds: int, work: Pat
 
 
 def memory(results: Results, site: Chatparity, count: int, slow_url: str, work: Path) -> None:
-    """``count`` concurrent slow streams on one fresh worker of each ASGI server."""
+    """``count`` concurrent slow streams held by fresh workers: one of each ASGI server,
+    and two of uvicorn (GetBusbar's 1,000 streams held; memory is that of every
+    process)."""
     auth = {"Authorization": f"Bearer {site.key}"}
     control = slow_url.removesuffix("/v1") + "/bench"
-    for server in ("daphne", "uvicorn"):
-        name = f"chatparity {server} x1"
+    for server, workers in MEMORY_SERVERS:
+        name = f"chatparity {server} x{workers}"
         port = harness.free_port()
         url = f"http://127.0.0.1:{port}/v1"
-        command = harness.chatparity_command(server, port)
-        log_file = work / f"memory-{server}.log"
+        command = harness.chatparity_command(server, port, workers)
+        log_file = work / f"memory-{server}-x{workers}.log"
         with harness.serve(command, f"{url}/models", auth, site.env, log_file) as process:
             report = slow_streams.measure_held(url, site.key, control, count=count, pid=process.pid)
         results.memory[name] = report
@@ -420,9 +461,11 @@ def main_table(results: Results) -> list[str]:
                 if cell is not direct and cell.upstream_requests
                 else ""
             )
+            # None finished in a short run (LiteLLM at c=32): no spread to show.
+            spread = f"{cell.p99_ms / cell.p50_ms:.1f}" if cell.p50_ms else ""
             lines.append(
                 f"| {cell.target} | {cell.workload} | {concurrency} | {cell.rps:,.0f} |"
-                f" {cell.p50_ms:.2f} | {cell.p99_ms:.2f} | {cell.p99_ms / cell.p50_ms:.1f} |"
+                f" {cell.p50_ms:.2f} | {cell.p99_ms:.2f} | {spread} |"
                 f" {added} | {versus} | {cell.failures} | {reuse} |"
             )
     return lines
@@ -482,6 +525,26 @@ def scaling_table(results: Results) -> list[str]:
                 f"| {name} | {cell.workload} | {concurrency} | {cell.rps:,.0f} |"
                 f" {cell.p50_ms:.2f} | {cell.p99_ms:.2f} | {versus:.2f}x |"
             )
+    return lines
+
+
+def busbar_table(results: Results) -> list[str]:
+    """GetBusbar's row: the stub answering after 20 ms, 256 connections."""
+    lines = [
+        "| configuration | req/s | p50 ms | p99 ms | req/s vs LiteLLM | failures |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name in (*(name for name, _ in BUSBAR), BUSBAR_LITELLM):
+        stream, concurrency = BUSBAR_WORKLOADS[0]
+        cell = results.cell(name, stream, concurrency)
+        if cell is None:
+            continue
+        ratio = results.ratio(name, BUSBAR_LITELLM, stream, concurrency)
+        versus = _ratio(ratio) if ratio and name != BUSBAR_LITELLM else ""
+        lines.append(
+            f"| {name} | {cell.rps:,.0f} | {cell.p50_ms:.2f} | {cell.p99_ms:.2f} | {versus} |"
+            f" {cell.failures} |"
+        )
     return lines
 
 
@@ -639,6 +702,19 @@ def report(results: Results, seconds: int, rounds: int, chart: bool) -> str:
             *scaling_table(results),
             "",
         ]
+    if any(c.target == name for c in results.cells for name, _ in BUSBAR):
+        out += [
+            "## An upstream that answers after 20 ms, 256 connections",
+            "",
+            "GetBusbar's method (published, 4 cores: LiteLLM 608 req/s): the stub waits"
+            f" {BUSBAR_LATENCY_S * 1000:.0f} ms before each answer, wrk holds 256 keep-alive"
+            " connections, non-stream; chatparity under uvicorn with one worker and with two"
+            " (on PostgreSQL + Redis when measured, else SQLite), LiteLLM (one worker) on the"
+            " same stub, in the same rounds. Streams held: the memory table below.",
+            "",
+            *busbar_table(results),
+            "",
+        ]
     if results.round_trips:
         out += [
             "## What one request costs the database and Redis",
@@ -659,10 +735,11 @@ def report(results: Results, seconds: int, rounds: int, chart: bool) -> str:
         out += [
             "## Memory per open stream",
             "",
-            "One fresh worker; a short warm-up; then concurrent slow streams through the"
+            "Fresh workers; a short warm-up; then concurrent slow streams through the"
             " `openai` backend to the stub, which trickles a chunk a second and holds every"
             " stream open until all are open and RSS was sampled. Per stream = (RSS with all"
-            " open - RSS before) / streams. Dropped = not ending with HTTP 200, no error frame"
+            " open - RSS before) / streams, RSS summed over the server's processes (x2: its"
+            " supervisor and two workers). Dropped = not ending with HTTP 200, no error frame"
             " and `[DONE]`.",
             "",
             "| configuration | streams | seconds to open all | RSS before | RSS all open |"
@@ -744,6 +821,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=200, help="local model tokens per run")
     parser.add_argument("--skip-litellm", action="store_true")
     parser.add_argument("--skip-scaling", action="store_true", help="no PostgreSQL + Redis")
+    parser.add_argument("--skip-busbar", action="store_true", help="no 20 ms upstream row")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-local", action="store_true")
     parser.add_argument("--out", type=Path, default=BENCH / "RESULTS.md")
@@ -779,6 +857,10 @@ def main() -> None:
             sites["postgresql"] = harness.make_chatparity(work / "postgresql", services=services)
         for site in sites.values():
             site.add_upstream("stub", stub_url)
+        busbar_port = harness.free_port()
+        sites.get("postgresql", sites["sqlite"]).add_upstream(
+            BUSBAR_ALIAS, f"http://127.0.0.1:{busbar_port}/v1"
+        )
         site = sites["sqlite"]
         site.add_upstream("slow", slow_url)
         stack.enter_context(harness.serve(harness.stub_command(stub_port), f"{stub_url}/models"))
@@ -796,6 +878,22 @@ def main() -> None:
                     "Database and Redis round trips",
                     lambda: round_trips(results, targets, args.duration, work),
                 )
+        if not args.skip_busbar:
+            busbar_site = sites.get("postgresql", site)
+            with ExitStack() as servers:
+                busbar_stub_url = f"http://127.0.0.1:{busbar_port}/v1"
+                latency = ("--latency", str(BUSBAR_LATENCY_S))
+                command = harness.stub_command(busbar_port, *latency)
+                servers.enter_context(harness.serve(command, f"{busbar_stub_url}/models"))
+                busbar = start_busbar(servers, busbar_site, busbar_stub_url, work, litellm)
+                stats = busbar_stub_url.removesuffix("/v1") + "/bench/stats"
+                step(
+                    "An upstream that answers after 20 ms, 256 connections",
+                    lambda: gateways(
+                        results, busbar, args.duration, args.rounds, work, stats, BUSBAR_WORKLOADS
+                    ),
+                )
+            targets += busbar
         for target in targets:
             if target.site is not None:
                 results.request_log[target.name] = target.site.request_log(f"bench/{target.name}/")

@@ -12,9 +12,10 @@ chunk, then one content chunk every ``--delay`` seconds until ``POST
 /bench/release``, then the rest of its chunks and ``[DONE]``; ``POST
 /bench/hold`` holds new streams again. ``GET /bench/stats`` tells how many
 streams are open, how many completions were served and how many connections
-were accepted.
+were accepted. ``--latency`` makes every completion and embedding wait that long
+before its answer (GetBusbar's method: an upstream that answers after 20 ms).
 
-    python bench/stub_upstream.py --port 9100 [--chunks 20] [--hold --delay 1]
+    python bench/stub_upstream.py --port 9100 [--chunks 20] [--hold --delay 1] [--latency 0.02]
 """
 
 from __future__ import annotations
@@ -86,10 +87,11 @@ def _json_response(payload: object, status: str = "200 OK") -> bytes:
 class Stub:
     """The canned responses, and the state of held streams."""
 
-    def __init__(self, chunks: int, delay: float, hold: bool) -> None:
+    def __init__(self, chunks: int, delay: float, hold: bool, latency: float = 0) -> None:
         self.chunks = chunks
         self.delay = delay
         self.hold = hold
+        self.latency = latency
         self.released = asyncio.Event()
         self.open_streams = 0
         self.served = 0
@@ -185,6 +187,8 @@ class Stub:
     async def _route(
         self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter
     ) -> None:
+        if self.latency and method == "POST" and not path.startswith("/bench/"):
+            await asyncio.sleep(self.latency)
         if method == "POST" and path.endswith("/embeddings"):
             writer.write(self._embeddings(body))
             self.served += 1
@@ -245,8 +249,9 @@ async def main() -> None:
     parser.add_argument("--chunks", type=int, default=20)
     parser.add_argument("--hold", action="store_true", help="hold streams until /bench/release")
     parser.add_argument("--delay", type=float, default=1.0, help="seconds between held chunks")
+    parser.add_argument("--latency", type=float, default=0, help="seconds before each answer")
     args = parser.parse_args()
-    stub = Stub(args.chunks, args.delay, args.hold)
+    stub = Stub(args.chunks, args.delay, args.hold, args.latency)
     server = await asyncio.start_server(stub.serve, args.host, args.port, backlog=4096)
     async with server:
         await server.serve_forever()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
 
-from django.db.models import QuerySet, Sum
+from django.db.models import Q, QuerySet, Sum
 
 from ..models import (
     COST_PRECISION,
@@ -95,13 +95,21 @@ class LogFilter:
         return rows
 
 
-def sums(rows: QuerySet[Any], columns: Sequence[str], measures: Sequence[str]) -> list[Any]:
+def sums(
+    rows: QuerySet[Any],
+    columns: Sequence[str],
+    measures: Sequence[str],
+    *,
+    limit: int | None = None,
+) -> list[Any]:
     """``measures`` summed over ``rows`` per group of ``columns``, in group order (no
-    columns: one row of totals). Zero, not None, where nothing was summed."""
+    columns: one row of totals), the first ``limit`` groups if given. Zero, not None,
+    where nothing was summed."""
     # An annotation may not take a field's name: sum under another, then rename.
     aggregates = {f"sum_{measure}": Sum(measure) for measure in measures}
     if columns:
-        groups = list(rows.values(*columns).annotate(**aggregates).order_by(*columns))
+        grouped = rows.values(*columns).annotate(**aggregates).order_by(*columns)
+        groups = list(grouped if limit is None else grouped[:limit])
     else:
         groups = [rows.aggregate(**aggregates)]
     return [
@@ -111,6 +119,25 @@ def sums(rows: QuerySet[Any], columns: Sequence[str], measures: Sequence[str]) -
         }
         for group in groups
     ]
+
+
+def group_position(group: dict[str, Any], dimensions: Sequence[Dimension]) -> list[Any]:
+    """Where ``group`` (a :func:`usage` row) stands in the order of ``dimensions``: the
+    values of its columns, for :func:`usage`'s ``after``."""
+    return [group[_COLUMNS[dimension]] for dimension in dimensions]
+
+
+def after_position(columns: Sequence[str], position: Sequence[Any]) -> Q:
+    """The rows whose ``columns`` come after ``position`` (their values) in that order,
+    as a condition on the rows themselves: the database filters before it groups, and
+    an index on the columns serves it."""
+    *earlier, (last, value) = zip(columns, position, strict=True)
+    after = Q(**{f"{last}__gt": value})
+    for column, value in reversed(earlier):
+        after = Q(**{f"{column}__gt": value}) | Q(**{column: value}) & after
+    # Redundant, but a range on the first column that an index can seek to.
+    first, value = columns[0], position[0]
+    return Q(**{f"{first}__gte": value}) & after
 
 
 def key_names(prefixes: set[str]) -> dict[str, str]:
@@ -141,12 +168,27 @@ def cache_read_percent(cached_tokens: int, prompt_tokens: int) -> float | None:
     return None if share is None else share * 100
 
 
-def usage(log_filter: LogFilter, dimensions: Sequence[Dimension]) -> list[dict[str, Any]]:
+def usage(
+    log_filter: LogFilter,
+    dimensions: Sequence[Dimension],
+    *,
+    after: Sequence[Any] | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
     """Requests, errors, hang-ups, tokens (cache reads and writes among the prompt's) and
     cost (USD, a Decimal) per group of ``dimensions``, in group order; no dimensions:
-    one row of totals. A key's group also has its ``key_name``."""
+    one row of totals. A key's group also has its ``key_name``.
+
+    A page of them with ``limit`` (at most that many groups) and ``after`` (the
+    :func:`group_position` of the last group of the page before): both go to the
+    database, which reads from there along the order, so a page costs the same memory
+    wherever it starts and however many groups there are.
+    """
+    columns = [_COLUMNS[dimension] for dimension in dimensions]
     rollups = log_filter.rollups(dimensions)
-    groups = sums(rollups, [_COLUMNS[dimension] for dimension in dimensions], USAGE_MEASURES)
+    if after is not None:
+        rollups = rollups.filter(after_position(columns, after))
+    groups = sums(rollups, columns, USAGE_MEASURES, limit=limit)
     for group in groups:
         group["cost"] = usd(group["cost"])
     if "key" in dimensions:

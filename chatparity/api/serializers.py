@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from copy import copy
 from typing import Any
 
@@ -371,12 +373,33 @@ class RequestLogFilterSerializer(LogFilterSerializer):
 
 
 class UsageFilterSerializer(LogFilterSerializer):
-    """Query parameters of `usage/`: the log filters and the dimensions to group by."""
+    """Query parameters of `usage/`: the log filters, the dimensions to group by and the
+    page (`limit` groups, after the `cursor` of the page before's ``next``)."""
+
+    DEFAULT_LIMIT = 1000
+    MAX_LIMIT = 10_000
 
     group_by = serializers.CharField(
         default="day",
         help_text=f"Comma-separated subset of {', '.join(DIMENSIONS)}, in any order.",
     )
+    limit = serializers.IntegerField(
+        default=DEFAULT_LIMIT,
+        min_value=1,
+        help_text=f"Groups per page, {DEFAULT_LIMIT:,} by default, at most {MAX_LIMIT:,}.",
+    )
+    cursor = serializers.CharField(
+        required=False, help_text="Where the page starts: as the previous page's `next` says."
+    )
+
+    def validate_limit(self, value: int) -> int:
+        return min(value, self.MAX_LIMIT)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        if "cursor" in attrs:
+            attrs["after"] = read_cursor(attrs["cursor"], attrs["group_by"])
+        return attrs
 
     def validate_group_by(self, value: str) -> list[Dimension]:
         names = [name.strip() for name in value.split(",") if name.strip()]
@@ -387,6 +410,26 @@ class UsageFilterSerializer(LogFilterSerializer):
                 + (f"; unknown: {', '.join(unknown)}." if unknown else ".")
             )
         return [dimension for dimension in DIMENSIONS if dimension in names]
+
+
+def usage_cursor(position: list[Any], dimensions: list[Dimension]) -> str:
+    """The opaque `cursor` of the page after the group at ``position``."""
+    text = json.dumps({"group_by": dimensions, "after": position}, default=str)
+    return base64.urlsafe_b64encode(text.encode()).decode()
+
+
+def read_cursor(cursor: str, dimensions: list[Dimension]) -> list[str]:
+    """The position a :func:`usage_cursor` holds, if it was made for ``dimensions``."""
+    try:
+        held = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        position = held["after"]
+        valid = held["group_by"] == dimensions and len(position) == len(dimensions)
+        valid = valid and all(isinstance(value, str) for value in position)
+    except (ValueError, TypeError, KeyError):
+        valid = False
+    if not valid:
+        raise serializers.ValidationError({"cursor": "Not a cursor of this group_by."})
+    return list(position)
 
 
 class UsageRowSerializer(serializers.Serializer[Any]):
@@ -426,6 +469,13 @@ class UsageRowSerializer(serializers.Serializer[Any]):
 
     def get_cache_read_share(self, row: dict[str, Any]) -> float | None:
         return cache_read_share(row["cached_tokens"], row["prompt_tokens"])
+
+
+class UsagePageSerializer(serializers.Serializer[Any]):
+    """One page of `usage/`: its groups in order and the link to the next page."""
+
+    next = serializers.URLField(allow_null=True, help_text="The next page; null on the last.")
+    results = UsageRowSerializer(many=True)
 
 
 class LatencyRowSerializer(serializers.Serializer[Any]):

@@ -23,6 +23,7 @@ from rest_framework.permissions import DjangoModelPermissions, IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
+from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
 from ..accounting import catalog, reports
@@ -274,14 +275,27 @@ class UsageView(ReportView):
 
     @extend_schema(
         parameters=[serializers.UsageFilterSerializer],
-        responses=serializers.UsageRowSerializer(many=True),
+        responses=serializers.UsagePageSerializer,
     )
     def get(self, request: Request) -> Response:
         """Requests, errors, cancellations, tokens (the prompt's cache reads and writes
-        among them) and cost per day, key, alias and/or endpoint."""
+        among them) and cost per day, key, alias and/or endpoint, in pages of groups in
+        their order that follow ``next``."""
         query = parse_query(request, serializers.UsageFilterSerializer)
-        totals = reports.usage(query.log_filter(), query.validated_data["group_by"])
-        return Response(serializers.UsageRowSerializer(totals, many=True).data)
+        dimensions, limit = query.validated_data["group_by"], query.validated_data["limit"]
+        # One more than the page: whether a next page exists, without counting the groups.
+        groups = reports.usage(
+            query.log_filter(), dimensions, after=query.validated_data.get("after"), limit=limit + 1
+        )
+        page, more = groups[:limit], len(groups) > limit
+        link = None
+        if more:
+            position = reports.group_position(page[-1], dimensions)
+            cursor = serializers.usage_cursor(position, dimensions)
+            link = replace_query_param(request.build_absolute_uri(), "cursor", cursor)
+        return Response(
+            {"next": link, "results": serializers.UsageRowSerializer(page, many=True).data}
+        )
 
 
 class LatencyView(ReportView):

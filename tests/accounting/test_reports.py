@@ -9,6 +9,8 @@ from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from chatparity.accounting import reports
 from chatparity.accounting.inserts import insert_rows
@@ -37,6 +39,19 @@ def test_usage_per_alias_counts_each_alias_once():
         logged(alias=alias, total_tokens=1)
     rows = reports.usage(reports.LogFilter(), ["alias"])
     assert [(r["alias"], r["requests"]) for r in rows] == [("a", 2), ("b", 1)]
+
+
+def test_a_page_of_usage_starts_after_a_position_and_the_database_stops_at_its_limit():
+    for day, alias in itertools.product((DAY1, DAY2), ("a", "b", "c")):
+        logged(day, alias=alias, total_tokens=1)
+    dimensions: list[reports.Dimension] = ["day", "alias"]
+    with CaptureQueriesContext(connection) as queries:
+        page = reports.usage(reports.LogFilter(), dimensions, after=[str(DAY1), "b"], limit=2)
+    assert [(g["day"], g["alias"]) for g in page] == [(DAY1, "c"), (DAY2, "a")]
+    assert reports.group_position(page[-1], dimensions) == [DAY2, "a"]
+    [query] = queries.captured_queries
+    assert "LIMIT 2" in query["sql"]
+    assert "HAVING" not in query["sql"]
 
 
 def test_usage_per_endpoint_counts_chat_completions_and_responses_apart():

@@ -38,10 +38,17 @@ def rows():
     return key
 
 
-def usage(client, **params):
+def page(client, **params):
     response = client.get(url("usage"), params)
     assert response.status_code == 200, response.content
     return response.json()
+
+
+def usage(client, **params):
+    """The groups of a report that fits one page."""
+    answer = page(client, **params)
+    assert answer["next"] is None
+    return answer["results"]
 
 
 def counts(row):
