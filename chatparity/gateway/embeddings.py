@@ -3,11 +3,12 @@ of the chat endpoints.
 
 The request is validated by :mod:`chatparity.protocol.embeddings` (the model
 first: an unknown one is OpenAI's 404 whatever else is wrong), served by the
-alias it names if that alias's backend embeds (else a 400 naming the model),
-admitted under the alias's and the key's limits for its input tokens (texts
-estimated, token ids counted; the reservation made exact by the usage), and
-answered by the backend, or, if it is unavailable (502, 503, 504), by the
-alias's fallbacks that embed. No answer within ``FIRST_BYTE_TIMEOUT`` seconds
+alias it names if a deployment of that alias embeds (else a 400 naming the
+model), admitted under the alias's and the key's limits for its input tokens
+(texts estimated, token ids counted; the reservation made exact by the usage),
+and answered by one of its deployments (:mod:`.routing`: another when one fails
+before answering), or, if they are unavailable (502, 503, 504), by the alias's
+fallbacks that embed. No answer within ``FIRST_BYTE_TIMEOUT`` seconds
 is a 504. The log row is an ``embeddings`` row: its input tokens and cost,
 never a vector (with ``LOG_BODIES`` the request body is kept, the answer not).
 """
@@ -23,7 +24,7 @@ from ..accounting.keys import Grant
 from ..accounting.ledger import Accounting
 from ..accounting.limits import Estimate
 from ..backends import get_backend, serves_embeddings
-from ..backends.base import EmbeddingBackend, current_caller
+from ..backends.base import EmbeddingBackend, asks_again, current_caller
 from ..conf import app_settings
 from ..models import Endpoint, ModelAlias
 from ..protocol import errors
@@ -49,6 +50,7 @@ from .pipeline import (
     serve,
     serving,
 )
+from .routing import Route
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +72,7 @@ async def _embed(body: Any, accounting: Accounting, grant: Grant) -> Reply:
     try:
         async with asyncio.timeout(app_settings.FIRST_BYTE_TIMEOUT) as deadline:
             alias = await serving(request.model, grant, accounting)
-            embedded = await _answer(request, alias, grant, accounting)
+            embedded = await _answer(request, alias, grant, accounting, deadline.when())
     except TimeoutError:
         if not deadline.expired():
             raise
@@ -84,12 +86,17 @@ async def _embed(body: Any, accounting: Accounting, grant: Grant) -> Reply:
 
 
 async def _answer(
-    request: EmbeddingsRequest, alias: ModelAlias, grant: Grant, accounting: Accounting
+    request: EmbeddingsRequest,
+    alias: ModelAlias,
+    grant: Grant,
+    accounting: Accounting,
+    deadline: float | None = None,
 ) -> Embeddings:
-    """``request`` admitted on ``alias`` and embedded by its backend, or else by its
-    fallbacks that embed, in order."""
+    """``request`` admitted on ``alias`` and embedded by one of its deployments that
+    embed (:mod:`.routing`), or else by its fallbacks', in order."""
     accounting.served_by(alias)
-    if not serves_embeddings(alias.backend):
+    route = Route(alias, accounting, serves_embeddings, deadline=deadline)
+    if route.empty:
         raise errors.not_an_embedding_model(alias.public_id)
     estimate = Estimate(counted_tokens(request), 0)
     await accounting.reserve(alias, estimate)
@@ -97,26 +104,48 @@ async def _answer(
     fallbacks = list(alias.fallbacks)
     try:
         while True:
-            backend = get_backend(alias.backend)
-            assert isinstance(backend, EmbeddingBackend), "its kind serves embeddings"
+            asks_again.set(not route.group.shared)
             served = dataclasses.replace(
                 request,
                 forwarded_params=frozenset(
                     name for name in alias.forwarded_params or () if isinstance(name, str)
                 ),
             )
-            try:
-                return await accounting.answer(backend.embed(served, alias.model))
-            except APIError as error:
-                if error.status not in _UNAVAILABLE:
-                    raise
-                failed = alias
-                alias = await _fall_back(fallbacks, grant, accounting, estimate, error)
-                logger.warning(
-                    "chatparity: %s failed (%s), falling back to %s", failed, error, alias
-                )
+            failure = await _embedded(route, served, accounting)
+            if not isinstance(failure, APIError):
+                return failure
+            if failure.status not in _UNAVAILABLE:
+                raise failure
+            failed = alias
+            alias = await _fall_back(fallbacks, grant, accounting, estimate, failure)
+            route = Route(alias, accounting, serves_embeddings, deadline=deadline)
+            logger.warning("chatparity: %s failed (%s), falling back to %s", failed, failure, alias)
     finally:
         accounting.backend_done()
+
+
+async def _embedded(
+    route: Route, request: EmbeddingsRequest, accounting: Accounting
+) -> Embeddings | APIError:
+    """``request`` embedded by a deployment of ``route``'s alias; else why none did."""
+    while True:
+        try:
+            deployment = await route.next()
+        except APIError as unavailable:
+            return unavailable
+        backend = get_backend(deployment.backend)
+        assert isinstance(backend, EmbeddingBackend), "its kind serves embeddings"
+        try:
+            embedded = await accounting.answer(backend.embed(request, deployment.model))
+        except APIError as error:
+            if not await route.failed(error):
+                return error
+            continue
+        except asyncio.CancelledError:
+            route.interrupted(asyncio.get_running_loop().time())
+            raise
+        route.answered()
+        return embedded
 
 
 async def _fall_back(

@@ -32,7 +32,7 @@ from ..accounting.keys import Grant
 from ..accounting.ledger import Accounting
 from ..accounting.record import UsageRecord
 from ..backends import ChatBackend, get_backend, serves_chat
-from ..backends.base import current_caller
+from ..backends.base import asks_again, current_caller
 from ..conf import app_settings
 from ..models import Backend, ModelAlias
 from ..models import Endpoint as LoggedEndpoint
@@ -51,6 +51,7 @@ from ..protocol.request import (
     with_defaults,
 )
 from ..protocol.stream import DONE, ChunkEncoder, sse
+from . import routing
 from .auth import authenticate
 
 logger = logging.getLogger(__name__)
@@ -584,7 +585,9 @@ async def _answer(
         async with asyncio.timeout(app_settings.FIRST_BYTE_TIMEOUT) as deadline:
             if alias is None:
                 alias = await serving(requested.model, grant, accounting)
-            chat, backend, events, first = await _begin(requested, alias, grant, accounting)
+            chat, backend, events, first = await _begin(
+                requested, alias, grant, accounting, deadline.when()
+            )
     except TimeoutError:
         if not deadline.expired():
             raise
@@ -603,31 +606,63 @@ async def _begin(
     alias: ModelAlias,
     grant: Grant | None,
     accounting: Accounting,
+    deadline: float | None = None,
 ) -> tuple[ChatRequest, ChatBackend, AsyncIterator[Event], Event]:
-    """Admit the request on ``alias`` and return the first event of its backend, or
-    else of its fallbacks in order.
+    """Admit the request on ``alias`` and return the first event of one of its
+    deployments (:mod:`.routing`), or else of its fallbacks' in order.
 
     Each alias serves the request on its own terms: its defaults, its maximum
     ``n``, its rate limits and its prices. Only here, before the client has seen
-    a byte, may a request move elsewhere.
+    a byte, may a request move elsewhere. ``deadline``: when (the event loop's
+    time) the first event is waited for no more.
     """
     fallbacks = list(alias.fallbacks)
     accounting.served_by(alias)
-    if not serves_chat(alias.backend):
+    route = routing.Route(
+        alias, accounting, serves_chat, stream=requested.stream, deadline=deadline
+    )
+    if route.empty:
         raise errors.not_a_chat_model(alias.public_id)
     chat = await accounting.admit(alias, _as_served_by(alias, requested))
     current_caller.set(accounting.caller)  # in this request's task: its backends see it
     while True:
-        backend = get_backend(alias.backend)
-        events = aiter(backend.stream(chat, alias.model))
+        asks_again.set(not route.group.shared)  # else another deployment is asked instead
+        failure = await _first_event(route, chat, accounting)
+        if not isinstance(failure, APIError):
+            return chat, *failure
+        if failure.status not in _UNAVAILABLE:
+            raise failure
+        failed = alias
+        alias, chat = await _fall_back(fallbacks, requested, grant, accounting, failure)
+        route = routing.Route(
+            alias, accounting, serves_chat, stream=requested.stream, deadline=deadline
+        )
+        logger.warning("chatparity: %s failed (%s), falling back to %s", failed, failure, alias)
+
+
+async def _first_event(
+    route: routing.Route, chat: ChatRequest, accounting: Accounting
+) -> tuple[ChatBackend, AsyncIterator[Event], Event] | APIError:
+    """The backend of a deployment of ``route``'s alias, its events and the first of
+    them; else why none of its deployments answered."""
+    while True:
         try:
-            return chat, backend, events, await accounting.first_event(events)
+            deployment = await route.next()
+        except APIError as unavailable:
+            return unavailable
+        backend = get_backend(deployment.backend)
+        events = aiter(backend.stream(chat, deployment.model))
+        try:
+            first = await accounting.first_event(events)
         except APIError as error:
-            if error.status not in _UNAVAILABLE:
-                raise
-            failed = alias
-            alias, chat = await _fall_back(fallbacks, requested, grant, accounting, error)
-            logger.warning("chatparity: %s failed (%s), falling back to %s", failed, error, alias)
+            if not await route.failed(error):
+                return error
+            continue
+        except asyncio.CancelledError:
+            route.interrupted(asyncio.get_running_loop().time())
+            raise
+        route.answered()
+        return backend, events, first
 
 
 async def _fall_back(
@@ -691,14 +726,14 @@ def _max_n(alias: ModelAlias) -> int:
 async def first_usable(
     public_ids: list[str], grant: Grant | None, serves: Callable[[Backend], bool] = serves_chat
 ) -> ModelAlias | None:
-    """Pop ``public_ids`` up to the first alias that exists, ``grant`` may use and
-    ``serves`` the endpoint (given its backend's row)."""
+    """Pop ``public_ids`` up to the first alias that exists, ``grant`` may use and that
+    has a deployment that ``serves`` the endpoint (given its backend's row)."""
     while public_ids:
         try:
             alias = await _resolve(public_ids.pop(0), grant)
         except APIError:
             continue
-        if serves(alias.backend):
+        if routing.group(alias, serves).tiers:
             return alias
     return None
 
