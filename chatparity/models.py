@@ -441,8 +441,10 @@ class Deployment(models.Model):
 
     @property
     def label(self) -> str:
-        """Its name, else ``backend/model``."""
-        return self.name or f"{self.backend.name}/{self.model or '(model asked)'}"
+        """Its name, else ``backend/model`` (its backend's name alone for no model)."""
+        if self.name:
+            return self.name
+        return f"{self.backend.name}/{self.model}" if self.model else self.backend.name
 
     @property
     def has_quota(self) -> bool:

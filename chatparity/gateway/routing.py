@@ -255,6 +255,13 @@ _sequences: dict[int, int] = {}
 _telling: set[asyncio.Task[None]] = set()
 
 
+async def told() -> None:
+    """Wait until what this process tells the shared state in the background is told
+    (a worker stopping; tests)."""
+    while _telling:
+        await asyncio.gather(*_telling, return_exceptions=True)
+
+
 class Route:
     """One request's way through the deployments of ``alias``."""
 
