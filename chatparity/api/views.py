@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from asgiref.sync import async_to_sync
 from django.db.models import Model, ProtectedError, QuerySet
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from drf_spectacular.views import SpectacularAPIView
@@ -25,8 +26,9 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
-from ..accounting import reports
-from ..models import ApiKey, Backend, ModelAlias, RequestLog, StoredResponse
+from ..accounting import deployments, reports
+from ..accounting.limits import Unavailable
+from ..models import ApiKey, Backend, Deployment, ModelAlias, RequestLog, StoredResponse
 from . import serializers
 
 if TYPE_CHECKING:
@@ -153,6 +155,55 @@ class ModelAliasViewSet(StaffModelViewSet[ModelAlias]):
 
     queryset = ModelAlias.objects.select_related("backend").order_by("public_id")
     serializer_class = serializers.ModelAliasSerializer
+
+
+class DeploymentViewSet(StaffModelViewSet[Deployment]):
+    """Deployments of the aliases: where each alias's requests are routed
+    (docs/routing.md). ``?alias=<public id>`` lists one alias's."""
+
+    queryset = Deployment.objects.select_related("alias", "backend").order_by(
+        "alias__public_id", "tier", "-primary", "pk"
+    )
+    serializer_class = serializers.DeploymentSerializer
+
+    def get_queryset(self) -> QuerySet[Deployment]:
+        rows = super().get_queryset()
+        alias = self.request.query_params.get("alias")
+        return rows.filter(alias__public_id__iexact=alias) if alias else rows
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        """With the state now of the deployments shown (none when writing)."""
+        context = super().get_serializer_context()
+        if self.request.method in ("GET", "HEAD"):
+            context["snapshots"] = self._snapshots()
+        return context
+
+    def _snapshots(self) -> dict[int, deployments.Snapshot]:
+        if self.action == "retrieve":
+            rows = [self.get_object()]
+        else:
+            rows = list(self.filter_queryset(self.get_queryset()))
+        by_alias: dict[int, list[Deployment]] = {}
+        for row in rows:
+            by_alias.setdefault(row.alias_id, []).append(row)
+        snapshots = {}
+        for alias_id, group in by_alias.items():
+            try:
+                snapshots[alias_id] = async_to_sync(deployments.snapshot)(
+                    group, alias_id, samples="stream"
+                )
+            except Unavailable:
+                continue
+        return snapshots
+
+    def perform_destroy(self, instance: Deployment) -> None:
+        if instance.primary:
+            raise InUse(
+                "This is the alias's own deployment: change the alias's backend, or disable"
+                " this deployment, or delete the alias."
+            )
+        serializers.check_group(instance.alias, instance, deleted=True)
+        super().perform_destroy(instance)
 
 
 class BackendViewSet(StaffModelViewSet[Backend]):

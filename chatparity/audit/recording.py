@@ -1,4 +1,5 @@
-"""Audit entries written by the model signals of keys, aliases, backends and plans.
+"""Audit entries written by the model signals of keys, aliases (and their deployments),
+backends and plans.
 
 A save is compared with the row as the database held it just before (read in
 ``pre_save``), so an entry lists only the fields that really changed; a
@@ -24,11 +25,11 @@ from django.db.models.signals import m2m_changed, post_delete, post_save, pre_de
 
 from .. import actors
 from ..encryption import EncryptedTextField
-from ..models import ApiKey, Backend, ModelAlias, Plan
+from ..models import ApiKey, Backend, Deployment, ModelAlias, Plan
 from .models import Action, AuditEntry
 from .signals import audit_logged
 
-AUDITED: tuple[type[models.Model], ...] = (ApiKey, ModelAlias, Backend, Plan)
+AUDITED: tuple[type[models.Model], ...] = (ApiKey, ModelAlias, Backend, Plan, Deployment)
 SECRET = "(secret)"
 """Shown in place of a secret's value: that it changed is all an entry says."""
 # Never shown as they are: a key's hash (what the key is checked against) and any
