@@ -327,17 +327,33 @@ def check_stored_secrets(
 def check_stored_configuration(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """Backends and aliases the admin would refuse to save as they are (saved before
-    it checked them, or written some other way): each fails at request time."""
-    from .models import Backend, ModelAlias
+    """Backends, aliases and deployments the admin would refuse to save as they are
+    (saved before it checked them, or written some other way): each fails at request
+    time. An alias whose deployments could not serve it is one of them."""
+    from .models import Backend, Deployment, ModelAlias, deployments_problem
 
     messages: list[CheckMessage] = []
     for database in databases or ():
         try:
+            deployed = Deployment.objects.using(database).select_related("alias", "backend")
+            deployments = list(deployed.select_related("alias__backend"))
             rows = [*Backend.objects.using(database), *ModelAlias.objects.using(database)]
         except DatabaseError:
             continue  # not migrated yet
-        for row in rows:
+        groups: dict[ModelAlias, list[Deployment]] = {}
+        for deployment in deployments:
+            groups.setdefault(deployment.alias, []).append(deployment)
+        for alias, group in groups.items():
+            problem = deployments_problem(group)
+            if problem:
+                messages.append(
+                    Warning(
+                        f"model alias {str(alias)!r}: {problem}",
+                        hint="Open it in the admin and correct its deployments.",
+                        id="chatparity.W041",
+                    )
+                )
+        for row in [*rows, *deployments]:
             try:
                 row.clean()
             except ValidationError as error:

@@ -3,16 +3,19 @@ admin and the management API run), each error on the field at fault; a key is fo
 alias or for those selected, never both."""
 
 import datetime
+import math
 from unittest import mock
 
 import pytest
 from django.core.checks import Tags, run_checks
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.migrations.executor import MigrationExecutor
+from django.test import TransactionTestCase
 
 from chatparity.backends import config_errors
 from chatparity.conf import DEFAULTS
-from chatparity.models import ApiKey, Backend, ModelAlias
+from chatparity.models import ApiKey, Backend, Deployment, ModelAlias, deployments_problem
 from tests.configs import BAD_ALIASES, BAD_BACKENDS, GOOD_ALIAS, GOOD_BACKENDS
 from tests.scripted import SCRIPTED
 
@@ -115,6 +118,117 @@ def test_stored_rows_that_would_be_refused_are_reported_by_check_database(spare)
         ),
         ("chatparity.W040", "model alias 'broken': fallbacks: No alias is named 'nowhere'."),
     ]
+
+
+class TestDeployment:
+    """A deployment's own fields; an alias's deployments together."""
+
+    @pytest.fixture
+    def group(self, spare, settings):
+        settings.CHATPARITY = SCRIPTED
+        return spare
+
+    def deployment(self, alias, **fields):
+        return Deployment(alias=alias, backend=alias.backend, model="other", **fields)
+
+    @pytest.mark.parametrize(
+        ("fields", "field", "words"),
+        [
+            ({"weight": -0.5}, "weight", "A weight cannot be negative (-0.5): give 0 to drain"),
+            ({"weight": math.nan}, "weight", "Give a number of 0 or more"),
+            ({"weight": math.inf}, "weight", "Give a number of 0 or more"),
+            ({"tier": 0}, "tier", "numbered from 1"),
+        ],
+    )
+    def test_a_bad_deployment_is_refused_on_its_field(self, group, fields, field, words):
+        errors = refusal(self.deployment(group, **fields))
+        assert words in errors[field][0]
+
+    def test_a_deployment_serves_what_the_aliass_backend_serves(self, group):
+        embedder = Backend.objects.create(name="embedder", kind="embedder")
+        refused = Deployment(alias=group, backend=embedder, model="x")
+        assert (
+            "serves neither of what the alias's backend serves (chat)"
+            in (refusal(refused)["backend"][0])
+        )
+        self.deployment(group, weight=0.001, tier=2).full_clean()
+
+    def test_the_same_backend_and_model_twice_is_refused(self, group):
+        self.deployment(group).save()
+        assert "already exists" in refusal(self.deployment(group))["__all__"][0]
+
+    def test_an_aliass_backend_and_model_another_deployment_has_is_refused(self, group):
+        self.deployment(group).save()
+        group.model = "other"
+        assert "serves this backend and model already" in refusal(group)["model"][0]
+
+    @pytest.mark.parametrize(
+        ("rows", "words"),
+        [
+            ([], "No deployment is enabled"),
+            ([{"enabled": False}, {"weight": 0}], "No deployment is enabled"),
+            ([{}, {"tier": 3}], "Tier 2 has no deployment: number the tiers from 1 without a gap"),
+            ([{"tier": 2}], "Tier 1 has no deployment"),
+            ([{}, {"tier": 2, "enabled": False}], ""),  # a tier all disabled: served by tier 1
+            ([{"weight": 0}, {"weight": 0.0001}], ""),
+        ],
+    )
+    def test_deployments_that_could_not_serve_their_alias_say_what_to_change(self, rows, words):
+        problem = deployments_problem([Deployment(**fields) for fields in rows])
+        assert words in problem if words else problem == ""
+
+    def test_an_aliass_own_deployment_is_made_and_kept_with_it(self, group):
+        (own,) = Deployment.objects.filter(alias=group)
+        assert (own.backend, own.model, own.primary, own.weight, own.tier) == (
+            group.backend, "", True, 1.0, 1,
+        )  # fmt: skip
+        group.model = "renamed"
+        group.save(update_fields=["model"])
+        own.refresh_from_db()
+        assert own.model == "renamed"
+        group.description = "other fields leave it alone"
+        with mock.patch.object(Deployment.objects, "update_or_create") as touched:
+            group.save(update_fields=["description"])
+        touched.assert_not_called()
+
+    def test_deployments_that_could_not_serve_are_reported_by_check_database(self, group):
+        Deployment.objects.filter(alias=group).update(tier=2)
+        found = run_checks(tags=[Tags.database], databases=["default"])
+        assert [(m.id, m.msg) for m in found if m.id == "chatparity.W041"] == [
+            ("chatparity.W041", "model alias 'spare': Tier 1 has no deployment: number the tiers"
+             " from 1 without a gap (tiers used: 2)."),
+        ]  # fmt: skip
+
+
+class MigrationTests(TransactionTestCase):
+    """0017 makes each alias an alias of one deployment: its backend and model."""
+
+    BEFORE = [("chatparity", "0016_unbilled_endpoints")]
+
+    def migrate(self, targets):
+        executor = MigrationExecutor(connection)
+        executor.migrate(targets)
+        return executor.loader.project_state(targets).apps
+
+    def tearDown(self):
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
+
+    def test_each_alias_becomes_an_alias_of_its_own_deployment(self):
+        old = self.migrate(self.BEFORE)
+        backend = old.get_model("chatparity", "Backend").objects.create(name="b", kind="local")
+        aliases = old.get_model("chatparity", "ModelAlias").objects
+        aliases.create(public_id="one", backend=backend, model="m1")
+        aliases.create(public_id="two", backend=backend, model="")
+        executor = MigrationExecutor(connection)
+        self.migrate(executor.loader.graph.leaf_nodes())
+        rows = Deployment.objects.order_by("alias__public_id").values_list(
+            "alias__public_id", "backend__name", "model", "primary", "weight", "tier", "enabled"
+        )
+        assert list(rows) == [
+            ("one", "b", "m1", True, 1.0, 1, True),
+            ("two", "b", "", True, 1.0, 1, True),
+        ]
 
 
 class TestApiKeyExpiry:
