@@ -1,5 +1,5 @@
-"""The log's daily rollups (DailyKeyUsage, DailyAliasUsage, DailyKeyTotal), which every
-report reads.
+"""The log's daily rollups (DailyKeyUsage, DailyAliasUsage, DailyKeyTotal,
+DailyDeploymentUsage), which every report reads.
 
 The log writer adds each batch of rows to their days' rollups in the transaction that
 inserts them (:func:`record`): no query on a request's path, and rows that come late
@@ -29,6 +29,7 @@ from ..models import (
     LATENCY_BOUNDS_MS,
     ApiKey,
     DailyAliasUsage,
+    DailyDeploymentUsage,
     DailyKeyTotal,
     DailyKeyUsage,
     DailyUsage,
@@ -87,21 +88,36 @@ def tally(rows: Iterable[RequestLog]) -> dict[KeyGrain, tuple[int | None, list[A
         entry = groups.get(of)
         if entry is None:
             entry = groups[of] = (row.api_key_id, _empty_tally())
-        sums = entry[1]
-        sums[_AT["requests"]] += 1
-        sums[_AT["errors"]] += row.status_code >= 400 or bool(row.error_type)
-        sums[_AT["cancelled"]] += row.cancelled
-        for name in TOKENS:
-            sums[_AT[name]] += getattr(row, name)
-        sums[_AT["cost"]] += Decimal(row.cost)
-        sums[_AT["duration_ms"]] += row.duration_ms
-        sums[_AT[DURATION_BUCKETS[bucket(row.duration_ms)]]] += 1
-        first_token = row.time_to_first_token_ms
-        if first_token is not None:
-            sums[_AT["first_token_ms"]] += first_token
-            sums[_AT["first_tokens"]] += 1
-            sums[_AT[FIRST_TOKEN_BUCKETS[bucket(first_token)]]] += 1
+        _count(entry[1], row)
     return groups
+
+
+def tally_by_deployment(rows: Iterable[RequestLog]) -> dict[tuple[Any, ...], list[Any]]:
+    """The ``rows`` a deployment served summed per day, alias, deployment and endpoint."""
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for row in rows:
+        if row.deployment:
+            assert row.created_at is not None  # set by the insert
+            of = (utc_day(row.created_at), row.alias, row.deployment, row.endpoint)
+            _count(groups.setdefault(of, _empty_tally()), row)
+    return groups
+
+
+def _count(sums: list[Any], row: RequestLog) -> None:
+    """Add ``row`` to a tally."""
+    sums[_AT["requests"]] += 1
+    sums[_AT["errors"]] += row.status_code >= 400 or bool(row.error_type)
+    sums[_AT["cancelled"]] += row.cancelled
+    for name in TOKENS:
+        sums[_AT[name]] += getattr(row, name)
+    sums[_AT["cost"]] += Decimal(row.cost)
+    sums[_AT["duration_ms"]] += row.duration_ms
+    sums[_AT[DURATION_BUCKETS[bucket(row.duration_ms)]]] += 1
+    first_token = row.time_to_first_token_ms
+    if first_token is not None:
+        sums[_AT["first_token_ms"]] += first_token
+        sums[_AT["first_tokens"]] += 1
+        sums[_AT[FIRST_TOKEN_BUCKETS[bucket(first_token)]]] += 1
 
 
 def summed_per(
@@ -132,6 +148,11 @@ def record(rows: Sequence[RequestLog], connection: BaseDatabaseWrapper) -> None:
     ):
         summed = summed_per(groups, keep, width)
         rollups.append((total, {of: (sums, {}) for of, sums in summed.items()}))
+    by_deployment = tally_by_deployment(rows)
+    if by_deployment:
+        rollups.append(
+            (DailyDeploymentUsage, {of: (sums, {}) for of, sums in by_deployment.items()})
+        )
     with connection.cursor() as cursor:
         for model, sums_of in rollups:
             cursor.executemany(
@@ -204,17 +225,20 @@ def reconcile(day: datetime.date, *, using: str | None = None, apps: Apps = glob
     between the count and the rebuild makes the rebuild fail ("database is locked"), not
     miscount.
     """
-    log, per_key, per_alias, per_key_total = (
+    log, per_key, per_alias, per_key_total, per_deployment = (
         apps.get_model("chatparity", name)
-        for name in ("RequestLog", "DailyKeyUsage", "DailyAliasUsage", "DailyKeyTotal")
-    )
+        for name in (
+            "RequestLog", "DailyKeyUsage", "DailyAliasUsage", "DailyKeyTotal",
+            "DailyDeploymentUsage",
+        )
+    )  # fmt: skip
     database = using or router.db_for_write(log)
     connection = connections[database]
     start = day_start(day)
     rows = log.objects.using(database).filter(
         created_at__gte=start, created_at__lt=start + datetime.timedelta(days=1)
     )
-    models = (per_key, per_alias, per_key_total)
+    models = (per_key, per_alias, per_key_total, per_deployment)
     rollups = [model.objects.using(database).filter(day=day) for model in models]
     with transaction.atomic(using=database):
         if connection.vendor == "postgresql":
@@ -236,6 +260,16 @@ def reconcile(day: datetime.date, *, using: str | None = None, apps: Apps = glob
                 for facts in rows.order_by()
                 .values("key_prefix", "alias", "endpoint")
                 .annotate(**_log_sums())
+            ],
+            batch_size=500,
+        )
+        by_deployment = rows.exclude(deployment="").order_by()
+        per_deployment.objects.using(database).bulk_create(
+            [
+                per_deployment(day=day, **_unprefixed(facts))
+                for facts in by_deployment.values("alias", "deployment", "endpoint").annotate(
+                    **_log_sums(per_key=False)
+                )
             ],
             batch_size=500,
         )
@@ -263,11 +297,12 @@ def _unprefixed(facts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _log_sums() -> dict[str, Any]:
-    """The aggregates over log rows that make one key's rollup."""
+def _log_sums(*, per_key: bool = True) -> dict[str, Any]:
+    """The aggregates over log rows that make one key's rollup (``per_key``: its key and
+    owner too), or one deployment's."""
+    named = {"last_key": Max("api_key"), "last_owner": Max("api_key__owner")} if per_key else {}
     sums: dict[str, Any] = {
-        "last_key": Max("api_key"),
-        "last_owner": Max("api_key__owner"),
+        **named,
         "sum_requests": Count("pk"),
         "sum_errors": Count("pk", filter=FAILED),
         "sum_cancelled": Count("pk", filter=Q(cancelled=True)),

@@ -428,3 +428,9 @@ class LatencyRowSerializer(serializers.Serializer[Any]):
     p95_ms = serializers.FloatField(allow_null=True)
     ttft_p50_ms = serializers.FloatField(allow_null=True, help_text="Time to first token.")
     ttft_p95_ms = serializers.FloatField(allow_null=True, help_text="Time to first token.")
+
+
+class DeploymentLatencyRowSerializer(LatencyRowSerializer):
+    """Latency of one deployment of an alias, as :class:`LatencyRowSerializer` says it."""
+
+    deployment = serializers.CharField(help_text="The deployment that served the requests.")

@@ -20,5 +20,6 @@ urlpatterns = [
     *router.urls,
     path("usage/", views.UsageView.as_view(), name="usage"),
     path("usage/latency/", views.LatencyView.as_view(), name="usage-latency"),
+    path("usage/deployments/", views.DeploymentLatencyView.as_view(), name="usage-deployments"),
     path("schema/", views.SchemaView.as_view(), name="schema"),
 ]

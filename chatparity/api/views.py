@@ -306,5 +306,20 @@ class LatencyView(ReportView):
         return Response(serializers.LatencyRowSerializer(latency, many=True).data)
 
 
+class DeploymentLatencyView(ReportView):
+    """Latency by deployment from :func:`chatparity.accounting.reports.latency_by_deployment`."""
+
+    @extend_schema(
+        parameters=[serializers.LogFilterSerializer],
+        responses=serializers.DeploymentLatencyRowSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        """Per alias and deployment: requests, error rate, p50/p95 duration and time to
+        first token, of every key (``key`` is not asked)."""
+        log_filter = parse_query(request, serializers.LogFilterSerializer).log_filter()
+        latency = reports.latency_by_deployment(log_filter)
+        return Response(serializers.DeploymentLatencyRowSerializer(latency, many=True).data)
+
+
 class SchemaView(StaffAPIView, SpectacularAPIView):
     """The OpenAPI 3 document of the site's REST API, this one included: any staff user."""

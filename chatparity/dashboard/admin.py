@@ -19,7 +19,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils import timezone
 
-from ..accounting.reports import LogFilter, latency_by_alias, usage
+from ..accounting.reports import LogFilter, latency_by_alias, latency_by_deployment, usage
 from ..models import ApiKey, DailyAliasUsage, Endpoint, ModelAlias, RequestLog
 from .charts import grouped_bars, stacked_bars
 from .models import UsageDashboard
@@ -192,6 +192,14 @@ def latency_table(log_filter: LogFilter) -> tuple[list[dict[str, Any]], str]:
     return table, chart
 
 
+def deployment_table(log_filter: LogFilter) -> list[dict[str, Any]]:
+    """Per alias and deployment: latency and error rate, for every key."""
+    return [
+        {**row, "label": _alias_label(row["alias"]), "error_percent": row["error_rate"] * 100}
+        for row in latency_by_deployment(log_filter)
+    ]
+
+
 class UsageDashboardAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Charts and tables of the request log: the only page of UsageDashboard in the admin."""
 
@@ -246,6 +254,7 @@ class UsageDashboardAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             days = days_between(form.cleaned_data["since"], form.cleaned_data["until"])
             context.update(daily_charts(log_filter, days), endpoints=endpoint_table(log_filter))
             context["latency"], context["latency_chart"] = latency_table(log_filter)
+            context["deployments"] = deployment_table(log_filter)
         return TemplateResponse(
             request, "admin/chatparity_dashboard/usagedashboard/change_list.html", context
         )
