@@ -613,6 +613,12 @@ class Plan(models.Model):
     def has_owner_budget(self) -> bool:
         return self.owner_token_budget is not None or self.owner_cost_budget is not None
 
+    @property
+    def has_key_budget(self) -> bool:
+        """Whether each key made under it has a budget (which then also bounds all of a
+        user's keys made under it together: see :mod:`chatparity.accounting.limits`)."""
+        return self.token_budget is not None or self.cost_budget is not None
+
     def key_limits(self) -> dict[str, Any]:
         """The limits and budgets a key made in the portal gets."""
         return {name: getattr(self, name) for name in self.KEY_LIMITS}

@@ -145,6 +145,7 @@ INSTALLED_APPS = [
     "chatparity.conformance",
     "chatparity.portal",
     "chatparity.audit",
+    "axes",  # failed logins throttled (/portal/login/ and /admin/): django-axes
     "project",  # the demo's own: every user may use the portal (project/apps.py)
 ]
 
@@ -157,7 +158,22 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "chatparity.audit.middleware.AuditMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as django-axes asks
 ]
+
+# Logins (the portal's /portal/login/ and the admin's): the 5th failure for one username
+# from one address locks that pair out for an hour (429), whichever password is then
+# tried; the user still logs in from elsewhere. The address is REMOTE_ADDR: the
+# client's behind a proxy only when the server is told to trust it (uvicorn
+# --proxy-headers --forwarded-allow-ips, docs/deploy.md).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = 5
+AXES_COOLOFF_TIME = 1  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
 
 ROOT_URLCONF = "project.urls"
 LOGIN_URL = "chatparity-portal:login"  # the portal's own sign-in page

@@ -240,6 +240,48 @@ class HttpsRedirectTests(TestCase):
         assert response.status_code == 200
 
 
+LOGINS = """
+import django
+django.setup()
+from django.core.management import call_command
+from django.contrib.auth.models import User
+from django.test import Client
+call_command("migrate", verbosity=0)
+User.objects.create_superuser("staff", password="the-right-one")
+for address, path in (("192.0.2.1", "/portal/login/"), ("192.0.2.2", "/admin/login/")):
+    client = Client(HTTP_HOST="localhost", REMOTE_ADDR=address)
+    wrong = [client.post(path, {"username": "staff", "password": f"guess-{i}"}).status_code
+             for i in range(5)]
+    right = client.post(path, {"username": "staff", "password": "the-right-one"}).status_code
+    other = Client(HTTP_HOST="localhost", REMOTE_ADDR="192.0.2.9")  # the user, elsewhere
+    print(path, wrong, right, other.post(path, {"username": "staff",
+          "password": "the-right-one"}).status_code)
+"""
+
+
+def test_the_example_projects_logins_are_throttled(tmp_path):
+    # Security round 4: /portal/login/ and /admin/ took password guesses without end.
+    result = subprocess.run(
+        [sys.executable, "-c", LOGINS],
+        cwd=ROOT,
+        env={
+            "PATH": os.environ["PATH"],
+            "DJANGO_SETTINGS_MODULE": "project.settings",
+            "DATABASE_URL": f"sqlite:///{tmp_path / 'logins.sqlite3'}",
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    # The fifth wrong password locks that user out from that address (429), the right
+    # one too, while it still logs in from another.
+    assert result.stdout.splitlines() == [
+        "/portal/login/ [200, 200, 200, 200, 429] 429 302",
+        "/admin/login/ [200, 200, 200, 200, 429] 429 302",
+    ]
+
+
 def start_worker(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """What a worker does as it starts, load the ASGI application (``project.asgi``); then
     print the folder it spools in."""

@@ -2,14 +2,15 @@
 killed are logged by the next process to start on the machine.
 
 A process writes a line to its journal (in the spool folder) when a request is
-admitted, with what its row needs; every second, the tokens each open request has
-sent; and a line when its row is written or spooled. The journal is a file mapped
-into memory: a line is a copy into the kernel's page cache, which a killed process
-cannot take back (as a ``write(2)``, which cost 14 µs per request here where the
-copy costs 3; no fsync either way: the machine staying up is the premise). The
-process holds a lock on its journal while it lives, so a journal whose lock can be
-taken is a dead process's: :func:`recover` spools its open requests as rows marked
-interrupted.
+admitted, with what its row needs (the prompt it reserved, which it is charged if it
+never ends: :mod:`~chatparity.accounting.settlement`); every second, the tokens each
+open request has sent and the calls it made upstream; and a line when its row is
+written or spooled. The journal is a file mapped into memory: a line is a copy into
+the kernel's page cache, which a killed process cannot take back (as a ``write(2)``,
+which cost 14 µs per request here where the copy costs 3; no fsync either way: the
+machine staying up is the premise). The process holds a lock on its journal while it
+lives, so a journal whose lock can be taken is a dead process's: :func:`recover`
+spools its open requests as rows marked interrupted.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ import mmap
 import os
 import threading
 import time
+from decimal import Decimal
 from typing import Any
 
 import orjson
 
-from ..models import Endpoint, RequestLog
+from ..models import Endpoint, ModelAlias, RequestLog
 from . import spool
 from .record import UsageRecord, fit_columns, ip_address
+from .settlement import settled_usage
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +158,7 @@ class _MappedFile:
 
 def _begin_line(record: UsageRecord) -> bytes:
     begun = time.time() - (time.perf_counter() - record.started)
+    alias = record.model_alias
     facts = {
         "begin": record.request_id,
         "at": begun,
@@ -168,6 +172,9 @@ def _begin_line(record: UsageRecord) -> bytes:
         "n": record.n,
         "client_ip": record.client_ip,
         "user_agent": record.user_agent,
+        # What it is charged if it never ends: its prompt, at the alias's prices.
+        "prompt_tokens": record.reserved_prompt,
+        "prices": [str(alias.input_price), str(alias.output_price)] if alias else None,
     }
     return orjson.dumps(facts) + b"\n"
 
@@ -178,6 +185,7 @@ def _progress_line(record: UsageRecord) -> bytes:
         "seen": time.time(),
         "completion_id": record.completion_id,
         "completion_tokens": record.completion_tokens_sent,
+        "prompts": record.upstream.prompts,
     }
     return orjson.dumps(progress) + b"\n"
 
@@ -281,7 +289,21 @@ def interrupted_rows(journal: bytes) -> list[RequestLog]:
 
 def _interrupted_row(request_id: str, facts: dict[str, Any]) -> RequestLog:
     begun, last = facts["at"], facts.get("seen", facts["at"])
-    tokens = facts.get("completion_tokens", 0)
+    # Settled as a request that never ended: the prompt of each call it made upstream (one
+    # when none was noted yet), the completion it had sent.
+    usage = settled_usage(
+        facts.get("prompt_tokens", 0),
+        facts.get("prompts", ()),
+        None,
+        facts.get("completion_tokens", 0),
+        answered=True,
+    )
+    prices = facts.get("prices")
+    priced = (
+        ModelAlias(input_price=Decimal(prices[0]), output_price=Decimal(prices[1]))
+        if prices
+        else None
+    )
     row = RequestLog(
         endpoint=facts.get("endpoint", Endpoint.CHAT_COMPLETIONS),
         request_id=request_id,
@@ -296,9 +318,11 @@ def _interrupted_row(request_id: str, facts: dict[str, Any]) -> RequestLog:
         status_code=INTERRUPTED_STATUS,
         error_type="server_error",
         error_code=INTERRUPTED_CODE,
-        completion_tokens=tokens,
-        total_tokens=tokens,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
         usage_counted=True,  # what the gateway counted as sent, not what the backend said
+        cost=priced.cost_of(usage.prompt_tokens, usage.completion_tokens) if priced else 0,
         duration_ms=max(last - begun, 0.0) * 1000,
         client_ip=ip_address(facts["client_ip"]),  # checked here: it costs microseconds
         user_agent=facts["user_agent"],

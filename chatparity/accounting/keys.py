@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,8 +46,9 @@ logger = logging.getLogger(__name__)
 # Time as the cache sees it; tests move it forward.
 clock = time.monotonic
 
-# Distinct keys remembered at most (presented keys, found or not): a client
-# trying random keys must not grow the cache without bound.
+# Distinct keys remembered at most, of those found and apart of those not found, the
+# least recently used forgotten first: a client trying random keys neither grows the
+# cache without bound nor pushes out the keys that are in use.
 MAX_KEYS = 10_000
 
 # Seconds between two tries of an unreachable database by the requests of one entry.
@@ -91,9 +93,12 @@ class Aliases:
         return sorted(shown, key=lambda alias: alias.public_id)
 
 
-# name -> (fresh until, loaded at, value): a key's grant under its hash, the aliases
-# under "".
-_entries: dict[str, tuple[float, float, Any]] = {}
+Entry = tuple[float, float, Any]
+"""(fresh until, loaded at, value): a key's grant under its hash, the aliases under ""."""
+# What was found, and apart what was not (a key that is no key: None), least recently
+# used first.
+_entries: OrderedDict[str, Entry] = OrderedDict()
+_missing: OrderedDict[str, Entry] = OrderedDict()
 # Loads in progress, per event loop: the requests that find an entry expired at
 # the same moment wait for one database query, not one each.
 _loading: PerLoop[dict[str, asyncio.Task[Any]]] = PerLoop(dict)
@@ -106,6 +111,28 @@ def forget(*args: Any, **kwargs: Any) -> None:
     """Empty the cache (a signal receiver, hence the arguments it ignores)."""
     _generation[0] += 1
     _entries.clear()
+    _missing.clear()
+
+
+def _entry(name: str) -> Entry | None:
+    """What is remembered under ``name``, marked as just used."""
+    for entries in (_entries, _missing):
+        entry = entries.get(name)
+        if entry is not None:
+            entries.move_to_end(name)
+            return entry
+    return None
+
+
+def _remember(name: str, entry: Entry) -> None:
+    """Remember ``entry`` under ``name``, forgetting the least recently used of its kind
+    (found or not) past :data:`MAX_KEYS`."""
+    entries, other = (_missing, _entries) if entry[2] is None else (_entries, _missing)
+    other.pop(name, None)
+    entries[name] = entry
+    entries.move_to_end(name)
+    if len(entries) > MAX_KEYS:
+        entries.popitem(last=False)
 
 
 async def grant(hashed_key: str) -> Grant | None:
@@ -123,7 +150,7 @@ async def aliases() -> Aliases:
 async def _cached(cache: str, name: str, load: Callable[..., Any], *args: Any) -> Any:
     """What ``load(*args)`` read under ``name``, at most ``CACHE_SECONDS`` ago; ``cache``
     names what it is to the observers (``key``, ``aliases``)."""
-    entry = _entries.get(name)
+    entry = _entry(name)
     hit = entry is not None and entry[0] > clock()
     for observer in signals.observers:
         observer.lookup(cache, hit)
@@ -144,16 +171,14 @@ async def _load(name: str, load: Callable[..., Any], *args: Any) -> Any:
     except DatabaseError as exc:
         return _stale(name, exc)
     if generation == _generation[0]:
-        if len(_entries) >= MAX_KEYS:
-            _entries.clear()
-        _entries[name] = (loaded_at + app_settings.CACHE_SECONDS, loaded_at, value)
+        _remember(name, (loaded_at + app_settings.CACHE_SECONDS, loaded_at, value))
     return value
 
 
 def _stale(name: str, cause: DatabaseError) -> Any:
     """What was last read under ``name``, while it is at most ``STALE_SECONDS`` old;
     else a 503."""
-    entry, now = _entries.get(name), clock()
+    entry, now = _entry(name), clock()
     if entry is None or entry[1] + app_settings.STALE_SECONDS < now:
         _outage_log.error(
             "chatparity: the database is unreachable (%s), nothing to serve in its place",
@@ -168,7 +193,7 @@ def _stale(name: str, cause: DatabaseError) -> Any:
         cause,
         exc_info=cause,
     )
-    _entries[name] = (now + RETRY_SECONDS, entry[1], entry[2])
+    _remember(name, (now + RETRY_SECONDS, entry[1], entry[2]))
     return entry[2]
 
 

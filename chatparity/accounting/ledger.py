@@ -97,11 +97,12 @@ class Accounting:
         record.deployments_tried += 1
         self.deployment_hold = hold
 
-    async def admit(self, alias: ModelAlias, chat: ChatRequest) -> ChatRequest:
-        """Reserve ``chat`` as ``alias`` serves it: its prompt and its completion cap in
-        every limit (OpenAI's 429 when one refuses it). Returns ``chat`` as the backend is
-        to serve it: with the completion limit its limits left it, when it set none."""
-        await self.reserve(alias, limits.Estimate.of(chat, alias))
+    async def admit(self, alias: ModelAlias, chat: ChatRequest, prompt_tokens: int) -> ChatRequest:
+        """Reserve ``chat`` as ``alias`` serves it: its prompt (``prompt_tokens``, as its
+        backend counts it or at its bound) once per choice and its completion cap in every
+        limit (OpenAI's 429 when one refuses it). Returns ``chat`` as the backend is to
+        serve it: with the completion limit its limits left it, when it set none."""
+        await self.reserve(alias, limits.Estimate.of(chat, alias, prompt_tokens))
         return self._limited(chat)
 
     def _limited(self, chat: ChatRequest) -> ChatRequest:
@@ -115,6 +116,8 @@ class Accounting:
         self.estimate = estimate
         if self.admission is not None:
             await self.admission.switch(alias, estimate)
+            self.record.reserved_prompt = estimate.prompt_per_choice
+            journal.begin(self.record)  # noted again, as the request now stands
             return
         observers = signals.observers
         for observer in observers:
@@ -127,13 +130,15 @@ class Accounting:
             raise
         for observer in observers:
             observer.admitted(self.record, None)
+        self.record.reserved_prompt = estimate.prompt_per_choice
         journal.begin(self.record)
 
-    async def switch(self, alias: ModelAlias, chat: ChatRequest) -> ChatRequest:
+    async def switch(self, alias: ModelAlias, chat: ChatRequest, prompt_tokens: int) -> ChatRequest:
         """Move the admitted request to ``alias``, a fallback, under its own limits, as
-        ``chat`` (the request as ``alias`` serves it); returns it as :meth:`admit` does."""
+        ``chat`` (the request as ``alias`` serves it, its prompt ``prompt_tokens`` there);
+        returns it as :meth:`admit` does."""
         assert self.admission is not None, "a request is admitted before it falls back"
-        await self.admission.switch(alias, limits.Estimate.of(chat, alias))
+        await self.reserve(alias, limits.Estimate.of(chat, alias, prompt_tokens))
         self.fell_back(alias)
         return self._limited(chat)
 

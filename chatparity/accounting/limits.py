@@ -8,10 +8,11 @@ must be shared by every worker: Redis or memcached, not local memory, once
 there is more than one process).
 
 A request is admitted by :func:`admit`, which reserves everything it may use
-before it runs: one request, its prompt plus its completion cap (``max_tokens``
-per choice, else :func:`completion_cap`) in every tokens-per-minute window and
-the token budget, that many tokens at the alias's prices in the cost budget,
-and a slot in flight. Either all of it is reserved or none, with OpenAI's 429
+before it runs: one request, for each choice its prompt (as the backend counts
+it, else at the bound no tokenizer passes) and its completion cap (``max_tokens``,
+else :func:`completion_cap`) in every tokens-per-minute window and the token
+budget, that many tokens at the alias's prices in the cost budget, and a slot in
+flight. Either all of it is reserved or none, with OpenAI's 429
 (in Redis one Lua script does it, so concurrent workers can never pass a limit
 together); a request with no key, an admin's trial, passes only the alias's
 limits, as one more client of its own. :meth:`Admission.switch` moves it to a
@@ -57,10 +58,9 @@ from django.utils.formats import number_format
 
 from .. import signals
 from ..conf import app_settings
-from ..models import ApiKey, DailyKeyUsage, ModelAlias, Plan, RequestLog
+from ..models import ApiKey, DailyKeyUsage, ModelAlias, Plan
 from ..protocol.errors import APIError
 from ..protocol.request import ChatRequest
-from ..protocol.tokens import approximate_request_tokens
 from .batching import OncePerInterval, PerLoop
 
 logger = logging.getLogger(__name__)
@@ -568,7 +568,8 @@ def completion_cap(alias: ModelAlias) -> int:
 
 @dataclass(frozen=True)
 class Estimate:
-    """What a request may use, as reserved at admission."""
+    """What a request may use, as reserved at admission: its prompt once for each choice
+    (an upstream that answers one choice a call is sent it as many times)."""
 
     prompt_tokens: int
     completion_tokens: int
@@ -584,11 +585,16 @@ class Estimate:
     def total(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
+    @property
+    def prompt_per_choice(self) -> int:
+        """The prompt of one upstream call."""
+        return self.prompt_tokens // self.choices
+
     @classmethod
-    def of(cls, chat: ChatRequest, alias: ModelAlias) -> Estimate:
-        """The prompt (approximated, its tools and calls too) and, for each choice,
-        ``max_tokens`` or the cap."""
-        prompt = approximate_request_tokens(chat)
+    def of(cls, chat: ChatRequest, alias: ModelAlias, prompt_tokens: int) -> Estimate:
+        """For each choice the prompt (``prompt_tokens``: counted by the backend, or its
+        bound) and ``max_tokens`` or the cap."""
+        prompt = prompt_tokens * chat.n
         if chat.max_tokens is not None:
             return cls(prompt, chat.max_tokens * chat.n, chat.n)
         return cls(prompt, completion_cap(alias) * chat.n, chat.n, fits=True)
@@ -879,13 +885,17 @@ def _limited(key: ApiKey | None, alias: ModelAlias | None) -> bool:
         alias.requests_per_minute is not None or alias.tokens_per_minute is not None
     ):
         return True
-    return key is not None and (
+    if key is None:
+        return False
+    plan = key.owner_plan
+    return (
         key.requests_per_minute is not None
         or key.tokens_per_minute is not None
         or key.max_concurrent is not None
         or key.token_budget is not None
         or key.cost_budget is not None
-        or (key.owner_plan is not None and key.owner_plan.has_owner_budget)
+        or (plan is not None and plan.has_owner_budget)
+        or (plan is not None and key.needs_plan and plan.has_key_budget)
     )
 
 
@@ -921,8 +931,9 @@ def _plan(key: ApiKey | None, alias: ModelAlias | None, estimate: Estimate) -> l
 
 @dataclass(frozen=True)
 class Budget:
-    """A token or cost budget in the current period (cost in micro-dollars): a key's, or
-    its owner's (``owner_id``), which all of the owner's keys share."""
+    """A token or cost budget in the current period (cost in micro-dollars): a key's, its
+    owner's (which all of the owner's keys share), or the one that bounds together the
+    keys a user made under a plan (revoked ones too)."""
 
     kind: str  # "tokens" or "cost"
     counter: str
@@ -932,37 +943,57 @@ class Budget:
     start: datetime.datetime
     end: datetime.datetime
     period: str  # "day" or "month"
-    owner_id: int | None = None
+    spent_by: tuple[tuple[str, Any], ...]
+    """Whose daily rollups it counts: a filter of :class:`DailyKeyUsage`."""
+    whose: str = ""
+    """Whose budget it is, where its use is shown (blank: the key's)."""
 
     @property
     def name(self) -> str:
         """What the budget is called where its use is shown."""
         name = f"{self.kind} this {self.period}"
-        return name if self.owner_id is None else f"{name} (all your keys)"
+        return f"{name} ({self.whose})" if self.whose else name
 
-    def spending(self, key: ApiKey | None) -> QuerySet[RequestLog] | QuerySet[DailyKeyUsage]:
-        """What was spent from this budget: ``key``'s log rows; for an owner's, the owner's
-        daily rollups, which keep the owner of a key since deleted (its rows do not)."""
-        if self.owner_id is None:
-            rows = RequestLog.objects.filter(created_at__gte=self.start, created_at__lt=self.end)
-            return rows.filter(api_key=key)
+    def spending(self) -> QuerySet[DailyKeyUsage]:
+        """The daily rollups of what was spent from this budget in its period: kept when
+        the log's rows are pruned, and with the owner of a key since deleted."""
         days = DailyKeyUsage.objects.filter(day__gte=self.start.date(), day__lt=self.end.date())
-        return days.filter(owner_id=self.owner_id)
+        return days.filter(**dict(self.spent_by))
 
 
 def _budgets(key: ApiKey) -> list[Budget]:
-    """``key``'s budgets, then its owner's (from the plan read with the key)."""
-    budgets = _period_budgets(str(key.pk), key.token_budget, key.cost_budget, key.budget_period)
-    plan = key.owner_plan
-    if plan is not None and plan.has_owner_budget and key.owner_id is not None:
-        budgets += _owner_budgets(key.owner_id, plan)
+    """``key``'s budgets, then its owner's and those of the keys its owner made under a
+    plan (from the plan read with the key)."""
+    budgets = _period_budgets(
+        str(key.pk), key.token_budget, key.cost_budget, key.budget_period, (("api_key", key.pk),)
+    )
+    plan, owner_id = key.owner_plan, key.owner_id
+    if plan is None or owner_id is None:
+        return budgets
+    if plan.has_owner_budget:
+        budgets += _owner_budgets(owner_id, plan)
+    if key.needs_plan:
+        budgets += _planned_keys_budgets(owner_id, plan)
     return budgets
 
 
 def _owner_budgets(owner_id: int, plan: Plan) -> list[Budget]:
-    period = plan.owner_budget_period
     return _period_budgets(f"o{owner_id}", plan.owner_token_budget, plan.owner_cost_budget,
-                           period, owner_id)  # fmt: skip
+                           plan.owner_budget_period, (("owner", owner_id),),
+                           "all your keys")  # fmt: skip
+
+
+def _planned_keys_budgets(owner_id: int, plan: Plan) -> list[Budget]:
+    """What the keys a user makes under ``plan`` may spend together, whichever of them are
+    revoked: ``PORTAL["MAX_KEYS"]`` times its budget of each key, what the most keys the
+    user may hold at once could spend. Revoking a key and making another gives nothing
+    back."""
+    most = int(app_settings.PORTAL["MAX_KEYS"])
+    tokens = None if plan.token_budget is None else plan.token_budget * most
+    cost = None if plan.cost_budget is None else plan.cost_budget * most
+    spent_by = (("owner", owner_id), ("api_key__needs_plan", True))
+    return _period_budgets(f"p{owner_id}", tokens, cost, plan.budget_period, spent_by,
+                           "all your keys made under your plan")  # fmt: skip
 
 
 def _period_budgets(
@@ -970,7 +1001,8 @@ def _period_budgets(
     tokens: int | None,
     cost: Decimal | None,
     period: str,
-    owner_id: int | None = None,
+    spent_by: tuple[tuple[str, Any], ...],
+    whose: str = "",
 ) -> list[Budget]:
     if tokens is None and cost is None:
         return []
@@ -983,22 +1015,22 @@ def _period_budgets(
             counter = f"cp:budget:{scope}:{kind}:{label}"
             resets_in = (end - now).total_seconds()
             budgets.append(
-                Budget(kind, counter, limit, ttl, resets_in, start, end, period, owner_id)
+                Budget(kind, counter, limit, ttl, resets_in, start, end, period, spent_by, whose)
             )
     return budgets
 
 
 async def _seed(store: Counters, key: ApiKey | None, charge: Charge) -> None:
-    """Create a budget's counter from what the request log says was spent (as after a
-    cache flush, or at the start of a period)."""
+    """Create a budget's counter from what the daily rollups say was spent (as after a
+    cache flush, a restart without Redis, or at the start of a period)."""
     assert key is not None
     budget = next(b for b in _budgets(key) if b.counter == charge.counter)
-    await store.seed(budget.counter, await _spent(key, budget), budget.ttl)
+    await store.seed(budget.counter, await _spent(budget), budget.ttl)
 
 
-async def _spent(key: ApiKey | None, budget: Budget) -> int:
+async def _spent(budget: Budget) -> int:
     column, scale = ("total_tokens", 1) if budget.kind == "tokens" else ("cost", MICRO)
-    total = (await budget.spending(key).aaggregate(total=Sum(column)))["total"]
+    total = (await budget.spending().aaggregate(total=Sum(column)))["total"]
     return int((total or 0) * scale)
 
 
@@ -1150,24 +1182,24 @@ async def _standing(key: ApiKey) -> list[Standing]:
     if key.max_concurrent is not None:
         in_flight = await store.in_flight(_in_flight(key), key.max_concurrent)
         rows.append(Standing("requests in flight", in_flight, key.max_concurrent))
-    return rows + await _budget_standing(store, key, _budgets(key))
+    return rows + await _budget_standing(store, _budgets(key))
 
 
 async def owner_standing(owner_id: int, plan: Plan) -> list[Standing]:
     """What the user ``owner_id``'s keys have used together of the owner budgets of
-    ``plan``, as :func:`standing` says it."""
+    ``plan`` and of what all the keys they made under it may spend, as :func:`standing`
+    says it."""
+    budgets = _owner_budgets(owner_id, plan) + _planned_keys_budgets(owner_id, plan)
     try:
-        return await _budget_standing(counters(), None, _owner_budgets(owner_id, plan))
+        return await _budget_standing(counters(), budgets)
     except Unavailable:
         return [Standing("usage (the counters are unavailable)", None, None)]
 
 
-async def _budget_standing(
-    store: Counters, key: ApiKey | None, budgets: list[Budget]
-) -> list[Standing]:
+async def _budget_standing(store: Counters, budgets: list[Budget]) -> list[Standing]:
     rows = []
     for budget in budgets:
-        used = await _budget_used(store, key, budget)
+        used = await _budget_used(store, budget)
         if budget.kind == "cost":
             rows.append(Standing(budget.name, used / MICRO, budget.limit / MICRO))
         else:
@@ -1175,11 +1207,11 @@ async def _budget_standing(
     return rows
 
 
-async def _budget_used(store: Counters, key: ApiKey | None, budget: Budget) -> int:
-    """What ``budget``'s counter holds, seeded from the log (or the rollups) only when it
-    has none: a page showing what is left sums no month of rows while the counter lives."""
+async def _budget_used(store: Counters, budget: Budget) -> int:
+    """What ``budget``'s counter holds, seeded from the rollups only when it has none: a
+    page showing what is left sums no month of rollups while the counter lives."""
     change = Change(budget.counter, 0, None, budget.ttl, seeded=True)
-    return await _seeded_value(store, change, lambda: _spent(key, budget))
+    return await _seeded_value(store, change, lambda: _spent(budget))
 
 
 async def _seeded_value(

@@ -16,7 +16,8 @@ from ..conf import app_settings
 from ..models import ApiKey, Endpoint, ModelAlias, RequestLog
 from ..protocol.completion import CompletionAccumulator
 from ..protocol.errors import APIError
-from ..protocol.events import Usage
+from ..protocol.events import UpstreamCalls, Usage
+from .settlement import settled_usage
 
 
 @dataclass
@@ -49,7 +50,12 @@ class UsageRecord:
     cancelled: bool = False
     finish_reasons: dict[int, str] = field(default_factory=dict)
     usage: Usage | None = None
+    """The usage the backend reported (its last event)."""
     completion_tokens_sent: int = 0
+    reserved_prompt: int = 0
+    """The prompt tokens its admission reserved for each upstream call."""
+    upstream: UpstreamCalls = field(default_factory=UpstreamCalls)
+    """The calls its backends made upstream, as they made them."""
     first_token_at: float | None = None
     request_body: Any = None
     model_alias: ModelAlias | None = None
@@ -84,9 +90,13 @@ class UsageRecord:
 
     @property
     def tokens(self) -> Usage:
-        """The usage the backend reported, else the completion tokens counted as sent."""
-        return self.usage or Usage(
-            prompt_tokens=0, completion_tokens=self.completion_tokens_sent, counted=True
+        """The usage the request is charged and logged with (:func:`settled_usage`)."""
+        return settled_usage(
+            self.reserved_prompt,
+            self.upstream.prompts,
+            self.usage,
+            self.completion_tokens_sent,
+            answered=self.backend_answered is not None,
         )
 
     def row(self) -> RequestLog:

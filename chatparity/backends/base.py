@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from ..protocol import errors
 from ..protocol.embeddings import Embeddings, EmbeddingsRequest
-from ..protocol.events import Event
+from ..protocol.events import Event, UpstreamCalls
 from ..protocol.request import ChatRequest
 
 current_caller: ContextVar[str] = ContextVar("chatparity_caller", default="")
@@ -20,6 +20,12 @@ that many keys share can take turns among them."""
 asks_again: ContextVar[bool] = ContextVar("chatparity_asks_again", default=True)
 """Whether a backend asks its upstream again itself after a failure before the first
 event: not while another deployment of the alias may serve the request instead."""
+
+upstream_calls: ContextVar[UpstreamCalls | None] = ContextVar("chatparity_calls", default=None)
+"""Where a backend that calls an upstream notes each call it sends and the prompt the
+upstream announced for it, in the task of the request (read before its first event:
+the rest of a stream may be read from another task). The request is charged the
+prompt of every call noted, whether or not its answer ends."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +52,16 @@ class ChatBackend(Protocol):
     ``model`` is the serving alias's model. A backend that passes parameters on
     to another server passes the client's sampling and format parameters from
     ``request.body`` and others only when named in ``request.forwarded_params``
-    (the alias's choice, never the client's).
+    (the alias's choice, never the client's), and notes each call it sends in
+    :data:`upstream_calls`.
+
+    A backend with a tokenizer may have ``async prompt_tokens(request, model) ->
+    int``: the exact tokens of the prompt it makes of ``request`` (the chat
+    template's own tokens too), or the 400 it would refuse ``request`` with. Admission
+    reserves that count (a backend without one is reserved at
+    :func:`~chatparity.protocol.tokens.prompt_bound`); and ``async
+    count_tokens(request, model) -> int``, the same count whether or not it fits,
+    which ``/v1/messages/count_tokens`` answers.
 
     Two static methods may check a Backend row before it is saved (the admin
     and the management API; a kind without them is not checked). Each raises
@@ -87,6 +102,13 @@ class EmbeddingBackend(Protocol):
     class has ``embed`` serves ``/v1/embeddings``; one with ``stream`` serves the
     chat endpoints (a kind may serve both). Its rows are checked as
     :class:`ChatBackend` says.
+
+    A backend with a tokenizer may have ``async tokenized(request, model) ->
+    EmbeddingsRequest``: ``request`` with its texts as the model's token ids, which
+    admission reserves exactly and ``embed`` then takes as they are; a backend
+    without one is reserved at
+    :func:`~chatparity.protocol.embeddings.counted_tokens`, the bound its usage is
+    believed within.
     """
 
     config: BackendConfig

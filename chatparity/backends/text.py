@@ -50,8 +50,15 @@ class TextStreamer:
 
 
 def _overlap(text: str, stop: str) -> int:
-    """Length of the longest end of ``text`` that begins ``stop``."""
-    for size in range(min(len(text), len(stop) - 1), 0, -1):
-        if text.endswith(stop[:size]):
-            return size
+    """Length of the longest end of ``text`` that begins ``stop`` (shorter than it): only
+    the places in that end where ``stop``'s first character is are tried, longest first,
+    so the text a token adds is looked through once, not once per length."""
+    if not stop:
+        return 0
+    first = stop[0]
+    start = text.find(first, max(0, len(text) - len(stop) + 1))
+    while start != -1:
+        if stop.startswith(text[start:]):
+            return len(text) - start
+        start = text.find(first, start + 1)
     return 0

@@ -23,6 +23,12 @@ alias's other deployments, then its fallbacks. An error answer's ``Retry-After``
 (or ``retry-after-ms``) is kept on the error (``UpstreamError.retry_after``): the
 deployment cools down for that long.
 
+Each call is noted in :data:`~.base.upstream_calls` as it is sent (and taken back
+when the upstream refuses it), with the prompt the upstream says it read as soon as
+it says it (a Messages upstream, in ``message_start``): a request the client leaves
+is charged what its upstream was sent. A usage it reports none of is counted at the
+prompt's bound (:func:`~chatparity.protocol.tokens.prompt_bound`).
+
 Only the conversation and the parameters that shape sampling and format
 (:data:`chatparity.protocol.upstream.FORWARDED`) reach the upstream; others, those
 that cost money or store data upstream (``service_tier``, ``store``, ``metadata``,
@@ -74,9 +80,9 @@ from ..protocol.embeddings import (
     upstream_embeddings,
 )
 from ..protocol.errors import APIError
-from ..protocol.events import Event, Usage
+from ..protocol.events import Event, UpstreamCalls, Usage
 from ..protocol.request import ChatRequest, functions_as_tools
-from ..protocol.tokens import approximate_prompt_tokens
+from ..protocol.tokens import prompt_bound
 from ..protocol.upstream import (
     FORWARDED,
     ChunkReader,
@@ -88,7 +94,14 @@ from ..protocol.upstream import (
     upstream_error,
 )
 from . import _http1
-from .base import BackendConfig, asks_again, http_base_url, known_options, number_option
+from .base import (
+    BackendConfig,
+    asks_again,
+    http_base_url,
+    known_options,
+    number_option,
+    upstream_calls,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +143,15 @@ def _is_stream(content_type: str, asked: bool) -> bool:
 
 def timeout_error() -> APIError:
     return errors.timed_out("The upstream did not answer in time.")
+
+
+def _announce(reader: ChunkReader, calls: UpstreamCalls, announced: Usage | None) -> Usage | None:
+    """Note in ``calls`` the prompt of the usage ``reader`` believes now, if it is not
+    ``announced`` already; the usage it believes."""
+    usage = reader.upstream_usage
+    if usage is not announced and usage is not None:
+        calls.announced(usage.prompt_tokens)
+    return usage
 
 
 WIRE_APIS = ("chat", "responses", "messages")
@@ -241,9 +263,10 @@ class UpstreamBackend:
             body["user"] = request.user
         deadline = asyncio.get_running_loop().time() + self.config.timeout
         limit = MAX_EMBEDDINGS_ANSWER_BYTES + len(request.inputs) * MAX_ANSWER_BYTES_PER_INPUT
+        calls = upstream_calls.get() or UpstreamCalls()
         try:
             async with self._response(
-                orjson.dumps(body), deadline, self._embeddings_endpoint
+                orjson.dumps(body), deadline, calls, self._embeddings_endpoint
             ) as response:
                 if _is_stream(response.headers.get("content-type", ""), False):
                     raise malformed("the embeddings answer is an event stream")
@@ -290,9 +313,10 @@ class UpstreamBackend:
                 # The same request, in the form upstreams that ignore "required" still obey.
                 function = {"name": request.tools[0].name}
                 body["tool_choice"] = {"type": "function", "function": function}
+        calls = upstream_calls.get() or UpstreamCalls()  # read here, in the request's task
         reader = partial(
             _READERS[self.wire_api],
-            prompt_tokens=approximate_prompt_tokens(request.messages),
+            prompt_tokens=prompt_bound(request),
             call_finish="stop" if choice.mode == "function" else "tool_calls",
             max_tokens=body.get("max_output_tokens", body.get("max_tokens"))
             if one_choice
@@ -301,7 +325,7 @@ class UpstreamBackend:
         deadline = asyncio.get_running_loop().time() + self.config.timeout
         # The Responses and Messages APIs answer one choice: each of n is asked on its own.
         primary = reader(n=1 if one_choice else request.n)
-        async with aclosing(self._read(body, primary, deadline)) as events:
+        async with aclosing(self._read(body, primary, deadline, calls)) as events:
             async for event in events:
                 yield event
         readers = [primary]
@@ -315,7 +339,7 @@ class UpstreamBackend:
         for index in missing:
             extra = reader(n=1, first_index=index)
             one = body if one_choice else {**body, "n": 1}
-            async with aclosing(self._read(one, extra, deadline)) as events:
+            async with aclosing(self._read(one, extra, deadline, calls)) as events:
                 async for event in events:
                     yield event
             for event in extra.close(extra.indices):
@@ -336,27 +360,34 @@ class UpstreamBackend:
         )
 
     async def _read(
-        self, body: dict[str, Any], reader: ChunkReader, deadline: float
+        self, body: dict[str, Any], reader: ChunkReader, deadline: float, calls: UpstreamCalls
     ) -> AsyncGenerator[Event, None]:
-        """The events of one upstream request, up to its ``[DONE]`` or the end of its body.
+        """The events of one upstream request, up to its ``[DONE]`` or the end of its body,
+        the call noted in ``calls`` with the prompt the upstream says it read as soon as
+        it says it (a Messages upstream, at its first event).
 
         What its content type says is read: a stream (also one it was not asked for) or
         a whole completion (also for a stream request); anything else is malformed."""
         line_limit = app_settings.MAX_UPSTREAM_LINE_BYTES
+        announced: Usage | None = None
         try:
-            async with self._response(orjson.dumps(body), deadline) as response:
+            async with self._response(orjson.dumps(body), deadline, calls) as response:
                 sse = SSEReader(limit=line_limit)
                 streamed = _is_stream(response.headers.get("content-type", ""), body["stream"])
                 try:
                     if not streamed:  # a whole completion; it leaves the reader done
                         answer = await response.read(MAX_ANSWER_BYTES)
-                        for item in reader.read_completion(answer):
+                        events = reader.read_completion(answer)
+                        announced = _announce(reader, calls, announced)
+                        for item in events:
                             yield item
                     while not reader.done:
                         line = await response.readline(line_limit)
                         event = sse.flush() if line is None else sse.feed(line)
                         if event is not None:
-                            for item in reader.read(event):
+                            events = reader.read(event)
+                            announced = _announce(reader, calls, announced)
+                            for item in events:
                                 yield item
                         if line is None:
                             reader.body_ended()  # before [DONE]: what is open gets finished
@@ -375,10 +406,17 @@ class UpstreamBackend:
 
     @asynccontextmanager
     async def _response(
-        self, content: bytes, deadline: float, endpoint: _http1.Endpoint | None = None
+        self,
+        content: bytes,
+        deadline: float,
+        calls: UpstreamCalls,
+        endpoint: _http1.Endpoint | None = None,
     ) -> AsyncIterator[_http1.Response]:
         """The upstream's streaming response once it answered 2xx; retried before that.
-        Asked of ``endpoint`` (default: the completions one).
+        Asked of ``endpoint`` (default: the completions one). Each attempt is noted in
+        ``calls`` as it is sent, and taken back when the upstream refuses it (an error
+        status, a connection that failed before an answer); one left waiting (the client
+        left, the time-out) stays: the upstream may well bill it.
 
         Read to its end, its connection is pooled; left early, it is closed at once."""
         endpoint = endpoint or self._endpoint
@@ -389,11 +427,13 @@ class UpstreamBackend:
         retries = self.retries if asks_again.get() else 0
         for attempt in range(retries + 1):
             failure: APIError
+            calls.sent()
             try:
                 response = await endpoint.post(content, deadline, head)
             except _http1.Timeout:
                 raise timeout_error() from None
             except _http1.ConnectError as exc:
+                calls.refused()
                 self._log("could not connect", exc)
                 failure = APIError(
                     "The upstream is unavailable.",
@@ -402,6 +442,7 @@ class UpstreamBackend:
                     code="upstream_unavailable",
                 )
             except _http1.HTTPError as exc:
+                calls.refused()
                 self._log("the connection failed", exc)
                 failure = APIError(
                     f"The upstream connection failed ({type(exc).__name__}).",
@@ -418,6 +459,7 @@ class UpstreamBackend:
                         raise
                     response.release()  # pooled once the rest of the body (if any) arrived
                     return
+                calls.refused()
                 failure = await self._error(response)
                 if response.status not in _RETRYABLE_STATUS:
                     raise failure

@@ -5,12 +5,14 @@ The request is validated by :mod:`chatparity.protocol.embeddings` (the model
 first: an unknown one is OpenAI's 404 whatever else is wrong), served by the
 alias it names if a deployment of that alias embeds (else a 400 naming the
 model), admitted under the alias's and the key's limits for its input tokens
-(texts estimated, token ids counted; the reservation made exact by the usage),
-and answered by one of its deployments (:mod:`.routing`: another when one fails
-before answering), or, if they are unavailable (502, 503, 504), by the alias's
-fallbacks that embed. No answer within ``FIRST_BYTE_TIMEOUT`` seconds
-is a 504. The log row is an ``embeddings`` row: its input tokens and cost,
-never a vector (with ``LOG_BODIES`` the request body is kept, the answer not).
+(counted exactly where its one deployment tokenizes, as the embedded model does;
+else texts at their bound, the most an upstream's usage is believed; the
+reservation made exact by the usage), and answered by one of its deployments
+(:mod:`.routing`: another when one fails before answering), or, if they are
+unavailable (502, 503, 504), by the alias's fallbacks that embed. No answer
+within ``FIRST_BYTE_TIMEOUT`` seconds is a 504. The log row is an ``embeddings``
+row: its input tokens and cost, never a vector (with ``LOG_BODIES`` the request
+body is kept, the answer not).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ..accounting.keys import Grant
 from ..accounting.ledger import Accounting
 from ..accounting.limits import Estimate
 from ..backends import get_backend, serves_embeddings
-from ..backends.base import EmbeddingBackend, asks_again, current_caller
+from ..backends.base import EmbeddingBackend, current_caller, upstream_calls
 from ..conf import app_settings
 from ..models import Endpoint, ModelAlias
 from ..protocol import errors
@@ -98,27 +100,22 @@ async def _answer(
     route = Route(alias, accounting, serves_embeddings, deadline=deadline)
     if route.empty:
         raise errors.not_an_embedding_model(alias.public_id)
-    estimate = Estimate(counted_tokens(request), 0)
-    await accounting.reserve(alias, estimate)
+    served = await _counted(alias, request, route)
+    await accounting.reserve(alias, Estimate(counted_tokens(served), 0))
     current_caller.set(accounting.caller)  # in this request's task: its backends see it
+    upstream_calls.set(accounting.record.upstream)
     fallbacks = list(alias.fallbacks)
     try:
         while True:
-            asks_again.set(not route.group.shared)
-            served = dataclasses.replace(
-                request,
-                forwarded_params=frozenset(
-                    name for name in alias.forwarded_params or () if isinstance(name, str)
-                ),
-            )
             failure = await _embedded(route, served, accounting)
             if not isinstance(failure, APIError):
                 return failure
             if failure.status not in _UNAVAILABLE:
                 raise failure
             failed = alias
-            alias = await _fall_back(fallbacks, grant, accounting, estimate, failure)
-            route = Route(alias, accounting, serves_embeddings, deadline=deadline)
+            alias, route, served = await _fall_back(
+                fallbacks, request, grant, accounting, failure, deadline
+            )
             logger.warning("chatparity: %s failed (%s), falling back to %s", failed, failure, alias)
     finally:
         accounting.backend_done()
@@ -136,7 +133,8 @@ async def _embedded(
         backend = get_backend(deployment.backend)
         assert isinstance(backend, EmbeddingBackend), "its kind serves embeddings"
         try:
-            embedded = await accounting.answer(backend.embed(request, deployment.model))
+            with route.asking():
+                embedded = await accounting.answer(backend.embed(request, deployment.model))
         except APIError as error:
             if not await route.failed(error):
                 return error
@@ -148,22 +146,47 @@ async def _embedded(
         return embedded
 
 
+async def _counted(
+    alias: ModelAlias, request: EmbeddingsRequest, route: Route
+) -> EmbeddingsRequest:
+    """``request`` as ``alias``'s deployments are to embed it: with the parameters the
+    alias forwards and, when its one deployment tokenizes, its texts as token ids (which
+    :func:`counted_tokens` counts exactly). Texts are counted at their bound: the most
+    any of several deployments is believed to bill."""
+    served = dataclasses.replace(
+        request,
+        forwarded_params=frozenset(
+            name for name in alias.forwarded_params or () if isinstance(name, str)
+        ),
+    )
+    if route.group.shared:
+        return served
+    (deployment,) = route.group.deployments
+    tokenize = getattr(get_backend(deployment.backend), "tokenized", None)
+    if tokenize is not None:
+        served = await tokenize(served, deployment.model)
+    return served
+
+
 async def _fall_back(
     fallbacks: list[str],
+    request: EmbeddingsRequest,
     grant: Grant,
     accounting: Accounting,
-    estimate: Estimate,
     failure: APIError,
-) -> ModelAlias:
+    deadline: float | None,
+) -> tuple[ModelAlias, Route, EmbeddingsRequest]:
     """The next of ``fallbacks`` that embeds, ``grant`` may use and whose limits admit
-    the request, the admission moved to it; else the last refusal of a limit, or
-    ``failure``."""
+    ``request``, the admission moved to it, with its route and the request as it
+    embeds it; else the last refusal of a limit, or ``failure``."""
     while (alias := await first_usable(fallbacks, grant, serves_embeddings)) is not None:
+        route = Route(alias, accounting, serves_embeddings, deadline=deadline)
         try:
-            await accounting.reserve(alias, estimate)
+            served = await _counted(alias, request, route)
+            await accounting.reserve(alias, Estimate(counted_tokens(served), 0))
         except APIError as refusal:
             failure = refusal
             continue
         accounting.fell_back(alias)
-        return alias
+        return alias, route, served
     raise failure

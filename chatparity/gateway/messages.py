@@ -14,10 +14,11 @@ has not begun. ``?beta=true`` and the ``anthropic-version`` and
 
 ``POST /v1/messages/count_tokens`` counts the prompt a request would send: with
 the serving backend's tokenizer where it has one (``count_tokens``: the local
-model's), else with the estimate the limits reserve by. It is not a model call:
-its log row (endpoint ``messages.count_tokens``) costs nothing and carries no
-tokens; but it counts against the key's requests per minute and takes a slot in
-flight while it counts, as Anthropic rate-limits counting by requests per minute.
+model's), else estimated at four characters a token (its tools, calls and schema
+too). It is not a model call: its log row (endpoint ``messages.count_tokens``)
+costs nothing and carries no tokens; but it counts against the key's requests per
+minute (a model it may not use too) and takes a slot in flight while it counts, as
+Anthropic rate-limits counting by requests per minute.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from ..protocol.messages import (
 )
 from ..protocol.messages_stream import PING, MessageEncoder, sse_event
 from ..protocol.request import ChatRequest
-from ..protocol.tokens import approximate_prompt_tokens
+from ..protocol.tokens import approximate_prompt_tokens, approximate_request_tokens
 from .auth import authenticate, authenticate_key
 from .pipeline import (
     Call,
@@ -190,7 +191,7 @@ async def _count_tokens(body: Any, accounting: Accounting, grant: Grant) -> Repl
     if counter is not None:
         tokens = await counter(chat, alias.model)
     else:
-        tokens = approximate_prompt_tokens(chat.messages)
+        tokens = approximate_request_tokens(chat)
     await accounting.settle()  # the slot given back before the answer goes out
     return json_reply({"input_tokens": tokens})
 

@@ -32,7 +32,7 @@ from ..accounting.keys import Grant
 from ..accounting.ledger import Accounting
 from ..accounting.record import UsageRecord
 from ..backends import ChatBackend, get_backend, serves_chat
-from ..backends.base import asks_again, current_caller
+from ..backends.base import current_caller, upstream_calls
 from ..conf import app_settings
 from ..models import Backend, ModelAlias
 from ..models import Endpoint as LoggedEndpoint
@@ -51,6 +51,7 @@ from ..protocol.request import (
     with_defaults,
 )
 from ..protocol.stream import DONE, ChunkEncoder, sse
+from ..protocol.tokens import prompt_bound
 from . import routing
 from .auth import authenticate
 
@@ -623,19 +624,19 @@ async def _begin(
     )
     if route.empty:
         raise errors.not_a_chat_model(alias.public_id)
-    chat = await accounting.admit(alias, _as_served_by(alias, requested))
+    chat = _as_served_by(alias, requested)
+    chat = await accounting.admit(alias, chat, await _prompt_reserved(route, chat))
     current_caller.set(accounting.caller)  # in this request's task: its backends see it
+    upstream_calls.set(accounting.record.upstream)
     while True:
-        asks_again.set(not route.group.shared)  # else another deployment is asked instead
         failure = await _first_event(route, chat, accounting)
         if not isinstance(failure, APIError):
             return chat, *failure
         if failure.status not in _UNAVAILABLE:
             raise failure
         failed = alias
-        alias, chat = await _fall_back(fallbacks, requested, grant, accounting, failure)
-        route = routing.Route(
-            alias, accounting, serves_chat, stream=requested.stream, deadline=deadline
+        alias, chat, route = await _fall_back(
+            fallbacks, requested, grant, accounting, failure, deadline
         )
         logger.warning("chatparity: %s failed (%s), falling back to %s", failed, failure, alias)
 
@@ -653,7 +654,8 @@ async def _first_event(
         backend = get_backend(deployment.backend)
         events = aiter(backend.stream(chat, deployment.model))
         try:
-            first = await accounting.first_event(events)
+            with route.asking():
+                first = await accounting.first_event(events)
         except APIError as error:
             if not await route.failed(error):
                 return error
@@ -665,15 +667,38 @@ async def _first_event(
         return backend, events, first
 
 
+async def reserved_prompt(backend: ChatBackend, chat: ChatRequest, model: str) -> int:
+    """The prompt ``backend`` makes of ``chat``, for one call, as admission reserves it:
+    counted by its tokenizer where it has one (``prompt_tokens``, the local model's, off
+    the event loop), else at the bound no tokenizer passes
+    (:func:`~chatparity.protocol.tokens.prompt_bound`)."""
+    count = getattr(backend, "prompt_tokens", None)
+    if count is None:
+        return prompt_bound(chat)
+    counted: int = await count(chat, model)
+    return counted
+
+
+async def _prompt_reserved(route: routing.Route, chat: ChatRequest) -> int:
+    """The prompt admission reserves for ``chat`` on ``route``'s alias: as its one
+    deployment counts it, else at the bound no tokenizer passes (what any of several
+    deployments may be billed)."""
+    if route.group.shared:
+        return prompt_bound(chat)
+    (deployment,) = route.group.deployments
+    return await reserved_prompt(get_backend(deployment.backend), chat, deployment.model)
+
+
 async def _fall_back(
     fallbacks: list[str],
     requested: ChatRequest,
     grant: Grant | None,
     accounting: Accounting,
     failure: APIError,
-) -> tuple[ModelAlias, ChatRequest]:
+    deadline: float | None = None,
+) -> tuple[ModelAlias, ChatRequest, routing.Route]:
     """The next of ``fallbacks`` that may serve the request, the admission moved to it,
-    with the request as it serves it.
+    with the request as it serves it and its route through the alias's deployments.
 
     An alias is skipped when ``grant`` may not use it, when the request is not valid
     there (its maximum ``n``), or when its own limits refuse it; when none is left,
@@ -685,8 +710,12 @@ async def _fall_back(
             chat = _as_served_by(alias, requested)
         except APIError:
             continue
+        route = routing.Route(
+            alias, accounting, serves_chat, stream=requested.stream, deadline=deadline
+        )
         try:
-            return alias, await accounting.switch(alias, chat)
+            counted = await _prompt_reserved(route, chat)
+            return alias, await accounting.switch(alias, chat, counted), route
         except APIError as refusal:
             failure = refusal
     raise failure

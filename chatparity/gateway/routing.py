@@ -34,7 +34,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,7 @@ from ..accounting.deployments import Health, Outcome, Snapshot, scope
 from ..accounting.ledger import Accounting
 from ..accounting.limits import Admission, Unavailable
 from ..backends import backend_class
+from ..backends.base import asks_again
 from ..conf import app_settings
 from ..models import Backend, Deployment, ModelAlias, Routing, StickySessions
 from ..protocol import errors
@@ -255,6 +256,13 @@ _sequences: dict[int, int] = {}
 _telling: set[asyncio.Task[None]] = set()
 
 
+def forget() -> None:
+    """Forget what this process learnt of cooldowns and sequences (tests: the ids they
+    were kept by are those of another test's rows)."""
+    _cooling.clear()
+    _sequences.clear()
+
+
 async def told() -> None:
     """Wait until what this process tells the shared state in the background is told
     (a worker stopping; tests)."""
@@ -336,6 +344,16 @@ class Route:
             self.asked_at = time.perf_counter()
             self.accounting.deployed(deployment, hold if isinstance(hold, Admission) else None)
             return deployment
+
+    @contextlib.contextmanager
+    def asking(self) -> Iterator[None]:
+        """While the deployment asked last is waited for: its backend asks its upstream
+        again itself only when no other deployment may serve instead."""
+        token = asks_again.set(not self.group.shared)
+        try:
+            yield
+        finally:
+            asks_again.reset(token)
 
     def answered(self) -> None:
         """The deployment asked last sent its first event: told in the background (its
@@ -472,7 +490,9 @@ class Route:
     def _available(self, candidate: Candidate, now: float) -> bool | None:
         """Whether ``candidate`` may be asked now (None: only as its cooldown's trial)."""
         health, deployment = candidate.health, candidate.deployment
-        if _cooling.get(scope(deployment), 0.0) > time.time() or health.cooling(now):
+        if health.cooling(now) or (
+            self.group.shared and _cooling.get(scope(deployment), 0.0) > time.time()
+        ):
             return False
         estimate = self.accounting.estimate
         tokens = estimate.total if estimate else 0

@@ -207,7 +207,7 @@ def usage(request: HttpRequest) -> HttpResponse:
 
 
 def _owner_standing(request: HttpRequest, plan: Plan | None) -> list[limits.Standing]:
-    if plan is None or not plan.has_owner_budget:
+    if plan is None or not (plan.has_owner_budget or plan.has_key_budget):
         return []
     return async_to_sync(limits.owner_standing)(user_id(request), plan)
 

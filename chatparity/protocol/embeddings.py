@@ -45,7 +45,7 @@ from .schema import (
     String,
     wrong_type,
 )
-from .tokens import approximate_tokens
+from .tokens import utf8_bytes
 from .upstream import MAX_REPORTED_TOKENS, malformed
 
 MAX_INPUTS = 2048
@@ -394,17 +394,24 @@ def _vector(embedding: Any, answer: bytes) -> bytes:
     return vector
 
 
+INPUT_TOKENS = 16
+"""The most special tokens a model adds to one input (BERT's two, a few in others)."""
+
+
 def counted_tokens(request: EmbeddingsRequest) -> int:
-    """The tokens of ``request``'s inputs: token ids counted, texts approximated."""
-    return sum(approximate_tokens(len(x)) if isinstance(x, str) else len(x) for x in request.inputs)
+    """The most tokens ``request``'s inputs can be: token ids counted, a text at most its
+    UTF-8 bytes (no tokenizer makes more of it, see
+    :func:`~chatparity.protocol.tokens.prompt_bound`) and :data:`INPUT_TOKENS`."""
+    return sum(
+        utf8_bytes(x) + INPUT_TOKENS if isinstance(x, str) else len(x) for x in request.inputs
+    )
 
 
 def _believable(tokens: int, request: EmbeddingsRequest) -> bool:
-    """Whether ``tokens`` can be what the inputs are: for texts no more than their
-    characters and a few special tokens each, for token ids their count."""
+    """Whether ``tokens`` can be what the inputs are: no more than
+    :func:`counted_tokens` (for token ids, their count exactly)."""
     if isinstance(tokens, bool):
         return False
     if request.token_ids:
         return tokens == counted_tokens(request)
-    characters = sum(len(x) for x in request.inputs)
-    return 0 <= tokens <= min(characters + 16 * len(request.inputs), MAX_REPORTED_TOKENS)
+    return 0 <= tokens <= min(counted_tokens(request), MAX_REPORTED_TOKENS)

@@ -68,12 +68,19 @@ class Finish:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Token counts for the whole request; yielded once, after every Finish."""
+    """Token counts for the whole request; yielded once, after every Finish.
+
+    ``prompt_tokens`` counts every input token, as OpenAI's ``prompt_tokens`` does:
+    those read from the provider's prompt cache (``cached_tokens``) and those written to
+    it (``cache_write_5m_tokens``, ``cache_write_1h_tokens``, by the entry's lifetime)
+    included. Anthropic's ``input_tokens`` is what is left of it."""
 
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    cache_write_5m_tokens: int = 0
+    cache_write_1h_tokens: int = 0
     counted: bool = False
     """The gateway counted these tokens from what it received: the backend reported
     none, or numbers it could not believe."""
@@ -82,5 +89,34 @@ class Usage:
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
+    @property
+    def cache_write_tokens(self) -> int:
+        """Input tokens written to the provider's prompt cache, whatever their lifetime."""
+        return self.cache_write_5m_tokens + self.cache_write_1h_tokens
+
 
 Event = TextDelta | ToolCallDelta | ReasoningDelta | Finish | Usage
+
+
+@dataclass(slots=True)
+class UpstreamCalls:
+    """The calls a backend made upstream on one request's behalf, noted as it makes them:
+    for each, the prompt tokens the upstream said it read (None: not said yet). The
+    request is charged each call's prompt whether or not its answer ends (see
+    :mod:`chatparity.accounting.settlement`)."""
+
+    prompts: list[int | None] = field(default_factory=list)
+
+    def sent(self) -> None:
+        """A call's request goes out: it counts from now on."""
+        self.prompts.append(None)
+
+    def refused(self) -> None:
+        """The call just sent was refused (an error status, a connection that failed
+        before any answer): the upstream bills nothing for it."""
+        self.prompts.pop()
+
+    def announced(self, prompt_tokens: int) -> None:
+        """The upstream said the call just sent reads ``prompt_tokens`` (Anthropic's
+        ``message_start``, any usage it reported)."""
+        self.prompts[-1] = prompt_tokens

@@ -54,7 +54,7 @@ import orjson
 
 from .errors import APIError, ContextLengthExceeded, invalid_json
 from .ids import call_id_of
-from .request import ChatRequest, Limits, parse_chat_request
+from .request import MAX_STOPS, STOP, ChatRequest, Limits, parse_chat_request
 from .schema import (
     ANYTHING,
     NOT_NULL,
@@ -136,8 +136,6 @@ MIN_THINKING_BUDGET = 1024
 """Anthropic's smallest ``thinking.budget_tokens``."""
 MAX_TOOLS = 128
 """The most tools a request may declare: what every backend takes."""
-MAX_STOP_SEQUENCES = 4
-"""The most stop sequences a request may give: what every backend takes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -541,7 +539,7 @@ _MEMBERS = (
     Member("output_format", _JSON_FORMAT, description="Deprecated: see output_config.format."),
     Member("service_tier", Enum(SERVICE_TIERS)),
     Member("speed", Enum(("standard", "fast")), description="Ignored."),
-    Member("stop_sequences", Array(String(), max_length=MAX_STOP_SEQUENCES, may_be_empty=True)),
+    Member("stop_sequences", Array(STOP, max_length=MAX_STOPS, may_be_empty=True)),
     Member("stream", Boolean()),
     Member("system", OneOf((_TEXT, _TEXT_BLOCKS)), description="A string, or text blocks."),
     Member("temperature", Number(0, 1)),

@@ -285,6 +285,13 @@ _NAME = String(max_length=64, pattern="^[a-zA-Z0-9_-]+$")
 """A function, schema or participant name."""
 _TOOL_TYPE = Enum(TOOL_TYPES)
 _TEXT = String(max_length=Limit("max_content_chars"))
+MAX_STOPS = 4
+"""The most stop sequences a request may give, as OpenAI allows."""
+MAX_STOP_CHARS = 512
+"""The longest stop sequence (OpenAI documents no length; this is far past any marker
+a client ends an answer with): a backend that looks for stops in what it generates
+holds back up to this much text, and looks through it at each token."""
+STOP = String(max_length=MAX_STOP_CHARS)
 
 
 def _refused_part(role: Role) -> Callable[[str, str], APIError]:
@@ -673,7 +680,7 @@ CHAT_COMPLETION_REQUEST = Parameters(
         Member("safety_identifier", String()),
         Member("seed", Integer(-(2**63), 2**63 - 1)),  # a signed 64-bit integer
         Member("service_tier", Enum(SERVICE_TIERS)),
-        Member("stop", OneOf((String(), Array(String(), max_length=4, may_be_empty=True)))),
+        Member("stop", OneOf((STOP, Array(STOP, max_length=MAX_STOPS, may_be_empty=True)))),
         Member("store", Boolean()),
         Member("stream", Boolean()),
         Member(

@@ -20,8 +20,10 @@ from django.db import DatabaseError, IntegrityError, OperationalError, connectio
 
 from chatparity.accounting.batching import BatchWriter, OncePerInterval, PerLoop, reconnecting
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
+from tests.accounting.test_limits import HI
 from tests.asgi import ask_fast_path
 from tests.scripted import SCRIPTED
+from tests.support import logs
 
 OTHER = "other"
 # A second database, declared before pytest-django sets up the test databases: it sets
@@ -61,21 +63,18 @@ def ask(plaintext):
 
 
 def test_a_request_reads_and_writes_chatparitys_tables_where_the_routers_send_them():
-    key, plaintext = ApiKey.objects.create_key("elsewhere", token_budget=1005)
+    key, plaintext = ApiKey.objects.create_key("elsewhere", token_budget=1000 + HI + 1)
     backend = Backend.objects.create(name="scripted", kind="scripted", options={"script": ["Hi"]})
-    # Each request reserves its prompt (4) and a completion cap of 1: the budget takes one.
+    # Each request reserves its prompt (HI) and a completion cap of 1: the budget takes one.
     ModelAlias.objects.create(public_id="echo", backend=backend, context_window=1)
     # This month's spending so far, which the budget counter is seeded from.
-    RequestLog.objects.create(
-        request_id="earlier", api_key=key, key_prefix=key.prefix, status_code=200,
-        duration_ms=1, total_tokens=1000,
-    )  # fmt: skip
+    logs.logged(request_id="earlier", api_key=key, key_prefix=key.prefix, total_tokens=1000)
 
     assert ask(plaintext) == 200  # its key and alias were read from "other"
-    assert ask(plaintext) == 429  # its budget was seeded from the log in "other"
+    assert ask(plaintext) == 429  # its budget was seeded from the rollups in "other"
 
-    logged = RequestLog.objects.using(OTHER).order_by("id")
-    assert [(row.request_id == "earlier", row.status_code) for row in logged] == [
+    rows = RequestLog.objects.using(OTHER).order_by("id")
+    assert [(row.request_id == "earlier", row.status_code) for row in rows] == [
         (True, 200), (False, 200), (False, 429),
     ]  # fmt: skip
     assert RequestLog.objects.using("default").count() == 0

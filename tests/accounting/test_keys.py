@@ -97,7 +97,43 @@ class LookupTests(TestCase):
         with mock.patch.object(keys, "MAX_KEYS", 300):
             for attempt in range(700):
                 assert await keys.grant(hash_key(f"sk-cp-random-{attempt}")) is None
-                assert len(keys._entries) == attempt % 300 + 1  # emptied only when full
+                assert len(keys._missing) == min(attempt + 1, 300)  # the oldest forgotten
+            assert hash_key("sk-cp-random-399") not in keys._missing
+            assert hash_key("sk-cp-random-400") in keys._missing
+
+    async def test_a_flood_of_random_keys_never_pushes_out_the_keys_in_use(self):
+        # Security round 4: the cache was emptied whole at its bound, so random keys
+        # pushed out valid ones, which a database outage then refused with a 503.
+        hashed = hash_key(self.plaintext)
+        with (
+            mock.patch.object(keys, "MAX_KEYS", 300),
+            mock.patch.object(keys, "clock", return_value=500.0),
+        ):
+            assert await keys.grant(hashed) is not None
+            assert await keys.aliases() is not None
+            for attempt in range(1000):
+                assert await keys.grant(hash_key(f"sk-cp-random-{attempt}")) is None
+
+            def unreachable(*args):
+                raise OperationalError("connection refused")
+
+            with (
+                mock.patch.object(keys, "_load_grant", unreachable),
+                mock.patch.object(keys, "_load_aliases", unreachable),
+            ):
+                assert (await keys.grant(hashed)).key.pk == self.key.pk
+                assert (await keys.aliases()).find("smollm2", None) is not None
+
+    async def test_the_least_recently_used_key_is_forgotten_first(self):
+        with mock.patch.object(keys, "MAX_KEYS", 300):
+            found = []
+            for index in range(301):
+                key, plaintext = await sync_to_async(ApiKey.objects.create_key)(f"k{index}")
+                found.append(hash_key(plaintext))
+                assert (await keys.grant(found[-1])).key.pk == key.pk
+                await keys.grant(found[0])  # the first, used again each time
+            assert found[0] in keys._entries
+            assert found[1] not in keys._entries
 
     async def test_a_change_saved_while_loading_is_not_hidden_by_the_load(self):
         hashed = hash_key(self.plaintext)

@@ -114,7 +114,7 @@ class CloseTests(TestCase):
         request_logged.connect(receiver)
         self.addCleanup(request_logged.disconnect, receiver)
         accounting = Accounting(UsageRecord(request_id="req-once", api_key=self.key))
-        await accounting.admit(self.alias, CHAT)
+        await accounting.admit(self.alias, CHAT, 1)
         assert await self.in_flight() == 1
         row = await accounting.close()
         assert await accounting.close() is row  # a second close does nothing
@@ -123,7 +123,7 @@ class CloseTests(TestCase):
 
     async def test_limits_that_cannot_be_settled_do_not_lose_the_row(self):
         accounting = Accounting(UsageRecord(request_id="req-kept", api_key=self.key))
-        await accounting.admit(self.alias, CHAT)
+        await accounting.admit(self.alias, CHAT, 1)
         refused = ConnectionError("the counters' Redis is down")
         with (
             mock.patch.object(accounting.admission, "settle", side_effect=refused),
@@ -138,15 +138,15 @@ class CloseTests(TestCase):
         self.alias.requests_per_minute = 1
         await self.alias.asave()
         trial = Accounting(UsageRecord(request_id="req-trial", key_prefix="admin"))
-        await trial.admit(self.alias, CHAT)
+        await trial.admit(self.alias, CHAT, 1)
         assert trial.headers["x-ratelimit-remaining-requests"] == "0"
         with pytest.raises(APIError) as refused:
             await Accounting(UsageRecord(request_id="req-again", key_prefix="admin")).admit(
-                self.alias, CHAT
+                self.alias, CHAT, 1
             )
         assert refused.value.status == 429
         keyed = Accounting(UsageRecord(request_id="req-key", api_key=self.key))
-        await keyed.admit(self.alias, CHAT)  # the key's own count on the alias is untouched
+        await keyed.admit(self.alias, CHAT, 1)  # the key's own count on the alias is untouched
         assert await self.in_flight() == 1  # only the key's request holds its slot
         await trial.close()
         await keyed.close()

@@ -2,6 +2,7 @@
 
 import asyncio
 import datetime
+import io
 import json
 import random
 import signal
@@ -11,7 +12,11 @@ from unittest import mock
 
 import orjson
 import pytest
+from asgiref.sync import sync_to_async
+from django.core.cache import cache
+from django.core.management import call_command
 from django.test import TestCase, override_settings
+from django.utils import timezone
 
 from chatparity.accounting import limits
 from chatparity.accounting.batching import OncePerInterval
@@ -19,9 +24,11 @@ from chatparity.accounting.limits import Change, Lease, RedisCounters
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.request import parse_chat_request
+from chatparity.protocol.tokens import prompt_bound
 from tests import services
 from tests.scripted import SCRIPTED
 from tests.support.counters import OnRedis
+from tests.support.logs import logged
 from tests.support.processes import in_a_process
 
 
@@ -32,10 +39,16 @@ async def save(instance, **fields):
     await instance.asave(update_fields=list(fields))
 
 
+HI = 50
+"""The bound of a prompt ``Hi`` (:func:`prompt_bound`): its 2 bytes, 16 tokens for its
+message, 32 for the request."""
+
+
 @override_settings(CHATPARITY=SCRIPTED)
 class LimitTestCase(TestCase):
     """A key and an alias on a scripted backend that answers ``Hello there``: 1 prompt
-    and 2 completion tokens. chatparity estimates the prompt ``Hi`` at 4 tokens."""
+    and 2 completion tokens. The backend counts no tokens: chatparity reserves the prompt
+    ``Hi`` at its bound, :data:`HI` tokens."""
 
     @classmethod
     def setUpTestData(cls):
@@ -47,8 +60,6 @@ class LimitTestCase(TestCase):
         cls.other = ModelAlias.objects.create(public_id="other", backend=backend)
 
     def setUp(self):
-        from django.core.cache import cache
-
         cache.clear()
 
     async def limit(self, **fields):
@@ -104,13 +115,13 @@ class TokensPerMinuteTests(LimitTestCase):
         assert (error["type"], error["code"]) == ("tokens", "rate_limit_exceeded")
 
     async def test_what_was_really_used_counts_after_the_request(self):
-        await self.limit(tokens_per_minute=100)
+        await self.limit(tokens_per_minute=200)
         first = await self.ask(max_tokens=50)
-        assert first["x-ratelimit-remaining-tokens"] == str(100 - (4 + 50))
+        assert first["x-ratelimit-remaining-tokens"] == str(200 - (HI + 50))
         assert first.json()["usage"]["total_tokens"] == 3
         second = await self.ask(max_tokens=1)
-        # The first's reservation became the 3 tokens it used; the second reserved 4 + 1.
-        assert second["x-ratelimit-remaining-tokens"] == str(100 - 3 - (4 + 1))
+        # The first's reservation became the 3 tokens it used; the second reserved HI + 1.
+        assert second["x-ratelimit-remaining-tokens"] == str(200 - 3 - (HI + 1))
 
 
 class ConcurrencyTests(LimitTestCase):
@@ -147,14 +158,14 @@ class ConcurrencyTests(LimitTestCase):
 
 class BudgetTests(LimitTestCase):
     async def test_a_budget_the_next_reservation_would_pass_is_insufficient_quota(self):
-        await self.limit(token_budget=11, budget_period="day")
-        assert (await self.ask(max_tokens=2)).status_code == 200  # 4 + 2 reserved, 3 used
-        assert (await self.ask(max_tokens=2)).status_code == 200  # 3 + 6 reserved, 3 used
-        refused = await self.ask(max_tokens=2)  # 6 + 6 would pass 11
+        await self.limit(token_budget=HI + 7, budget_period="day")
+        assert (await self.ask(max_tokens=2)).status_code == 200  # HI + 2 reserved, 3 used
+        assert (await self.ask(max_tokens=2)).status_code == 200  # 3 + HI + 2, 3 used
+        refused = await self.ask(max_tokens=2)  # 6 + HI + 2 would pass HI + 7
         assert refused.status_code == 429
         assert refused.json()["error"] == {
             "message": "You exceeded your current quota, please check your plan and billing"
-            " details. Budget: tokens this day, limit 11, used 6, requested 6.",
+            f" details. Budget: tokens this day, limit {HI + 7}, used 6, requested {HI + 2}.",
             "type": "insufficient_quota",
             "param": None,
             "code": "insufficient_quota",
@@ -162,37 +173,49 @@ class BudgetTests(LimitTestCase):
         assert int(refused["retry-after"]) <= 24 * 3600
 
     async def test_a_budget_counts_what_the_log_already_holds(self):
-        # As after a cache flush: the counter is seeded from this month's rows.
-        await RequestLog.objects.acreate(
-            request_id="old", api_key=self.key, key_prefix=self.key.prefix, status_code=200,
-            duration_ms=1, total_tokens=1000,
-        )  # fmt: skip
-        last_month = await RequestLog.objects.acreate(
-            request_id="older", api_key=self.key, key_prefix=self.key.prefix, status_code=200,
-            duration_ms=1, total_tokens=1000,
-        )  # fmt: skip
-        long_ago = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)
-        await RequestLog.objects.filter(pk=last_month.pk).aupdate(created_at=long_ago)
-        await self.limit(token_budget=1005)  # 1000 spent, 4 + 2 to reserve
+        # As after a cache flush: the counter is seeded from this month's rollups.
+        await sync_to_async(logged)(api_key=self.key, key_prefix=self.key.prefix,
+                                    total_tokens=1000)  # fmt: skip
+        long_ago = datetime.datetime(2000, 1, 1, 12, tzinfo=datetime.UTC)
+        await sync_to_async(logged)(at=long_ago, api_key=self.key, key_prefix=self.key.prefix,
+                                    total_tokens=1000)  # fmt: skip
+        await self.limit(token_budget=1000 + HI + 1)  # 1000 spent, HI + 2 to reserve
         assert (await self.ask(max_tokens=2)).status_code == 429
-        await self.limit(token_budget=1006)
+        await self.limit(token_budget=1000 + HI + 2)
         assert (await self.ask(max_tokens=2)).status_code == 200
+
+    async def test_pruning_the_log_gives_no_budget_back(self):
+        # Security round 4: a key's budget was seeded from its log rows, so pruning them
+        # and restarting without Redis (counters in a cache that starts empty) gave back
+        # what the key had spent.
+        await self.limit(token_budget=1000)
+        await sync_to_async(logged)(api_key=self.key, key_prefix=self.key.prefix,
+                                    total_tokens=990)  # fmt: skip
+        tomorrow = timezone.now() + datetime.timedelta(days=1)
+        with mock.patch("django.utils.timezone.now", return_value=tomorrow):
+            await sync_to_async(call_command)("chatparity_prune_logs", "--older-than", "1",
+                                              stdout=io.StringIO())  # fmt: skip
+        assert not await RequestLog.objects.aexists()
+        cache.clear()  # the worker restarted: the counters start again from the rollups
+        refused = await self.ask(max_tokens=2)
+        assert refused.status_code == 429
+        assert f"limit 1000, used 990, requested {HI + 2}" in refused.json()["error"]["message"]
 
     async def test_cost_budget_uses_the_aliases_prices(self):
         await save(self.alias, input_price=Decimal("1000"), output_price=Decimal("2000"))
-        await self.limit(cost_budget=Decimal("0.013"))
-        first = await self.ask(max_tokens=2)  # 4 * $0.001 + 2 * $0.002 reserved
+        await self.limit(cost_budget=Decimal("0.060"))
+        first = await self.ask(max_tokens=2)  # HI * $0.001 + 2 * $0.002 reserved: $0.054
         row = await RequestLog.objects.aget()
         usage = first.json()["usage"]
         expected = (usage["prompt_tokens"] * 1000 + usage["completion_tokens"] * 2000) / 1e6
         assert row.cost == pytest.approx(Decimal(str(expected)))
-        assert (await self.ask(max_tokens=2)).status_code == 200  # $0.005 spent, $0.008 fits
-        assert (await self.ask(max_tokens=2)).status_code == 429  # $0.010 spent, $0.008 not
+        assert (await self.ask(max_tokens=2)).status_code == 200  # $0.005 spent, $0.054 fits
+        assert (await self.ask(max_tokens=2)).status_code == 429  # $0.010 spent, $0.054 not
 
     async def test_tools_calls_and_schemas_are_reserved_as_the_prompt_they_are(self):
         # A "Hi" carrying 40,000 characters of tool schema, of a call's arguments, or of a
         # format's schema: a backend is given all of it (an upstream bills it), so it is
-        # reserved as ~10,000 prompt tokens, not the 4 of "Hi".
+        # reserved as the 40,000 prompt tokens it may be, not as "Hi".
         await self.limit(token_budget=5000)
         big = {"type": "object", "description": "x" * 40_000}
         tool = {"type": "function", "function": {"name": "f", "parameters": big}}
@@ -271,8 +294,8 @@ class FallbackTests(LimitTestCase):
         assert (await self.ask(model="primary")).status_code == 429
 
     async def test_the_first_alias_gives_back_the_tokens_it_reserved(self):
-        await save(self.primary, tokens_per_minute=10)
-        for _ in range(3):  # 4 + 5 reserved on primary, given back: the echo's 3 are not its
+        await save(self.primary, tokens_per_minute=HI + 10)
+        for _ in range(3):  # HI + 5 reserved on primary, given back: the echo's 3 are not its
             assert (await self.ask(model="primary", max_tokens=5)).status_code == 200
 
     async def test_the_row_names_the_alias_that_answered_and_costs_its_prices(self):
@@ -286,7 +309,7 @@ class FallbackTests(LimitTestCase):
 
     async def test_its_cost_counts_against_the_budget_at_the_fallbacks_prices(self):
         await save(self.alias, input_price=Decimal("1000"), output_price=Decimal("2000"))
-        await self.limit(cost_budget=Decimal("0.010"))  # $0.008 reserved at the fallback's
+        await self.limit(cost_budget=Decimal("0.056"))  # $0.054 reserved at the fallback's
         assert (await self.ask(model="primary", max_tokens=2)).status_code == 200  # $0.005
         assert (await self.ask(model="primary", max_tokens=2)).status_code == 429
 
@@ -301,23 +324,23 @@ class CompletionCapTests(LimitTestCase):
         await save(self.alias, context_window=40, max_n=2)
         await self.limit(tokens_per_minute=1000)
         response = await self.ask(n=2)
-        assert response["x-ratelimit-remaining-tokens"] == str(1000 - (4 + 2 * 40))
+        assert response["x-ratelimit-remaining-tokens"] == str(1000 - 2 * (HI + 40))
 
     async def test_the_models_max_output_tokens_comes_before_its_context(self):
         await save(self.alias, context_window=4000, max_output_tokens=30)
         await self.limit(tokens_per_minute=1000)
         response = await self.ask()
-        assert response["x-ratelimit-remaining-tokens"] == str(1000 - (4 + 30))
+        assert response["x-ratelimit-remaining-tokens"] == str(1000 - (HI + 30))
 
     async def test_the_aliases_default_max_tokens_comes_first(self):
         await save(self.alias, context_window=40, default_params={"max_tokens": 10})
         await self.limit(tokens_per_minute=1000)
         response = await self.ask()
-        assert response["x-ratelimit-remaining-tokens"] == str(1000 - (4 + 10))
+        assert response["x-ratelimit-remaining-tokens"] == str(1000 - (HI + 10))
 
     async def test_an_unknown_context_reserves_the_default_cap_or_what_is_left(self):
         await self.limit(tokens_per_minute=limits.DEFAULT_COMPLETION_CAP)
-        response = await self.ask()  # 4 + the default cap would pass the limit
+        response = await self.ask()  # HI + the default cap would pass the limit
         assert response.status_code == 200
         assert response["x-ratelimit-remaining-tokens"] == "0"  # all that was left
 
@@ -328,11 +351,11 @@ class CompletionCapTests(LimitTestCase):
         assert limits.completion_cap(ModelAlias(public_id="l", backend=default)) == 2048
 
     async def spend(self):
-        """Four requests without max_tokens, against a limit of 11 tokens: each
-        answer is 2 tokens and 1 of prompt; its prompt is estimated at 4."""
+        """Four requests without max_tokens, against a limit of HI + 7 tokens: each
+        answer is 2 tokens and 1 of prompt; its prompt is reserved at HI."""
         answers = [await self.ask() for _ in range(4)]
         assert [answer.status_code for answer in answers] == [200, 200, 200, 429]
-        # 4 + 7 reserved, 3 used; 4 + 4, 3 used; 4 + 1, cut at its one token: 2 used.
+        # HI + 7 reserved, 3 used; HI + 4, 3 used; HI + 1, cut at its one token: 2 used.
         finishes = [answer.json()["choices"][0]["finish_reason"] for answer in answers[:3]]
         assert finishes == ["stop", "stop", "length"]
         rows = [row async for row in RequestLog.objects.order_by("id")]
@@ -340,34 +363,34 @@ class CompletionCapTests(LimitTestCase):
         return answers[3].json()["error"]
 
     async def test_a_token_budget_admits_what_fits_down_to_its_last_tokens(self):
-        await self.limit(token_budget=11, budget_period="day")
+        await self.limit(token_budget=HI + 7, budget_period="day")
         assert (await self.spend())["message"] == (
             "You exceeded your current quota, please check your plan and billing details."
-            " Budget: tokens this day, limit 11, used 8, requested 4100. This request sets no"
-            " max_tokens: it was offered what was left, less than its prompt (4 tokens) and"
-            " one completion token a choice."
+            f" Budget: tokens this day, limit {HI + 7}, used 8, requested {HI + 4096}. This"
+            " request sets no max_tokens: it was offered what was left, less than its prompt"
+            f" ({HI} tokens) and one completion token a choice."
         )
 
     async def test_tokens_per_minute_admit_what_fits_down_to_the_last_tokens(self):
-        await self.limit(tokens_per_minute=11)
+        await self.limit(tokens_per_minute=HI + 7)
         assert (await self.spend())["message"] == (
-            "Rate limit reached for tokens per minute: limit 11, used 8, requested 4100."
-            " This request sets no max_tokens: it was offered what was left, less than its"
-            " prompt (4 tokens) and one completion token a choice."
+            f"Rate limit reached for tokens per minute: limit {HI + 7}, used 8, requested"
+            f" {HI + 4096}. This request sets no max_tokens: it was offered what was left,"
+            f" less than its prompt ({HI} tokens) and one completion token a choice."
         )
 
     async def test_a_cost_budget_admits_the_completion_tokens_it_still_pays_for(self):
-        # 10 cents a token: $1.10 pays for what 11 tokens do.
+        # 10 cents a token: $5.70 pays for what HI + 7 tokens do.
         price = Decimal(100_000)  # dollars per million tokens
         await save(self.alias, input_price=price, output_price=price)
-        await self.limit(cost_budget=Decimal("1.10"), budget_period="day")
+        await self.limit(cost_budget=Decimal("5.70"), budget_period="day")
         error = await self.spend()
         assert error["type"] == "insufficient_quota"
-        assert "Budget: cost this day, limit $1.1, used $0.8, requested $410." in error["message"]
+        assert "Budget: cost this day, limit $5.7, used $0.8, requested $414.6." in error["message"]
 
     async def test_a_request_that_sets_max_tokens_is_never_cut(self):
-        await self.limit(token_budget=11, budget_period="day")
-        assert (await self.ask(max_tokens=8)).status_code == 429  # 4 + 8 would pass 11
+        await self.limit(token_budget=HI + 7, budget_period="day")
+        assert (await self.ask(max_tokens=8)).status_code == 429  # HI + 8 would pass HI + 7
         assert (await self.ask(max_tokens=7)).status_code == 200
 
 
@@ -423,7 +446,7 @@ class AdmissionRaceTests(LimitTestCase):
             {"model": "echo", "messages": [{"role": "user", "content": "Hi"}],
              "max_tokens": max_tokens}
         )  # fmt: skip
-        estimate = limits.Estimate.of(chat, alias)
+        estimate = limits.Estimate.of(chat, alias, prompt_bound(chat))
         used, refusals, held, peak = [], set(), 0, 0
 
         async def client(rng):
@@ -588,7 +611,8 @@ class LeaseTests(LimitTestCase):
         key = await ApiKey.objects.aget(pk=self.key.pk)
         messages = [{"role": "user", "content": "Hi"}]
         chat = parse_chat_request({"model": "echo", "messages": messages, "max_tokens": 1})
-        return await limits.admit(key, self.alias, limits.Estimate.of(chat, self.alias))
+        estimate = limits.Estimate.of(chat, self.alias, prompt_bound(chat))
+        return await limits.admit(key, self.alias, estimate)
 
     async def test_a_live_request_keeps_its_slot_past_its_first_lease(self):
         await self.limit(max_concurrent=1)

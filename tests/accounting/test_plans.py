@@ -21,6 +21,8 @@ from chatparity.accounting import keys, limits
 from chatparity.models import ApiKey, Backend, ModelAlias, Plan, hash_key
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.request import parse_chat_request
+from chatparity.protocol.tokens import prompt_bound
+from tests.accounting.test_limits import HI
 from tests.scripted import SCRIPTED
 from tests.support.counters import OnRedis
 from tests.support.logs import logged
@@ -129,11 +131,11 @@ class PlanAliasTests(PlanTestCase):
 
 class OwnerBudgetTests(PlanTestCase):
     async def test_all_of_an_owners_keys_share_the_budget(self):
-        # Each request reserves 6 (4 for the prompt, as estimated, and 2) and uses 3.
-        await self.set_plan(owner_token_budget=12)
+        # Each request reserves HI + 2 (its prompt at its bound, and 2) and uses 3.
+        await self.set_plan(owner_token_budget=HI + 10)
         for plaintext in (self.laptop_plaintext, self.server_plaintext, self.server_plaintext):
             assert (await self.ask(plaintext)).status_code == 200
-        for plaintext in (self.laptop_plaintext, self.server_plaintext):  # 9 used, 3 left
+        for plaintext in (self.laptop_plaintext, self.server_plaintext):  # 9 used, HI + 1 left
             refused = await self.ask(plaintext)
             assert refused.status_code == 429
             assert refused.json()["error"]["code"] == "insufficient_quota"
@@ -155,8 +157,8 @@ class OwnerBudgetTests(PlanTestCase):
     async def test_a_cost_budget_at_the_aliases_prices(self):
         self.echo.input_price, self.echo.output_price = Decimal("100000"), Decimal("100000")
         await self.echo.asave()
-        # 6 tokens reserved at $0.10 each: $0.60; 3 used: $0.30, and $0.35 left.
-        await self.set_plan(owner_cost_budget=Decimal("0.65"))
+        # HI + 2 tokens reserved at $0.10 each: $5.20; 3 used: $0.30, and $5.10 left.
+        await self.set_plan(owner_cost_budget=Decimal("5.40"))
         assert (await self.ask(self.laptop_plaintext)).status_code == 200
         assert (await self.ask(self.server_plaintext)).status_code == 429
 
@@ -216,7 +218,7 @@ class OwnerBudgetRaceTests(PlanTestCase):
         chat = parse_chat_request(
             {"model": "echo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20}
         )
-        estimate = limits.Estimate.of(chat, alias)
+        estimate = limits.Estimate.of(chat, alias, prompt_bound(chat))
         used, refusals = [], set()
 
         async def client(rng, grant):

@@ -475,6 +475,29 @@ def test_a_prompt_whose_bytes_cannot_fit_is_refused_before_tokenizing(backend, m
     assert int(counted[1]) > local.n_ctx
 
 
+def test_a_prompt_whose_bytes_cannot_fit_is_refused_at_admission_before_tokenizing(
+    backend, monkeypatch
+):
+    # Counted before admission, where no limit bounds the work yet: never a long prompt.
+    local = asyncio.run(backend.model())
+    monkeypatch.setattr(local, "tokenize", lambda text: pytest.fail("the prompt was tokenized"))
+    too_long = "x" * (local.n_ctx * local.max_token_bytes)
+    with pytest.raises(APIError) as refused:
+        asyncio.run(backend.prompt_tokens(ask(too_long, max_tokens=None), "SmolLM2"))
+    assert refused.value.code == "context_length_exceeded"
+
+
+def test_the_prompt_counted_at_admission_is_tokenized_once(backend, monkeypatch):
+    local = asyncio.run(backend.model())
+    request = ask("Count me once.", max_tokens=2)
+    counted = asyncio.run(backend.prompt_tokens(request, "SmolLM2"))
+    assert counted == asyncio.run(backend.count_tokens(request, "SmolLM2"))
+    monkeypatch.setattr(local, "tokenize", lambda text: pytest.fail("tokenized again"))
+    usage = run(backend, request)[-1]
+    assert usage.prompt_tokens == counted  # the template's tokens too: "Count me once." is 4
+    assert counted > 20
+
+
 def test_the_byte_bound_never_counts_more_tokens_than_there_are(backend):
     local = asyncio.run(backend.model())
     for text in ["Hello, world!", " " * 5000, "\n" + " " * 80, "é" * 999, "<|im_start|>" * 50]:

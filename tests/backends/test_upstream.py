@@ -18,6 +18,7 @@ from chatparity.backends import _http1
 from chatparity.backends import upstream as upstream_backend
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.transport.fastpath import FastPath
+from tests.accounting.test_limits import HI
 from tests.asgi import completion_scope, keep_test_connection
 from tests.backends import faulty_upstream
 from tests.support.upstream import SECRET, UpstreamTestCase
@@ -129,10 +130,10 @@ class CompletionLimitTests(UpstreamTestCase):
 
         cache.clear()
         key = await ApiKey.objects.aget(pk=self.key.pk)
-        key.token_budget = 50
+        key.token_budget = 100
         await key.asave(update_fields=["token_budget"])
         assert (await self.ask("whole")).status_code == 200
-        assert self.upstream.bodies["whole"]["max_tokens"] == 50 - 4  # "Hi" is estimated at 4
+        assert self.upstream.bodies["whole"]["max_tokens"] == 100 - HI  # "Hi" at its bound
         assert (await self.post("up-whole", max_tokens=5)).status_code == 200
         assert self.upstream.bodies["whole"]["max_tokens"] == 5  # the client's, as sent
 

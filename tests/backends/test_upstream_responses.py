@@ -5,7 +5,6 @@ the same events, whichever endpoint the client called, with the chat path's dist
 import asyncio
 import contextlib
 import json
-import threading
 
 import orjson
 import pytest
@@ -14,6 +13,7 @@ from django.test import TestCase, override_settings
 from chatparity.backends.upstream import UpstreamBackend
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from tests.backends.faulty_upstream import _json, _stream
+from tests.support.loopback import Loopback, read_request
 from tests.support.upstream import frames
 
 SECRET = "sk-native-secret-0000"
@@ -131,41 +131,20 @@ BEHAVIOURS = {
 }
 
 
-class NativeUpstream:
+class NativeUpstream(Loopback):
     """A loopback server answering ``/v1/responses`` as the request's model says; it keeps
     each request's path and body by model."""
 
     def __init__(self):
         self.requests = {}
-        self.port = 0
-        started = threading.Event()
-        self.thread = threading.Thread(target=asyncio.run, args=(self._serve(started),))
-        self.thread.daemon = True
-        self.thread.start()
-        started.wait(5)
+        super().__init__(self._answer)
 
-    async def _serve(self, started):
-        async def handle(reader, writer):
-            with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
-                head = (await reader.readuntil(b"\r\n\r\n")).decode()
-                length = next(
-                    int(line.split(":", 1)[1])
-                    for line in head.split("\r\n")
-                    if line.lower().startswith("content-length:")
-                )
-                body = json.loads(await reader.readexactly(length))
-                self.requests.setdefault(body["model"], []).append((head.split(" ")[1], body))
-                await BEHAVIOURS[body["model"]](writer)
-            writer.close()
-
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        self.port = server.sockets[0].getsockname()[1]
-        loop = asyncio.get_running_loop()
-        self.stop = lambda: loop.call_soon_threadsafe(server.close)
-        started.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            async with server:
-                await server.serve_forever()
+    async def _answer(self, reader, writer):
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            path, body = await read_request(reader)
+            self.requests.setdefault(body["model"], []).append((path, body))
+            await BEHAVIOURS[body["model"]](writer)
+        writer.close()
 
 
 class NativeResponsesTests(TestCase):

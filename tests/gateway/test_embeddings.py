@@ -2,6 +2,7 @@
 same keys, alias scopes, limits, budgets and log as chat; a chat alias refused for
 embeddings and an embedding alias refused for chat, each in its endpoint's envelope."""
 
+import asyncio
 import base64
 import sys
 from decimal import Decimal
@@ -12,6 +13,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.test import override_settings
 
+from chatparity.accounting import limits
 from chatparity.backends.embedder import MODEL_PACKAGE
 from chatparity.models import ApiKey, Backend, Endpoint, ModelAlias, RequestLog
 from chatparity.protocol.embeddings import floats
@@ -248,17 +250,36 @@ class LimitTests(EmbeddingsTestCase):
         )
         assert status == 200
         assert response_headers["x-ratelimit-limit-tokens"] == "10"
-        status, _, answer = await self.embed(headers, model="embed-small", input="x" * 400)
+        # 4 used; 7 more, counted exactly before admission, would pass 10.
+        status, _, answer = await self.embed(
+            headers, model="embed-small", input="one two three four five six seven"
+        )
         assert status == 429
         assert answer["error"]["type"] == "tokens"
 
     async def test_a_token_budget_is_spent_by_the_tokens_used(self):
         _, headers = await self.limited_key(token_budget=6)
         first = await self.embed(headers, model="embed-small", input="one two three four")
-        assert first[0] == 200  # 5 tokens reserved (18 characters), 4 used: 2 left
+        assert first[0] == 200  # 4 tokens reserved (counted exactly), 4 used: 2 left
         status, _, answer = await self.embed(headers, model="embed-small", input="five six seven")
         assert status == 429
         assert answer["error"]["code"] == "insufficient_quota"
+
+    async def test_concurrent_punctuation_never_passes_a_budget(self):
+        # Security round 4: embeddings were reserved at four characters a token and used
+        # as many WordPiece tokens as punctuation marks: 7 requests at once spent 3.5
+        # times their budget. Their tokens are counted before admission.
+        key, headers = await self.limited_key(token_budget=800)
+        answers = await asyncio.gather(
+            *(self.embed(headers, model="embed-small", input="!" * 200) for _ in range(7))
+        )
+        statuses = sorted(status for status, _, _ in answers)
+        assert statuses == [200] * 4 + [429] * 3  # 200 tokens each, counted exactly
+        assert {
+            answer["usage"]["prompt_tokens"] for status, _, answer in answers if status == 200
+        } == {200}
+        key = await ApiKey.objects.aget(pk=key.pk)
+        assert ("tokens this month", 800, 800) in await limits.standing(key)
 
     async def test_a_key_sees_only_its_aliases(self):
         key, headers = await self.limited_key(all_aliases=False)

@@ -309,7 +309,26 @@ class ErrorTests(MessagesTestCase):
 
 
 class CountTokensTests(MessagesTestCase):
-    async def test_a_backend_without_a_tokenizer_is_counted_as_the_limits_estimate(self):
+    async def test_a_backend_without_a_tokenizer_counts_the_tools_too(self):
+        # Security round 4: a 540 KB tool was counted as the 4 tokens of its "Hi".
+        tool = {"name": "big", "description": "x" * 540_000, "input_schema": {"type": "object"}}
+        body = {"model": "echo", "messages": HI, "tools": [tool]}
+        status, _, content = await self.post("/v1/messages/count_tokens", body)
+        assert status == 200
+        assert orjson.loads(content)["input_tokens"] > 540_000 // 4
+
+    async def test_a_count_for_a_model_it_may_not_use_is_a_request_too(self):
+        # Security round 4: a 404 for an unknown model never counted against the key.
+        await ApiKey.objects.filter(pk=self.key.pk).aupdate(requests_per_minute=1)
+        status, _, _ = await self.post(
+            "/v1/messages/count_tokens", {"model": "nope", "messages": HI}
+        )
+        assert status == 404
+        body = {"model": "echo", "messages": HI}
+        status, _, content = await self.post("/v1/messages/count_tokens", body)
+        assert (status, orjson.loads(content)["error"]["type"]) == (429, "rate_limit_error")
+
+    async def test_a_backend_without_a_tokenizer_is_counted_at_four_characters_a_token(self):
         body = {
             "model": "echo",
             "system": "Be brief.",

@@ -19,6 +19,7 @@ from chatparity.gateway.routing import Candidate, by_weight, choose, position
 from chatparity.models import ApiKey, Backend, Deployment, ModelAlias, RequestLog, Routing
 from tests.scripted import SCRIPTED, ScriptedBackend
 from tests.support.counters import OnRedis
+from tests.support.upstream import UpstreamTestCase
 from tests.support.waiting import until
 
 
@@ -179,7 +180,6 @@ class RoutedTestCase(TestCase):
     def setUp(self):
         cache.clear()
         routing.chance.seed(0)
-        routing._cooling.clear()
 
     async def alias(self, public_id, *deployments, **fields):
         """An alias whose deployments are ``deployments``: backend names, or (name,
@@ -427,3 +427,35 @@ class OnRedisStickyTests(OnRedis, StickyTests):
 
 class OnRedisTrialTests(OnRedis, TrialTests):
     """The same, the shared state in Redis."""
+
+
+class UpstreamGroupTests(UpstreamTestCase):
+    """Deployments of the ``openai`` kind, over HTTP to a misbehaving upstream."""
+
+    async def group(self, *models):
+        alias = await ModelAlias.objects.acreate(
+            public_id="group", backend=self.backend, model=models[0]
+        )
+        for model in models[1:]:
+            await Deployment.objects.acreate(alias=alias, backend=self.backend, model=model)
+
+    async def test_a_deployment_that_fails_is_not_asked_again_by_its_backend(self):
+        # Its own retries would delay the request: another deployment serves it instead.
+        await self.group("server-error", "canonical")
+        for _ in range(3):
+            response = await self.post("group", stream=True)
+            assert self.text(await self.stream_of(response)) == "Hello world"
+            await routing.told()
+        tried = [row.deployments_tried async for row in RequestLog.objects.all()]
+        assert self.upstream.attempts["server-error"] == tried.count(2) >= 1
+
+    async def test_an_upstreams_retry_after_cools_its_deployment_for_that_long(self):
+        await self.group("retry-after", "canonical")
+        for _ in range(4):
+            assert (await self.post("group")).status_code == 200
+            await routing.told()
+        assert self.upstream.attempts["retry-after"] == 1
+        own = await Deployment.objects.aget(alias__public_id="group", primary=True)
+        snapshot = await shared.snapshot([own], own.alias_id)
+        cooling = snapshot.health[shared.scope(own)].cooling_until - snapshot.now
+        assert 6 < cooling <= 7

@@ -7,11 +7,16 @@ from decimal import Decimal
 from html import unescape
 
 import orjson
+from asgiref.sync import async_to_sync
 from django.contrib.auth.models import Group
+from django.db.models import Sum
 from django.test import Client, TestCase, override_settings
 from django.utils import timezone
 
-from chatparity.models import ApiKey, Backend, ModelAlias, Plan, hash_key
+from chatparity.accounting import limits
+from chatparity.models import ApiKey, Backend, ModelAlias, Plan, RequestLog, hash_key
+from tests.accounting.test_limits import HI
+from tests.scripted import SCRIPTED
 from tests.support.logs import logged
 from tests.support.users import portal_user
 
@@ -322,6 +327,54 @@ class KeyCapTests(PortalTestCase):
         assert self.create(name="alices").status_code == 201
 
 
+@override_settings(CHATPARITY={**SCRIPTED, "PORTAL": {"MAX_KEYS": 2}})
+class KeyCyclingTests(TestCase):
+    """Security round 4: revoking a spent key and making another gave the plan's budget of
+    each key again, without end. The keys a user makes under a plan may spend together
+    at most what the most keys they may hold at once could (``MAX_KEYS`` times a key's
+    budget), whichever of them were revoked."""
+
+    KEY_BUDGET = HI + 11  # a key spends 4 requests of 3 tokens, each reserving HI + 2
+
+    @classmethod
+    def setUpTestData(cls):
+        backend = Backend.objects.create(
+            name="scripted", kind="scripted", options={"script": ["Hello", " there"]}
+        )
+        ModelAlias.objects.create(public_id="echo", backend=backend)
+        plan = Plan.objects.create(name="starter", token_budget=cls.KEY_BUDGET, budget_period="day")
+        cls.alice = portal_user("alice", plan)
+
+    def test_revoking_and_making_keys_never_spends_past_max_keys_budgets(self):
+        self.client.force_login(self.alice)
+        for _ in range(12):  # spent without the bound: 12 keys of 12 tokens
+            created = self.client.post(NEW_KEY, {"name": "cycled"})
+            assert created.status_code == 201
+            plaintext = plaintext_of(created)
+            while (answer := ask_echo(plaintext)).status_code == 200:
+                pass
+            assert answer.json()["error"]["code"] == "insufficient_quota"
+            key = ApiKey.objects.get(hashed_key=hash_key(plaintext))
+            assert self.client.post(revoke_url(key)).status_code == 302
+        spent = RequestLog.objects.aggregate(total=Sum("total_tokens"))["total"]
+        assert 2 * self.KEY_BUDGET - HI - 2 <= spent <= 2 * self.KEY_BUDGET
+        plan = Plan.objects.get(name="starter")
+        assert async_to_sync(limits.owner_standing)(self.alice.pk, plan) == [
+            ("tokens this day (all your keys made under your plan)", spent, 2 * self.KEY_BUDGET),
+        ]
+
+
+def ask_echo(plaintext):
+    """A completion of the scripted alias ``echo`` (1 prompt and 2 completion tokens)."""
+    body = {"model": "echo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    return Client().post(
+        "/v1/chat/completions",
+        orjson.dumps(body),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {plaintext}"},
+    )
+
+
 def shown(page, element_id):
     """The text of the element ``element_id`` on ``page``, its tags dropped."""
     html = page.content.decode()
@@ -393,6 +446,9 @@ class UsedOfAllowedTests(PortalTestCase):
             "cost this day: $1,234.5000 of $2.5000",
             "tokens this month (all your keys): 12,345 of 1,000,000",
             "cost this month (all your keys): $1,234.5000 of $1,500.0000",
+            # MAX_KEYS (10) times the plan's budget of each key, revoked keys included.
+            "tokens this day (all your keys made under your plan): 12,345 of 500,000",
+            "cost this day (all your keys made under your plan): $1,234.5000 of $25.0000",
         ]
 
     def test_a_key_that_no_longer_serves_shows_its_limits(self):

@@ -396,6 +396,10 @@ def test_counting_tokens_takes_no_max_tokens_and_refuses_it():
             {"stop_sequences": ["a", "b", "c", "d", "e"]},
             "Invalid 'stop_sequences': array too long.",
         ),
+        (
+            {"stop_sequences": ["x" * 1_000_000]},
+            "Invalid 'stop_sequences[0]': string too long.",
+        ),
         ({"max_tokens": 0}, "Invalid 'max_tokens': integer below minimum value."),
         (
             {"thinking": {"type": "enabled", "budget_tokens": 512}},

@@ -521,6 +521,24 @@ ERRORS = [
         "array_above_max_length",
         id="five stops",
     ),
+    # Security round 4: a 1 MB stop sequence was taken, and the local model looked
+    # through up to all of it at each token.
+    case(
+        {"stop": "x" * 513},
+        "Invalid 'stop': string too long. Expected a string with maximum length 512, but got a"
+        " string with length 513 instead.",
+        "stop",
+        "string_above_max_length",
+        id="a long stop",
+    ),
+    case(
+        {"stop": ["a", "x" * 1_000_000]},
+        "Invalid 'stop[1]': string too long. Expected a string with maximum length 512, but got"
+        " a string with length 1000000 instead.",
+        "stop[1]",
+        "string_above_max_length",
+        id="a megabyte stop",
+    ),
     case(
         {"metadata": {f"k{i}": "v" for i in range(17)}},
         "Invalid 'metadata': too many properties. Expected an object with at most 16 properties,"
