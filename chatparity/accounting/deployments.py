@@ -44,7 +44,15 @@ def serving(alias: ModelAlias) -> list[Deployment]:
     """The deployments that may serve ``alias``, by tier: those enabled, with a weight
     above 0, on an enabled backend, as read with it (``deployments`` prefetched). Its
     own backend and model are its first deployment's, as the alias says them now; they
-    alone serve an alias read without its deployments, or saved without any."""
+    alone serve an alias read without its deployments, or saved without any. Worked out
+    once per alias read."""
+    found: list[Deployment] | None = alias.__dict__.get("_chatparity_serving")
+    if found is None:
+        found = alias.__dict__["_chatparity_serving"] = _serving(alias)
+    return found
+
+
+def _serving(alias: ModelAlias) -> list[Deployment]:
     read = getattr(alias, "_prefetched_objects_cache", {}).get("deployments")
     rows = list(read) if read is not None else []
     own = next((row for row in rows if row.primary), None)

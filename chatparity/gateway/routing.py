@@ -317,6 +317,11 @@ class Route:
     async def next(self) -> Deployment:
         """The deployment to ask now, its quota held and the request noted as asked of
         it; the alias's unavailability as an :class:`APIError` when none may serve."""
+        if not self.group.shared and self.current is None:
+            (deployment,) = self.group.deployments
+            if not deployment.has_quota:  # as an alias of one backend always was served
+                self._asked(deployment, None, trial=False)
+                return deployment
         snapshot = await self._read()
         while True:
             pick = self._pick(snapshot)
@@ -340,10 +345,13 @@ class Route:
                     await self._unclaim(deployment)
                 self.skipped.add(scope(deployment))
                 continue
-            self.current, self.trial = deployment, trial
-            self.asked_at = time.perf_counter()
-            self.accounting.deployed(deployment, hold if isinstance(hold, Admission) else None)
+            self._asked(deployment, hold if isinstance(hold, Admission) else None, trial)
             return deployment
+
+    def _asked(self, deployment: Deployment, hold: Admission | None, trial: bool) -> None:
+        self.current, self.trial = deployment, trial
+        self.asked_at = time.perf_counter()
+        self.accounting.deployed(deployment, hold)
 
     @contextlib.contextmanager
     def asking(self) -> Iterator[None]:

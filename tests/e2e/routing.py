@@ -98,14 +98,21 @@ class Site:
     def shell(self, code: str) -> str:
         return manage(self.env, "shell", "-c", code)
 
-    def rows(self) -> dict[str, dict]:
-        """The request log by request id."""
+    def rows(self, outcomes: list[Outcome], timeout: float = 15.0) -> dict[str, dict]:
+        """The request log by request id, once it has the rows of ``outcomes`` (a worker
+        writes a request's row just after its answer)."""
         import psycopg
         from psycopg.rows import dict_row
 
-        with psycopg.connect(self.database_url, row_factory=dict_row) as connection:
-            rows = connection.execute("SELECT * FROM chatparity_requestlog").fetchall()
-        return {row["request_id"]: row for row in rows}
+        wanted = {outcome.request_id for outcome in outcomes}
+        deadline = time.monotonic() + timeout
+        while True:
+            with psycopg.connect(self.database_url, row_factory=dict_row) as connection:
+                rows = connection.execute("SELECT * FROM chatparity_requestlog").fetchall()
+            found = {row["request_id"]: row for row in rows}
+            if wanted <= found.keys() or time.monotonic() > deadline:
+                return found
+            time.sleep(0.2)
 
 
 def _deployments_code(alias: str, routing: str, deployments: list[tuple[str, str, float]],
@@ -379,15 +386,16 @@ def sticky(server_url: str, redis_url: str, *, workers: int = 2) -> StickyReport
     with stubs(*specs) as running, site(server_url, redis_url, running, weights=weights,
                                          sticky="on", workers=workers) as live:  # fmt: skip
         turns = asyncio.run(drive(live.urls, live.key, 400, 8, sessions=names))
-        rows = live.rows()
+        rows = live.rows(turns)
         sessions = {name: Counter() for name in names}
         for outcome in turns:
             sessions[outcome.session][rows[outcome.request_id]["deployment"]] += 1
-        cooled = "a"
-        running[cooled].limit(60, 60)
+        homes = Counter(seen.most_common(1)[0][0] for seen in sessions.values())
+        cooled = homes.most_common(1)[0][0]  # the deployment of the most sessions
+        running[cooled.split("/")[0]].limit(60, 60)  # its label: "<backend>/stub-model"
         mine = [name for name, seen in sessions.items() if seen.most_common(1)[0][0] == cooled]
         later = asyncio.run(drive(live.urls, live.key, 10 * len(mine), 4, sessions=mine, seed=2))
-        rows = live.rows()
+        rows = live.rows(later)
         moved = {name: Counter() for name in mine}
         for outcome in later:
             moved[outcome.session][rows[outcome.request_id]["deployment"]] += 1

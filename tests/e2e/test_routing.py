@@ -27,7 +27,7 @@ def test_after_a_429_its_deployment_is_left_alone_for_its_retry_after(
     # Between the first 429 (and what was on its way then) and the window's end, one
     # request tried it again, at its Retry-After of 5 s: no stampede, nothing sooner.
     assert len(report.arrivals_cooling) == 1, report.arrivals_cooling
-    assert 5.0 <= report.arrivals_cooling[0] < 5.5
+    assert 5.0 <= report.arrivals_cooling[0] < 6.5
     assert report.recovered > 0  # then it serves again
 
 
