@@ -9,15 +9,14 @@ from unittest import mock
 import pytest
 from django.core.checks import Tags, run_checks
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
-from django.db.migrations.executor import MigrationExecutor
-from django.test import TransactionTestCase
+from django.db import transaction
 
 from chatparity.backends import config_errors
 from chatparity.conf import DEFAULTS
 from chatparity.models import ApiKey, Backend, Deployment, ModelAlias, deployments_problem
 from tests.configs import BAD_ALIASES, BAD_BACKENDS, GOOD_ALIAS, GOOD_BACKENDS
 from tests.scripted import SCRIPTED
+from tests.support.migrating import MigratingTestCase
 
 pytestmark = pytest.mark.django_db
 
@@ -200,19 +199,10 @@ class TestDeployment:
         ]  # fmt: skip
 
 
-class MigrationTests(TransactionTestCase):
+class MigrationTests(MigratingTestCase):
     """0017 makes each alias an alias of one deployment: its backend and model."""
 
     BEFORE = [("chatparity", "0016_unbilled_endpoints")]
-
-    def migrate(self, targets):
-        executor = MigrationExecutor(connection)
-        executor.migrate(targets)
-        return executor.loader.project_state(targets).apps
-
-    def tearDown(self):
-        executor = MigrationExecutor(connection)
-        executor.migrate(executor.loader.graph.leaf_nodes())
 
     def test_each_alias_becomes_an_alias_of_its_own_deployment(self):
         old = self.migrate(self.BEFORE)
@@ -220,8 +210,7 @@ class MigrationTests(TransactionTestCase):
         aliases = old.get_model("chatparity", "ModelAlias").objects
         aliases.create(public_id="one", backend=backend, model="m1")
         aliases.create(public_id="two", backend=backend, model="")
-        executor = MigrationExecutor(connection)
-        self.migrate(executor.loader.graph.leaf_nodes())
+        self.migrate(self.latest())
         rows = Deployment.objects.order_by("alias__public_id").values_list(
             "alias__public_id", "backend__name", "model", "primary", "weight", "tier", "enabled"
         )

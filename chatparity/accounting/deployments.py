@@ -134,6 +134,16 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class Wanted:
+    """What a snapshot reads besides every deployment's health (:func:`snapshot`)."""
+
+    alias_id: int
+    sequence: bool = False
+    samples: str = ""
+    session: str = ""
+
+
+@dataclass(frozen=True)
 class Settings:
     """``CHATPARITY["ROUTING"]``, read once per call."""
 
@@ -310,14 +320,9 @@ class _RedisState:
         self.store = store
 
     async def snapshot(
-        self,
-        deployments: Sequence[Deployment],
-        alias_id: int,
-        sequence: bool,
-        samples: str,
-        session: str,
-        settings: Settings,
+        self, deployments: Sequence[Deployment], wanted: Wanted, settings: Settings
     ) -> Snapshot:
+        alias_id, samples, session = wanted.alias_id, wanted.samples, wanted.session
         now = time.time()
         keys: list[str] = []
         for deployment in deployments:
@@ -336,7 +341,7 @@ class _RedisState:
                 _samples_key(name, samples or "stream"),
             ]
         keys += [f"{_alias_scope(alias_id)}:seq", session or f"{_alias_scope(alias_id)}:none"]
-        args = [len(deployments), int(sequence), int(bool(samples)), int(bool(session))]
+        args = [len(deployments), int(wanted.sequence), int(bool(samples)), int(bool(session))]
         out = await self.store.run(_SNAPSHOT, keys, args)
         clock = out[0] / 1000
         health = {}
@@ -426,40 +431,28 @@ class _CacheState:
         self.store = store
 
     async def snapshot(
-        self,
-        deployments: Sequence[Deployment],
-        alias_id: int,
-        sequence: bool,
-        samples: str,
-        session: str,
-        settings: Settings,
+        self, deployments: Sequence[Deployment], wanted: Wanted, settings: Settings
     ) -> Snapshot:
-        result: Snapshot = await self.store.call(
-            self._snapshot, deployments, alias_id, sequence, samples, session, settings
-        )
+        result: Snapshot = await self.store.call(self._snapshot, deployments, wanted, settings)
         return result
 
     @staticmethod
     def _snapshot(
-        deployments: Sequence[Deployment],
-        alias_id: int,
-        sequence: bool,
-        samples: str,
-        session: str,
-        settings: Settings,
+        deployments: Sequence[Deployment], wanted: Wanted, settings: Settings
     ) -> Snapshot:
+        samples, session = wanted.samples, wanted.session
         now = time.time()
-        wanted: list[str] = []
+        keys: list[str] = []
         for deployment in deployments:
             name, owned = scope(deployment), quota(deployment)
             most = owned.max_in_flight or limits.CACHE_SLOTS
-            wanted += [*_keys(name, settings, now).values(), *owned.counters(int(now // 60))]
-            wanted += [f"{owned.slots}:{index}" for index in range(most)]
+            keys += [*_keys(name, settings, now).values(), *owned.counters(int(now // 60))]
+            keys += [f"{owned.slots}:{index}" for index in range(most)]
             if samples:
-                wanted.append(_samples_key(name, samples))
+                keys.append(_samples_key(name, samples))
         if session:
-            wanted.append(session)
-        found = cache.get_many(wanted)
+            keys.append(session)
+        found = cache.get_many(keys)
         health = {}
         for deployment in deployments:
             name, owned = scope(deployment), quota(deployment)
@@ -481,7 +474,7 @@ class _CacheState:
                 used_tokens=used_t,
                 samples=tuple(found.get(_samples_key(name, samples), ())) if samples else (),
             )
-        seq = _count(f"{_alias_scope(alias_id)}:seq", 1, DAY) if sequence else None
+        seq = _count(f"{_alias_scope(wanted.alias_id)}:seq", 1, DAY) if wanted.sequence else None
         sticky = found.get(session) if session else None
         return Snapshot(now, health, sequence=seq, sticky=sticky)
 
@@ -583,9 +576,8 @@ async def snapshot(
     weighted sequence moved on when ``sequence``, their recent times to first event of
     kind ``samples`` (``stream`` or ``whole``; "": none), and the deployment that served
     ``session`` (:func:`session_key`) last."""
-    return await _state().snapshot(
-        deployments, alias_id, sequence, samples, session, Settings.read()
-    )
+    wanted = Wanted(alias_id, sequence, samples, session)
+    return await _state().snapshot(deployments, wanted, Settings.read())
 
 
 async def claim(deployment: Deployment, seconds: float) -> bool:

@@ -80,12 +80,16 @@ class LogFilter:
         else:
             model = DailyAliasUsage
         rows: QuerySet[Any] = model._default_manager.order_by()
+        if self.key_prefix:
+            rows = rows.filter(key_prefix=self.key_prefix)
+        return self.within(rows)
+
+    def within(self, rows: QuerySet[Any]) -> QuerySet[Any]:
+        """The rollups of ``rows`` in its days, of its alias and endpoint (not its key)."""
         if self.since is not None:
             rows = rows.filter(day__gte=self.since)
         if self.until is not None:
             rows = rows.filter(day__lte=self.until)
-        if self.key_prefix:
-            rows = rows.filter(key_prefix=self.key_prefix)
         if self.alias:
             rows = rows.filter(alias__iexact=self.alias)
         if self.endpoint:
@@ -189,15 +193,8 @@ def latency_by_alias(log_filter: LogFilter) -> list[dict[str, Any]]:
 def latency_by_deployment(log_filter: LogFilter) -> list[dict[str, Any]]:
     """Per alias and deployment that served its requests: requests, error rate, p50/p95
     duration and time to first token (ms), of every key (a filter's key is not asked)."""
-    rows = DailyDeploymentUsage.objects.order_by().exclude(endpoint__in=UNBILLED_ENDPOINTS)
-    if log_filter.since is not None:
-        rows = rows.filter(day__gte=log_filter.since)
-    if log_filter.until is not None:
-        rows = rows.filter(day__lte=log_filter.until)
-    if log_filter.alias:
-        rows = rows.filter(alias__iexact=log_filter.alias)
-    if log_filter.endpoint:
-        rows = rows.filter(endpoint=log_filter.endpoint)
+    rollups = DailyDeploymentUsage.objects.order_by().exclude(endpoint__in=UNBILLED_ENDPOINTS)
+    rows = log_filter.within(rollups)
     buckets = (*DURATION_BUCKETS, *FIRST_TOKEN_BUCKETS)
     groups = sums(rows, ["alias", "deployment"], ("requests", "errors", *buckets))
     return [

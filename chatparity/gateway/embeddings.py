@@ -28,7 +28,7 @@ from ..accounting.limits import Estimate
 from ..backends import get_backend, serves_embeddings
 from ..backends.base import EmbeddingBackend, current_caller, upstream_calls
 from ..conf import app_settings
-from ..models import Endpoint, ModelAlias
+from ..models import Deployment, Endpoint, ModelAlias
 from ..protocol import errors
 from ..protocol.embeddings import (
     Embeddings,
@@ -52,7 +52,7 @@ from .pipeline import (
     serve,
     serving,
 )
-from .routing import Route
+from .routing import Route, first_answer
 
 logger = logging.getLogger(__name__)
 
@@ -125,25 +125,13 @@ async def _embedded(
     route: Route, request: EmbeddingsRequest, accounting: Accounting
 ) -> Embeddings | APIError:
     """``request`` embedded by a deployment of ``route``'s alias; else why none did."""
-    while True:
-        try:
-            deployment = await route.next()
-        except APIError as unavailable:
-            return unavailable
+
+    async def ask(deployment: Deployment) -> Embeddings:
         backend = get_backend(deployment.backend)
         assert isinstance(backend, EmbeddingBackend), "its kind serves embeddings"
-        try:
-            with route.asking():
-                embedded = await accounting.answer(backend.embed(request, deployment.model))
-        except APIError as error:
-            if not await route.failed(error):
-                return error
-            continue
-        except asyncio.CancelledError:
-            route.interrupted(asyncio.get_running_loop().time())
-            raise
-        route.answered()
-        return embedded
+        return await accounting.answer(backend.embed(request, deployment.model))
+
+    return await first_answer(route, ask)
 
 
 async def _counted(

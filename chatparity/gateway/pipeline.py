@@ -34,7 +34,7 @@ from ..accounting.record import UsageRecord
 from ..backends import ChatBackend, get_backend, serves_chat
 from ..backends.base import current_caller, upstream_calls
 from ..conf import app_settings
-from ..models import Backend, ModelAlias
+from ..models import Backend, Deployment, ModelAlias
 from ..models import Endpoint as LoggedEndpoint
 from ..protocol import errors
 from ..protocol.completion import CompletionAccumulator
@@ -646,25 +646,13 @@ async def _first_event(
 ) -> tuple[ChatBackend, AsyncIterator[Event], Event] | APIError:
     """The backend of a deployment of ``route``'s alias, its events and the first of
     them; else why none of its deployments answered."""
-    while True:
-        try:
-            deployment = await route.next()
-        except APIError as unavailable:
-            return unavailable
+
+    async def ask(deployment: Deployment) -> tuple[ChatBackend, AsyncIterator[Event], Event]:
         backend = get_backend(deployment.backend)
         events = aiter(backend.stream(chat, deployment.model))
-        try:
-            with route.asking():
-                first = await accounting.first_event(events)
-        except APIError as error:
-            if not await route.failed(error):
-                return error
-            continue
-        except asyncio.CancelledError:
-            route.interrupted(asyncio.get_running_loop().time())
-            raise
-        route.answered()
-        return backend, events, first
+        return backend, events, await accounting.first_event(events)
+
+    return await routing.first_answer(route, ask)
 
 
 async def reserved_prompt(backend: ChatBackend, chat: ChatRequest, model: str) -> int:

@@ -34,9 +34,9 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import signals
 from ..accounting import deployments as shared
@@ -64,6 +64,8 @@ DEADLINE_HEADER = "x-stainless-timeout"
 POLL_SECONDS = 0.25
 """How often a request waiting for a deployment's trial to end looks again."""
 MAX_SESSION_CHARS = 512
+
+T = TypeVar("T")
 
 chance = random.Random()
 """Breaks ties and picks exploration; tests seed it."""
@@ -254,6 +256,28 @@ when the shared state cannot be read, and added to it when it can."""
 _sequences: dict[int, int] = {}
 """Each alias's weighted sequence in this process, while the shared one cannot be read."""
 _telling: set[asyncio.Task[None]] = set()
+
+
+async def first_answer(route: Route, ask: Callable[[Deployment], Awaitable[T]]) -> T | APIError:
+    """What ``ask(deployment)`` answers for the first deployment of ``route``'s alias
+    that answers (its first event, its vectors); else why none did."""
+    while True:
+        try:
+            deployment = await route.next()
+        except APIError as unavailable:
+            return unavailable
+        try:
+            with route.asking():
+                answer = await ask(deployment)
+        except APIError as error:
+            if not await route.failed(error):
+                return error
+            continue
+        except asyncio.CancelledError:
+            route.interrupted(asyncio.get_running_loop().time())
+            raise
+        route.answered()
+        return answer
 
 
 def forget() -> None:
