@@ -31,6 +31,7 @@ printed with them): run it alone.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import os
 import statistics
@@ -124,7 +125,41 @@ def selection(calls: int) -> list[Timing]:
         route.group = routing.Group((tuple(deployments),), sticky=False)
         route.failures, route.skipped, route.waiting = set(), set(), set()
         timings.append(timed(f"Route._pick, {strategy}", lambda r=route: r._pick(snapshot), calls))
+    timings.append(one_deployment(calls))
     return timings
+
+
+def one_deployment(calls: int) -> Timing:
+    """The whole routing stage of a request to an alias of one deployment (what every
+    alias of one backend now goes through): the route made, its deployment asked, its
+    first event told; nothing read or kept (bench/run.py's one-deployment alias)."""
+    from chatparity.accounting.ledger import Accounting
+    from chatparity.accounting.record import UsageRecord
+    from chatparity.backends import serves_chat
+    from chatparity.gateway import routing
+    from chatparity.models import Backend, ModelAlias
+
+    backend = Backend(pk=1, name="stub", kind="openai", base_url="http://127.0.0.1:9/v1")
+    alias = ModelAlias(pk=2, public_id="stub", backend=backend, model="stub-model")
+
+    async def measure() -> Timing:
+        clock = time.perf_counter_ns
+        samples = []
+        for _ in range(calls):
+            accounting = Accounting(UsageRecord(request_id="req_bench"))
+            started = clock()
+            route = routing.Route(alias, accounting, serves_chat)
+            await route.next()
+            route.answered()
+            samples.append(clock() - started)
+        samples.sort()
+        return Timing(
+            "the stage, one deployment",
+            samples[len(samples) // 2] / 1000,
+            samples[int(len(samples) * 0.99)] / 1000,
+        )
+
+    return asyncio.run(measure())
 
 
 # -- 2. side by side -------------------------------------------------------------------
