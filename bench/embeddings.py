@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-from harness import ROOT, chatparity_command, free_port, log, make_chatparity, serve, stub_command
+from harness import ROOT, free_port, log, make_chatparity, serve, serving, stub_command
 
 WORDS = [
     *[
@@ -167,22 +167,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         site = make_chatparity(Path(folder))
         site.manage("chatparity_bootstrap")
-        stub_port, port = free_port(), free_port()
+        stub_port = free_port()
         stub_url = f"http://127.0.0.1:{stub_port}/v1"
         site.add_upstream("stub-embed", stub_url)
-        headers = {"Authorization": f"Bearer {site.key}"}
         with (
             serve(stub_command(stub_port), f"{stub_url}/models"),
-            serve(
-                chatparity_command("uvicorn", port),
-                f"http://127.0.0.1:{port}/v1/models",
-                headers,
-                env=site.env,
-                log_file=Path(folder) / "uvicorn.log",
-            ),
-            httpx.Client(
-                base_url=f"http://127.0.0.1:{port}/v1", headers=headers, timeout=300
-            ) as gateway,
+            serving(site, Path(folder), timeout=300) as gateway,
             httpx.Client(base_url=stub_url, timeout=300) as direct,
         ):
             log("embedded model through /v1/embeddings")

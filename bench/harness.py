@@ -423,6 +423,26 @@ def make_chatparity(work: Path, tree: Path = ROOT, services: Services | None = N
     return site
 
 
+@contextmanager
+def serving(site: Chatparity, work: Path, timeout: float) -> Iterator[httpx.Client]:
+    """``site`` served by uvicorn (one worker, its log in ``work``), and a client of its
+    ``/v1`` with the bench's key."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    headers = {"Authorization": f"Bearer {site.key}"}
+    with (
+        serve(
+            chatparity_command("uvicorn", port),
+            f"{url}/models",
+            headers,
+            env=site.env,
+            log_file=work / "uvicorn.log",
+        ),
+        httpx.Client(base_url=url, headers=headers, timeout=timeout) as client,
+    ):
+        yield client
+
+
 # -- wrk ------------------------------------------------------------------------
 
 # Checks every 200 response (all CHUNKS tokens there, a stream ended as its API ends one)

@@ -50,20 +50,94 @@ BIN = Path(sys.executable).parent
 # The writer and the spool over a PostgreSQL of its own that it stops (10 s): the spool's
 # own tests speak for each of its lines.
 WITHOUT_OUTAGE = (
-    "--deselect tests/accounting/test_spool.py::test_no_row_is_lost_over_a_postgresql_outage"
+    "--deselect",
+    "tests/accounting/test_spool.py::test_no_row_is_lost_over_a_postgresql_outage",
+)
+# A killed worker's journal recovered: its requests settled on their prompt, each counted
+# on the day it ran.
+KILLED_WORKER = (
+    "tests/accounting/test_settlement.py::test_a_killed_workers_request_is_settled_on_its_prompt",
+    "tests/accounting/test_rollups.py"
+    "::test_a_killed_workers_requests_count_as_interrupted_on_the_day_they_ran",
+)
+# The spool folder as the checks, the metrics and a starting site judge it, and rows
+# spooled days ago counted on their own day.
+SPOOL_FOLDER = (
+    "tests/test_checks.py::test_a_spool_folder_of_this_users_alone_passes",
+    "tests/test_checks.py::test_a_spool_folder_chatparity_would_refuse_is_an_error",
+    "tests/metrics/test_views.py::SpoolTests",
+    "tests/test_deploy.py"
+    "::test_a_spool_folder_linked_to_a_private_folder_passes_and_is_resolved_at_start",
+    "tests/test_deploy.py::test_a_spool_folder_linked_into_a_shared_folder_stops_the_site_at_start",
+    "tests/accounting/test_rollups.py"
+    "::test_rows_spooled_days_ago_count_on_their_own_day_once_drained",
 )
 # module -> the tests that speak for it, the quickest to fail first (pytest stops there)
-TARGETS = {
-    "chatparity/gateway/auth.py": "tests/gateway/test_auth.py tests/transport/test_views.py",
-    "chatparity/accounting/keys.py": "tests/accounting/test_keys.py tests/transport/test_views.py"
-    " tests/accounting/test_plans.py tests/portal/test_keys.py::PlanLossTests"
-    " tests/metrics/test_instruments.py::RequestMetricsTests",
-    "chatparity/accounting/limits.py": "tests/accounting/test_limits.py",
-    "chatparity/accounting/spool.py": f"tests/accounting/test_spool.py {WITHOUT_OUTAGE}",
-    "chatparity/accounting/journal.py": f"tests/accounting/test_spool.py {WITHOUT_OUTAGE}",
-    "chatparity/gateway/responses.py": "tests/gateway/test_responses.py"
-    " tests/gateway/test_responses_limits.py"
-    " tests/backends/test_upstream_responses.py::NativeResponsesTests",
+TARGETS: dict[str, tuple[str, ...]] = {
+    "chatparity/gateway/auth.py": ("tests/gateway/test_auth.py", "tests/transport/test_views.py"),
+    "chatparity/accounting/keys.py": (
+        "tests/accounting/test_keys.py",
+        "tests/transport/test_views.py",
+        "tests/accounting/test_plans.py",
+        "tests/portal/test_keys.py::PlanLossTests",
+        "tests/metrics/test_instruments.py::RequestMetricsTests",
+    ),
+    # The limits and key budgets; owner budgets (plans); what a request is reserved and
+    # charged on every wire; the bytes a key's stored responses hold.
+    "chatparity/accounting/limits.py": (
+        "tests/accounting/test_limits.py",
+        "tests/accounting/test_plans.py",
+        "tests/accounting/test_settlement.py",
+        "tests/gateway/test_responses_limits.py",
+    ),
+    # Settled, written, announced, once; its observers (metrics, traces); a client that
+    # leaves; a fallback's admission; the gateway's use of it.
+    "chatparity/accounting/ledger.py": (
+        "tests/accounting/test_ledger.py",
+        "tests/test_signals.py",
+        "tests/accounting/test_settlement.py",
+        "tests/transport/test_disconnect.py",
+        "tests/metrics/test_instruments.py",
+        "tests/tracing/test_spans.py",
+        "tests/accounting/test_limits.py::FallbackTests",
+        "tests/gateway/test_pipeline.py",
+    ),
+    # A request's row: its usage settled, its columns as the transports and the gateway
+    # fill them, what the response cache saved.
+    "chatparity/accounting/record.py": (
+        "tests/accounting/test_record.py",
+        "tests/accounting/test_settlement.py",
+        "tests/accounting/test_ledger.py",
+        "tests/transport/test_fastpath.py",
+        "tests/transport/test_views.py",
+        "tests/gateway/test_pipeline.py",
+        "tests/gateway/test_cache.py::AnsweredFromTheCache",
+        "tests/gateway/test_cache.py::Embeddings",
+    ),
+    "chatparity/accounting/settlement.py": ("tests/accounting/test_settlement.py",),
+    "chatparity/accounting/spool.py": (
+        "tests/accounting/test_spool.py",
+        *WITHOUT_OUTAGE,
+        *SPOOL_FOLDER,
+    ),
+    "chatparity/accounting/journal.py": (
+        "tests/accounting/test_spool.py",
+        *WITHOUT_OUTAGE,
+        *KILLED_WORKER,
+    ),
+    # The rollups summed and rebuilt; the reports, the commands and the budgets that read
+    # them (a budget is seeded from its key's rollups).
+    "chatparity/accounting/rollups.py": (
+        "tests/accounting/test_rollups.py",
+        "tests/accounting/test_reports.py",
+        "tests/test_commands.py",
+        "tests/accounting/test_limits.py::BudgetTests",
+    ),
+    "chatparity/gateway/responses.py": (
+        "tests/gateway/test_responses.py",
+        "tests/gateway/test_responses_limits.py",
+        "tests/backends/test_upstream_responses.py::NativeResponsesTests",
+    ),
 }
 # Plugins these tests do not use, which cost each mutant's run seconds to import.
 PYTEST = (
@@ -92,7 +166,7 @@ Span = tuple[tuple[int, int], tuple[int, int]]
 
 def mutate(
     module: str,
-    tests: str,
+    tests: tuple[str, ...],
     selection: Selection,
     timeout: float,
     scratch: Path,
@@ -114,7 +188,7 @@ def mutate(
                 f"{module} changed since its mutants were made: run them all"
             )
         shutil.copyfile(tree / module, original)
-        test_command = f"{sys.executable} -m pytest {PYTEST} {tests}"
+        test_command = f"{sys.executable} -m pytest {PYTEST} {' '.join(tests)}"
         baseline = subprocess.run(test_command.split(), cwd=tree, env=ENVIRONMENT)
         assert baseline.returncode == 0, f"the tests of {module} fail unmutated"
         config.write_text(CONFIG.format(module=module, timeout=timeout, command=test_command))

@@ -9,6 +9,7 @@ import shutil
 import stat
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.cache import DEFAULT_CACHE_ALIAS
@@ -429,6 +430,119 @@ def check_counters(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             hint="Set CHATPARITY['REDIS_URL'], or a default cache every worker shares (Redis,"
             " memcached; local memory for one process).",
             id="chatparity.W080",
+        )
+    ]
+
+
+_RESPONSE_CACHE_NUMBERS = ("MAX_ENTRY_BYTES", "MAX_BYTES", "MAX_TTL", "SEMANTIC_VECTORS")
+
+
+def _locations(config: dict[str, Any]) -> list[str]:
+    """The servers a CACHES entry names (its LOCATION, one or a list)."""
+    location = config.get("LOCATION", "")
+    return [location] if isinstance(location, str) else [str(each) for each in location]
+
+
+def _servers(config: dict[str, Any]) -> set[str]:
+    """The hosts and ports (without a database) of a CACHES entry's network servers."""
+    found = set()
+    for url in _locations(config):
+        parsed = urlsplit(url if "://" in url else f"//{url}")
+        if parsed.hostname:
+            found.add(f"{parsed.hostname}:{parsed.port}")
+    return found
+
+
+@register()
+def check_response_cache(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """The response cache keeps its answers in a CACHES entry of its own: one that exists,
+    keeps something, and is not where the limits count (an eviction there would drop
+    rate-limit state); its bounds are positive whole numbers."""
+    if not isinstance(getattr(settings, "CHATPARITY", {}), dict):
+        return []  # chatparity.E001 says so
+    options = app_settings.RESPONSE_CACHE
+    messages: list[CheckMessage] = [
+        Error(
+            f"CHATPARITY['RESPONSE_CACHE'][{name!r}] must be a positive integer, not"
+            f" {options.get(name)!r}.",
+            id="chatparity.E090",
+        )
+        for name in _RESPONSE_CACHE_NUMBERS
+        if isinstance(options.get(name), bool)
+        or not isinstance(options.get(name), int)
+        or options[name] < 1
+    ]
+    name = options.get("CACHE")
+    if name is None:
+        return messages
+    caches = getattr(settings, "CACHES", {})
+    if not isinstance(name, str) or name not in caches:
+        return [
+            *messages,
+            Error(
+                f"CHATPARITY['RESPONSE_CACHE']['CACHE'] is {name!r}, which names no entry of"
+                " CACHES.",
+                hint="Add a CACHES entry for the response cache (Redis in production) and name"
+                " it here, or set None for no response cache.",
+                id="chatparity.E091",
+            ),
+        ]
+    config = caches[name]
+    limits_url = app_settings.REDIS_URL
+    if limits_url:
+        counted = [limits_url]
+        shared = limits_url in _locations(config)
+    else:  # the default cache; two entries of one backend and location are one store
+        default = caches.get(DEFAULT_CACHE_ALIAS, {})
+        counted = _locations(default)
+        same_kind = config.get("BACKEND") == default.get("BACKEND")
+        shared = name == DEFAULT_CACHE_ALIAS or (
+            same_kind and bool(set(_locations(config)) & set(counted))
+        )
+    if shared:
+        messages.append(
+            Error(
+                f"The response cache ({name!r}) is the store the rate limits and budgets count"
+                " in: evicting answers would drop their counters.",
+                hint="Give the response cache a CACHES entry of its own, on another server.",
+                id="chatparity.E092",
+            )
+        )
+    elif _servers(config) & _servers({"LOCATION": counted}):
+        messages.append(
+            Warning(
+                f"The response cache ({name!r}) is on the server the rate limits count in: a"
+                " server full of answers evicts (or refuses) counters too.",
+                hint="Run the response cache's Redis apart (maxmemory with allkeys-lru).",
+                id="chatparity.W093",
+            )
+        )
+    if config.get("BACKEND") == "django.core.cache.backends.dummy.DummyCache":
+        messages.append(
+            Warning(
+                f"The response cache ({name!r}) is Django's dummy cache: it keeps nothing.",
+                id="chatparity.W094",
+            )
+        )
+    return messages
+
+
+@register(Tags.caches, deploy=True)
+def check_response_cache_shared(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """In production the response cache is every worker's: one in each process's memory
+    answers a request only on the worker that saw it first."""
+    if not isinstance(getattr(settings, "CHATPARITY", {}), dict):
+        return []  # chatparity.E001 says so
+    name = app_settings.RESPONSE_CACHE.get("CACHE")
+    config = getattr(settings, "CACHES", {}).get(name) if isinstance(name, str) else None
+    if config is None or config.get("BACKEND") != "django.core.cache.backends.locmem.LocMemCache":
+        return []
+    return [
+        Warning(
+            f"The response cache ({name!r}) is in each process's memory: with several"
+            " workers, each answers from its own, and the hit rate falls with their number.",
+            hint="Use a cache every worker shares (Redis) for the response cache.",
+            id="chatparity.W095",
         )
     ]
 

@@ -28,6 +28,9 @@ DEFAULTS: dict[str, Any] = {
         "n_ctx": 2048,
         "contexts": 2,  # model contexts run in parallel (requests, or choices of n>1)
         "n_threads": None,  # None: CPU cores / contexts
+        # Bytes of evaluated prompts kept for the prompts that start as they did
+        # (docs/caching.md); 0: none kept. SmolLM2 takes 23 KB a token.
+        "prompt_cache_bytes": 256 * 2**20,
     },
     # Options for the embedded embedding model (the "embedder" kind), merged
     # under an embedder Backend row's own ``options``.
@@ -154,6 +157,20 @@ DEFAULTS: dict[str, Any] = {
     # Origins (scheme://host[:port]) whose browser pages may call /v1, or ["*"];
     # answered on the fast path and the views alike, preflight included. Empty: none.
     "CORS_ALLOWED_ORIGINS": [],
+    # The response cache (docs/caching.md), used by the aliases whose ``response_cache``
+    # turns it on: CACHE names the entry of Django's CACHES it keeps answers in (None:
+    # no response cache). Give it a cache of its own, every worker's (Redis in
+    # production), never the one the limits count in: an eviction there would drop
+    # rate-limit state. An entry (compressed) above MAX_ENTRY_BYTES is not kept, nor is
+    # one past MAX_BYTES written within MAX_TTL seconds (the longest an alias may keep
+    # an entry); a bucket of the semantic cache holds at most SEMANTIC_VECTORS texts.
+    "RESPONSE_CACHE": {
+        "CACHE": None,
+        "MAX_ENTRY_BYTES": 1024 * 1024,
+        "MAX_BYTES": 512 * 1024 * 1024,
+        "MAX_TTL": 7 * 24 * 3600,
+        "SEMANTIC_VECTORS": 64,
+    },
     # chatparity.metrics: who may scrape its Prometheus metrics. Either a bearer
     # token (Authorization: Bearer <TOKEN>) or a client address in one of
     # ALLOWED_NETWORKS (CIDR, e.g. "10.0.0.0/8"); neither set: nobody.
@@ -222,6 +239,7 @@ class AppSettings:
     MAX_CONTENT_CHARS: Setting[int] = Setting()
     MAX_EMBEDDING_INPUTS: Setting[int] = Setting()
     SECRET_KEYS: Setting[list[str]] = Setting()
+    RESPONSE_CACHE: Setting[dict[str, Any]] = Setting()
     COMMANDS: Setting[dict[str, dict[str, Any]]] = Setting()
     MAX_N: Setting[dict[str, int]] = Setting()
     BODY_TIMEOUT: Setting[float] = Setting()

@@ -45,3 +45,16 @@ def config_errors(kind: str, base_url: str, options: Any) -> dict[str, str]:
         except ValueError as exc:
             errors[field] = str(exc)
     return errors
+
+
+def price_provider(kind: str, options: Any) -> str | None:
+    """The provider whose prices a Backend row of ``kind`` with ``options`` bills by
+    (``"anthropic"``, ``"openai"``), as the kind's class says (``price_provider(options)``,
+    see :class:`~chatparity.backends.base.ChatBackend`); None for a kind that says none
+    or is not configured."""
+    try:
+        cls = backend_class(kind)
+    except (KeyError, ImportError):
+        return None
+    provider: Callable[[Any], str | None] | None = getattr(cls, "price_provider", None)
+    return provider(options) if provider is not None and isinstance(options, dict) else None

@@ -5,22 +5,29 @@ from __future__ import annotations
 import hashlib
 import math
 import secrets
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, cast
+from functools import cached_property
+from typing import Any, TypeVar, cast
 
 from django.conf import settings
 from django.core.exceptions import FieldDoesNotExist, ValidationError
-from django.db import models
+from django.db import models, transaction
 from django.db.models.functions import Lower
 from django.utils import timezone
 
 from .conf import app_settings
 from .encryption import EncryptedTextField
-from .kinds import backend_class, config_errors
+from .kinds import backend_class, config_errors, price_provider
+from .protocol.caching import parse_cache_options
 from .protocol.errors import APIError
+from .protocol.events import Usage
 from .protocol.request import parse_chat_request
 from .protocol.upstream import check_forwarded_params
+from .signals import rows_updated
+
+_M = TypeVar("_M", bound=models.Model)
 
 
 class BudgetPeriod(models.TextChoices):
@@ -32,6 +39,21 @@ def _limit(help_text: str) -> models.PositiveIntegerField[int | None, int | None
     return models.PositiveIntegerField(null=True, blank=True, help_text=help_text)
 
 
+def _price(help_text: str) -> models.DecimalField[Decimal | None, Decimal | None]:
+    return models.DecimalField(
+        max_digits=12, decimal_places=6, null=True, blank=True, help_text=help_text
+    )
+
+
+def _response_cache(whose: str) -> models.BooleanField[bool, bool]:
+    return models.BooleanField(
+        "response cache",
+        default=True,
+        help_text=f"Off: {whose} requests are never answered from the response cache nor"
+        " kept in it, whatever their alias says.",
+    )
+
+
 def refused(errors: dict[str, str]) -> ValidationError:
     """A ValidationError with one message per field."""
     # Not code "invalid": a model form would show its field's own message for that code.
@@ -41,6 +63,122 @@ def refused(errors: dict[str, str]) -> ValidationError:
 
 
 MILLION = Decimal(1_000_000)  # prices are per million tokens
+COST_PRECISION = Decimal("1e-8")
+"""A cost's precision in the log and its rollups (USD): a row's cost is rounded to it."""
+
+
+@dataclass(frozen=True)
+class Prices:
+    """An alias's prices in USD per million tokens, blanks filled in: what a request
+    through it costs (:meth:`cost_of`)."""
+
+    input: Decimal
+    output: Decimal
+    cached_input: Decimal
+    cache_write_5m: Decimal
+    cache_write_1h: Decimal
+
+    def cost_of(self, usage: Usage) -> Decimal:
+        """USD for ``usage``, by the providers' formula: the prompt tokens neither read
+        from nor written to the cache at the input price, reads at the cached input
+        price, writes at their lifetime's price, and the completion (reasoning tokens
+        are part of it, as OpenAI and Anthropic count them) at the output price."""
+        # Cache tokens past the prompt (an upstream's numbers gone wrong) are priced as
+        # they are, never as a credit on the rest.
+        uncached = max(usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens, 0)
+        return (
+            uncached * self.input
+            + usage.cached_tokens * self.cached_input
+            + usage.cache_write_5m_tokens * self.cache_write_5m
+            + usage.cache_write_1h_tokens * self.cache_write_1h
+            + usage.completion_tokens * self.output
+        ) / MILLION
+
+    def dearest(self, prompt_tokens: int, completion_tokens: int) -> Usage:
+        """The usage of this many tokens that costs the most: every prompt token of the
+        dearest kind of input (a cache write, at the usual prices). What a request can
+        be charged at most, whatever its upstream reports of its cache."""
+        kinds = {
+            "cache_write_1h_tokens": self.cache_write_1h,
+            "cache_write_5m_tokens": self.cache_write_5m,
+            "cached_tokens": self.cached_input,
+        }
+        kind = max(kinds, key=kinds.__getitem__)
+        if kinds[kind] <= self.input:
+            return Usage(prompt_tokens, completion_tokens)
+        dearest: dict[str, Any] = {kind: prompt_tokens}
+        return Usage(prompt_tokens, completion_tokens, **dearest)
+
+    @cached_property
+    def journalled(self) -> tuple[str, ...]:
+        """These prices as a journal keeps them (:meth:`from_journal` reads them back):
+        once per alias, not per request."""
+        return tuple(map(str, (self.input, self.output, self.cached_input,
+                               self.cache_write_5m, self.cache_write_1h)))  # fmt: skip
+
+    @classmethod
+    def from_journal(cls, prices: Sequence[str]) -> Prices:
+        """The prices :meth:`journalled` wrote; an older journal's two (input, output)
+        price every input token at the input price."""
+        if len(prices) == 2:
+            prices = [prices[0], prices[1], prices[0], prices[0], prices[0]]
+        return cls(*map(Decimal, prices))
+
+
+# What a blank cache price is, by the provider whose rules the alias's backend bills by
+# (kinds.price_provider): a multiple of the input price (cached input, 5-minute write,
+# 1-hour write). Anthropic publishes these multipliers for every model; OpenAI's cached
+# input is half the input price at most (gpt-4o, o1; a quarter for gpt-4.1, o3, o4-mini; a
+# tenth for gpt-5), and it bills no premium for writing it; a backend of no provider's
+# (the local model, a program) prices every input token alike.
+CACHE_PRICE_RATIOS: dict[str | None, tuple[Decimal, Decimal, Decimal]] = {
+    "anthropic": (Decimal("0.1"), Decimal("1.25"), Decimal(2)),
+    "openai": (Decimal("0.5"), Decimal(1), Decimal(1)),
+    None: (Decimal(1), Decimal(1), Decimal(1)),
+}
+
+STAMPS = frozenset({"last_used_at"})
+"""Fields chatparity stamps itself, changed by no one (neither audited nor announced)."""
+# Rows whose values an update() reads before and after at a time: an IN list a
+# database takes whole.
+UPDATED_AT_ONCE = 500
+
+
+class AuditedQuerySet(models.QuerySet[_M]):
+    """A queryset whose ``update()`` (and so ``bulk_update()``) announces what it changed
+    (:data:`chatparity.signals.rows_updated`), as ``save()`` does with ``post_save``:
+    the audit trail records a change made in bulk like one saved. ``delete()`` needs
+    nothing: Django sends ``post_delete`` for each row while anyone listens."""
+
+    def update(self, **kwargs: Any) -> int:
+        if self.query.is_sliced:  # as Django refuses it, before anything is read
+            raise TypeError("Cannot update a query once a slice has been taken.")
+        fields = [self.model._meta.get_field(name) for name in kwargs]
+        watched = [
+            field.attname  # type: ignore[union-attr]
+            for field in fields
+            if field.name not in STAMPS and not getattr(field, "auto_now", False)
+        ]
+        if not watched or not rows_updated.has_listeners(self.model):
+            return super().update(**kwargs)
+        # The rows as they were, locked until the update commits; then only those are
+        # updated (not rows that came to match meanwhile) and read again.
+        plain = self.model._base_manager.using(self.db)
+        matched = plain.filter(pk__in=self.values("pk"))
+        with transaction.atomic(using=self.db, savepoint=False):
+            before = {
+                row.pop("pk"): row
+                for row in matched.select_for_update(of=("self",)).values("pk", *watched)
+            }
+            updated, after = 0, dict[Any, dict[str, Any]]()
+            keys = list(before)
+            for start in range(0, len(keys), UPDATED_AT_ONCE):
+                rows = plain.filter(pk__in=keys[start : start + UPDATED_AT_ONCE])
+                updated += rows.update(**kwargs)
+                after.update((row.pop("pk"), row) for row in rows.values("pk", *watched))
+            if before:
+                rows_updated.send(self.model, before=before, after=after, using=self.db)
+        return updated
 
 
 def hash_key(plaintext: str) -> str:
@@ -48,6 +186,9 @@ def hash_key(plaintext: str) -> str:
 
 
 class ApiKeyManager(models.Manager["ApiKey"]):
+    def get_queryset(self) -> AuditedQuerySet[ApiKey]:
+        return AuditedQuerySet(self.model, using=self._db)
+
     def create_key(self, name: str, **fields: Any) -> tuple[ApiKey, str]:
         """Create a key; return it with its plaintext, which is never stored."""
         key = self.model(name=name, **fields)
@@ -99,6 +240,7 @@ class ApiKey(models.Model):
     budget_period = models.CharField(
         max_length=5, choices=BudgetPeriod.choices, default=BudgetPeriod.MONTH
     )
+    response_cache = _response_cache("this key's")
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
 
@@ -179,6 +321,8 @@ class Backend(models.Model):
     timeout = models.FloatField(default=600.0, help_text="Seconds.")
     enabled = models.BooleanField(default=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = AuditedQuerySet["Backend"].as_manager()
 
     def __str__(self) -> str:
         return self.name
@@ -282,6 +426,11 @@ class ModelAlias(models.Model):
         help_text="Request parameters passed to an upstream beyond the sampling and format"
         " ones, e.g. service_tier, store, metadata, web_search_options. Others are dropped.",
     )
+    cache_breakpoints = models.BooleanField(
+        default=False,
+        help_text="Mark the tools, the system prompt and the last user turn for the prompt"
+        " cache of a Messages upstream (Anthropic's) when a request marks nothing itself.",
+    )
     enabled = models.BooleanField(default=True)
     listed = models.BooleanField(default=True, help_text="Shown in /v1/models.")
     owned_by = models.CharField(max_length=100, default="chatparity")
@@ -301,7 +450,33 @@ class ModelAlias(models.Model):
     output_price = models.DecimalField(
         max_digits=12, decimal_places=6, default=0, help_text="USD per million completion tokens."
     )
+    cached_input_price = _price(
+        "USD per million prompt tokens read from the provider's prompt cache. Blank: the"
+        " provider's ratio to the input price (Anthropic 0.1, OpenAI 0.5 at most)."
+    )
+    cache_write_5m_price = _price(
+        "USD per million prompt tokens written to the provider's prompt cache for 5 minutes."
+        " Blank: the provider's ratio to the input price (Anthropic 1.25, OpenAI 1)."
+    )
+    cache_write_1h_price = _price(
+        "USD per million prompt tokens written to the provider's prompt cache for an hour."
+        " Blank: the provider's ratio to the input price (Anthropic 2, OpenAI 1)."
+    )
+    response_cache = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Answers served again to the same request (docs/caching.md), e.g. {"enabled":'
+        ' true, "ttl": 3600, "scope": "owner", "nonreproducible": false, "tool_calls": false,'
+        ' "semantic": {"threshold": 0.9}}. Empty: off.',
+    )
+    cache_generation = models.PositiveIntegerField(
+        default=0,
+        editable=False,
+        help_text="Part of every key of its response cache: purging its entries bumps it.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = AuditedQuerySet["ModelAlias"].as_manager()
 
     class Meta:
         verbose_name = "model alias"
@@ -322,9 +497,34 @@ class ModelAlias(models.Model):
                 alias=self, primary=True, defaults={"backend": self.backend, "model": self.model}
             )
 
-    def cost_of(self, prompt_tokens: int, completion_tokens: int) -> Decimal:
-        """USD for these tokens at this alias's prices (per million tokens)."""
-        return (prompt_tokens * self.input_price + completion_tokens * self.output_price) / MILLION
+    @cached_property
+    def provider(self) -> str | None:
+        """The provider whose prices its backend's upstream bills by
+        (:func:`~chatparity.kinds.price_provider`): None for the local model, a program,
+        or an alias without a backend."""
+        if self.backend_id is None:
+            return None
+        return price_provider(self.backend.kind, self.backend.options)
+
+    @cached_property
+    def prices(self) -> Prices:
+        """Its prices, a blank cache price the provider's ratio to the input price
+        (:data:`CACHE_PRICE_RATIOS`)."""
+        ratios = CACHE_PRICE_RATIOS.get(self.provider, CACHE_PRICE_RATIOS[None])
+        given = (self.cached_input_price, self.cache_write_5m_price, self.cache_write_1h_price)
+        input_price = Decimal(self.input_price)
+        return Prices(
+            input_price,
+            Decimal(self.output_price),
+            *(
+                input_price * ratio if price is None else Decimal(price)
+                for price, ratio in zip(given, ratios, strict=True)
+            ),
+        )
+
+    def cost_of(self, usage: Usage) -> Decimal:
+        """USD for ``usage`` at this alias's prices (:meth:`Prices.cost_of`)."""
+        return self.prices.cost_of(usage)
 
     def clean(self) -> None:
         """Default parameters a request could carry, fallbacks naming other aliases,
@@ -335,6 +535,7 @@ class ModelAlias(models.Model):
             ("default_params", lambda: check_default_params(self.default_params)),
             ("fallbacks", self._check_fallbacks),
             ("forwarded_params", lambda: check_forwarded_params(self.forwarded_params)),
+            ("response_cache", self._check_response_cache),
         ]
         for field, check in checks:
             try:
@@ -356,6 +557,20 @@ class ModelAlias(models.Model):
                 )
         if errors:
             raise refused(errors)
+
+    def _check_response_cache(self) -> None:
+        """Raise ValueError unless the response cache's options are known and in range, and
+        a semantic cache's embeddings alias exists."""
+        options = parse_cache_options(self.response_cache, app_settings.RESPONSE_CACHE["MAX_TTL"])
+        named = options.semantic.embeddings if options.semantic is not None else ""
+        if (
+            named
+            and not ModelAlias.objects.db_manager(self._state.db)
+            .filter(public_id__iexact=named)
+            .exclude(pk=self.pk)
+            .exists()
+        ):
+            raise ValueError(f"No alias is named {named!r} (semantic.embeddings).")
 
     def _check_fallbacks(self) -> None:
         """Raise ValueError unless the fallbacks name other aliases, once each."""
@@ -416,6 +631,8 @@ class Deployment(models.Model):
         editable=False,
         help_text="The alias's own backend and model, edited on the alias.",
     )
+
+    objects = AuditedQuerySet["Deployment"].as_manager()
 
     class Meta:
         ordering = ["tier", "-primary", "pk"]
@@ -507,7 +724,7 @@ def deployments_problem(deployments: Collection[Deployment]) -> str:
     return ""
 
 
-class PlanQuerySet(models.QuerySet["Plan"]):
+class PlanQuerySet(AuditedQuerySet["Plan"]):
     def for_owner(self, owner_id: int | None) -> Plan | None:
         """The plan of the user ``owner_id``: one given to them, else their groups' plan
         of highest priority (then by name); None without one."""
@@ -598,6 +815,7 @@ class Plan(models.Model):
     owner_budget_period = models.CharField(
         max_length=5, choices=BudgetPeriod.choices, default=BudgetPeriod.MONTH
     )
+    response_cache = _response_cache("its users' keys'")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -647,6 +865,20 @@ class Endpoint(models.TextChoices):
     MODELS = "models", "/v1/models"
 
 
+class CacheState(models.TextChoices):
+    """What the response cache did for a logged request (blank: its alias has none)."""
+
+    HIT = "hit", "hit"
+    SEMANTIC = "semantic", "semantic hit"
+    PARTIAL = "partial", "partial hit"
+    MISS = "miss", "miss"
+    BYPASS = "bypass", "bypass"
+
+
+CACHE_HITS = frozenset({CacheState.HIT, CacheState.SEMANTIC})
+"""The states of a request answered from the cache alone: no backend was asked."""
+
+
 UNBILLED_ENDPOINTS = frozenset({Endpoint.COUNT_TOKENS, Endpoint.STORED_RESPONSES, Endpoint.MODELS})
 """The endpoints that ask no model for an answer: their rows cost nothing and carry no
 tokens, and the latencies reported are the others'."""
@@ -683,8 +915,16 @@ class RequestLog(models.Model):
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     total_tokens = models.PositiveIntegerField(default=0)
-    cached_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(
+        default=0, help_text="Prompt tokens read from the provider's prompt cache."
+    )
     reasoning_tokens = models.PositiveIntegerField(default=0)
+    cache_write_5m_tokens = models.PositiveIntegerField(
+        default=0, help_text="Prompt tokens written to the provider's prompt cache for 5 minutes."
+    )
+    cache_write_1h_tokens = models.PositiveIntegerField(
+        default=0, help_text="Prompt tokens written to the provider's prompt cache for an hour."
+    )
     omitted_tools = models.JSONField(
         default=list,
         blank=True,
@@ -700,7 +940,23 @@ class RequestLog(models.Model):
     duration_ms = models.FloatField()
     output_tokens_per_second = models.FloatField(null=True, blank=True)
     cost = models.DecimalField(
-        max_digits=14, decimal_places=8, default=0, help_text="USD, from the alias's prices."
+        max_digits=14,
+        decimal_places=8,  # COST_PRECISION
+        default=0,
+        help_text="USD, from the alias's prices.",
+    )
+    cache = models.CharField(max_length=8, choices=CacheState.choices, blank=True)
+    cache_note = models.CharField(
+        max_length=80, blank=True, help_text="Why the response cache was passed by, or not written."
+    )
+    cache_similarity = models.FloatField(
+        null=True, blank=True, help_text="A semantic hit's: its similarity to the text it matched."
+    )
+    cost_saved = models.DecimalField(
+        max_digits=14,
+        decimal_places=8,
+        default=0,
+        help_text="USD: what the answers served from the response cache would have cost.",
     )
     client_ip = models.GenericIPAddressField(null=True, blank=True)
     user_agent = models.CharField(max_length=500, blank=True)
@@ -768,25 +1024,26 @@ class StoredResponse(models.Model):
         return self.id
 
 
-# The upper bounds (ms) of the latency histograms' buckets, 1-2-3-5 steps: a percentile
-# read from them is off by less than the bucket it falls in (accounting.reports.percentile).
-LATENCY_BOUNDS_MS = (
-    5, 10, 20, 30, 50, 100, 200, 300, 500, 1_000, 2_000, 3_000, 5_000, 10_000, 20_000,
-    30_000, 60_000, 120_000, 300_000,
-)  # fmt: skip
-
-
-def latency_buckets(measure: str) -> tuple[str, ...]:
-    """The histogram columns of ``measure``: ``<measure>_le_<bound>`` for each of
-    LATENCY_BOUNDS_MS, then ``<measure>_over_<the last bound>``."""
-    return (
-        *(f"{measure}_le_{bound}" for bound in LATENCY_BOUNDS_MS),
-        f"{measure}_over_{LATENCY_BOUNDS_MS[-1]}",
-    )
-
-
-DURATION_BUCKETS = latency_buckets("duration_ms")
-FIRST_TOKEN_BUCKETS = latency_buckets("first_token_ms")
+# Each decade of the latency histograms' buckets above 10 ms: every step at most 21%
+# above the last, so that a percentile can be placed within 10% of either end of its
+# bucket (accounting.reports.percentile), and 10, 20, 30 and 50 among them (bounds of the
+# coarser histograms before, migration 0019).
+DECADE_STEPS = (10, 12, 14, 16, 18, 20, 24, 27, 30, 36, 43, 50, 60, 72, 86)
+LONGEST_MS = 600_000  # a backend's default time-out; longer requests share one bucket
+# The upper bounds (ms) of the latency histograms' buckets: every millisecond up to 10,
+# then DECADE_STEPS in each decade up to LONGEST_MS.
+LATENCY_BOUNDS_MS: tuple[int, ...] = (
+    *range(1, 10),
+    *(
+        bound
+        for power in range(5)
+        for step in DECADE_STEPS
+        if (bound := step * 10**power) <= LONGEST_MS
+    ),
+)
+# Each bucket's key in a histogram: its upper bound, then ">" and the last bound for the
+# bucket past it.
+HISTOGRAM_KEYS = (*map(str, LATENCY_BOUNDS_MS), f">{LONGEST_MS}")
 
 
 def _count(help_text: str = "") -> models.PositiveBigIntegerField[int, int]:
@@ -809,7 +1066,14 @@ class UsageTotals(models.Model):
     total_tokens = _count()
     cached_tokens = _count()
     reasoning_tokens = _count()
+    cache_write_5m_tokens = _count()
+    cache_write_1h_tokens = _count()
     cost = models.DecimalField(max_digits=20, decimal_places=8, default=0, help_text="USD.")
+    cache_hits = _count("Answered from the response cache alone.")
+    cache_misses = _count("Looked up in the response cache and not found (in part, or at all).")
+    cost_saved = models.DecimalField(
+        max_digits=20, decimal_places=8, default=0, help_text="USD, by the response cache."
+    )
 
     class Meta:
         abstract = True
@@ -825,15 +1089,22 @@ class DailyUsage(UsageTotals):
         default=0, help_text="Sum of the times to first token, over first_tokens requests."
     )
     first_tokens = _count("Requests that sent a first token.")
+    # Sparse (a day's requests of one key fall in a few of 83 buckets), and added to by
+    # one short upsert: a column per bucket made each upsert a statement of 26 KB.
+    duration_histogram = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Requests per bucket of duration: {"<upper bound, ms>": requests, ...},'
+        f' ">{LONGEST_MS}" past the last; a bucket starts at the bound before its own.',
+    )
+    first_token_histogram = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Requests per bucket of time to first token, as duration_histogram.",
+    )
 
     class Meta:
         abstract = True
-
-
-# Counts of requests per latency bucket: columns, so that a row written by two workers
-# at once adds up in one upsert.
-for _bucket in (*DURATION_BUCKETS, *FIRST_TOKEN_BUCKETS):
-    DailyUsage.add_to_class(_bucket, models.PositiveIntegerField(default=0))
 
 
 class DailyKeyUsage(DailyUsage):

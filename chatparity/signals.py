@@ -1,4 +1,5 @@
-"""Signals for whatever else wants to know about requests (the live tail, a site's own code)."""
+"""Signals for whatever else wants to know about requests (the live tail, a site's own
+code), and about changes made in bulk (the audit trail)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,14 @@ request_logged = Signal(use_caching=True)  # its receivers by sender kept: 1.2 -
 :class:`~chatparity.models.RequestLog`. Receivers may be async (awaited one after
 another) or sync (called together in a thread); one that raises is logged, never
 the request's failure."""
+
+
+rows_updated = Signal()
+"""Sent by a queryset's ``update()`` of keys, aliases, backends or plans (and so its
+``bulk_update()``), which sends no ``post_save``, with ``before`` and ``after``: the
+values of the fields it set, by attribute name, of each row it updated, by primary
+key; and ``using``. In the update's transaction, only if a receiver is connected and a
+row matched, and not for the fields chatparity stamps itself (``STAMPS``, ``auto_now``)."""
 
 
 async def send_request_logged(row: RequestLog) -> None:

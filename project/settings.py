@@ -214,9 +214,27 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
+CACHES: dict[str, dict[str, str]] = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+}
+# The response cache's own store (docs/caching.md): a Redis of its own, so that an
+# eviction there never touches the limits' counters; in development, this process's
+# memory; in production without one, no response cache.
+RESPONSE_CACHE_URL = os.environ.get("CHATPARITY_RESPONSE_CACHE_URL", "")
+if RESPONSE_CACHE_URL:
+    CACHES["chatparity-responses"] = {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": RESPONSE_CACHE_URL,
+    }
+elif not PRODUCTION:
+    CACHES["chatparity-responses"] = {
+        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+        "LOCATION": "responses",
+    }
 if REDIS_URL:
-    CACHES = {
-        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+    CACHES["default"] = {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
     }
     CHANNEL_LAYERS = {
         "default": {
@@ -303,6 +321,10 @@ CHATPARITY: dict[str, object] = {
     # Rows the database cannot take now, and each worker's requests in flight: a folder
     # of the server's user (see docs/deploy.md); unset, one in the temporary directory.
     "SPOOL_DIR": os.environ.get("CHATPARITY_SPOOL_DIR") or None,
+    # Used by the aliases whose response_cache turns it on (docs/caching.md).
+    "RESPONSE_CACHE": {
+        "CACHE": "chatparity-responses" if "chatparity-responses" in CACHES else None
+    },
 }
 # The Prometheus metrics (docs/observability.md), served while anyone may scrape them.
 if _metrics["TOKEN"] or _metrics["ALLOWED_NETWORKS"]:

@@ -113,6 +113,11 @@ BAD_BACKENDS = cases(
         "no context": ({"options": {"n_ctx": 0}}, "options", "'n_ctx' must be an integer"),
         "contexts as text": ({"options": {"contexts": "2"}}, "options", "'contexts' must be"),
         "half a thread": ({"options": {"n_threads": 2.5}}, "options", "'n_threads' must be"),
+        "a prompt cache below nothing": (
+            {"options": {"prompt_cache_bytes": -1}},
+            "options",
+            "'prompt_cache_bytes' must be an integer from 0",
+        ),
         "model_path a number": (
             {"options": {"model_path": 5}},
             "options",
@@ -127,7 +132,12 @@ GOOD_BACKENDS = [
     pytest.param(
         {
             "kind": "local",
-            "options": {"model_path": "/models/a.gguf", "n_ctx": 4096, "contexts": 1},
+            "options": {
+                "model_path": "/models/a.gguf",
+                "n_ctx": 4096,
+                "contexts": 1,
+                "prompt_cache_bytes": 0,
+            },
         },
         id="local with options",
     ),
@@ -216,6 +226,21 @@ BAD_ALIASES = cases(
         ),
         "no choices": ({"max_n": 0}, "max_n", "from 1 to 128"),
         "more choices than OpenAI's": ({"max_n": 129}, "max_n", "from 1 to 128"),
+        "a cache kept longer than MAX_TTL": (
+            {"response_cache": {"enabled": True, "ttl": 7 * 24 * 3600 + 1}},
+            "response_cache",
+            "'ttl' is a whole number of seconds from 1 to 604800",
+        ),
+        "a misspelt cache option": (
+            {"response_cache": {"enabled": True, "tool_call": True}},
+            "response_cache",
+            "Unknown option 'tool_call'",
+        ),
+        "a semantic cache embedded by no alias": (
+            {"response_cache": {"enabled": True, "semantic": {"embeddings": "nowhere"}}},
+            "response_cache",
+            "No alias is named 'nowhere' (semantic.embeddings)",
+        ),
     }
 )
 
@@ -228,4 +253,10 @@ GOOD_ALIAS = {
     "fallbacks": ["SPARE"],
     "forwarded_params": ["service_tier", "store", "metadata"],
     "max_n": 128,
+    "response_cache": {
+        "enabled": True,
+        "ttl": 600,
+        "scope": "key",
+        "semantic": {"threshold": 0.95, "embeddings": "spare"},
+    },
 }

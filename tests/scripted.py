@@ -40,10 +40,11 @@ SCRIPTED = {
 class ScriptedBackend:
     """``options["script"]``: a list of text pieces, ``"<fail>"``, ``"<error>"``,
     ``"<rate-limited>"`` (an upstream's 429, with ``options["retry_after"]`` seconds
-    when given), ``"<refuse>"`` (a 400), ``"<hang>"``, function calls (``{"call": name, "arguments":
-    json_text}``) or ``"<call every tool>"`` (a call of each function offered, in
-    order, with ``{}``). Each step is a completion token: a request's token limit cuts
-    the script there."""
+    when given), ``"<refuse>"`` (a 400), ``"<hang>"``, function calls (``{"call": name,
+    "arguments": json_text}``) or ``"<call every tool>"`` (a call of each function
+    offered, in order, with ``{}``). Each step is a completion token: a request's token
+    limit cuts the script there. Its usage: a prompt token, else ``options["usage"]`` (a
+    prompt's tokens, cache reads and writes as :class:`Usage` names them)."""
 
     system_fingerprint = "fp_scripted"
     hanging = 0
@@ -54,6 +55,11 @@ class ScriptedBackend:
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
 
+    @staticmethod
+    def price_provider(options: dict[str, Any]) -> str | None:
+        """``options["provider"]``: whose prices its aliases' blank cache prices follow."""
+        return options.get("provider")
+
     async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[Event]:
         ScriptedBackend.asked.append(request)
         sent = calls = 0
@@ -61,7 +67,7 @@ class ScriptedBackend:
         for step in self._steps(request):
             if sent == limit:
                 yield Finish(0, "length")
-                yield Usage(prompt_tokens=1, completion_tokens=sent)
+                yield self._usage(sent)
                 return
             if step == "<fail>":
                 raise RuntimeError("backend crashed")
@@ -86,7 +92,11 @@ class ScriptedBackend:
             else:
                 yield TextDelta(0, step)
         yield Finish(0, "tool_calls" if calls else "stop")
-        yield Usage(prompt_tokens=1, completion_tokens=sent)
+        yield self._usage(sent)
+
+    def _usage(self, sent: int) -> Usage:
+        return Usage(**{"prompt_tokens": 1, **self.config.options.get("usage", {})},
+                     completion_tokens=sent)  # fmt: skip
 
     def rate_limited(self) -> UpstreamError:
         error = UpstreamError("rate limited", status=429, type="requests", code="rate_limit")
@@ -194,24 +204,7 @@ class ScriptedUpstream:
                     with contextlib.suppress(BrokenPipeError):  # a client that gave up
                         self.wfile.write(payload)
                     return
-                if self.path.endswith("/messages"):
-                    answer = upstream.message(body)
-                    payload = (
-                        "".join(
-                            f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
-                            for event in answer
-                        )
-                        if stream
-                        else json.dumps(answer)
-                    ).encode()
-                else:
-                    answer = upstream.answer(body)
-                    payload = (
-                        "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in answer)
-                        + "data: [DONE]\n\n"
-                        if stream
-                        else json.dumps(answer)
-                    ).encode()
+                payload = upstream.payload(self.path, body)
                 self.send_response(200)
                 kind = "text/event-stream" if stream else "application/json"
                 self.send_header("Content-Type", kind)
@@ -230,6 +223,34 @@ class ScriptedUpstream:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+    def payload(self, path: str, body: dict[str, Any]) -> bytes:
+        """The body answering ``body`` on ``path``: Anthropic's named events or message
+        on ``/messages``, else chat chunks or a completion."""
+        stream = bool(body.get("stream"))
+        if path.endswith("/messages"):
+            answer = self.message(body)
+            if not stream:
+                return json.dumps(answer).encode()
+            named = (f"event: {event['type']}\ndata: {json.dumps(event)}\n\n" for event in answer)
+            return "".join(named).encode()
+        answer = self.answer(body)
+        if not stream:
+            return json.dumps(answer).encode()
+        chunks = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in answer)
+        return (chunks + "data: [DONE]\n\n").encode()
+
+    def message_usage(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Anthropic's usage of the message answering ``body``."""
+        return {"input_tokens": 10, "output_tokens": 5}
+
+    def delta_usage(self, usage: dict[str, Any]) -> dict[str, Any]:
+        """What ``message_delta`` says of the message's ``usage``."""
+        return {"output_tokens": usage["output_tokens"]}
+
+    def chat_usage(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The usage of the completion answering ``body``."""
+        return {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
 
     def embeddings(self, body: dict[str, Any]) -> tuple[int, str, bytes]:
         """The status, content type and body answering the embeddings request ``body``."""
@@ -291,7 +312,7 @@ class ScriptedUpstream:
             blocks, stop = [{**use, "input": turn.arguments}], "tool_use"
         else:
             blocks, stop = [{"type": "text", "text": turn}], "end_turn"
-        usage = {"input_tokens": 10, "output_tokens": 5}
+        usage = self.message_usage(body)
         message = {"id": "msg_scripted", "type": "message", "role": "assistant",
                    "model": body["model"], "stop_reason": stop, "stop_sequence": None}  # fmt: skip
         if not body.get("stream"):
@@ -318,7 +339,7 @@ class ScriptedUpstream:
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": stop, "stop_sequence": None},
-                "usage": {"output_tokens": 5},
+                "usage": self.delta_usage(usage),
             },
             {"type": "message_stop"},
         ]
@@ -336,7 +357,7 @@ class ScriptedUpstream:
             message, finish = {"content": None, "tool_calls": [call]}, "tool_calls"
         else:
             message, finish = {"content": turn}, "stop"
-        usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+        usage = self.chat_usage(body)
         head = {"id": "chatcmpl-scripted", "created": 1, "model": body["model"]}
         if not body.get("stream"):
             choice = {"index": 0, "message": {"role": "assistant", **message}}
@@ -360,3 +381,18 @@ def _called(message: dict[str, Any]) -> bool:
     return isinstance(content, list) and any(
         isinstance(block, dict) and block.get("type") == "tool_use" for block in content
     )
+
+
+class WithScriptedUpstream:
+    """Mixed into a test case (before it): a :class:`ScriptedUpstream` of the class's own,
+    ``cls.upstream``, closed after its tests."""
+
+    upstream: ScriptedUpstream
+    upstream_scripts: dict[str, list[Turn]] = {}
+    """Its models' scripts (:class:`ScriptedUpstream`)."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.upstream = ScriptedUpstream(cls.upstream_scripts)
+        super().setUpClass()  # type: ignore[misc]
+        cls.addClassCleanup(cls.upstream.close)  # type: ignore[attr-defined]

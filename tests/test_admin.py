@@ -5,10 +5,13 @@ import datetime
 import io
 import json
 import re
+import sys
+from decimal import Decimal
 
 import orjson
 import pytest
 from asgiref.sync import async_to_sync
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
 from django.contrib.sessions.models import Session
 from django.db import connection
@@ -18,6 +21,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from chatparity import admin as chatparity_admin
+from chatparity.accounting import catalog
 from chatparity.accounting import deployments as shared
 from chatparity.accounting.deployments import Outcome
 from chatparity.accounting.inserts import insert_rows
@@ -518,6 +522,59 @@ class TestModelAliasAdmin:
         row = RequestLog.objects.get()
         assert (row.backend, row.completion_tokens, row.finish_reasons) == ("local", 4, ["length"])
 
+    @pytest.fixture
+    def anthropic_aliases(self, db):
+        anthropic = Backend.objects.create(name="anthropic", kind="openai",
+                                           base_url="https://api.anthropic.com/v1",
+                                           options={"wire_api": "messages"})  # fmt: skip
+        return [
+            ModelAlias.objects.create(
+                public_id=public_id, model=model, backend=anthropic, cached_input_price=9
+            )
+            for public_id, model in (("opus", "claude-opus-4-1"), ("mine", "my-finetune"))
+        ]
+
+    def test_fill_prices_sets_the_catalogs_and_says_so(self, admin_client, anthropic_aliases):
+        response = run_action(admin_client, "modelalias", "fill_prices", anthropic_aliases)
+        assert response.status_code == 302
+        opus, mine = (ModelAlias.objects.get(pk=alias.pk) for alias in anthropic_aliases)
+        assert [opus.input_price, opus.output_price, opus.cached_input_price,
+                opus.cache_write_5m_price, opus.cache_write_1h_price] == [
+            Decimal(15), Decimal(75), Decimal("1.5"), Decimal("18.75"), Decimal(30),
+        ]  # fmt: skip
+        assert (mine.input_price, mine.cached_input_price) == (0, 9)  # not in the catalog
+        version = catalog.version()
+        assert messages_of(response) == [
+            "mine: the catalog does not know 'my-finetune'; prices unchanged.",
+            f"opus: Prices from genai-prices {version} (anthropic/claude-opus-4-1).",
+        ]
+        (entry,) = LogEntry.objects.filter(object_id=str(opus.pk))
+        assert (
+            entry.get_change_message()
+            == f"Prices from genai-prices {version} (anthropic/claude-opus-4-1)."
+        )
+
+    def test_fill_prices_says_when_a_long_context_costs_more(self, admin_client, anthropic_aliases):
+        sonnet = anthropic_aliases[0]
+        ModelAlias.objects.filter(pk=sonnet.pk).update(model="claude-sonnet-4-5")
+        response = run_action(admin_client, "modelalias", "fill_prices", [sonnet])
+        (message,) = messages_of(response)
+        assert message.endswith("rise past a prompt length: the alias keeps the base ones.")
+        assert ModelAlias.objects.get(pk=sonnet.pk).cache_write_1h_price == 6
+
+    def test_fill_prices_needs_the_change_permission(self, staff_client, anthropic_aliases):
+        run_action(staff_client("view_modelalias"), "modelalias", "fill_prices", anthropic_aliases)
+        assert ModelAlias.objects.get(public_id="opus").input_price == 0
+
+    def test_fill_prices_without_the_catalog_says_how_to_install_it(
+        self, admin_client, anthropic_aliases, monkeypatch
+    ):
+        monkeypatch.setitem(sys.modules, "genai_prices", None)
+        response = run_action(admin_client, "modelalias", "fill_prices", anthropic_aliases)
+        (message,) = messages_of(response)
+        assert "pip install 'django-chatparity[prices]'" in message
+        assert ModelAlias.objects.get(public_id="opus").input_price == 0
+
 
 def deployment_forms(*deployments, initial=0):
     """The deployments inline's fields: the management form's, then each deployment's
@@ -550,8 +607,9 @@ class TestModelAliasForm:
             "output_price": "0", "routing": "weighted", "sticky_sessions": "auto",
             **deployment_forms(),
         }  # fmt: skip
-        for name in ("default_params", "fallbacks", "forwarded_params"):
-            data[name] = json.dumps(fields.pop(name, {} if name == "default_params" else []))
+        for name in ("default_params", "fallbacks", "forwarded_params", "response_cache"):
+            empty = {} if name in ("default_params", "response_cache") else []
+            data[name] = json.dumps(fields.pop(name, empty))
         data.update(fields)
         return client.post(reverse("admin:chatparity_modelalias_add"), data)
 
@@ -568,6 +626,12 @@ class TestModelAliasForm:
         assert self.add(admin_client, spare, **GOOD_ALIAS).status_code == 302
         saved = ModelAlias.objects.get(public_id="new")
         assert {name: getattr(saved, name) for name in GOOD_ALIAS} == GOOD_ALIAS
+
+    def test_cache_prices_left_blank_are_saved_blank_and_given_ones_kept(self, admin_client, spare):
+        assert self.add(admin_client, spare, cache_write_1h_price="7.5").status_code == 302
+        saved = ModelAlias.objects.get(public_id="new")
+        assert (saved.cached_input_price, saved.cache_write_5m_price) == (None, None)
+        assert saved.cache_write_1h_price == Decimal("7.5")
 
 
 class TestDeploymentInline:
@@ -847,6 +911,15 @@ class TestRequestLogAdmin:
         ]
         assert table[3]["total_tokens"] == "7"
 
+    def test_csv_export_has_the_cache_reads_writes_and_cost_of_each_row(self, admin_client, db):
+        row = logged(prompt_tokens=1000, cached_tokens=600, cache_write_5m_tokens=100,
+                     cache_write_1h_tokens=200, cost=Decimal("0.00412345"))  # fmt: skip
+        (exported_row,) = exported(run_action(admin_client, "requestlog", "export_csv", [row]))
+        assert [exported_row[name] for name in ("prompt_tokens", "cached_tokens",
+                "cache_write_5m_tokens", "cache_write_1h_tokens", "cost")] == [
+            "1000", "600", "100", "200", "0.00412345",
+        ]  # fmt: skip
+
     @pytest.mark.parametrize("endpoint", ["messages", "embeddings"])
     def test_messages_and_embeddings_rows_are_filtered_and_exported_by_their_endpoint(
         self, admin_client, rows, endpoint
@@ -896,11 +969,14 @@ class TestRequestLogAdmin:
         ("first_token", "duration", "shown"),
         [
             (0.4321, 8.2449, ["0.4 ms", "8.2 ms"]),
-            (245.3333, 12034.5678, ["245 ms", "12,035 ms"]),
+            (245.3333, 1681.2, ["245 ms", "1.68 s"]),
             (None, 99.95, ["—", "100 ms"]),
+            (9.96, 999.6, ["10 ms", "1.00 s"]),  # no "10.0 ms", no "1000 ms"
+            (9_999.4, 12_034.5678, ["10.0 s", "12.0 s"]),
+            (99_960.0, 1_234_567.0, ["100 s", "1,235 s"]),
         ],
     )
-    def test_latencies_are_milliseconds_to_a_sensible_precision(
+    def test_latencies_are_shown_to_a_sensible_precision(
         self, admin_client, db, first_token, duration, shown
     ):
         row = logged(time_to_first_token_ms=first_token, duration_ms=duration)
@@ -910,10 +986,84 @@ class TestRequestLogAdmin:
             assert all(f">{latency}<" in text for latency in shown), shown
             assert str(duration) not in text
 
+    def test_the_list_is_seven_columns_and_the_rows_page_every_field(self, admin_client, rows):
+        response = admin_client.get(reverse("admin:chatparity_requestlog_changelist"))
+        assert response.context["cl"].list_display == [
+            "action_checkbox", "time", "key", "served", "outcome", "tokens", "first_token",
+            "duration",
+        ]  # fmt: skip
+        detail = page(
+            admin_client.get(reverse("admin:chatparity_requestlog_change", args=[rows[1].pk]))
+        )
+        for field in ("request_id", "backend", "upstream_model", "cached_tokens", "user_agent"):
+            assert f"field-{field}" in detail, field
+
+    def test_each_row_says_when_who_what_how_it_ended_its_tokens_and_latencies(
+        self, admin_client, db
+    ):
+        earlier = timezone.now() - datetime.timedelta(days=2)
+        rows = [
+            logged(alias="gpt-4o-mini", endpoint="responses", stream=True, key_prefix="sk-cp-AbCd",
+                   prompt_tokens=12_345, completion_tokens=678, finish_reasons=["stop", "length"],
+                   time_to_first_token_ms=245.3, duration_ms=1681.2),
+            logged(alias="smollm2", status_code=429, error_type="rate_limit_exceeded",
+                   error_code="rate_limit_exceeded", at=earlier),
+            logged(alias="smollm2", endpoint="messages", cancelled=True),
+        ]  # fmt: skip
+        html = page(admin_client.get(reverse("admin:chatparity_requestlog_changelist")))
+        cells = [
+            '<td class="field-key">sk-cp-AbCd</td>',
+            '<td class="field-served">gpt-4o-mini<div class="chatparity-muted">responses · stream'
+            "</div></td>",
+            '<td class="field-outcome">200 stop, length</td>',
+            '<td class="field-tokens">12,345 → 678</td>',
+            '<td class="field-first_token">245 ms</td><td class="field-duration">1.68 s</td>',
+            '<td class="field-outcome">429 <span title="rate_limit_exceeded">rate_<wbr>limit_<wbr>'
+            "exceeded</span></td>",
+            f'<div class="chatparity-muted">{timezone.localtime(earlier):%m-%d}</div></a></th>',
+            '<td class="field-served">smollm2<div class="chatparity-muted">messages</div></td>',
+            '<td class="field-outcome">200 cancelled</td>',
+            f'<input type="checkbox" name="{ACTION}" value="{rows[0].pk}" class="action-select"',
+        ]
+        for cell in cells:
+            assert cell in html, cell
+
+    def test_the_status_says_what_the_response_cache_did(self, admin_client, db):
+        logged(alias="hit", cache="semantic", finish_reasons=["stop"])
+        logged(alias="none", finish_reasons=["stop"])
+        html = page(admin_client.get(reverse("admin:chatparity_requestlog_changelist")))
+        assert (
+            '<td class="field-outcome">200 stop<div class="chatparity-muted">cache semantic hit'
+            "</div></td>" in html
+        )
+        assert '<td class="field-outcome">200 stop</td>' in html
+
+    def test_a_rows_link_keeps_the_lists_filters(self, admin_client, rows):
+        changelist = reverse("admin:chatparity_requestlog_changelist")
+        html = page(admin_client.get(changelist, {"alias": "b"}))
+        change = reverse("admin:chatparity_requestlog_change", args=[rows[1].pk])
+        assert f'<a href="{change}?_changelist_filters=alias%3Db">' in html
+
+    def test_what_clients_and_upstreams_wrote_is_escaped(self, admin_client, db):
+        evil = '<script>alert("x")</script>'
+        logged(alias=evil, request_id=evil, key_prefix=evil, error_type=evil, error_code=evil,
+               status_code=502, endpoint=evil)  # fmt: skip
+        logged(alias="a", finish_reasons=[evil])
+        html = page(admin_client.get(reverse("admin:chatparity_requestlog_changelist")))
+        assert "<script>" not in html
+        assert html.count("&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;") >= 6
+
+    def test_a_page_of_rows_reads_no_bodies(self, admin_client, db):
+        logged(request_body={"messages": ["x" * 1000]}, response_body="y" * 1000)
+        with CaptureQueriesContext(connection) as queries:
+            response = admin_client.get(reverse("admin:chatparity_requestlog_changelist"))
+        assert len(response.context["cl"].result_list) == 1
+        assert not [q["sql"] for q in queries if "body" in q["sql"]]
+
     def test_the_list_says_which_endpoint_each_row_served(self, admin_client, rows):
         response = admin_client.get(reverse("admin:chatparity_requestlog_changelist"))
-        assert "endpoint" in response.context["cl"].list_display
-        assert "/v1/responses" in page(response)
+        assert '<div class="chatparity-muted">responses</div>' in page(response)
+        assert '<div class="chatparity-muted">chat · stream</div>' in page(response)
 
 
 class TestStoredResponseAdmin:

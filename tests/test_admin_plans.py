@@ -1,6 +1,8 @@
 """Plans in the admin: staff give a group or a user a plan, with its aliases, its keys'
 limits and its owner budgets; a plan for every alias names none."""
 
+from decimal import Decimal
+
 from django.contrib.auth.models import Group, User
 from django.test import TestCase
 
@@ -51,3 +53,27 @@ class PlanAdminTests(TestCase):
         html = self.client.get(f"/admin/chatparity/plan/{plan.pk}/change/").content.decode()
         for heading in ("Aliases", "Each key made in the portal", "All of one user"):
             assert heading in html
+
+    def test_the_list_sums_up_each_keys_limits_and_the_owner_budgets_in_a_column_each(self):
+        pro = Plan.objects.create(
+            name="pro", priority=5, all_aliases=False, requests_per_minute=600,
+            tokens_per_minute=200_000, max_concurrent=4, token_budget=10_000_000,
+            cost_budget=Decimal("1234.5000"), owner_token_budget=50_000_000,
+            owner_cost_budget=Decimal("99.9900"), owner_budget_period="day",
+        )  # fmt: skip
+        pro.allowed_aliases.add(self.alias)
+        Plan.objects.create(name="free")
+        response = self.client.get("/admin/chatparity/plan/")
+        assert response.context["cl"].list_display == [
+            "action_checkbox", "name", "priority", "aliases", "each_key", "owner_budget",
+        ]  # fmt: skip
+        html = response.content.decode()
+        for cell in (
+            '<td class="field-aliases">1 selected</td>',
+            '<td class="field-each_key">600 requests/min · 200,000 tokens/min · 4 at once ·'
+            " 10,000,000 tokens + $1,234.5 per month (UTC)</td>",
+            '<td class="field-owner_budget">50,000,000 tokens + $99.99 per day (UTC)</td>',
+            '<td class="field-aliases">all</td>',
+            '<td class="field-each_key">none</td><td class="field-owner_budget">none</td>',
+        ):
+            assert cell in html, cell

@@ -18,6 +18,8 @@ from chatparity.checks import (
     check_counters,
     check_embedding_model,
     check_hosted_tools,
+    check_response_cache,
+    check_response_cache_shared,
     check_responses_retention,
     check_spool_dir,
     check_stored_response_bytes,
@@ -338,3 +340,68 @@ def test_a_log_database_the_writer_cannot_write_is_an_error():
         (error,) = check_log_database()
     assert error.id == "chatparity.E070"
     assert "mysql" in error.msg
+
+
+LOCAL = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+REDIS = "django.core.cache.backends.redis.RedisCache"
+
+
+def cache_checks(caches, **response_cache):
+    """The ids of what the response cache's checks say under ``caches`` and
+    ``CHATPARITY["RESPONSE_CACHE"]`` (with ``REDIS_URL`` when given)."""
+    redis_url = response_cache.pop("REDIS_URL", None)
+    chatparity = {"RESPONSE_CACHE": response_cache, "REDIS_URL": redis_url}
+    with override_settings(CACHES=caches, CHATPARITY=chatparity):
+        return sorted(message.id for message in check_response_cache())
+
+
+def test_the_response_cache_has_a_store_of_its_own():
+    assert cache_checks({"default": LOCAL}) == []  # no response cache
+    answers = {**LOCAL, "LOCATION": "answers"}
+    assert cache_checks({"default": LOCAL, "answers": answers}, CACHE="answers") == []
+    # Two caches in memory under one name are one: the counters'.
+    assert cache_checks({"default": LOCAL, "answers": LOCAL}, CACHE="answers") == [
+        "chatparity.E092"
+    ]
+    assert cache_checks({"default": LOCAL}, CACHE="answers") == ["chatparity.E091"]
+    # The limits count in the default cache when REDIS_URL is not set.
+    assert cache_checks({"default": LOCAL}, CACHE="default") == ["chatparity.E092"]
+    counters = "redis://10.0.0.5:6379/0"
+    own = {"default": LOCAL, "answers": {"BACKEND": REDIS, "LOCATION": "redis://10.0.0.9:6379/0"}}
+    assert cache_checks(own, CACHE="answers", REDIS_URL=counters) == []
+    same = {"default": LOCAL, "answers": {"BACKEND": REDIS, "LOCATION": counters}}
+    assert cache_checks(same, CACHE="answers", REDIS_URL=counters) == ["chatparity.E092"]
+    listed = {"default": LOCAL, "answers": {"BACKEND": REDIS, "LOCATION": [counters]}}
+    assert cache_checks(listed, CACHE="answers", REDIS_URL=counters) == ["chatparity.E092"]
+    # Another database of the same server: its eviction is the counters' too.
+    other_db = {"default": LOCAL, "answers": {"BACKEND": REDIS, "LOCATION": counters[:-1] + "4"}}
+    assert cache_checks(other_db, CACHE="answers", REDIS_URL=counters) == ["chatparity.W093"]
+    default = {"default": {"BACKEND": REDIS, "LOCATION": counters}}
+    assert cache_checks({**same, **default}, CACHE="answers") == ["chatparity.E092"]
+    dummy = {"default": LOCAL, "answers": DUMMY_CACHE["default"]}
+    assert cache_checks(dummy, CACHE="answers") == ["chatparity.W094"]
+
+
+def test_the_response_cache_s_bounds_are_positive_whole_numbers():
+    caches = {"default": LOCAL}
+    for name in ("MAX_ENTRY_BYTES", "MAX_BYTES", "MAX_TTL", "SEMANTIC_VECTORS"):
+        for value in (0, -1, 1.5, "10", True, None):
+            assert cache_checks(caches, **{name: value}) == ["chatparity.E090"], (name, value)
+
+
+def test_a_response_cache_in_each_worker_s_memory_is_a_deploy_warning():
+    with override_settings(
+        CACHES={"default": LOCAL, "answers": LOCAL},
+        CHATPARITY={"RESPONSE_CACHE": {"CACHE": "answers"}},
+    ):
+        (warning,) = check_response_cache_shared()
+        assert warning.id == "chatparity.W095"
+        assert "chatparity.W095" not in {message.id for message in run_checks()}
+        assert "chatparity.W095" in {m.id for m in run_checks(include_deployment_checks=True)}
+    assert check_response_cache_shared() == []  # no response cache
+
+
+def test_the_example_project_s_response_cache_passes_its_checks():
+    caches, chatparity = project_settings.CACHES, project_settings.CHATPARITY
+    with override_settings(CACHES=caches, CHATPARITY=chatparity):
+        assert check_response_cache() == []

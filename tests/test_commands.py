@@ -2,6 +2,7 @@
 
 import asyncio
 import datetime
+import sys
 import threading
 from io import StringIO
 
@@ -15,7 +16,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from chatparity.accounting import reports, rollups
+from chatparity.accounting import catalog, reports, rollups
 from chatparity.accounting.inserts import insert_rows
 from chatparity.models import (
     ApiKey,
@@ -264,3 +265,49 @@ def test_prune_logs_while_requests_are_served_loses_none_of_their_rows_or_usage(
     totals = requests_per_day()
     assert totals.pop(days_ago(0)) == 40
     assert totals == {days_ago(days): 30 for days in range(3, 13)}
+
+
+@pytest.fixture
+def priced_aliases(db):
+    """Aliases of an Anthropic upstream: one priced as genai-prices' catalog says, one
+    not, one of a model the catalog does not know."""
+    anthropic = Backend.objects.create(name="anthropic", kind="openai",
+                                       base_url="https://api.anthropic.com/v1",
+                                       options={"wire_api": "messages"})  # fmt: skip
+    ModelAlias.objects.create(public_id="opus", model="claude-opus-4-1", backend=anthropic,
+                              input_price=15, output_price=75)  # fmt: skip
+    ModelAlias.objects.create(public_id="opus-old", model="claude-opus-4-1", backend=anthropic,
+                              input_price=15, output_price=75, cached_input_price="3")  # fmt: skip
+    ModelAlias.objects.create(public_id="mine", model="my-finetune", backend=anthropic)
+
+
+def check_prices(*args):
+    out = StringIO()
+    call_command("chatparity_check_prices", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_check_prices_lists_the_aliases_whose_prices_differ_and_fails(priced_aliases):
+    with pytest.raises(CommandError) as failed:
+        check_prices()
+    version = catalog.version()
+    assert str(failed.value) == f"1 of 3 aliases differ from genai-prices {version}; 1 not in it."
+    out = StringIO()
+    with pytest.raises(CommandError):
+        call_command("chatparity_check_prices", stdout=out)
+    assert out.getvalue() == (
+        "opus-old (anthropic/claude-opus-4-1): cached_input_price 3.000000, the catalog 1.500000.\n"
+    )
+
+
+def test_check_prices_passes_when_every_alias_agrees_and_names_the_unknown_ones(priced_aliases):
+    ModelAlias.objects.filter(public_id="opus-old").update(cached_input_price=None)
+    version = catalog.version()
+    assert check_prices() == f"0 of 3 aliases differ from genai-prices {version}; 1 not in it.\n"
+    assert check_prices("--verbosity", "2").startswith("mine: not in the catalog ('my-finetune').")
+
+
+def test_check_prices_without_the_catalog_says_how_to_install_it(priced_aliases, monkeypatch):
+    monkeypatch.setitem(sys.modules, "genai_prices", None)
+    with pytest.raises(CommandError, match=r"django-chatparity\[prices\]"):
+        check_prices()

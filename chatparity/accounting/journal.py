@@ -24,12 +24,12 @@ import mmap
 import os
 import threading
 import time
-from decimal import Decimal
 from typing import Any
 
 import orjson
 
-from ..models import Endpoint, ModelAlias, RequestLog
+from ..models import Endpoint, Prices, RequestLog
+from ..protocol.events import Usage
 from . import spool
 from .record import UsageRecord, fit_columns, ip_address
 from .settlement import settled_usage
@@ -174,7 +174,7 @@ def _begin_line(record: UsageRecord) -> bytes:
         "user_agent": record.user_agent,
         # What it is charged if it never ends: its prompt, at the alias's prices.
         "prompt_tokens": record.reserved_prompt,
-        "prices": [str(alias.input_price), str(alias.output_price)] if alias else None,
+        "prices": alias.prices.journalled if alias else None,
     }
     return orjson.dumps(facts) + b"\n"
 
@@ -185,9 +185,25 @@ def _progress_line(record: UsageRecord) -> bytes:
         "seen": time.time(),
         "completion_id": record.completion_id,
         "completion_tokens": record.completion_tokens_sent,
-        "prompts": record.upstream.prompts,
+        "prompts": [
+            None if call is None else [call.prompt_tokens, *_cache_tokens(call)]
+            for call in record.upstream.prompts
+        ],
     }
     return orjson.dumps(progress) + b"\n"
+
+
+def _cache_tokens(usage: Usage) -> tuple[int, int, int]:
+    return usage.cached_tokens, usage.cache_write_5m_tokens, usage.cache_write_1h_tokens
+
+
+def _announced(call: int | list[int] | None) -> Usage | None:
+    """A call's usage as a progress line noted it: its prompt then its cache reads and
+    writes (an older journal's: its prompt alone)."""
+    if call is None or isinstance(call, int):
+        return None if call is None else Usage(call, 0)
+    prompt, cached, write_5m, write_1h = call
+    return Usage(prompt, 0, cached, cache_write_5m_tokens=write_5m, cache_write_1h_tokens=write_1h)
 
 
 _current: Journal | None = None
@@ -293,17 +309,12 @@ def _interrupted_row(request_id: str, facts: dict[str, Any]) -> RequestLog:
     # when none was noted yet), the completion it had sent.
     usage = settled_usage(
         facts.get("prompt_tokens", 0),
-        facts.get("prompts", ()),
+        [_announced(call) for call in facts.get("prompts", ())],
         None,
         facts.get("completion_tokens", 0),
         answered=True,
     )
     prices = facts.get("prices")
-    priced = (
-        ModelAlias(input_price=Decimal(prices[0]), output_price=Decimal(prices[1]))
-        if prices
-        else None
-    )
     row = RequestLog(
         endpoint=facts.get("endpoint", Endpoint.CHAT_COMPLETIONS),
         request_id=request_id,
@@ -321,8 +332,11 @@ def _interrupted_row(request_id: str, facts: dict[str, Any]) -> RequestLog:
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
         total_tokens=usage.total_tokens,
+        cached_tokens=usage.cached_tokens,
+        cache_write_5m_tokens=usage.cache_write_5m_tokens,
+        cache_write_1h_tokens=usage.cache_write_1h_tokens,
         usage_counted=True,  # what the gateway counted as sent, not what the backend said
-        cost=priced.cost_of(usage.prompt_tokens, usage.completion_tokens) if priced else 0,
+        cost=Prices.from_journal(prices).cost_of(usage) if prices else 0,
         duration_ms=max(last - begun, 0.0) * 1000,
         client_ip=ip_address(facts["client_ip"]),  # checked here: it costs microseconds
         user_agent=facts["user_agent"],

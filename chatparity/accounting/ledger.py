@@ -228,11 +228,11 @@ class Accounting:
         self._settled = True
         usage = self.record.tokens
         if self.deployment_hold is not None:
-            await self.deployment_hold.settle(usage.prompt_tokens, usage.completion_tokens)
+            await self.deployment_hold.settle(usage)
         if self.admission is None:
             return
         try:
-            await self.admission.settle(usage.prompt_tokens, usage.completion_tokens)
+            await self.admission.settle(usage)
         except Exception:  # the counters' store: a slot it keeps expires on its own
             logger.exception(
                 "chatparity: the limits of %s were not settled", self.record.request_id

@@ -58,14 +58,17 @@ from django.utils.formats import number_format
 
 from .. import signals
 from ..conf import app_settings
-from ..models import ApiKey, DailyKeyUsage, ModelAlias, Plan
+from ..models import COST_PRECISION, ApiKey, DailyKeyUsage, ModelAlias, Plan
 from ..protocol.errors import APIError
+from ..protocol.events import Usage
 from ..protocol.request import ChatRequest
 from .batching import OncePerInterval, PerLoop
 
 logger = logging.getLogger(__name__)
 
-MICRO = Decimal(1_000_000)  # cost counters count micro-dollars, as integers
+# Cost counters count hundredths of a millionth of a dollar (COST_PRECISION), as integers:
+# a request's count is its row's cost exactly, however cheap (an embedding's 4e-7 USD).
+COST_UNITS = Decimal(100_000_000)  # 1 / COST_PRECISION
 LEASE_SECONDS = 30.0  # a slot not renewed for this long is free again
 RENEW_SECONDS = 10.0  # how often a worker renews the slots of its live requests
 # The completion tokens reserved per choice when neither the request nor its alias
@@ -620,10 +623,18 @@ class Estimate:
                        completion_limit=per_choice)  # fmt: skip
 
 
-def _affordable(alias: ModelAlias, prompt_tokens: int, micro_dollars: int) -> int:
-    """The completion tokens ``micro_dollars`` pay for on ``alias``, with the prompt."""
-    left = micro_dollars - alias.cost_of(prompt_tokens, 0) * MICRO
-    per_token = alias.cost_of(0, 1) * MICRO
+def _most_cost(alias: ModelAlias, prompt_tokens: int, completion_tokens: int) -> Decimal:
+    """The most a request of these tokens can be charged on ``alias`` (USD): every prompt
+    token written to the provider's cache for the longest lifetime, at the usual prices
+    (:meth:`~chatparity.models.Prices.dearest`)."""
+    return alias.cost_of(alias.prices.dearest(prompt_tokens, completion_tokens))
+
+
+def _affordable(alias: ModelAlias, prompt_tokens: int, cost_units: int) -> int:
+    """The completion tokens ``cost_units`` (:data:`COST_UNITS`) pay for on ``alias``,
+    with the prompt."""
+    left = cost_units - _most_cost(alias, prompt_tokens, 0) * COST_UNITS
+    per_token = alias.cost_of(Usage(0, 1)) * COST_UNITS
     return int(left // per_token) if per_token > 0 else 0
 
 
@@ -635,7 +646,7 @@ names no model it may use. Counted as a request, in flight while it lasts."""
 @dataclass
 class Charge:
     """One counter this request reserved in: a minute window (``requests`` or
-    ``tokens``), or a budget (``tokens`` or ``cost`` in micro-dollars)."""
+    ``tokens``), or a budget (``tokens`` or ``cost`` in :data:`COST_UNITS`)."""
 
     kind: str
     counter: str
@@ -697,10 +708,11 @@ class Admission:
             self.charges, self.completion_limit = reserved
         self.alias = alias
 
-    async def settle(self, prompt_tokens: int, completion_tokens: int) -> None:
-        """Count what the request really used in place of its reservation and give its
-        slot back: once only. A store that cannot be reached is logged (once a minute),
-        never raised: the slot expires on its own, the reservation with its window."""
+    async def settle(self, usage: Usage) -> None:
+        """Count what the request really used (``usage``, at the alias's prices) in place
+        of its reservation and give its slot back: once only. A store that cannot be
+        reached is logged (once a minute), never raised: the slot expires on its own, the
+        reservation with its window."""
         if self.settled:
             return
         self.settled = True
@@ -708,10 +720,8 @@ class Admission:
             _renewers.get().remove(self.lease)
         used = {
             "requests": 1,
-            "tokens": prompt_tokens + completion_tokens,
-            "cost": 0
-            if self.alias is None
-            else int(self.alias.cost_of(prompt_tokens, completion_tokens) * MICRO),
+            "tokens": usage.total_tokens,
+            "cost": 0 if self.alias is None else _units(self.alias.cost_of(usage)),
         }
         amounts = [
             (charge.counter, used[charge.kind] - charge.reserved)
@@ -872,8 +882,8 @@ def _budget_refusal(key: ApiKey | None, charge: Charge, used: int) -> str:
     name = budget.name if budget is not None else charge.kind
     if charge.kind == "cost":
         return (
-            f"Budget: {name}, limit ${Decimal(charge.limit) / MICRO}, used"
-            f" ${Decimal(used) / MICRO}, requested ${Decimal(charge.reserved) / MICRO}."
+            f"Budget: {name}, limit ${charge.limit / COST_UNITS}, used"
+            f" ${used / COST_UNITS}, requested ${charge.reserved / COST_UNITS}."
         )
     return f"Budget: {name}, limit {charge.limit}, used {used}, requested {charge.reserved}."
 
@@ -921,7 +931,7 @@ def _plan(key: ApiKey | None, alias: ModelAlias | None, estimate: Estimate) -> l
                 charges.append(Charge(kind, counter, limit, amount, _WINDOW_TTL,
                                       resets_in=reset_in))  # fmt: skip
     if key is not None and alias is not None:
-        cost = alias.cost_of(estimate.prompt_tokens, estimate.completion_tokens) * MICRO
+        cost = _most_cost(alias, estimate.prompt_tokens, estimate.completion_tokens) * COST_UNITS
         for budget in _budgets(key):
             amount = estimate.total if budget.kind == "tokens" else math.ceil(cost)
             charges.append(Charge(budget.kind, budget.counter, budget.limit, amount, budget.ttl,
@@ -931,9 +941,9 @@ def _plan(key: ApiKey | None, alias: ModelAlias | None, estimate: Estimate) -> l
 
 @dataclass(frozen=True)
 class Budget:
-    """A token or cost budget in the current period (cost in micro-dollars): a key's, its
-    owner's (which all of the owner's keys share), or the one that bounds together the
-    keys a user made under a plan (revoked ones too)."""
+    """A token or cost budget in the current period (cost in :data:`COST_UNITS`): a key's,
+    its owner's (which all of the owner's keys share), or the one that bounds together
+    the keys a user made under a plan (revoked ones too)."""
 
     kind: str  # "tokens" or "cost"
     counter: str
@@ -1010,14 +1020,19 @@ def _period_budgets(
     label, start, end = _period(period, now)
     ttl = int((end - now).total_seconds()) + 3600
     budgets = []
-    for kind, limit in (("tokens", tokens), ("cost", None if cost is None else int(cost * MICRO))):
+    for kind, limit in (("tokens", tokens), ("cost", None if cost is None else _units(cost))):
         if limit is not None:
-            counter = f"cp:budget:{scope}:{kind}:{label}"
+            counter = f"cp:budget:{scope}:{_COUNTED[kind]}:{label}"
             resets_in = (end - now).total_seconds()
             budgets.append(
                 Budget(kind, counter, limit, ttl, resets_in, start, end, period, spent_by, whose)
             )
     return budgets
+
+
+# What each kind of budget counter counts, in its name: a counter of micro-dollars, as an
+# earlier version kept, is never read as one of COST_UNITS.
+_COUNTED = {"tokens": "tokens", "cost": "usd1e-8"}
 
 
 async def _seed(store: Counters, key: ApiKey | None, charge: Charge) -> None:
@@ -1029,9 +1044,15 @@ async def _seed(store: Counters, key: ApiKey | None, charge: Charge) -> None:
 
 
 async def _spent(budget: Budget) -> int:
-    column, scale = ("total_tokens", 1) if budget.kind == "tokens" else ("cost", MICRO)
-    total = (await budget.spending().aaggregate(total=Sum(column)))["total"]
-    return int((total or 0) * scale)
+    column = "total_tokens" if budget.kind == "tokens" else "cost"
+    total = (await budget.spending().aaggregate(total=Sum(column)))["total"] or 0
+    return total if budget.kind == "tokens" else _units(Decimal(total))
+
+
+def _units(cost: Decimal) -> int:
+    """A cost in :data:`COST_UNITS`, rounded as the log rounds it (half to even): what a
+    request's row says it cost, and what its rollups sum (SQLite's sums are floats)."""
+    return int(cost.quantize(COST_PRECISION) * COST_UNITS)
 
 
 # -- an upstream's own quota (a deployment's) ---------------------------------------
@@ -1201,7 +1222,7 @@ async def _budget_standing(store: Counters, budgets: list[Budget]) -> list[Stand
     for budget in budgets:
         used = await _budget_used(store, budget)
         if budget.kind == "cost":
-            rows.append(Standing(budget.name, used / MICRO, budget.limit / MICRO))
+            rows.append(Standing(budget.name, used / COST_UNITS, budget.limit / COST_UNITS))
         else:
             rows.append(Standing(budget.name, used, budget.limit))
     return rows

@@ -74,6 +74,14 @@ class UsageRecord:
     """The request's headers by lower-case name (a trace's ``traceparent``)."""
     omitted_tools: list[str] = field(default_factory=list)
     """The types of the hosted tools the serving alias left out (/v1/responses)."""
+    cache: str = ""
+    """What the response cache did (a :class:`~chatparity.models.CacheState`; "": its
+    alias has none), ``cache_note`` why it was passed by or not written, and a semantic
+    hit's ``cache_similarity``."""
+    cache_note: str = ""
+    cache_similarity: float | None = None
+    saved: Usage | None = None
+    """The usage of what the response cache answered: spent earlier, not now."""
 
     def __post_init__(self) -> None:
         if not self.key_prefix and self.api_key is not None:
@@ -128,12 +136,18 @@ class UsageRecord:
             total_tokens=usage.total_tokens,
             cached_tokens=usage.cached_tokens,
             reasoning_tokens=usage.reasoning_tokens,
+            cache_write_5m_tokens=usage.cache_write_5m_tokens,
+            cache_write_1h_tokens=usage.cache_write_1h_tokens,
             usage_counted=usage.counted,
             omitted_tools=self.omitted_tools,
             time_to_first_token_ms=None if first is None else (first - self.started) * 1000,
             duration_ms=(now - self.started) * 1000,
-            cost=self.model_alias.cost_of(usage.prompt_tokens, usage.completion_tokens)
-            if self.model_alias
+            cost=self.model_alias.cost_of(usage) if self.model_alias else 0,
+            cache=self.cache,
+            cache_note=self.cache_note,
+            cache_similarity=self.cache_similarity,
+            cost_saved=self.model_alias.cost_of(saved)
+            if self.model_alias and (saved := self.saved)
             else 0,
             output_tokens_per_second=usage.completion_tokens / generating
             if generating > 0

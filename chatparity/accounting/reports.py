@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import math
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -15,8 +16,8 @@ from typing import Any, Literal
 from django.db.models import QuerySet, Sum
 
 from ..models import (
-    DURATION_BUCKETS,
-    FIRST_TOKEN_BUCKETS,
+    COST_PRECISION,
+    HISTOGRAM_KEYS,
     LATENCY_BOUNDS_MS,
     UNBILLED_ENDPOINTS,
     ApiKey,
@@ -27,7 +28,7 @@ from ..models import (
     RequestLog,
     UsageTotals,
 )
-from .rollups import day_start
+from .rollups import HISTOGRAMS, day_start
 
 Dimension = Literal["day", "key", "alias", "endpoint"]
 DIMENSIONS: tuple[Dimension, ...] = ("day", "key", "alias", "endpoint")
@@ -41,7 +42,9 @@ _COLUMNS: dict[Dimension, str] = {
 }
 USAGE_MEASURES = (
     "requests", "errors", "cancelled", "prompt_tokens", "completion_tokens", "total_tokens",
+    "cached_tokens", "cache_write_5m_tokens", "cache_write_1h_tokens", "cost",
 )  # fmt: skip
+CACHE_MEASURES = ("cache_hits", "cache_misses", "cost_saved")
 
 
 @dataclass(frozen=True)
@@ -125,11 +128,32 @@ def key_names(prefixes: set[str]) -> dict[str, str]:
     return {prefix: " / ".join(found) or prefix for prefix, found in names.items()}
 
 
+def usd(cost: Any) -> Decimal:
+    """A summed cost to the rollups' precision (1e-8 USD: SQLite sums in floating point),
+    nothing as 0 rather than 0E-8."""
+    return Decimal(cost).quantize(COST_PRECISION) if cost else Decimal(0)
+
+
+def cache_read_share(cached_tokens: int, prompt_tokens: int) -> float | None:
+    """The share of the prompt tokens read from the provider's prompt cache (None: no
+    prompt)."""
+    return cached_tokens / prompt_tokens if prompt_tokens else None
+
+
+def cache_read_percent(cached_tokens: int, prompt_tokens: int) -> float | None:
+    """:func:`cache_read_share` in percent, as pages show it."""
+    share = cache_read_share(cached_tokens, prompt_tokens)
+    return None if share is None else share * 100
+
+
 def usage(log_filter: LogFilter, dimensions: Sequence[Dimension]) -> list[dict[str, Any]]:
-    """Requests, errors, hang-ups and tokens per group of ``dimensions``, in group order;
-    no dimensions: one row of totals. A key's group also has its ``key_name``."""
+    """Requests, errors, hang-ups, tokens (cache reads and writes among the prompt's) and
+    cost (USD, a Decimal) per group of ``dimensions``, in group order; no dimensions:
+    one row of totals. A key's group also has its ``key_name``."""
     rollups = log_filter.rollups(dimensions)
     groups = sums(rollups, [_COLUMNS[dimension] for dimension in dimensions], USAGE_MEASURES)
+    for group in groups:
+        group["cost"] = usd(group["cost"])
     if "key" in dimensions:
         names = key_names({group["key_prefix"] for group in groups})
         for group in groups:
@@ -145,8 +169,9 @@ def usage_by_day_and_alias(
     key_prefix: str = "",
 ) -> list[dict[str, Any]]:
     """Per UTC day and alias from ``since`` to ``until`` (inclusive), in that order: the
-    requests, errors, tokens and cost (USD, a Decimal) of the keys ``owner_id`` owned when
-    the requests were logged, or of the key ``key_prefix``, or both at once.
+    requests, errors, tokens (cache reads and writes among them) and cost (USD, a Decimal)
+    of the keys ``owner_id`` owned when the requests were logged, or of the key
+    ``key_prefix``, or both at once.
 
     One query of the rollups (indexed by owner and by key): a user's month costs the
     same whatever their traffic, and pruned rows still count.
@@ -154,17 +179,42 @@ def usage_by_day_and_alias(
     rows = LogFilter(since=since, until=until, key_prefix=key_prefix).rollups(["key", "alias"])
     if owner_id is not None:
         rows = rows.filter(owner_id=owner_id)
-    measures = (*USAGE_MEASURES, "cost")
-    groups = sums(rows, ["day", "alias"], measures)
+    groups = sums(rows, ["day", "alias"], (*USAGE_MEASURES, *CACHE_MEASURES))
     for group in groups:
-        group["cost"] = Decimal(group["cost"])
+        group["cost"] = usd(group["cost"])
+        group["cost_saved"] = usd(group["cost_saved"])
     return groups
+
+
+def cache_by_alias(log_filter: LogFilter) -> list[dict[str, Any]]:
+    """Per alias whose response cache was looked up: its hits, misses, the percentage of
+    lookups it answered (``hit_percent``) and the cost it saved (USD, a Decimal)."""
+    groups = sums(log_filter.rollups(["alias"]), ["alias"], CACHE_MEASURES)
+    return [
+        {
+            **group,
+            "cost_saved": Decimal(group["cost_saved"]),
+            "hit_percent": group["cache_hits"] / lookups * 100,
+        }
+        for group in groups
+        if (lookups := group["cache_hits"] + group["cache_misses"])
+    ]
+
+
+# How far a percentile may be from the true value, as a share of it.
+TOLERANCE = 0.10
 
 
 def percentile(counts: Sequence[int], fraction: float) -> float | None:
     """The ``fraction`` quantile (nearest rank) of a latency histogram, ``counts`` per
-    bucket of LATENCY_BOUNDS_MS: placed linearly within its bucket, so off by less than
-    the bucket's width; the last bound for one past it; None when empty."""
+    bucket of LATENCY_BOUNDS_MS; None when empty.
+
+    The true value is somewhere in the bucket the rank falls in: the estimate is placed
+    there by rank, but never further than TOLERANCE from either end where the bucket is
+    narrow enough (at most 21% wide: all of them above 5 ms), so it is within 10% of the
+    true value whatever that is; below 5 ms, within the bucket's one millisecond. Past
+    the last bound, the last bound.
+    """
     total = sum(counts)
     if not total:
         return None
@@ -175,7 +225,11 @@ def percentile(counts: Sequence[int], fraction: float) -> float | None:
             lower = LATENCY_BOUNDS_MS[index - 1] if index else 0
             if index == len(LATENCY_BOUNDS_MS):
                 return float(lower)
-            return lower + (LATENCY_BOUNDS_MS[index] - lower) * (rank - below) / count
+            upper = LATENCY_BOUNDS_MS[index]
+            # The middle of the rank's share of the bucket, as if its values were even.
+            placed = lower + (upper - lower) * (rank - below - 0.5) / count
+            least, most = upper / (1 + TOLERANCE), lower * (1 + TOLERANCE)
+            return min(max(placed, least), most) if least <= most else placed
         below += count
     raise AssertionError("unreachable: the counts sum to total")
 
@@ -184,10 +238,12 @@ def latency_by_alias(log_filter: LogFilter) -> list[dict[str, Any]]:
     """Per alias: requests, error rate, p50/p95 duration and time to first token (ms) of
     the model's answers (the endpoints that ask it for none are left out: a token count
     is no answer)."""
-    buckets = (*DURATION_BUCKETS, *FIRST_TOKEN_BUCKETS)
     rollups = log_filter.rollups(["alias"], latency=True).exclude(endpoint__in=UNBILLED_ENDPOINTS)
-    groups = sums(rollups, ["alias"], ("requests", "errors", *buckets))
-    return [_latency(group) for group in groups if group["requests"]]
+    groups = sums(rollups, ["alias"], ("requests", "errors"))
+    histograms = histograms_per(rollups, ["alias"])
+    return [
+        _latency(group, *histograms[(group["alias"],)]) for group in groups if group["requests"]
+    ]
 
 
 def latency_by_deployment(log_filter: LogFilter) -> list[dict[str, Any]]:
@@ -195,18 +251,46 @@ def latency_by_deployment(log_filter: LogFilter) -> list[dict[str, Any]]:
     duration and time to first token (ms), of every key (a filter's key is not asked)."""
     rollups = DailyDeploymentUsage.objects.order_by().exclude(endpoint__in=UNBILLED_ENDPOINTS)
     rows = log_filter.within(rollups)
-    buckets = (*DURATION_BUCKETS, *FIRST_TOKEN_BUCKETS)
-    groups = sums(rows, ["alias", "deployment"], ("requests", "errors", *buckets))
+    per = ["alias", "deployment"]
+    groups = sums(rows, per, ("requests", "errors"))
+    histograms = histograms_per(rows, per)
     return [
-        {**_latency(group), "deployment": group["deployment"]}
+        {
+            **_latency(group, *histograms[(group["alias"], group["deployment"])]),
+            "deployment": group["deployment"],
+        }
         for group in groups
         if group["requests"]
     ]
 
 
-def _latency(group: dict[str, Any]) -> dict[str, Any]:
-    durations = [group[name] for name in DURATION_BUCKETS]
-    first_tokens = [group[name] for name in FIRST_TOKEN_BUCKETS]
+def histograms_per(
+    rollups: QuerySet[Any], columns: Sequence[str]
+) -> dict[tuple[Any, ...], tuple[list[int], list[int]]]:
+    """The latency histograms of ``rollups`` summed per values of ``columns``: the
+    requests per bucket of LATENCY_BOUNDS_MS (and past it) of duration, then of time to
+    first token."""
+    summed: dict[tuple[Any, ...], tuple[Counter[str], Counter[str]]] = defaultdict(
+        lambda: (Counter(), Counter())
+    )
+    names = [name for name, _ in HISTOGRAMS]
+    for values in rollups.values_list(*columns, *names).iterator():
+        for total, histogram in zip(
+            summed[values[: len(columns)]], values[len(columns) :], strict=True
+        ):
+            total.update(histogram)
+    return {
+        values: (
+            [durations[key] for key in HISTOGRAM_KEYS],
+            [first_tokens[key] for key in HISTOGRAM_KEYS],
+        )
+        for values, (durations, first_tokens) in summed.items()
+    }
+
+
+def _latency(
+    group: dict[str, Any], durations: list[int], first_tokens: list[int]
+) -> dict[str, Any]:
     return {
         "alias": group["alias"],
         "requests": group["requests"],

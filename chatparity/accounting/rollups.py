@@ -13,44 +13,59 @@ from __future__ import annotations
 
 import bisect
 import datetime
-from collections.abc import Iterable, Sequence
+import functools
+import operator
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+import orjson
 from django.apps import apps as global_apps
 from django.apps.registry import Apps
 from django.db import connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Count, Max, Model, Q, Sum
+from django.db.models import Case, Count, Max, Model, Q, QuerySet, Sum, Value, When
 
 from ..models import (
-    DURATION_BUCKETS,
-    FIRST_TOKEN_BUCKETS,
+    CACHE_HITS,
+    HISTOGRAM_KEYS,
     LATENCY_BOUNDS_MS,
     ApiKey,
+    CacheState,
     DailyAliasUsage,
     DailyDeploymentUsage,
     DailyKeyTotal,
     DailyKeyUsage,
-    DailyUsage,
     RequestLog,
 )
 
 # A row that failed: an error status, or an error after streaming began (status 200).
 FAILED = Q(status_code__gte=400) | ~Q(error_type="")
+# What the response cache did: answered alone, or looked up and asked a backend.
+CACHE_MISSES = frozenset({CacheState.MISS, CacheState.PARTIAL})
 
 # What a rollup sums, in the order of a tally.
 MEASURES = (
     "requests", "errors", "cancelled", "prompt_tokens", "completion_tokens", "total_tokens",
-    "cached_tokens", "reasoning_tokens", "cost", "duration_ms", "first_token_ms",
-    "first_tokens", *DURATION_BUCKETS, *FIRST_TOKEN_BUCKETS,
+    "cached_tokens", "reasoning_tokens", "cache_write_5m_tokens", "cache_write_1h_tokens",
+    "cost", "cache_hits", "cache_misses", "cost_saved", "duration_ms", "first_token_ms",
+    "first_tokens",
 )  # fmt: skip
-TOKENS = MEASURES[3:8]
-# What a key's daily total sums: the measures up to the cost, no latency.
-TOTALS = MEASURES[: MEASURES.index("cost") + 1]
+TOKENS = MEASURES[MEASURES.index("prompt_tokens") : MEASURES.index("cost")]
+MONEY = ("cost", "cost_saved")
+# What a key's daily total sums: the measures up to the cost and the cache's, no latency.
+TOTALS = MEASURES[: MEASURES.index("cost_saved") + 1]
 _AT = {name: index for index, name in enumerate(MEASURES)}
+# A DailyUsage's latency histograms, and the log's field each counts.
+HISTOGRAMS = (
+    ("duration_histogram", "duration_ms"),
+    ("first_token_histogram", "time_to_first_token_ms"),
+)
 
 KeyGrain = tuple[datetime.date, str, str, str]  # day, key prefix, alias, endpoint
+DeploymentGrain = tuple[datetime.date, str, str, str]  # day, alias, deployment, endpoint
 
 
 def grain(model: type[Model]) -> tuple[str, ...]:
@@ -59,8 +74,14 @@ def grain(model: type[Model]) -> tuple[str, ...]:
     return tuple(constraint.fields)  # type: ignore[attr-defined]
 
 
+@functools.cache
+def has_latency(model: type[Model]) -> bool:
+    """Whether a rollup is a DailyUsage (with latencies), as a migration's models say."""
+    return any(field.name == HISTOGRAMS[0][0] for field in model._meta.concrete_fields)
+
+
 def bucket(ms: float) -> int:
-    """The histogram bucket of a latency: the first bound it does not exceed."""
+    """The histogram bucket of a latency, by index: the first bound it does not exceed."""
     return bisect.bisect_left(LATENCY_BOUNDS_MS, ms)
 
 
@@ -73,63 +94,97 @@ def day_start(day: datetime.date) -> datetime.datetime:
     return datetime.datetime.combine(day, datetime.time(), tzinfo=datetime.UTC)
 
 
-def _empty_tally() -> list[Any]:
+def _empty_sums() -> list[Any]:
     sums: list[Any] = [0] * len(MEASURES)
-    sums[_AT["cost"]] = Decimal(0)
+    for name in MONEY:
+        sums[_AT[name]] = Decimal(0)
     return sums
 
 
-def tally(rows: Iterable[RequestLog]) -> dict[KeyGrain, tuple[int | None, list[Any]]]:
+def _empty_histograms() -> tuple[Counter[int], Counter[int]]:
+    return Counter(), Counter()
+
+
+@dataclass
+class Tally:
+    """What some rows of one grain sum to: MEASURES, and per histogram of HISTOGRAMS how
+    many fell in each bucket (by index)."""
+
+    key_id: int | None = None
+    sums: list[Any] = field(default_factory=_empty_sums)
+    histograms: tuple[Counter[int], Counter[int]] = field(default_factory=_empty_histograms)
+
+    def count(self, row: RequestLog) -> None:
+        """Add one log row."""
+        sums = self.sums
+        sums[_AT["requests"]] += 1
+        sums[_AT["errors"]] += row.status_code >= 400 or bool(row.error_type)
+        sums[_AT["cancelled"]] += row.cancelled
+        for name in TOKENS:
+            sums[_AT[name]] += getattr(row, name)
+        sums[_AT["cost"]] += Decimal(row.cost)
+        sums[_AT["cache_hits"]] += row.cache in CACHE_HITS
+        sums[_AT["cache_misses"]] += row.cache in CACHE_MISSES
+        sums[_AT["cost_saved"]] += Decimal(row.cost_saved)
+        sums[_AT["duration_ms"]] += row.duration_ms
+        self.histograms[0][bucket(row.duration_ms)] += 1
+        first_token = row.time_to_first_token_ms
+        if first_token is not None:
+            sums[_AT["first_token_ms"]] += first_token
+            sums[_AT["first_tokens"]] += 1
+            self.histograms[1][bucket(first_token)] += 1
+
+    def add(self, other: Tally) -> None:
+        self.sums = list(map(operator.add, self.sums, other.sums))
+        for counts, more in zip(self.histograms, other.histograms, strict=True):
+            counts.update(more)
+
+    def fields(self, model: type[Model]) -> dict[str, Any]:
+        """The values of ``model``'s measures (and histograms, by key)."""
+        if not has_latency(model):
+            return dict(zip(TOTALS, self.sums, strict=False))
+        values = dict(zip(MEASURES, self.sums, strict=True))
+        for (name, _), counts in zip(HISTOGRAMS, self.histograms, strict=True):
+            values[name] = {HISTOGRAM_KEYS[at]: count for at, count in sorted(counts.items())}
+        return values
+
+
+def tally(rows: Iterable[RequestLog]) -> dict[KeyGrain, Tally]:
     """``rows`` summed per day, key, alias and endpoint, each with the key's id."""
-    groups: dict[KeyGrain, tuple[int | None, list[Any]]] = {}
+    groups: dict[KeyGrain, Tally] = {}
     for row in rows:
         assert row.created_at is not None  # set by the insert
         of = (utc_day(row.created_at), row.key_prefix, row.alias, row.endpoint)
         entry = groups.get(of)
         if entry is None:
-            entry = groups[of] = (row.api_key_id, _empty_tally())
-        _count(entry[1], row)
+            entry = groups[of] = Tally(row.api_key_id)
+        entry.count(row)
     return groups
 
 
-def tally_by_deployment(rows: Iterable[RequestLog]) -> dict[tuple[Any, ...], list[Any]]:
+def tally_by_deployment(rows: Iterable[RequestLog]) -> dict[DeploymentGrain, Tally]:
     """The ``rows`` a deployment served summed per day, alias, deployment and endpoint."""
-    groups: dict[tuple[Any, ...], list[Any]] = {}
+    groups: dict[DeploymentGrain, Tally] = {}
     for row in rows:
         if row.deployment:
             assert row.created_at is not None  # set by the insert
             of = (utc_day(row.created_at), row.alias, row.deployment, row.endpoint)
-            _count(groups.setdefault(of, _empty_tally()), row)
+            groups.setdefault(of, Tally()).count(row)
     return groups
 
 
-def _count(sums: list[Any], row: RequestLog) -> None:
-    """Add ``row`` to a tally."""
-    sums[_AT["requests"]] += 1
-    sums[_AT["errors"]] += row.status_code >= 400 or bool(row.error_type)
-    sums[_AT["cancelled"]] += row.cancelled
-    for name in TOKENS:
-        sums[_AT[name]] += getattr(row, name)
-    sums[_AT["cost"]] += Decimal(row.cost)
-    sums[_AT["duration_ms"]] += row.duration_ms
-    sums[_AT[DURATION_BUCKETS[bucket(row.duration_ms)]]] += 1
-    first_token = row.time_to_first_token_ms
-    if first_token is not None:
-        sums[_AT["first_token_ms"]] += first_token
-        sums[_AT["first_tokens"]] += 1
-        sums[_AT[FIRST_TOKEN_BUCKETS[bucket(first_token)]]] += 1
-
-
 def summed_per(
-    groups: dict[KeyGrain, tuple[int | None, list[Any]]], keep: tuple[int, ...], width: int
-) -> dict[tuple[Any, ...], list[Any]]:
+    groups: Mapping[KeyGrain, Tally], keep: tuple[int, ...]
+) -> dict[tuple[Any, ...], Tally]:
     """Per-key tallies summed per the grain's parts at ``keep`` (0 is the day, 1 the key,
-    2 the alias, 3 the endpoint), their first ``width`` measures."""
-    totals: dict[tuple[Any, ...], list[Any]] = {}
-    for of, (_, sums) in groups.items():
-        total = totals.setdefault(tuple(of[at] for at in keep), _empty_tally()[:width])
-        for index in range(width):
-            total[index] += sums[index]
+    2 the alias, 3 the endpoint)."""
+    totals: dict[tuple[Any, ...], Tally] = {}
+    for of, part in groups.items():
+        per = tuple(of[at] for at in keep)
+        total = totals.get(per)
+        if total is None:
+            total = totals[per] = Tally()
+        total.add(part)
     return totals
 
 
@@ -138,52 +193,39 @@ def record(rows: Sequence[RequestLog], connection: BaseDatabaseWrapper) -> None:
     the transaction that inserted them. In a fixed order of rows, so that two workers
     adding to the same rollups wait for each other rather than deadlock."""
     groups = tally(rows)
-    rollups: list[tuple[type[Model], dict[tuple[Any, ...], tuple[list[Any], dict[str, Any]]]]]
-    rollups = [
-        (DailyKeyUsage, {of: (sums, {"api_key_id": key}) for of, (key, sums) in groups.items()})
+    rollups: list[tuple[type[Model], Mapping[Any, Tally]]] = [
+        (DailyKeyUsage, groups),
+        (DailyAliasUsage, summed_per(groups, (0, 2, 3))),
+        (DailyKeyTotal, summed_per(groups, (0, 1))),
     ]
-    for total, keep, width in (
-        (DailyAliasUsage, (0, 2, 3), len(MEASURES)),
-        (DailyKeyTotal, (0, 1), len(TOTALS)),
-    ):
-        summed = summed_per(groups, keep, width)
-        rollups.append((total, {of: (sums, {}) for of, sums in summed.items()}))
     by_deployment = tally_by_deployment(rows)
     if by_deployment:
-        rollups.append(
-            (DailyDeploymentUsage, {of: (sums, {}) for of, sums in by_deployment.items()})
-        )
+        rollups.append((DailyDeploymentUsage, by_deployment))
     with connection.cursor() as cursor:
-        for model, sums_of in rollups:
+        for model, tallies in rollups:
             cursor.executemany(
                 _upsert_sql(connection, model),
-                [
-                    _parameters(model, of, sums, named, connection)
-                    for of, (sums, named) in sorted(sums_of.items())
-                ],
+                [_parameters(model, of, tallies[of], connection) for of in sorted(tallies)],
             )
 
 
 def _parameters(
-    model: type[Model],
-    of: tuple[Any, ...],
-    sums: list[Any],
-    named: dict[str, Any],
-    connection: BaseDatabaseWrapper,
+    model: type[Model], of: tuple[Any, ...], part: Tally, connection: BaseDatabaseWrapper
 ) -> dict[str, Any]:
-    """One upsert's parameters by column: by name, which Django passes on to SQLite as
-    they are (it rewrites ``%s`` by a regular expression, each time, a third of the
-    cost of a batch's rollups)."""
+    """One upsert's parameters by column: by name (Django rewrites ``%s`` for SQLite by
+    a regular expression, each time: a third of the cost of a batch's rollups), the
+    histograms as JSON."""
     parameters = dict(zip(grain(model), of, strict=True))
+    parameters.update(part.fields(model))
     parameters["day"] = connection.ops.adapt_datefield_value(of[0])
-    parameters.update(zip(_measures(model), sums, strict=True))
-    parameters["cost"] = connection.ops.adapt_decimalfield_value(parameters["cost"], 20, 8)
-    parameters.update(named)
+    for name in MONEY:
+        parameters[name] = connection.ops.adapt_decimalfield_value(parameters[name], 20, 8)
+    for name, _ in HISTOGRAMS:
+        if name in parameters:
+            parameters[name] = orjson.dumps(parameters[name]).decode()
+    if model is DailyKeyUsage:
+        parameters["api_key_id"] = part.key_id
     return parameters
-
-
-def _measures(model: type[Model]) -> tuple[str, ...]:
-    return MEASURES if issubclass(model, DailyUsage) else TOTALS
 
 
 _upserts: dict[tuple[str, type[Model]], str] = {}  # by database vendor and model
@@ -191,18 +233,27 @@ _upserts: dict[tuple[str, type[Model]], str] = {}  # by database vendor and mode
 
 def _upsert_sql(connection: BaseDatabaseWrapper, model: type[Model]) -> str:
     """INSERT ... ON CONFLICT (its grain) DO UPDATE adding the sums (PostgreSQL and
-    SQLite); a key's rollup also names the key and its owner, as they were at the day's
-    first request (an update of them would rewrite an index entry on every batch)."""
+    SQLite), and each bucket's count to a histogram's (:func:`_added`); a key's rollup
+    also names the key and its owner, as they were at the day's first request (an
+    update of them would rewrite an index entry on every batch)."""
     statement = _upserts.get((connection.vendor, model))
     if statement is not None:
         return statement
     quote = connection.ops.quote_name
     table = quote(model._meta.db_table)
-    per, sums = grain(model), _measures(model)
+    per = grain(model)
+    sums = MEASURES if has_latency(model) else TOTALS
     columns = [*per, *sums]
-    values = [f"%({column})s" for column in columns]
     updates = [f"{quote(column)} = {table}.{quote(column)} + excluded.{quote(column)}"
                for column in sums]  # fmt: skip
+    values = [f"%({column})s" for column in columns]
+    if has_latency(model):
+        for name, _ in HISTOGRAMS:
+            column, value = quote(name), f"%({name})s"
+            columns.append(name)
+            values.append(f"{value}::jsonb" if connection.vendor == "postgresql" else value)
+            added = _added(connection, f"{table}.{column}", f"excluded.{column}")
+            updates.append(f"{column} = {added}")
     if model is DailyKeyUsage:
         columns += ["api_key_id", "owner_id"]
         apikey = quote(ApiKey._meta.db_table)
@@ -215,30 +266,49 @@ def _upsert_sql(connection: BaseDatabaseWrapper, model: type[Model]) -> str:
     return statement
 
 
+def _added(connection: BaseDatabaseWrapper, histogram: str, added: str) -> str:
+    """SQL of ``histogram`` (a JSON object of counts) with the counts of ``added`` added
+    to its own, key by key: the keys of ``added`` only are read and written (a batch's
+    rows of a grain fall in a few buckets)."""
+    if connection.vendor == "postgresql":
+        return (
+            f"{histogram} || coalesce((SELECT jsonb_object_agg(added.key, added.value::bigint"
+            f" + coalesce(({histogram} ->> added.key)::bigint, 0))"
+            f" FROM jsonb_each_text({added}) AS added), '{{}}'::jsonb)"
+        )
+    return (
+        f"json_patch({histogram}, (SELECT json_group_object(added.key, added.value"
+        f" + coalesce(json_extract({histogram}, '$.\"' || added.key || '\"'), 0))"
+        f" FROM json_each({added}) AS added))"
+    )
+
+
 def reconcile(day: datetime.date, *, using: str | None = None, apps: Apps = global_apps) -> bool:
     """Rebuild ``day``'s rollups from its log rows if they sum fewer; whether it did.
 
     On ``using``, else the database the site's routers write the log to; with the models
-    of ``apps`` (a migration's, or the project's). On PostgreSQL the rollups are locked
-    against writes meanwhile: a batch written now waits (milliseconds) and adds its rows
-    to the rebuilt rollups, which did not count them. On SQLite a batch committed
-    between the count and the rebuild makes the rebuild fail ("database is locked"), not
-    miscount.
+    of ``apps`` (a migration's, or the project's: the latest migration that changes the
+    rollups calls it, with the models they end with). On PostgreSQL the rollups are
+    locked against writes meanwhile: a batch written now waits (milliseconds) and adds
+    its rows to the rebuilt rollups, which did not count them. On SQLite a batch
+    committed between the count and the rebuild makes the rebuild fail ("database is
+    locked"), not miscount.
     """
-    log, per_key, per_alias, per_key_total, per_deployment = (
+    log, per_key, per_alias, per_key_total = (
         apps.get_model("chatparity", name)
-        for name in (
-            "RequestLog", "DailyKeyUsage", "DailyAliasUsage", "DailyKeyTotal",
-            "DailyDeploymentUsage",
-        )
-    )  # fmt: skip
+        for name in ("RequestLog", "DailyKeyUsage", "DailyAliasUsage", "DailyKeyTotal")
+    )
+    try:
+        per_deployment = [apps.get_model("chatparity", "DailyDeploymentUsage")]
+    except LookupError:  # a migration's models from before deployments (0021)
+        per_deployment = []
     database = using or router.db_for_write(log)
     connection = connections[database]
     start = day_start(day)
     rows = log.objects.using(database).filter(
         created_at__gte=start, created_at__lt=start + datetime.timedelta(days=1)
     )
-    models = (per_key, per_alias, per_key_total, per_deployment)
+    models = (per_key, per_alias, per_key_total, *per_deployment)
     rollups = [model.objects.using(database).filter(day=day) for model in models]
     with transaction.atomic(using=database):
         if connection.vendor == "postgresql":
@@ -249,78 +319,82 @@ def reconcile(day: datetime.date, *, using: str | None = None, apps: Apps = glob
             return False
         for days_rollups in rollups:
             days_rollups.delete()
-        per_key.objects.using(database).bulk_create(
-            [
-                per_key(
-                    day=day,
-                    api_key_id=facts.pop("last_key"),
-                    owner_id=facts.pop("last_owner"),
-                    **_unprefixed(facts),
-                )
-                for facts in rows.order_by()
-                .values("key_prefix", "alias", "endpoint")
-                .annotate(**_log_sums())
-            ],
-            batch_size=500,
-        )
-        by_deployment = rows.exclude(deployment="").order_by()
-        per_deployment.objects.using(database).bulk_create(
-            [
-                per_deployment(day=day, **_unprefixed(facts))
-                for facts in by_deployment.values("alias", "deployment", "endpoint").annotate(
-                    **_log_sums(per_key=False)
-                )
-            ],
-            batch_size=500,
-        )
-        for model, per, measures in (
-            (per_alias, ("alias", "endpoint"), MEASURES),
-            (per_key_total, ("key_prefix",), TOTALS),
-        ):
-            sums = {f"sum_{name}": Sum(name) for name in measures}
-            model.objects.using(database).bulk_create(
+        groups, owners = _log_tallies(day, rows, ("key_prefix", "alias", "endpoint"))
+        rebuilt: list[tuple[type[Model], Mapping[Any, Tally], dict[Any, dict[str, Any]]]] = [
+            (
+                per_key,
+                groups,
+                {
+                    of: {"api_key_id": part.key_id, "owner_id": owners[of]}
+                    for of, part in groups.items()
+                },
+            ),
+            (per_alias, summed_per(groups, (0, 2, 3)), {}),
+            (per_key_total, summed_per(groups, (0, 1)), {}),
+        ]
+        for model in per_deployment:
+            served = rows.exclude(deployment="")
+            by_deployment, _ = _log_tallies(day, served, ("alias", "deployment", "endpoint"))
+            rebuilt.append((model, by_deployment, {}))
+        for model, tallies, more in rebuilt:
+            model._default_manager.using(database).bulk_create(
                 [
-                    model(day=day, **_unprefixed(facts))
-                    for facts in rollups[0].order_by().values(*per).annotate(**sums)
+                    model(
+                        **dict(zip(grain(model), of, strict=True)),
+                        **part.fields(model),
+                        **more.get(of, {}),
+                    )
+                    for of, part in tallies.items()
                 ],
                 batch_size=500,
             )
     return True
 
 
-def _unprefixed(facts: dict[str, Any]) -> dict[str, Any]:
-    """An aggregate's row with ``sum_`` taken off its names (an annotation may not have a
-    field's name) and nothing None (a sum over no values)."""
-    return {
-        name.removeprefix("sum_"): 0 if value is None and name.startswith("sum_") else value
-        for name, value in facts.items()
-    }
-
-
-def _log_sums(*, per_key: bool = True) -> dict[str, Any]:
-    """The aggregates over log rows that make one key's rollup (``per_key``: its key and
-    owner too), or one deployment's."""
-    named = {"last_key": Max("api_key"), "last_owner": Max("api_key__owner")} if per_key else {}
-    sums: dict[str, Any] = {
-        **named,
+def _log_tallies(
+    day: datetime.date, rows: QuerySet[Any], per: tuple[str, str, str]
+) -> tuple[dict[KeyGrain, Tally], dict[KeyGrain, int | None]]:
+    """``rows`` (of ``day``) summed per the fields ``per`` (a key, alias and endpoint, or
+    an alias, deployment and endpoint) by the database, and the owner of each grain's
+    last key."""
+    groups: dict[KeyGrain, Tally] = {}
+    owners: dict[KeyGrain, int | None] = {}
+    aggregates = {
+        "last_key": Max("api_key"),
+        "last_owner": Max("api_key__owner"),
         "sum_requests": Count("pk"),
         "sum_errors": Count("pk", filter=FAILED),
         "sum_cancelled": Count("pk", filter=Q(cancelled=True)),
         **{f"sum_{name}": Sum(name) for name in TOKENS},
         "sum_cost": Sum("cost"),
+        "sum_cache_hits": Count("pk", filter=Q(cache__in=CACHE_HITS)),
+        "sum_cache_misses": Count("pk", filter=Q(cache__in=CACHE_MISSES)),
+        "sum_cost_saved": Sum("cost_saved"),
         "sum_duration_ms": Sum("duration_ms"),
         "sum_first_token_ms": Sum("time_to_first_token_ms"),
         "sum_first_tokens": Count("time_to_first_token_ms"),
     }
-    for columns, field in (
-        (DURATION_BUCKETS, "duration_ms"),
-        (FIRST_TOKEN_BUCKETS, "time_to_first_token_ms"),
-    ):
-        for index, column in enumerate(columns):
-            within = Q(**{f"{field}__isnull": False})
-            if index:
-                within &= Q(**{f"{field}__gt": LATENCY_BOUNDS_MS[index - 1]})
-            if index < len(LATENCY_BOUNDS_MS):
-                within &= Q(**{f"{field}__lte": LATENCY_BOUNDS_MS[index]})
-            sums[f"sum_{column}"] = Count("pk", filter=within)
-    return sums
+    for facts in rows.order_by().values(*per).annotate(**aggregates):
+        of = (day, *(facts[name] for name in per))
+        sums = [facts[f"sum_{name}"] or 0 for name in MEASURES]
+        groups[of] = Tally(facts["last_key"], sums)
+        owners[of] = facts["last_owner"]
+    for histogram, (_, logged) in enumerate(HISTOGRAMS):
+        bucket_of = Case(
+            *(
+                When(**{f"{logged}__lte": bound}, then=Value(at))
+                for at, bound in enumerate(LATENCY_BOUNDS_MS)
+            ),
+            default=Value(len(LATENCY_BOUNDS_MS)),
+        )
+        counted = (
+            rows.filter(**{f"{logged}__isnull": False})
+            .order_by()
+            .annotate(at=bucket_of)
+            .values(*per, "at")
+            .annotate(requests=Count("pk"))
+        )
+        for facts in counted:
+            of = (day, *(facts[name] for name in per))
+            groups[of].histograms[histogram][facts["at"]] = facts["requests"]
+    return groups, owners

@@ -10,9 +10,10 @@ When it ends:
 - the backend reported the usage (an upstream's, believed; the local model's): that
   usage, which the upstream bills;
 - else (the client left, the upstream failed midway or reported nothing believable):
-  for each upstream call made, the prompt the upstream announced for it, else the
-  prompt reserved; and the completion tokens counted as they arrived. A backend that
-  notes no calls (the local model, a program) counts one once it began answering.
+  for each upstream call made, the prompt the upstream announced for it with the cache
+  reads and writes it announced, else the prompt reserved (uncached); and the
+  completion tokens counted as they arrived. A backend that notes no calls (the local
+  model, a program) counts one once it began answering.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ..protocol.events import Usage
 
 def settled_usage(
     reserved_prompt: int,
-    calls: Sequence[int | None],
+    calls: Sequence[Usage | None],
     reported: Usage | None,
     completion_sent: int,
     *,
@@ -34,15 +35,30 @@ def settled_usage(
     """The usage a request is charged and logged with.
 
     ``reserved_prompt``: the prompt its admission counted for one upstream call;
-    ``calls``: the prompt the upstream announced for each call made (None: not said);
-    ``reported``: the usage the backend yielded, if it did; ``completion_sent``: the
-    completion tokens counted from the events that arrived; ``answered``: whether the
-    backend began answering (a backend that notes no calls made one then)."""
+    ``calls``: the usage the upstream announced for each call made (None: not said), of
+    which the prompt and its cache reads and writes count; ``reported``: the usage the
+    backend yielded, if it did; ``completion_sent``: the completion tokens counted from
+    the events that arrived; ``answered``: whether the backend began answering (a backend
+    that notes no calls made one then)."""
     if reported is not None and not reported.counted:
         return reported
     if not calls and answered:
         calls = (None,)
-    prompt = sum(reserved_prompt if announced is None else announced for announced in calls)
-    if reported is not None:  # counted by the backend: never below what was sent
-        return dataclasses.replace(reported, prompt_tokens=max(prompt, reported.prompt_tokens))
-    return Usage(prompt, completion_sent, counted=True)
+    sent = [Usage(reserved_prompt, 0) if call is None else call for call in calls]
+    prompt = Usage(
+        sum(call.prompt_tokens for call in sent),
+        completion_sent,
+        cached_tokens=sum(call.cached_tokens for call in sent),
+        cache_write_5m_tokens=sum(call.cache_write_5m_tokens for call in sent),
+        cache_write_1h_tokens=sum(call.cache_write_1h_tokens for call in sent),
+        counted=True,
+    )
+    if reported is None:
+        return prompt
+    # Counted by the backend: never below what was sent, the cache as it was announced.
+    return dataclasses.replace(
+        prompt,
+        prompt_tokens=max(prompt.prompt_tokens, reported.prompt_tokens),
+        completion_tokens=reported.completion_tokens,
+        reasoning_tokens=reported.reasoning_tokens,
+    )

@@ -13,6 +13,7 @@ router.register("keys", views.ApiKeyViewSet, basename="key")
 router.register("aliases", views.ModelAliasViewSet, basename="alias")
 router.register("backends", views.BackendViewSet, basename="backend")
 router.register("deployments", views.DeploymentViewSet, basename="deployment")
+router.register("plans", views.PlanViewSet, basename="plan")
 router.register("logs", views.RequestLogViewSet, basename="log")
 router.register("responses", views.StoredResponseViewSet, basename="response")
 

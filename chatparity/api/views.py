@@ -17,7 +17,7 @@ from rest_framework.authentication import (
     TokenAuthentication,
 )
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException
+from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.filters import BaseFilterBackend, SearchFilter
 from rest_framework.pagination import BasePagination, CursorPagination, LimitOffsetPagination
 from rest_framework.permissions import DjangoModelPermissions, IsAdminUser
@@ -26,9 +26,9 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
-from ..accounting import deployments, reports
+from ..accounting import catalog, deployments, reports
 from ..accounting.limits import Unavailable
-from ..models import ApiKey, Backend, Deployment, ModelAlias, RequestLog, StoredResponse
+from ..models import ApiKey, Backend, Deployment, ModelAlias, Plan, RequestLog, StoredResponse
 from . import serializers
 
 if TYPE_CHECKING:
@@ -84,6 +84,14 @@ class InUse(APIException):
     status_code = status.HTTP_409_CONFLICT
     default_detail = "Still in use."
     default_code = "protected"
+
+
+class CatalogMissing(APIException):
+    """501: the [prices] extra is not installed."""
+
+    status_code = status.HTTP_501_NOT_IMPLEMENTED
+    default_detail = "The genai-prices catalog is not installed."
+    default_code = "catalog_missing"
 
 
 class StaffModelViewSet(PermittedAPIView, viewsets.ModelViewSet[_M]):
@@ -156,6 +164,28 @@ class ModelAliasViewSet(StaffModelViewSet[ModelAlias]):
     queryset = ModelAlias.objects.select_related("backend").order_by("public_id")
     serializer_class = serializers.ModelAliasSerializer
 
+    @extend_schema(request=None, responses=serializers.ModelAliasSerializer)
+    @action(
+        detail=True,
+        methods=["post"],
+        url_path="fill-prices",
+        permission_classes=[IsAdminUser, ChangePermission],
+    )
+    def fill_prices(self, request: Request, pk: str | None = None) -> Response:
+        """Set the alias's prices to the genai-prices catalog's for its upstream model (a
+        price the catalog has none of blank: the provider's ratio). 400 when the catalog
+        does not know the model, 501 when it is not installed."""
+        alias = self.get_object()
+        try:
+            found = catalog.fill(alias)
+        except catalog.CatalogMissing as missing:
+            raise CatalogMissing(str(missing)) from None
+        if found is None:
+            shown = alias.model or alias.public_id
+            raise ValidationError({"model": [f"The catalog does not know {shown!r}."]})
+        alias.save(update_fields=list(catalog.PRICE_FIELDS))
+        return Response(self.get_serializer(alias).data)
+
 
 class DeploymentViewSet(StaffModelViewSet[Deployment]):
     """Deployments of the aliases: where each alias's requests are routed
@@ -211,6 +241,18 @@ class BackendViewSet(StaffModelViewSet[Backend]):
 
     queryset = Backend.objects.order_by("name")
     serializer_class = serializers.BackendSerializer
+
+
+class PlanViewSet(StaffModelViewSet[Plan]):
+    """Plans, highest priority first, as in the admin: who has them (users, groups), the
+    aliases their keys may use, the limits of each key made in the portal, the budgets
+    all of one user's keys share. Deleting one takes it from its users: their keys made
+    in the portal then serve only under another plan of theirs."""
+
+    queryset = Plan.objects.prefetch_related("users", "groups", "allowed_aliases").order_by(
+        "-priority", "name"
+    )
+    serializer_class = serializers.PlanSerializer
 
 
 class LogPagination(LimitOffsetPagination):
@@ -286,7 +328,8 @@ class UsageView(ReportView):
         responses=serializers.UsageRowSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
-        """Requests, errors, cancellations and tokens per day, key, alias and/or endpoint."""
+        """Requests, errors, cancellations, tokens (the prompt's cache reads and writes
+        among them) and cost per day, key, alias and/or endpoint."""
         query = parse_query(request, serializers.UsageFilterSerializer)
         totals = reports.usage(query.log_filter(), query.validated_data["group_by"])
         return Response(serializers.UsageRowSerializer(totals, many=True).data)

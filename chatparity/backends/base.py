@@ -74,6 +74,13 @@ class ChatBackend(Protocol):
     ``check_base_url(base_url: str) -> None``
         A URL this kind cannot use, or the lack of one it needs
         (:func:`http_base_url`, :func:`no_base_url`).
+
+    A third says whose prices its upstream bills by, and so what an alias's blank cache
+    prices are (:data:`~chatparity.models.CACHE_PRICE_RATIOS`):
+
+    ``price_provider(options: dict) -> str | None``
+        ``"anthropic"``, ``"openai"``, or None (the default): every input token at the
+        input price.
     """
 
     config: BackendConfig

@@ -5,7 +5,9 @@ never blocks and two requests never share a context. Each worker checks a
 stop flag between tokens: closing the event stream stops the CPU work at once.
 Choices wait for a context in a queue that takes turns among callers (API keys, as
 :data:`~.base.current_caller` names them): a key asking for many choices does not
-make another key wait behind all of them.
+make another key wait behind all of them. A prompt that starts as one its caller sent
+before evaluates only what follows: from the cells a context still holds, or from the
+:mod:`.prompt_cache`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +50,14 @@ from .base import (
     no_base_url,
     not_installed,
     number_option,
+)
+from .prompt_cache import (
+    BLOCK_TOKENS,
+    PromptCache,
+    SavedPrompt,
+    common_prefix,
+    exact_after,
+    reusable,
 )
 from .text import TextStreamer
 
@@ -103,7 +113,23 @@ class _Job:
     stop: threading.Event
     emit: Callable[[object], None]
     completion_tokens: int = 0
-    cached_tokens: int = 0
+    cached_tokens: int | None = None  # set by the first evaluation of its prompt
+
+    @property
+    def reproducible(self) -> bool:
+        """Greedy or seeded: the same request gives the same text."""
+        return self.request.seed is not None or self.request.temperature == 0
+
+
+@dataclass(eq=False)
+class _Context:
+    """One llama.cpp context and what its cells hold."""
+
+    llama: Llama
+    owner: str | None = None
+    """The caller whose tokens the cells hold (None: they are not to be reused)."""
+    exact: int = 0
+    """The leading cells computed as evaluating their tokens from nothing computes them."""
 
 
 class _TakingTurns:
@@ -146,7 +172,15 @@ class _TakingTurns:
 class LocalModel:
     """One GGUF file loaded once per process, with a pool of contexts."""
 
-    def __init__(self, model_path: str, *, n_ctx: int, contexts: int, n_threads: int) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        n_ctx: int,
+        contexts: int,
+        n_threads: int,
+        prompt_cache_bytes: int,
+    ) -> None:
         from llama_cpp import Llama
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
@@ -155,7 +189,7 @@ class LocalModel:
         self._n_threads = n_threads
         self._vocab = Llama(model_path, vocab_only=True, verbose=False)
         self.max_token_bytes = _max_token_bytes(self._vocab)
-        self._free: queue.SimpleQueue[Llama] = queue.SimpleQueue()
+        self._free: queue.SimpleQueue[_Context] = queue.SimpleQueue()
         self._created = 0
         self._pool_lock = threading.Lock()
         self._contexts = contexts
@@ -163,6 +197,7 @@ class LocalModel:
         self._turns = _TakingTurns()
         self._counted: OrderedDict[str, list[int]] = OrderedDict()  # prompt -> its tokens
         self._counted_lock = threading.Lock()
+        self.prompt_cache = PromptCache(prompt_cache_bytes)
         vocab_model = self._vocab._model
         self._formatter = Jinja2ChatFormatter(
             template=self._vocab.metadata["tokenizer.chat_template"],
@@ -176,7 +211,7 @@ class LocalModel:
         """Free the contexts now, while llama.cpp is still loaded."""
         self.executor.shutdown(wait=True, cancel_futures=True)
         while not self._free.empty():
-            self._free.get_nowait().close()
+            self._free.get_nowait().llama.close()
         self._vocab.close()
 
     @property
@@ -264,7 +299,7 @@ class LocalModel:
 
     # -- contexts ----------------------------------------------------------
 
-    def _acquire(self) -> Llama:
+    def _acquire(self) -> _Context:
         try:
             return self._free.get_nowait()
         except queue.Empty:
@@ -274,12 +309,15 @@ class LocalModel:
                 from llama_cpp import Llama
 
                 self._created += 1
-                return Llama(
-                    self.model_path,
-                    n_ctx=self.n_ctx,
-                    n_threads=self._n_threads,
-                    n_threads_batch=self._n_threads,
-                    verbose=False,
+                return _Context(
+                    Llama(
+                        self.model_path,
+                        n_ctx=self.n_ctx,
+                        n_ubatch=BLOCK_TOKENS,
+                        n_threads=self._n_threads,
+                        n_threads_batch=self._n_threads,
+                        verbose=False,
+                    )
                 )
         return self._free.get()
 
@@ -300,21 +338,78 @@ class LocalModel:
         try:
             if job.stop.is_set():
                 return
-            llama = self._acquire()
+            context = self._acquire()
             try:
-                _ChoiceRunner(self, llama, job).run()
+                self._run_on(context, job)
             finally:
-                self._free.put(llama)
-            job.emit(_ChoiceDone(job.index, job.completion_tokens, job.cached_tokens))
+                self._free.put(context)
+            job.emit(_ChoiceDone(job.index, job.completion_tokens, job.cached_tokens or 0))
         except Cancelled:
             pass
         except BaseException as exc:  # handed to the event loop, which raises it there
             job.emit(exc)
 
+    def _run_on(self, context: _Context, job: _Job) -> None:
+        """Run ``job`` on ``context``, then keep what the context holds in the prompt
+        cache (before the choice is done: the caller's next turn finds it)."""
+        try:
+            _ChoiceRunner(self, context, job).run()
+        except BaseException as exc:
+            if not isinstance(exc, Cancelled):
+                context.owner = None  # what its cells hold is not known
+            raise
+        finally:
+            self._save(context)
+
+    # -- prompt reuse ------------------------------------------------------
+
+    def _eval_prompt(self, context: _Context, tokens: list[int], job: _Job) -> int:
+        """Evaluate ``tokens`` on ``context``, reusing the longest prefix its cells or the
+        prompt cache hold for the job's caller (a reproducible job: only what evaluating
+        from nothing computes); return how many tokens were reused."""
+        import numpy as np  # like llama_cpp, which brings it: only [local] installs it
+
+        llama, caller, reproducible = context.llama, job.caller, job.reproducible
+        prompt = np.asarray(tokens, dtype=np.intc)
+        held = llama.input_ids[: llama.n_tokens if context.owner == caller else 0]
+        start = reusable(
+            common_prefix(held, prompt), context.exact, len(prompt), reproducible=reproducible
+        )
+        found = self.prompt_cache.find(caller, prompt, reproducible=reproducible)
+        if found is not None and found[1] > start:
+            saved, served = found
+            if _restore(llama, saved):
+                start = served
+                context.exact = saved.exact
+            else:
+                self.prompt_cache.forget(saved)
+                start = 0
+        exact = exact_after(start, context.exact, len(prompt))
+        context.owner = None  # until the cells hold what input_ids says
+        llama.n_tokens = start  # eval() drops the cells from here on
+        llama.eval(tokens[start:])
+        context.owner, context.exact = caller, exact
+        return start
+
+    def _save(self, context: _Context) -> None:
+        """Keep what ``context`` holds in the prompt cache, if it fits the budget."""
+        import llama_cpp
+
+        llama = context.llama
+        if context.owner is None or not llama.n_tokens:
+            return
+        tokens = llama.input_ids[: llama.n_tokens].copy()
+        size = llama_cpp.llama_state_seq_get_size(llama.ctx, 0)
+        if size + tokens.nbytes > self.prompt_cache.budget:
+            return  # not kept: copying it would be wasted
+        state = (ctypes.c_uint8 * size)()
+        if llama_cpp.llama_state_seq_get_data(llama.ctx, state, size, 0) == size:
+            self.prompt_cache.keep(SavedPrompt(context.owner, tokens, context.exact, state))
+
     # -- token loop --------------------------------------------------------
 
     def sample(
-        self, llama: Llama, tokens: list[int], job: _Job, grammar: str | None
+        self, context: _Context, tokens: list[int], job: _Job, grammar: str | None
     ) -> Generator[int, None, None]:
         """Yield sampled tokens until end of generation; the caller stops early
         by closing the iterator. Logits of the yielded token are still current
@@ -322,7 +417,7 @@ class LocalModel:
         import llama_cpp
         from llama_cpp._internals import LlamaSampler
 
-        request = job.request
+        request, llama = job.request, context.llama
         sampler = LlamaSampler()
         try:
             if request.logit_bias:
@@ -345,13 +440,9 @@ class LocalModel:
                 sampler.add_top_p(request.top_p, 1)
                 sampler.add_temp(request.temperature)
                 sampler.add_dist(job.seed)
-            # Reproducible requests (greedy or seeded) evaluate their whole prompt:
-            # a reused prefix was computed in other batch shapes, whose rounding
-            # can change the text.
-            reproducible = request.seed is not None or request.temperature == 0
-            cached = _eval_prompt(llama, tokens, reuse=not reproducible)
-            if tokens is job.prompt:
-                job.cached_tokens = cached
+            cached = self._eval_prompt(context, tokens, job)
+            if job.cached_tokens is None:
+                job.cached_tokens = min(cached, len(job.prompt))
             vocab = llama._model.vocab
             while llama.n_tokens < self.n_ctx:
                 if job.stop.is_set():
@@ -390,25 +481,28 @@ def _max_token_bytes(vocab: Llama) -> int | None:
     )
 
 
-def _eval_prompt(llama: Llama, tokens: list[int], *, reuse: bool) -> int:
-    """Evaluate ``tokens``, reusing the context's cached prefix; return its length."""
-    import numpy as np  # like llama_cpp, which brings it: only [local] installs it
+def _restore(llama: Llama, saved: SavedPrompt) -> bool:
+    """Load ``saved`` into ``llama``'s cleared cells, first to last (as evaluating
+    its tokens from nothing places them); False if llama.cpp refused it."""
+    import llama_cpp
 
-    previous = llama.input_ids[: llama.n_tokens if reuse else 0]
-    limit = min(len(previous), len(tokens) - 1)
-    same = np.asarray(previous[:limit]) == np.asarray(tokens[:limit], dtype=previous.dtype)
-    prefix = int(limit if same.all() else np.argmin(same))
-    llama.n_tokens = prefix  # eval() drops the cache from here on
-    llama.eval(tokens[prefix:])
-    return prefix
+    llama._ctx.kv_cache_clear()
+    llama.n_tokens = 0
+    state = saved.state
+    if llama_cpp.llama_state_seq_set_data(llama.ctx, state, len(state), 0) != len(state):
+        return False
+    llama.input_ids[: len(saved.tokens)] = saved.tokens
+    llama.n_tokens = len(saved.tokens)
+    return True
 
 
 class _ChoiceRunner:
     """Runs one choice: free text, or a tool call in two grammar-guided phases."""
 
-    def __init__(self, model: LocalModel, llama: Llama, job: _Job) -> None:
+    def __init__(self, model: LocalModel, context: _Context, job: _Job) -> None:
         self.model = model
-        self.llama = llama
+        self.context = context
+        self.llama = context.llama
         self.job = job
         self.request = job.request
 
@@ -424,7 +518,7 @@ class _ChoiceRunner:
         answer = job.grammars.answer
         choice = request.tool_choice
         if not request.tools or choice.mode == "none":
-            self._answer(None, self.model.sample(self.llama, job.prompt, job, answer))
+            self._answer(None, self.model.sample(self.context, job.prompt, job, answer))
             return
         if choice.mode == "function" or (choice.mode == "required" and len(request.tools) == 1):
             name = choice.name or request.tools[0].name
@@ -435,7 +529,7 @@ class _ChoiceRunner:
         grammar = grammars.tool_name_grammar(names, auto=choice.mode == "auto", answer=answer)
         generated: list[int] = []
         text = b""
-        with closing(self.model.sample(self.llama, job.prompt, job, grammar)) as tokens:
+        with closing(self.model.sample(self.context, job.prompt, job, grammar)) as tokens:
             for token in tokens:
                 generated.append(token)
                 if not generated[1:] and not self._peek(token).startswith(b"<"):
@@ -482,7 +576,7 @@ class _ChoiceRunner:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         reason = "stop" if request.tool_choice.mode == "function" else "tool_calls"
         grammar = job.grammars.arguments[index]
-        with closing(self.model.sample(self.llama, prompt, job, grammar)) as tokens:
+        with closing(self.model.sample(self.context, prompt, job, grammar)) as tokens:
             for token in tokens:
                 fragment = decoder.decode(self._take(token))
                 if fragment:
@@ -528,22 +622,37 @@ def _template_message(message: Message) -> dict[str, str]:
     return {"role": role, "content": content}
 
 
-_models: dict[tuple[str, int, int, int], LocalModel] = {}
+@dataclass(frozen=True)
+class ModelOptions:
+    """What a local model is loaded with: a Backend row's options over
+    ``CHATPARITY["LOCAL_MODEL"]``."""
+
+    model_path: str
+    n_ctx: int
+    contexts: int
+    n_threads: int
+    prompt_cache_bytes: int
+
+
+_models: dict[ModelOptions, LocalModel] = {}
 _models_lock = threading.Lock()
 
 
-def load_model(model_path: str, *, n_ctx: int, contexts: int, n_threads: int) -> LocalModel:
-    """The process-wide :class:`LocalModel` for these settings."""
-    key = (model_path, n_ctx, contexts, n_threads)
+def load_model(options: ModelOptions) -> LocalModel:
+    """The process-wide :class:`LocalModel` for these options."""
     with _models_lock:
         if not _models:
             # Llama's finalizers fail noisily once the interpreter tears modules down.
             atexit.register(_close_models)
-        if key not in _models:
-            _models[key] = LocalModel(
-                model_path, n_ctx=n_ctx, contexts=contexts, n_threads=n_threads
+        if options not in _models:
+            _models[options] = LocalModel(
+                options.model_path,
+                n_ctx=options.n_ctx,
+                contexts=options.contexts,
+                n_threads=options.n_threads,
+                prompt_cache_bytes=options.prompt_cache_bytes,
             )
-        return _models[key]
+        return _models[options]
 
 
 def _close_models() -> None:
@@ -551,26 +660,24 @@ def _close_models() -> None:
         model.close()
 
 
-@dataclass
-class _Options:
-    model_path: str
-    n_ctx: int
-    contexts: int
-    n_threads: int
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _options(config: BackendConfig) -> _Options:
+def model_options(config: BackendConfig) -> ModelOptions:
+    """The options ``config`` loads its model with."""
     merged = {**app_settings.LOCAL_MODEL, **config.options}
     model_path = merged.get("model_path") or smollm2_model_path()
     if not model_path:
         raise not_installed("local model", "local", or_set="model_path")
     contexts = max(1, int(merged["contexts"]))
     n_threads = merged.get("n_threads") or max(1, (os.cpu_count() or 1) // contexts)
-    return _Options(str(model_path), int(merged["n_ctx"]), contexts, int(n_threads))
+    return ModelOptions(
+        str(model_path),
+        int(merged["n_ctx"]),
+        contexts,
+        int(n_threads),
+        int(merged["prompt_cache_bytes"]),
+    )
 
 
-OPTIONS = frozenset({"model_path", "n_ctx", "contexts", "n_threads"})
+OPTIONS = frozenset({"model_path", "n_ctx", "contexts", "n_threads", "prompt_cache_bytes"})
 """What a local Backend row's ``options`` may set, over ``CHATPARITY["LOCAL_MODEL"]``."""
 
 
@@ -588,27 +695,22 @@ class LocalBackend:
     def check_options(options: dict[str, Any]) -> None:
         """:data:`OPTIONS` only: ``model_path`` a path (null: the setting's), ``n_ctx``
         and ``contexts`` positive integers, ``n_threads`` one too (null: CPU cores
-        / contexts)."""
+        / contexts), ``prompt_cache_bytes`` an integer from 0 (no prompt cache)."""
         known_options(options, OPTIONS)
         model_path = options.get("model_path")
         if model_path is not None and (not isinstance(model_path, str) or not model_path):
             raise ValueError(f"'model_path' must be the path of a GGUF file, not {model_path!r}.")
         number_option(options, "n_ctx", 1, 2**20, integer=True)
         number_option(options, "contexts", 1, 64, integer=True)
+        number_option(options, "prompt_cache_bytes", 0, 2**40, integer=True)
         if options.get("n_threads") is not None:
             number_option(options, "n_threads", 1, 1024, integer=True)
 
     async def model(self) -> LocalModel:
         if self._model is None:
-            options = _options(self.config)
+            options = model_options(self.config)
             try:
-                self._model = await asyncio.to_thread(
-                    load_model,
-                    options.model_path,
-                    n_ctx=options.n_ctx,
-                    contexts=options.contexts,
-                    n_threads=options.n_threads,
-                )
+                self._model = await asyncio.to_thread(load_model, options)
             except ImportError as missing:  # llama-cpp-python
                 raise not_installed("local model", "local") from missing
         return self._model
@@ -682,4 +784,4 @@ class LocalBackend:
             stop.set()
 
 
-__all__ = ["LocalBackend", "LocalModel", "smollm2_model_path"]
+__all__ = ["LocalBackend", "LocalModel", "ModelOptions", "smollm2_model_path"]

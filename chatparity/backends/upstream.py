@@ -50,7 +50,13 @@ back with the same repairs and distrust, see
 Messages API, ``/messages`` with the secret in ``x-api-key`` and
 ``anthropic-version``, streamed, its named events read back the same way, see
 :mod:`~chatparity.protocol.messages_upstream`; so a chat client reaches a Claude
-model, and Claude Code any model). ``Backend.timeout`` bounds the whole request.
+model, and Claude Code any model), ``cache_ttl`` (true; false: a Messages upstream
+is sent each cache marker without its ``ttl``, for upstreams that refuse one).
+``Backend.timeout`` bounds the whole request.
+
+Cache markers (``cache_control``) reach a Messages upstream where the client put
+them; a chat upstream gets those a chat client sent (OpenRouter's form) and none
+that the gateway wrote from another API's request, which strict servers refuse.
 
 After ``[DONE]`` the rest of the upstream's body (its last, empty chunk) is
 awaited in the background, so that the connection goes back to the pool; a
@@ -81,7 +87,7 @@ from ..protocol.embeddings import (
 )
 from ..protocol.errors import APIError
 from ..protocol.events import Event, UpstreamCalls, Usage
-from ..protocol.request import ChatRequest, functions_as_tools
+from ..protocol.request import ChatRequest, functions_as_tools, without_cache_markers
 from ..protocol.tokens import prompt_bound
 from ..protocol.upstream import (
     FORWARDED,
@@ -116,7 +122,7 @@ MAX_ERROR_BYTES = 64 * 1024
 """The most of an upstream's error answer read: only its start is logged."""
 
 OPTIONS = frozenset(
-    {"retries", "backoff", "headers", "connect_timeout", "pass_error_text", "wire_api"}
+    {"retries", "backoff", "headers", "connect_timeout", "pass_error_text", "wire_api", "cache_ttl"}
 )
 """What an ``openai`` Backend row's ``options`` may set (see the module docstring)."""
 
@@ -150,7 +156,7 @@ def _announce(reader: ChunkReader, calls: UpstreamCalls, announced: Usage | None
     ``announced`` already; the usage it believes."""
     usage = reader.upstream_usage
     if usage is not announced and usage is not None:
-        calls.announced(usage.prompt_tokens)
+        calls.announced(usage)
     return usage
 
 
@@ -202,21 +208,28 @@ class UpstreamBackend:
             self.headers["Authorization"] = f"Bearer {config.secret}"
         self.connect_timeout = min(float(config.options.get("connect_timeout", 10)), config.timeout)
         self.pass_error_text = config.options.get("pass_error_text") is True
+        self.cache_ttl = config.options.get("cache_ttl", True) is not False
         digest = hashlib.sha256(f"{config.name}:{config.base_url}".encode()).hexdigest()
         self._fingerprint = f"fp_{digest[:10]}"
 
     @staticmethod
+    def price_provider(options: dict[str, Any]) -> str:
+        """Anthropic's prices behind its Messages API, OpenAI's behind the others."""
+        return "anthropic" if options.get("wire_api") == "messages" else "openai"
+
+    @staticmethod
     def check_options(options: dict[str, Any]) -> None:
         """:data:`OPTIONS` only, each of its type: ``retries`` 0 to 10, ``backoff`` 0 to
-        60 seconds, ``connect_timeout`` above 0 to 600 seconds, ``pass_error_text`` a
-        boolean, ``headers`` names and values an HTTP request can carry, ``wire_api``
+        60 seconds, ``connect_timeout`` above 0 to 600 seconds, ``pass_error_text`` and
+        ``cache_ttl`` booleans, ``headers`` names and values an HTTP request can carry, ``wire_api``
         one of :data:`WIRE_APIS`."""
         known_options(options, OPTIONS)
         number_option(options, "retries", 0, 10, integer=True)
         number_option(options, "backoff", 0, 60)
         number_option(options, "connect_timeout", 0.001, 600)
-        if not isinstance(options.get("pass_error_text", False), bool):
-            raise ValueError("'pass_error_text' must be true or false.")
+        for flag in ("pass_error_text", "cache_ttl"):
+            if not isinstance(options.get(flag, False), bool):
+                raise ValueError(f"'{flag}' must be true or false.")
         if options.get("wire_api", "chat") not in WIRE_APIS:
             raise ValueError('\'wire_api\' must be "chat", "responses" or "messages".')
         headers = options.get("headers", {})
@@ -300,8 +313,12 @@ class UpstreamBackend:
         if self.wire_api == "responses":
             body = responses_upstream.upstream_request(request, model, body)
         elif self.wire_api == "messages":
-            body = messages_upstream.upstream_request(request, model, body)
+            body = messages_upstream.upstream_request(
+                request, model, body, cache_ttl=self.cache_ttl
+            )
         else:
+            if request.translated_markers:  # Anthropic's, which strict servers refuse
+                body = without_cache_markers(body)
             body = functions_as_tools(body)  # what every OpenAI-compatible server knows
             if request.max_tokens is None and request.completion_limit is not None:
                 body["max_tokens"] = request.completion_limit  # what its admission reserved
@@ -356,6 +373,8 @@ class UpstreamBackend:
             completion_tokens=sum(r.usage.completion_tokens for r in readers),
             cached_tokens=sum(r.usage.cached_tokens for r in readers),
             reasoning_tokens=sum(r.usage.reasoning_tokens for r in readers),
+            cache_write_5m_tokens=sum(r.usage.cache_write_5m_tokens for r in readers),
+            cache_write_1h_tokens=sum(r.usage.cache_write_1h_tokens for r in readers),
             counted=any(r.usage.counted for r in readers),
         )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 from collections import defaultdict
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any
 
 from django import forms
@@ -19,7 +20,14 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils import timezone
 
-from ..accounting.reports import LogFilter, latency_by_alias, latency_by_deployment, usage
+from ..accounting.reports import (
+    LogFilter,
+    cache_by_alias,
+    cache_read_percent,
+    latency_by_alias,
+    latency_by_deployment,
+    usage,
+)
 from ..models import ApiKey, DailyAliasUsage, Endpoint, ModelAlias, RequestLog
 from .charts import grouped_bars, stacked_bars
 from .models import UsageDashboard
@@ -170,6 +178,20 @@ def endpoint_table(log_filter: LogFilter) -> list[dict[str, Any]]:
     ]
 
 
+def with_cache_share(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with their ``cache_read_percent``."""
+    for row in rows:
+        row["cache_read_percent"] = cache_read_percent(row["cached_tokens"], row["prompt_tokens"])
+    return rows
+
+
+def caching_table(log_filter: LogFilter) -> list[dict[str, Any]]:
+    """Per alias: its prompt tokens, their cache reads and writes, the share read, and
+    the cost."""
+    rows = usage(log_filter, ["alias"])
+    return with_cache_share([{**row, "label": _alias_label(row["alias"])} for row in rows])
+
+
 def latency_table(log_filter: LogFilter) -> tuple[list[dict[str, Any]], str]:
     """Per alias latency and error rate rows, and their chart."""
     table = [
@@ -228,11 +250,15 @@ class UsageDashboardAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             raise PermissionDenied
         form = DashboardForm(request.GET, today=utc_today())
         log_filter = form.log_filter()
-        keys = sorted(
-            usage(log_filter, ["key"]), key=lambda row: (-row["requests"], row["key_prefix"])
+        keys = with_cache_share(
+            sorted(
+                usage(log_filter, ["key"]), key=lambda row: (-row["requests"], row["key_prefix"])
+            )
         )
-        requests = sum(row["requests"] for row in keys)
-        errors = sum(row["errors"] for row in keys)
+        requests, errors, prompt, cached = (
+            sum(row[measure] for row in keys)
+            for measure in ("requests", "errors", "prompt_tokens", "cached_tokens")
+        )
         context: dict[str, Any] = {
             **self.admin_site.each_context(request),
             "title": "Usage dashboard",
@@ -246,15 +272,22 @@ class UsageDashboardAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 "errors": errors,
                 "error_percent": errors / requests * 100 if requests else 0.0,
                 "tokens": sum(row["total_tokens"] for row in keys),
+                "cost": sum((row["cost"] for row in keys), Decimal(0)),
+                "cache_read_percent": cache_read_percent(cached, prompt),
             },
             "tail_path": "/" + TAIL_PATH,
             **(extra_context or {}),
         }
         if requests:
             days = days_between(form.cleaned_data["since"], form.cleaned_data["until"])
-            context.update(daily_charts(log_filter, days), endpoints=endpoint_table(log_filter))
+            context.update(
+                daily_charts(log_filter, days),
+                endpoints=endpoint_table(log_filter),
+                caching=caching_table(log_filter),
+            )
             context["latency"], context["latency_chart"] = latency_table(log_filter)
             context["deployments"] = deployment_table(log_filter)
+            context["cache"] = cache_by_alias(log_filter)
         return TemplateResponse(
             request, "admin/chatparity_dashboard/usagedashboard/change_list.html", context
         )

@@ -40,6 +40,7 @@ from ..protocol.embeddings import (
 from ..protocol.errors import APIError
 from ..protocol.events import Usage
 from ..protocol.request import parse_model
+from . import cache
 from .pipeline import (
     _UNAVAILABLE,
     Call,
@@ -74,17 +75,41 @@ async def _embed(body: Any, accounting: Accounting, grant: Grant) -> Reply:
     try:
         async with asyncio.timeout(app_settings.FIRST_BYTE_TIMEOUT) as deadline:
             alias = await serving(request.model, grant, accounting)
-            embedded = await _answer(request, alias, grant, accounting, deadline.when())
+            vectors = await _looked_up(request, alias, grant, accounting)
+            if vectors is None:
+                embedded = answered = await _answer(
+                    request, alias, grant, accounting, deadline.when()
+                )
+            elif vectors.missing:
+                embedded = await _answer(vectors.asked(), alias, grant, accounting, deadline.when())
+                answered = vectors.answer(embedded)
+            else:  # every vector from the cache
+                embedded, answered = None, vectors.answer(None)
     except TimeoutError:
         if not deadline.expired():
             raise
         raise first_byte_timeout() from None
-    accounting.observe(Usage(embedded.prompt_tokens, 0, counted=embedded.counted))
+    if embedded is not None:  # what the backend embedded now: the rest was paid for before
+        accounting.observe(Usage(embedded.prompt_tokens, 0, counted=embedded.counted))
     answer = embeddings_object(
-        embedded, model=request.model, encoding_format=request.encoding_format
+        answered, model=request.model, encoding_format=request.encoding_format
     )
     await accounting.settle()
     return json_reply(answer)
+
+
+async def _looked_up(
+    request: EmbeddingsRequest, alias: ModelAlias, grant: Grant, accounting: Accounting
+) -> cache.Vectors | None:
+    """The response cache's part in ``request`` on ``alias``, if the alias has one: a
+    vector kept for each input, so that embedding the same texts again (a re-indexing
+    job) pays only for the new ones."""
+    if not alias.response_cache:
+        return None
+    options = cache.options_of(alias)
+    if options is None or not serves_embeddings(alias.backend):
+        return None
+    return await cache.look_up_vectors(request, alias, grant, accounting, options)
 
 
 async def _answer(

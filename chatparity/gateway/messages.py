@@ -30,7 +30,7 @@ from ..accounting import limits
 from ..accounting.keys import Grant
 from ..accounting.ledger import Accounting
 from ..accounting.record import UsageRecord
-from ..backends import ChatBackend, get_backend
+from ..backends import get_backend
 from ..conf import app_settings
 from ..models import Endpoint
 from ..protocol import errors, messages
@@ -137,11 +137,11 @@ class MessagesWire(Wire):
             ping_every=app_settings.KEEPALIVE_SECONDS,
         )
 
-    def begin(self, request: ChatRequest, backend: ChatBackend) -> None:
+    def begin(self, request: ChatRequest, system_fingerprint: str) -> None:
         """Nothing of the alias or its backend shows in a message."""
 
     def opening(self) -> list[dict[str, Any]]:
-        return self._encoder.opening()
+        return self._encoder.opening(self._record.upstream.usage)
 
     def encode(self, event: Event) -> list[dict[str, Any]]:
         return self._encoder.encode(event)

@@ -37,6 +37,7 @@ from ..conf import app_settings
 from ..models import Backend, Deployment, ModelAlias
 from ..models import Endpoint as LoggedEndpoint
 from ..protocol import errors
+from ..protocol.breakpoints import with_breakpoints
 from ..protocol.completion import CompletionAccumulator
 from ..protocol.errors import APIError
 from ..protocol.events import Event
@@ -52,7 +53,7 @@ from ..protocol.request import (
 )
 from ..protocol.stream import DONE, ChunkEncoder, sse
 from ..protocol.tokens import prompt_bound
-from . import routing
+from . import cache, routing, semantic
 from .auth import authenticate
 
 logger = logging.getLogger(__name__)
@@ -340,6 +341,8 @@ async def serve(
         accounting.record.status_code = reply.status
     for name, value in accounting.headers.items():
         reply.headers.setdefault(name, value)
+    if accounting.record.cache:
+        reply.headers[cache.HEADER] = cache.header_value(accounting.record.cache)
     reply.accounting = accounting
     return reply
 
@@ -457,13 +460,16 @@ class Wire(ABC):
     """The stream's last bytes, after its last frame."""
     keepalive = KEEPALIVE
     """Sent while the backend has not begun: a comment, which every client skips."""
+    uncacheable = ""
+    """Why the response cache may not answer this request ("": it may)."""
 
     def __init__(self, answer_id: str) -> None:
         self.answer_id = answer_id
 
     @abstractmethod
-    def begin(self, request: ChatRequest, backend: ChatBackend) -> None:
-        """The request as its alias serves it, and the backend that does."""
+    def begin(self, request: ChatRequest, system_fingerprint: str) -> None:
+        """The request as its alias serves it, and the system fingerprint of the backend
+        that answers it (or answered it, for an answer from the response cache)."""
 
     def opening(self) -> list[dict[str, Any]]:
         """Payloads sent before the first event's."""
@@ -502,12 +508,12 @@ class ChatWire(Wire):
         self._encoder: ChunkEncoder | None = None
         self._accumulator: CompletionAccumulator | None = None
 
-    def begin(self, request: ChatRequest, backend: ChatBackend) -> None:
+    def begin(self, request: ChatRequest, system_fingerprint: str) -> None:
         self._encoder = ChunkEncoder(
             completion_id=self.answer_id,
             created=int(time.time()),
             model=request.model,
-            system_fingerprint=backend.system_fingerprint,
+            system_fingerprint=system_fingerprint,
             include_usage=request.include_usage or not request.stream,
             logprobs=request.logprobs,
             legacy_functions=request.legacy_functions,
@@ -581,11 +587,18 @@ async def _answer(
     wire: Wire,
     alias: ModelAlias | None = None,
 ) -> Answer:
-    """:func:`start` once the body is validated as ``requested``, answered in ``wire``."""
+    """:func:`start` once the body is validated as ``requested``, answered in ``wire``:
+    from the response cache when its alias has one that holds the answer, else by its
+    backend (the answer then kept in the cache, when it may be)."""
+    lookup: cache.Lookup | None = None
     try:
         async with asyncio.timeout(app_settings.FIRST_BYTE_TIMEOUT) as deadline:
             if alias is None:
                 alias = await serving(requested.model, grant, accounting)
+            if alias.response_cache and grant is not None:
+                lookup = await _looked_up(requested, alias, grant, accounting, wire)
+                if lookup is not None and lookup.hit is not None:
+                    return _replayed(lookup.hit, accounting, wire)
             chat, backend, events, first = await _begin(
                 requested, alias, grant, accounting, deadline.when()
             )
@@ -594,8 +607,39 @@ async def _answer(
             raise
         raise first_byte_timeout() from None
     accounting.answering(wire.answer_id)
-    wire.begin(chat, backend)
+    fingerprint = backend.system_fingerprint
+    wire.begin(chat, fingerprint)
+    if lookup is not None:
+        events = lookup.recorded(chat, fingerprint, first, events)
     return Answer(chat, _chunks(first, events, wire, accounting), accounting, wire)
+
+
+async def _looked_up(
+    requested: ChatRequest, alias: ModelAlias, grant: Grant, accounting: Accounting, wire: Wire
+) -> cache.Lookup | None:
+    """The response cache's part in ``requested`` on ``alias`` (a chat backend's), if the
+    alias has one."""
+    options = cache.options_of(alias)
+    if options is None or not serves_chat(alias.backend):
+        return None
+    accounting.served_by(alias)
+    return await cache.look_up(
+        _as_served_by(alias, requested),
+        alias,
+        grant,
+        accounting,
+        options,
+        unanswerable=wire.uncacheable,
+        semantic=semantic.match if options.semantic is not None else None,
+    )
+
+
+def _replayed(hit: cache.Hit, accounting: Accounting, wire: Wire) -> Answer:
+    """The answer of a cache hit, in ``wire``'s framing."""
+    accounting.answering(wire.answer_id)
+    wire.begin(hit.request, hit.system_fingerprint)
+    chunks = _chunks(hit.events[0], hit.rest(), wire, accounting, hit.observe)
+    return Answer(hit.request, chunks, accounting, wire)
 
 
 # Failures that mean "this backend is unreachable": the next fallback alias may serve.
@@ -710,14 +754,17 @@ async def _fall_back(
 
 
 def _as_served_by(alias: ModelAlias, requested: ChatRequest) -> ChatRequest:
-    """The request with ``alias``'s default parameters under the client's and the extra
-    parameters it forwards; OpenAI's 400 if it asks for more choices than ``alias`` gives."""
+    """The request with ``alias``'s default parameters under the client's, the extra
+    parameters it forwards and its cache breakpoints (where the client set none);
+    OpenAI's 400 if it asks for more choices than ``alias`` gives."""
     chat = requested
     if alias.default_params:
         chat = parse_chat_request(with_defaults(alias.default_params, requested.body), _limits())
-        # A Responses request's hosted tools are in no chat body: the defaults' reading
-        # does not see them.
-        chat = dataclasses.replace(chat, hosted_tools=requested.hosted_tools)
+        # What no chat body holds (a Responses request's hosted tools, ...): the
+        # defaults' reading does not see it.
+        chat = dataclasses.replace(chat, **requested.beside_body())
+    if alias.cache_breakpoints:
+        chat = with_breakpoints(chat)
     most = _max_n(alias)
     if chat.n > most:
         raise APIError(
@@ -756,13 +803,18 @@ async def first_usable(
 
 
 async def _chunks(
-    first: Event, events: AsyncIterator[Event], wire: Wire, accounting: Accounting
+    first: Event,
+    events: AsyncIterator[Event],
+    wire: Wire,
+    accounting: Accounting,
+    observe: Callable[[Event], None] | None = None,
 ) -> AsyncGenerator[list[dict[str, Any]], None]:
     """The payloads of each backend event in ``wire``'s encoding (none: nothing), each
-    event noted by ``accounting``; a backend's failure midway raised as the
-    :class:`APIError` the client is told. Sent together, the payloads of one event
-    cost the server one write: a Responses stream's first event makes four."""
-    observe, encoded = accounting.observe, wire.encode
+    event noted by ``accounting`` (or by ``observe``: a cache hit's); a backend's failure
+    midway raised as the :class:`APIError` the client is told. Sent together, the
+    payloads of one event cost the server one write: a Responses stream's first event
+    makes four."""
+    observe, encoded = observe or accounting.observe, wire.encode
 
     def encode(event: Event) -> list[dict[str, Any]]:
         observe(event)

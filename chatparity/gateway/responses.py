@@ -34,7 +34,7 @@ from ..accounting.batching import BatchWriter, PerLoop, reconnecting
 from ..accounting.keys import Grant
 from ..accounting.ledger import Accounting
 from ..accounting.record import UsageRecord, storable
-from ..backends import ChatBackend, get_backend
+from ..backends import get_backend
 from ..backends.upstream import UpstreamBackend
 from ..conf import app_settings
 from ..models import Endpoint, StoredResponse
@@ -134,6 +134,8 @@ class ResponsesWire(Wire):
 
     def __init__(self, request: ResponsesRequest, grant: Grant, record: UsageRecord) -> None:
         super().__init__(random_id("resp"))
+        if request.previous_response_id is not None:
+            self.uncacheable = "continues a stored response"
         self._request = request
         self._grant = grant
         self._record = record
@@ -147,7 +149,7 @@ class ResponsesWire(Wire):
             names=request.names,
         )
 
-    def begin(self, request: ChatRequest, backend: ChatBackend) -> None:
+    def begin(self, request: ChatRequest, system_fingerprint: str) -> None:
         """Nothing of the alias or its backend shows in a response."""
 
     def opening(self) -> list[dict[str, Any]]:

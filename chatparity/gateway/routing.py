@@ -51,6 +51,7 @@ from ..conf import app_settings
 from ..models import Backend, Deployment, ModelAlias, Routing, StickySessions
 from ..protocol import errors
 from ..protocol.errors import APIError
+from ..protocol.events import Usage
 
 logger = logging.getLogger(__name__)
 _outage_log = OncePerInterval(logger, interval=60.0)
@@ -418,7 +419,7 @@ class Route:
             )
         hold, self.accounting.deployment_hold = self.accounting.deployment_hold, None
         if hold is not None:
-            await hold.settle(0, 0)
+            await hold.settle(Usage(0, 0))
         if not retryable(error):
             return False
         self.failures.add(scope(deployment))

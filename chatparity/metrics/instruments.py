@@ -52,8 +52,21 @@ OVERHEAD = Histogram(
     buckets=_OVERHEAD,
 )
 TOKENS = Counter(
-    "chatparity_tokens", "Tokens used, as logged.", ["alias", "kind"]
-)  # kind: prompt | completion
+    "chatparity_tokens",
+    "Tokens used, as logged, by kind: prompt (every input token), completion; and parts of"
+    " them: cache_read, cache_write_5m, cache_write_1h (of the prompt), reasoning (of the"
+    " completion).",
+    ["alias", "kind"],
+)
+# The kinds of tokens counted, by the log's column of each.
+TOKEN_KINDS = {
+    "prompt_tokens": "prompt",
+    "completion_tokens": "completion",
+    "cached_tokens": "cache_read",
+    "cache_write_5m_tokens": "cache_write_5m",
+    "cache_write_1h_tokens": "cache_write_1h",
+    "reasoning_tokens": "reasoning",
+}
 COST = Counter("chatparity_cost", "Cost at the alias's prices, as logged.", ["alias"])
 IN_FLIGHT = Gauge(
     "chatparity_requests_in_flight",
@@ -187,8 +200,8 @@ class _Children(NamedTuple):
     duration: Any
     time_to_first_token: Any
     overhead: Any
-    prompt_tokens: Any
-    completion_tokens: Any
+    tokens: dict[str, Any]
+    """By the log's column (:data:`TOKEN_KINDS`)."""
     cost: Any
 
 
@@ -204,8 +217,7 @@ def _children(
         DURATION.labels(endpoint, alias, streamed),
         TIME_TO_FIRST_TOKEN.labels(endpoint, alias),
         OVERHEAD.labels(endpoint, streamed),
-        TOKENS.labels(alias, "prompt"),
-        TOKENS.labels(alias, "completion"),
+        {column: TOKENS.labels(alias, kind) for column, kind in TOKEN_KINDS.items()},
         COST.labels(alias),
     )
 
@@ -264,8 +276,9 @@ class Metrics(Observer):
             observe(of.time_to_first_token, row.time_to_first_token_ms / 1000)
         waited = record.backend_seconds(record.started + duration)
         observe(of.overhead, max(duration - waited, 0.0))
-        amounts[of.prompt_tokens] += row.prompt_tokens
-        amounts[of.completion_tokens] += row.completion_tokens
+        for column, child in of.tokens.items():
+            if count := getattr(row, column):
+                amounts[child] += count
         if row.cost:
             amounts[of.cost] += float(row.cost)
         if record.error is not None and record.backend_answered is not None:

@@ -2,16 +2,15 @@
 rollups of the rows logged so far.
 
 Safe on a live PostgreSQL with millions of log rows, hence not atomic: the log's
-indexes are built CONCURRENTLY (writes go on meanwhile), and the rollups of the days
-logged so far filled one day per short transaction (chatparity.accounting.rollups
-.reconcile, which chatparity_prune_logs runs too).
+indexes are built CONCURRENTLY (writes go on meanwhile). The rollups of the days logged
+so far are filled by migration 0019, one day per short transaction.
 """
 
 import datetime
 
 import django.db.models.deletion
 from django.conf import settings
-from django.db import migrations, models, router
+from django.db import migrations, models
 
 # The latency histograms' bucket bounds (ms) as of this migration.
 BOUNDS_MS = (
@@ -102,21 +101,8 @@ class AddIndexConcurrently(migrations.AddIndex):
 
 
 def fill_rollups(apps, schema_editor):
-    """The rollups of every day logged so far, from the log, one day per transaction."""
-    from chatparity.accounting.rollups import reconcile, utc_day
-
-    log = apps.get_model("chatparity", "RequestLog")
-    database = schema_editor.connection.alias
-    if not router.allow_migrate_model(database, log):
-        return
-    times = log.objects.using(database).order_by("created_at").values_list("created_at", flat=True)
-    first, last = times.first(), times.last()
-    if first is None:
-        return
-    day = utc_day(first)
-    while day <= utc_day(last):
-        reconcile(day, using=database, apps=apps)
-        day += datetime.timedelta(days=1)
+    """Nothing now: migration 0019 fills the rollups of the days logged so far, as the
+    code writes them since (their histograms are not 0011's columns)."""
 
 
 class Migration(migrations.Migration):

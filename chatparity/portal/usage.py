@@ -9,19 +9,25 @@ from ..accounting import reports
 from ..models import RequestLog
 
 # What the usage page sums.
-MEASURES = ("requests", "prompt_tokens", "completion_tokens", "total_tokens", "cost")
+MEASURES = (
+    "requests", "prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens",
+    "cache_write_5m_tokens", "cache_write_1h_tokens", "cost", "cache_hits", "cache_misses",
+    "cost_saved",
+)  # fmt: skip
 # The columns of a request the portal shows: never a body.
 REQUEST_COLUMNS = (
     "created_at", "key_prefix", "api_key__name", "alias", "endpoint", "status_code", "error_type",
-    "prompt_tokens", "completion_tokens", "total_tokens", "cost", "duration_ms",
+    "prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens",
+    "cache_write_5m_tokens", "cache_write_1h_tokens", "cost", "duration_ms",
 )  # fmt: skip
 
 
 def usage(
     owner_id: int, first: datetime.date, end: datetime.date
 ) -> dict[str, list[dict[str, Any]]]:
-    """Requests, tokens and cost of ``owner_id``'s keys from the UTC day ``first`` up to
-    ``end`` (excluded): per day, per alias, and in total (one row). From the daily
+    """Requests, tokens (the prompt's cache reads and writes among them) and cost of
+    ``owner_id``'s keys from the UTC day ``first`` up to ``end`` (excluded): per day, per
+    alias, and in total (one row), each with its ``cache_read_percent``. From the daily
     rollups (:func:`chatparity.accounting.reports.usage_by_day_and_alias`), so a month
     costs the same however busy it was."""
     last = end - datetime.timedelta(days=1)
@@ -38,6 +44,10 @@ def _summed(groups: list[dict[str, Any]]) -> dict[str, Any]:
     for group in groups:
         for measure in MEASURES:
             total[measure] += group[measure]
+    total["cache_write_tokens"] = total["cache_write_5m_tokens"] + total["cache_write_1h_tokens"]
+    total["cache_read_percent"] = reports.cache_read_percent(
+        total["cached_tokens"], total["prompt_tokens"]
+    )
     return total
 
 

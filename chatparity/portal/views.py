@@ -161,6 +161,13 @@ def create_key(request: HttpRequest) -> HttpResponse:
         "urls": urls,
         "models": models,
         "snippets": snippets(urls, plaintext, models[0]) if urls and models else [],
+        # The same snippets for each model, which the page's model chooser puts in place.
+        "snippets_by_model": {
+            model: {snippet.slug: snippet.text for snippet in snippets(urls, plaintext, model)}
+            for model in models
+        }
+        if urls and len(models) > 1
+        else {},
     }
     return render(request, "key_created.html", context, status=201)
 

@@ -101,11 +101,11 @@ Event = TextDelta | ToolCallDelta | ReasoningDelta | Finish | Usage
 @dataclass(slots=True)
 class UpstreamCalls:
     """The calls a backend made upstream on one request's behalf, noted as it makes them:
-    for each, the prompt tokens the upstream said it read (None: not said yet). The
-    request is charged each call's prompt whether or not its answer ends (see
-    :mod:`chatparity.accounting.settlement`)."""
+    for each, the usage the upstream said it would bill, of which its prompt tokens, cache
+    reads and cache writes count (None: not said yet). The request is charged each call's
+    prompt whether or not its answer ends (see :mod:`chatparity.accounting.settlement`)."""
 
-    prompts: list[int | None] = field(default_factory=list)
+    prompts: list[Usage | None] = field(default_factory=list)
 
     def sent(self) -> None:
         """A call's request goes out: it counts from now on."""
@@ -116,7 +116,13 @@ class UpstreamCalls:
         before any answer): the upstream bills nothing for it."""
         self.prompts.pop()
 
-    def announced(self, prompt_tokens: int) -> None:
-        """The upstream said the call just sent reads ``prompt_tokens`` (Anthropic's
-        ``message_start``, any usage it reported)."""
-        self.prompts[-1] = prompt_tokens
+    def announced(self, usage: Usage) -> None:
+        """The upstream said the call just sent reads the prompt of ``usage``, with its
+        cache reads and writes (Anthropic's ``message_start``, any usage it reported)."""
+        self.prompts[-1] = usage
+
+    @property
+    def usage(self) -> Usage | None:
+        """The usage the upstream said of the call just sent so far (a Messages upstream's
+        ``message_start``: its prompt, read from and written to its cache), if it said."""
+        return self.prompts[-1] if self.prompts else None

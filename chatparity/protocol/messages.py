@@ -44,6 +44,7 @@ What a gateway can and cannot honour (the written policy; :data:`IGNORED` and
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -52,9 +53,10 @@ from typing import Any, Literal, get_args
 
 import orjson
 
+from .breakpoints import MAX_BREAKPOINTS, cache_marked
 from .errors import APIError, ContextLengthExceeded, invalid_json
 from .ids import call_id_of
-from .request import MAX_STOPS, STOP, ChatRequest, Limits, parse_chat_request
+from .request import CACHE_CONTROL, MAX_STOPS, STOP, ChatRequest, Limits, parse_chat_request
 from .schema import (
     ANYTHING,
     NOT_NULL,
@@ -144,8 +146,11 @@ class MessagesRequest:
 
     model: str
     chat: dict[str, Any]
-    """The Chat Completions body that serves it: its conversation and parameters."""
+    """The Chat Completions body that serves it: its conversation and parameters, its
+    cache markers on its parts, calls and tools (OpenRouter's form)."""
     stream: bool = False
+    cache_control: dict[str, Any] | None = None
+    """The request's own marker: Anthropic's automatic caching."""
 
 
 # Errors, in Anthropic's words and envelope.
@@ -254,17 +259,17 @@ def _refused(what: str) -> Callable[[str, str], APIError]:
 
 _NAME = String(max_length=64, pattern="^[a-zA-Z0-9_-]+$")
 _TEXT = String(max_length=Limit("max_content_chars"))
-_CACHE_CONTROL = Object(
-    (Member("type", Enum(("ephemeral",)), REQUIRED), Member("ttl", Enum(("5m", "1h")))),
-    description="Accepted; prompt caching is the backend's own.",
-)
 _TEXT_BLOCK = Object(
     (
         Member("text", _TEXT, REQUIRED),
-        Member("cache_control", _CACHE_CONTROL),
+        Member("cache_control", CACHE_CONTROL),
         Member("citations", Array(ANYTHING, may_be_empty=True), description="Ignored."),
     ),
-    build=lambda block, path: {"type": "text", "text": block["text"]},
+    build=lambda block, path: {
+        "type": "text",
+        "text": block["text"],
+        "cache_control": block["cache_control"],
+    },
     name="TextBlock",
 )
 _TEXT_BLOCKS = Array(Tagged("type", ("text",), {"text": _TEXT_BLOCK}), may_be_empty=True)
@@ -280,7 +285,7 @@ _RESULT_CONTENT = OneOf(
                     "tool_reference": Object(
                         (
                             Member("tool_name", String(), REQUIRED),
-                            Member("cache_control", _CACHE_CONTROL),
+                            Member("cache_control", CACHE_CONTROL),
                         ),
                         build=lambda block, path: {"type": "text", "text": block["tool_name"]},
                         name="ToolReferenceBlock",
@@ -305,6 +310,7 @@ def _tool_result(block: dict[str, Any], path: str) -> dict[str, Any]:
         "tool_use_id": block["tool_use_id"],
         "content": content or "",
         "is_error": bool(block["is_error"]),
+        "cache_control": block["cache_control"],
     }
 
 
@@ -318,7 +324,7 @@ _BLOCK = Tagged(
                 Member("id", String(), REQUIRED),
                 Member("name", String(), REQUIRED),
                 Member("input", Map(), REQUIRED),
-                Member("cache_control", _CACHE_CONTROL),
+                Member("cache_control", CACHE_CONTROL),
                 Member("caller", Object(), description="Ignored."),
             ),
             build=lambda block, path: {
@@ -326,6 +332,7 @@ _BLOCK = Tagged(
                 "id": block["id"],
                 "name": block["name"],
                 "input": block["input"],
+                "cache_control": block["cache_control"],
             },
             name="ToolUseBlock",
             description="A call an earlier assistant turn made.",
@@ -335,7 +342,7 @@ _BLOCK = Tagged(
                 Member("tool_use_id", String(), REQUIRED),
                 Member("content", _RESULT_CONTENT),
                 Member("is_error", Boolean()),
-                Member("cache_control", _CACHE_CONTROL),
+                Member("cache_control", CACHE_CONTROL),
             ),
             build=_tool_result,
             name="ToolResultBlock",
@@ -397,7 +404,10 @@ def _function_tool(tool: dict[str, Any], path: str) -> dict[str, Any]:
     for key in ("description", "strict"):
         if tool[key] is not None:
             function[key] = tool[key]
-    return {"type": "function", "function": function}
+    chat = {"type": "function", "function": function}
+    if tool["cache_control"] is not None:
+        chat["cache_control"] = tool["cache_control"]
+    return chat
 
 
 _CUSTOM_TOOL = Object(
@@ -413,7 +423,7 @@ _CUSTOM_TOOL = Object(
             REQUIRED,
         ),
         Member("strict", Boolean()),
-        Member("cache_control", _CACHE_CONTROL),
+        Member("cache_control", CACHE_CONTROL),
         Member("defer_loading", Boolean(), description="Ignored: every tool is offered."),
         Member("eager_input_streaming", Boolean(), description="Ignored."),
         Member("input_examples", Array(Map(), may_be_empty=True), description="Ignored."),
@@ -518,7 +528,7 @@ _MEMBERS = (
     Member("model", String(), NOT_NULL, "A model id from GET /models."),
     Member("messages", Array(_MESSAGE, max_length=Limit("max_messages")), NOT_NULL),
     Member("max_tokens", Integer(1), NOT_NULL),
-    Member("cache_control", _CACHE_CONTROL),
+    Member("cache_control", CACHE_CONTROL),
     Member("container", OneOf((String(), Object())), description="Accepted and ignored."),
     Member("context_management", _ignored("Accepted; the backend reads the whole conversation.")),
     Member("diagnostics", _ignored()),
@@ -552,7 +562,6 @@ _MEMBERS = (
 
 IGNORED = frozenset(
     {
-        "cache_control",
         "container",
         "context_management",
         "diagnostics",
@@ -623,6 +632,7 @@ def parse_messages_request(body: Any, limits: Limits, *, counting: bool = False)
         raise invalid_json()
     table = count_tokens_request(limits) if counting else messages_request(limits)
     given = table.read(body, "", {})
+    _check_cache_markers(body)
     if given.get("mcp_servers"):
         raise APIError(
             "mcp_servers: MCP servers are not supported by this server.",
@@ -662,13 +672,90 @@ def parse_messages_request(body: Any, limits: Limits, *, counting: bool = False)
         model=given["model"],
         chat=chat,
         stream=bool(chat.get("stream")),
+        cache_control=given.get("cache_control"),
     )
 
 
 def as_chat_request(request: MessagesRequest, limits: Limits) -> ChatRequest:
     """The Chat Completions request that serves ``request``; a 400 if the conversation,
     once in chat messages, is over a limit of the server's."""
-    return parse_chat_request(request.chat, limits)
+    chat = parse_chat_request(request.chat, limits)
+    if not cache_marked(chat) and request.cache_control is None:
+        return chat
+    return dataclasses.replace(
+        chat, cache_control=request.cache_control, translated_markers=cache_marked(chat)
+    )
+
+
+# Anthropic's rules for cache markers, in its words.
+
+
+def _check_cache_markers(body: dict[str, Any]) -> None:
+    """At most :data:`~.breakpoints.MAX_BREAKPOINTS` markers (the request's own counts
+    unless the last block has one), each on a block that takes one, none of 1h after
+    one of 5m in the order tools, system, messages; the body is well formed."""
+    found: list[tuple[str, dict[str, Any]]] = []  # (where, marker), in Anthropic's order
+    for i, tool in enumerate(body.get("tools") or ()):
+        if tool.get("cache_control") is not None:
+            found.append((f"tools[{i}]", tool["cache_control"]))
+    system = body.get("system")
+    for i, block in enumerate(system if isinstance(system, list) else ()):
+        _check_marked_block(block, f"system[{i}]", found)
+    last: dict[str, Any] = {}
+    for i, message in enumerate(body["messages"]):
+        content = message["content"]
+        for j, block in enumerate(content if isinstance(content, list) else ()):
+            _check_marked_block(block, f"messages[{i}].content[{j}]", found)
+        last = content[-1] if isinstance(content, list) and content else {}
+    count = len(found)
+    if body.get("cache_control") is not None and last.get("cache_control") is None:
+        count += 1
+    if count > MAX_BREAKPOINTS:
+        raise APIError(
+            f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided."
+            f" Found {count}."
+        )
+    short = False  # a 5m marker came before
+    for where, marker in found:
+        if marker.get("ttl") == "1h" and short:
+            raise APIError(
+                f"{dotted(where)}.cache_control.ttl: a ttl='1h' cache_control block must not"
+                " come after a ttl='5m' cache_control block. Note that blocks are processed"
+                " in the following order: `tools`, `system`, `messages`.",
+                param=f"{where}.cache_control.ttl",
+            )
+        short = short or marker.get("ttl") != "1h"
+
+
+def _check_marked_block(
+    block: dict[str, Any], where: str, found: list[tuple[str, dict[str, Any]]]
+) -> None:
+    """Note ``block``'s marker in ``found``; Anthropic's 400 where it takes none: a
+    thinking block, a block inside a tool result, an empty text block."""
+    kind = block["type"]
+    if kind in ("thinking", "redacted_thinking") and "cache_control" in block:
+        raise APIError(
+            f"{dotted(where)}.{kind}.cache_control: Extra inputs are not permitted",
+            param=f"{where}.cache_control",
+        )
+    inner = block.get("content") if kind == "tool_result" else None
+    for k, part in enumerate(inner if isinstance(inner, list) else ()):
+        if part.get("cache_control") is not None:
+            raise APIError(
+                f"{dotted(where)}.tool_result.content.{k}.cache_control: cache_control may"
+                " not be specified within `tool_result.content`. Instead, place it directly"
+                " on `tool_result`",
+                param=f"{where}.content[{k}].cache_control",
+            )
+    marker = block.get("cache_control")
+    if marker is None:
+        return
+    if kind == "text" and not block["text"]:
+        raise APIError(
+            f"{dotted(where)}.text: cache_control cannot be set for empty text blocks",
+            param=f"{where}.cache_control",
+        )
+    found.append((where, marker))
 
 
 # Rules across fields, in Anthropic's words.
@@ -737,11 +824,19 @@ def _merged(turns: list[_Turn]) -> Iterator[_Turn]:
 
 
 def _text(blocks: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
-    """Text blocks as a chat message's content: one string, or text parts."""
-    if len(blocks) == 1:
+    """Text blocks as a chat message's content: one string, or text parts (each with
+    its cache marker, in OpenRouter's form)."""
+    if len(blocks) == 1 and blocks[0].get("cache_control") is None:
         text: str = blocks[0]["text"]
         return text
-    return [{"type": "text", "text": block["text"]} for block in blocks]
+    return [_marked({"type": "text", "text": block["text"]}, block) for block in blocks]
+
+
+def _marked(chat: dict[str, Any], block: dict[str, Any]) -> dict[str, Any]:
+    """``chat`` (a part, a call) with the cache marker of the ``block`` it stands for."""
+    if block.get("cache_control") is not None:
+        chat["cache_control"] = block["cache_control"]
+    return chat
 
 
 def _chat_messages(
@@ -780,7 +875,10 @@ def _chat_messages(
                 )
             calls.remove(block["tool_use_id"])
             call = call_id_of(block["tool_use_id"])
-            messages.append({"role": "tool", "tool_call_id": call, "content": block["content"]})
+            content = block["content"]
+            if block["cache_control"] is not None:  # the result's marker, on its one part
+                content = [_marked({"type": "text", "text": content}, block)]
+            messages.append({"role": "tool", "tool_call_id": call, "content": content})
         if calls:
             raise _unanswered(calling, calls)
         _misplaced(turn, "tool_use", "assistant")
@@ -817,11 +915,17 @@ def _assistant(turn: _Turn) -> tuple[dict[str, Any], list[str]]:
                 param=f"{turn.path}.content",
             )
         message["tool_calls"] = [
-            {
-                "id": call_id_of(use["id"]),
-                "type": "function",
-                "function": {"name": use["name"], "arguments": orjson.dumps(use["input"]).decode()},
-            }
+            _marked(
+                {
+                    "id": call_id_of(use["id"]),
+                    "type": "function",
+                    "function": {
+                        "name": use["name"],
+                        "arguments": orjson.dumps(use["input"]).decode(),
+                    },
+                },
+                use,
+            )
             for use in uses
         ]
         return message, ids

@@ -65,14 +65,22 @@ def sse_event(event: dict[str, Any]) -> bytes:
 
 
 def usage_object(usage: Usage) -> dict[str, Any]:
-    """``usage`` in Anthropic's names: its ``input_tokens`` leave out those read from a
-    cache, counted apart."""
-    return {
-        "input_tokens": usage.prompt_tokens - usage.cached_tokens,
-        "cache_creation_input_tokens": 0,
+    """``usage`` in Anthropic's names: its ``input_tokens`` leave out those read from the
+    prompt cache and written to it, counted apart (the writes by lifetime in
+    ``cache_creation``, when there are some)."""
+    written = usage.cache_write_tokens
+    counts: dict[str, Any] = {
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens - written,
+        "cache_creation_input_tokens": written,
         "cache_read_input_tokens": usage.cached_tokens,
-        "output_tokens": usage.completion_tokens,
     }
+    if written:
+        counts["cache_creation"] = {
+            "ephemeral_5m_input_tokens": usage.cache_write_5m_tokens,
+            "ephemeral_1h_input_tokens": usage.cache_write_1h_tokens,
+        }
+    counts["output_tokens"] = usage.completion_tokens
+    return counts
 
 
 @dataclass
@@ -165,8 +173,11 @@ class MessageEncoder:
             "usage": self._usage_object(),
         }
 
-    def opening(self) -> list[dict[str, Any]]:
-        estimate = Usage(self._input_tokens, 0)
+    def opening(self, announced: Usage | None = None) -> list[dict[str, Any]]:
+        """``message_start``, with the usage the upstream ``announced`` (a Messages
+        upstream's own ``message_start``: its cache's reads and writes), else the
+        estimated input."""
+        estimate = announced or Usage(self._input_tokens, 0)
         started: dict[str, Any] = {
             **self._base,
             "content": [],

@@ -24,12 +24,13 @@ from typing import Any, TypeGuard
 
 import orjson
 
+from .breakpoints import cache_marked
 from .events import Event, Finish
 from .ids import call_id_of, tool_use_id
 from .messages import MIN_THINKING_BUDGET
 from .messages_stream import tool_input
-from .request import ChatRequest, Message
-from .upstream import ChunkReader, ServerSentEvent, believable_usage, malformed, well_shaped
+from .request import ChatRequest, Message, TextPart, Tool
+from .upstream import ChunkReader, ServerSentEvent, believed_usage, malformed, well_shaped
 
 ANTHROPIC_VERSION = "2023-06-01"
 """The ``anthropic-version`` header an upstream is called with."""
@@ -51,22 +52,32 @@ _FINISH = {
 }
 
 
-def upstream_request(request: ChatRequest, model: str, forwarded: dict[str, Any]) -> dict[str, Any]:
+def upstream_request(
+    request: ChatRequest, model: str, forwarded: dict[str, Any], *, cache_ttl: bool = True
+) -> dict[str, Any]:
     """The ``/messages`` body asking ``model`` what ``request`` asks, streamed.
     ``forwarded``: the chat parameters the backend passes on (its sampling and format
-    ones, and those the alias forwards), read from here."""
-    system = [
-        message.content
-        for message in request.messages
-        if message.role in ("system", "developer") and _has_text(message.content)
-    ]
+    ones, and those the alias forwards), read from here.
+
+    A request with cache markers is written block for block as it came (its parts,
+    calls, results and tools each with its marker: the cached prefix is the one the
+    client marked); ``cache_ttl`` false sends each marker without its ``ttl``, for
+    upstreams that refuse it."""
+    mark = _Marker(cache_ttl) if cache_marked(request) else None
     body: dict[str, Any] = {
         "model": model or request.model,
         "max_tokens": request.most_completion_tokens or DEFAULT_MAX_TOKENS,
-        "messages": _ending_clean(list(_turns(request.messages))),
+        "messages": _ending_clean(list(_turns(request.messages, mark))),
         "stream": True,
     }
-    if system:
+    instructions = [m for m in request.messages if m.role in ("system", "developer")]
+    if mark is not None:
+        blocks = [block for message in instructions for block in _text_blocks(message, mark)]
+        if blocks:
+            body["system"] = blocks
+        if request.cache_control is not None:
+            body["cache_control"] = mark(request.cache_control)
+    elif system := [m.content for m in instructions if _has_text(m.content)]:
         body["system"] = "\n\n".join(system)
     if "temperature" in forwarded:
         body["temperature"] = min(forwarded["temperature"], 1.0)  # Anthropic's most
@@ -81,10 +92,7 @@ def upstream_request(request: ChatRequest, model: str, forwarded: dict[str, Any]
     if "service_tier" in forwarded:
         body["service_tier"] = "auto" if forwarded["service_tier"] == "auto" else "standard_only"
     if request.tools and not forwarded.keys().isdisjoint(("tools", "functions")):
-        body["tools"] = [
-            _tool(tool.name, tool.description, tool.parameters, tool.strict)
-            for tool in request.tools
-        ]
+        body["tools"] = [_tool(tool, mark) for tool in request.tools]
         body["tool_choice"] = _tool_choice(request)
     spec = request.response_format
     if spec is not None and spec.type == "json_schema" and "response_format" in forwarded:
@@ -96,19 +104,34 @@ def upstream_request(request: ChatRequest, model: str, forwarded: dict[str, Any]
     return body
 
 
-def _tool(
-    name: str, description: str | None, parameters: dict[str, Any] | None, strict: bool
-) -> dict[str, Any]:
+class _Marker:
+    """Writes a cache marker onto a block, with its ``ttl`` or (``ttl`` false) without."""
+
+    def __init__(self, ttl: bool) -> None:
+        self.ttl = ttl
+
+    def __call__(self, marker: dict[str, Any]) -> dict[str, Any]:
+        return marker if self.ttl else {"type": marker["type"]}
+
+    def on(self, block: dict[str, Any], marker: dict[str, Any] | None) -> dict[str, Any]:
+        """``block``, with ``marker`` if there is one."""
+        if marker is not None:
+            block["cache_control"] = self(marker)
+        return block
+
+
+def _tool(tool: Tool, mark: _Marker | None) -> dict[str, Any]:
+    parameters = tool.parameters
     schema = parameters if parameters and parameters.get("type") == "object" else None
-    tool: dict[str, Any] = {
-        "name": name,
+    written: dict[str, Any] = {
+        "name": tool.name,
         "input_schema": schema or {"type": "object", "properties": {}},
     }
-    if description is not None:
-        tool["description"] = description
-    if strict:
-        tool["strict"] = True
-    return tool
+    if tool.description is not None:
+        written["description"] = tool.description
+    if tool.strict:
+        written["strict"] = True
+    return mark.on(written, tool.cache_control) if mark is not None else written
 
 
 def _tool_choice(request: ChatRequest) -> dict[str, Any]:
@@ -146,28 +169,46 @@ def _has_text(content: str | None) -> TypeGuard[str]:
     return bool(content and not content.isspace())
 
 
-def _blocks(message: Message) -> list[dict[str, Any]]:
-    """One chat message's content blocks (text of whitespace alone is no block)."""
+def _text_blocks(message: Message, mark: _Marker) -> list[dict[str, Any]]:
+    """A message's text parts as text blocks, each with its marker (text of whitespace
+    alone is no block)."""
+    parts = message.parts or (TextPart(message.content or ""),)
+    return [
+        mark.on({"type": "text", "text": part.text}, part.cache_control)
+        for part in parts
+        if _has_text(part.text)
+    ]
+
+
+def _blocks(message: Message, mark: _Marker | None) -> list[dict[str, Any]]:
+    """One chat message's content blocks (text of whitespace alone is no block), with
+    their markers when ``mark`` writes them: a tool result's is its parts' (Anthropic
+    takes none inside a result)."""
     if message.role == "tool":
         result = {"type": "tool_result", "tool_use_id": tool_use_id(message.tool_call_id or "")}
-        return [{**result, "content": message.content or ""}]
+        result["content"] = message.content or ""
+        if mark is not None:
+            markers = [part.cache_control for part in message.parts if part.cache_control]
+            mark.on(result, markers[-1] if markers else None)
+        return [result]
     blocks: list[dict[str, Any]] = []
-    if _has_text(message.content):
+    if mark is not None:
+        blocks += _text_blocks(message, mark)
+    elif _has_text(message.content):
         blocks.append({"type": "text", "text": message.content})
     for call in message.tool_calls or ():
         function = call["function"]
-        blocks.append(
-            {
-                "type": "tool_use",
-                "id": tool_use_id(call["id"]),
-                "name": function["name"],
-                "input": tool_input(function["arguments"]),
-            }
-        )
+        use = {
+            "type": "tool_use",
+            "id": tool_use_id(call["id"]),
+            "name": function["name"],
+            "input": tool_input(function["arguments"]),
+        }
+        blocks.append(mark.on(use, call.get("cache_control")) if mark is not None else use)
     return blocks
 
 
-def _turns(messages: list[Message]) -> Iterator[dict[str, Any]]:
+def _turns(messages: list[Message], mark: _Marker | None) -> Iterator[dict[str, Any]]:
     """The conversation as Anthropic's turns: system messages left for ``system``, tool
     results and deprecated function results in user turns, consecutive turns of one
     role merged, empty ones left out."""
@@ -176,7 +217,7 @@ def _turns(messages: list[Message]) -> Iterator[dict[str, Any]]:
         if message.role in ("system", "developer"):
             continue
         role = "assistant" if message.role == "assistant" else "user"
-        blocks = _blocks(message)
+        blocks = _blocks(message, mark)
         if not blocks:
             continue
         if turn is not None and turn["role"] == role:
@@ -322,7 +363,10 @@ class MessagesEventReader(ChunkReader):
 
     def _note_usage(self, usage: Any) -> None:
         """Take the counts of ``usage`` (a message's, or a delta's cumulative ones) and
-        believe the whole so far if it can be."""
+        believe the whole so far if it can be. ``input_tokens`` leaves out the tokens
+        read from the cache (``cache_read_input_tokens``) and written to it
+        (``cache_creation_input_tokens``, split by lifetime in ``cache_creation``: what
+        it does not say is 1h is 5m, Anthropic's default)."""
         if not isinstance(usage, dict):
             return
         self._usage.update((key, value) for key, value in usage.items() if value is not None)
@@ -330,15 +374,20 @@ class MessagesEventReader(ChunkReader):
         details = seen.get("output_tokens_details")
         thinking = details.get("thinking_tokens") if isinstance(details, dict) else 0
         read = seen.get("cache_read_input_tokens", 0)
-        chat_usage = {
-            "prompt_tokens": _total(
-                seen.get("input_tokens"), seen.get("cache_creation_input_tokens", 0), read
-            ),
-            "completion_tokens": seen.get("output_tokens"),
-            "prompt_tokens_details": {"cached_tokens": read},
-            "completion_tokens_details": {"reasoning_tokens": thinking},
-        }
-        self.upstream_usage = believable_usage(chat_usage, self.most_completion_tokens)
+        written = seen.get("cache_creation_input_tokens", 0)
+        lifetimes = seen.get("cache_creation")
+        written_1h = (
+            lifetimes.get("ephemeral_1h_input_tokens", 0) if isinstance(lifetimes, dict) else 0
+        )
+        self.upstream_usage = believed_usage(
+            _total(seen.get("input_tokens"), written, read),
+            seen.get("output_tokens"),
+            self.most_completion_tokens,
+            cached=read,
+            reasoning=thinking,
+            write_5m=written - written_1h if _total(written, written_1h) is not None else None,
+            write_1h=written_1h,
+        )
         self.refused_usage = None if self.upstream_usage else usage
 
 

@@ -411,9 +411,22 @@ _CONTENT_BLOCK = Tagged(
     name="ContentBlock",
 )
 _MESSAGE_USAGE = (
-    _sometimes("input_tokens", Integer(), "Not counting those read from a cache."),
-    _sometimes("cache_creation_input_tokens", Integer()),
-    _sometimes("cache_read_input_tokens", Integer()),
+    _sometimes(
+        "input_tokens", Integer(), "Not counting those read from the cache or written to it."
+    ),
+    _sometimes("cache_creation_input_tokens", Integer(), "Written to the prompt cache."),
+    _sometimes("cache_read_input_tokens", Integer(), "Read from the prompt cache."),
+    _sometimes(
+        "cache_creation",
+        Object(
+            (
+                _always("ephemeral_5m_input_tokens", Integer()),
+                _always("ephemeral_1h_input_tokens", Integer()),
+            ),
+            name="CacheCreation",
+        ),
+        "The cache writes by lifetime, when there are some.",
+    ),
     _always("output_tokens", Integer()),
 )
 _MESSAGE = Object(

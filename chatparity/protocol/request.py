@@ -8,11 +8,12 @@ several parameters or messages follow it, as code.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import orjson
 
@@ -62,6 +63,19 @@ from .schema import (
     wrong_type,
 )
 
+CacheTTL = Literal["5m", "1h"]
+CACHE_TTLS: tuple[CacheTTL, ...] = get_args(CacheTTL)
+"""The lifetimes of an entry of Anthropic's prompt cache; a marker without one is 5m's."""
+
+
+@dataclass(frozen=True, slots=True)
+class TextPart:
+    """A text part of a message's content, as sent, with the cache marker it carries:
+    Anthropic's ``cache_control`` (OpenRouter's clients put it on chat parts)."""
+
+    text: str
+    cache_control: dict[str, Any] | None = None
+
 
 @dataclass(frozen=True, slots=True)
 class Message:
@@ -71,9 +85,13 @@ class Message:
     content: str | None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    """As sent: a call may carry a ``cache_control`` marker (a Messages client's)."""
     tool_call_id: str | None = None
     function_call: dict[str, Any] | None = None
     """An assistant's call in the deprecated shape: ``{name, arguments}``."""
+    parts: tuple[TextPart, ...] = ()
+    """Array content's parts, each with its marker (none for string content): an
+    upstream that caches prompts is sent them as they came."""
 
     @property
     def calls(self) -> list[dict[str, Any]]:
@@ -88,6 +106,8 @@ class Tool:
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool = False
+    cache_control: dict[str, Any] | None = None
+    """Anthropic's cache marker: the prompt is cached up to this tool."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +169,13 @@ class ChatRequest:
     hosted_tools: tuple[dict[str, Any], ...] = ()
     """Not in a chat body: the Responses API's hosted tools (``web_search``, ...) asked
     for, as sent, for an upstream that speaks that API to run."""
+    cache_control: dict[str, Any] | None = None
+    """Not in a chat body: a Messages request's own ``cache_control`` (Anthropic's
+    automatic caching), for an upstream that speaks that API."""
+    translated_markers: bool = False
+    """Not the client's: the body's ``cache_control`` markers were written by the gateway
+    from another API's request (Anthropic's blocks, Responses parts): an
+    OpenAI-compatible upstream, which may refuse them, is sent none."""
     # Not the client's: what the serving alias lets an upstream receive beyond the
     # sampling and format parameters (ModelAlias.forwarded_params).
     forwarded_params: frozenset[str] = frozenset()
@@ -156,6 +183,15 @@ class ChatRequest:
     """Not the client's: the completion tokens a choice of a request that sets no
     ``max_tokens`` may use, as its admission reserved them (what a budget has left). An
     answer that reaches it ends with ``length``; it is never refused as too long."""
+
+    def beside_body(self) -> dict[str, Any]:
+        """What this request holds that no chat body does, to keep when its body is read
+        again (with an alias's defaults)."""
+        return {
+            "hosted_tools": self.hosted_tools,
+            "cache_control": self.cache_control,
+            "translated_markers": self.translated_markers,
+        }
 
     @property
     def most_completion_tokens(self) -> int | None:
@@ -316,9 +352,21 @@ def _refused_part(role: Role) -> Callable[[str, str], APIError]:
     return refuse
 
 
+CACHE_CONTROL = Object(
+    (Member("type", Enum(("ephemeral",)), REQUIRED), Member("ttl", Enum(CACHE_TTLS))),
+    name="CacheControl",
+    description=(
+        "Anthropic's cache marker: the prompt up to here is cached (5 minutes, or the"
+        " ttl), sent on to an upstream that speaks the Messages API."
+    ),
+)
+"""A ``cache_control`` marker: on a chat part or tool (OpenRouter's form), a Responses
+part, an Anthropic block, tool or request."""
+_CACHE_CONTROL = Member("cache_control", CACHE_CONTROL)
+
 _TEXT_PART = Object(
-    (Member("text", _TEXT, REQUIRED),),
-    build=lambda part, path: part["text"],
+    (Member("text", _TEXT, REQUIRED), _CACHE_CONTROL),
+    build=lambda part, path: TextPart(part["text"], part["cache_control"]),
     name="TextContentPart",
     description="Only text parts are served; other part types are a 400.",
 )
@@ -348,7 +396,7 @@ _ASSISTANT_CONTENT = OneOf(
                     "text": _TEXT_PART,
                     "refusal": Object(
                         (Member("refusal", _TEXT, REQUIRED),),
-                        build=lambda part, path: part["refusal"],
+                        build=lambda part, path: TextPart(part["refusal"]),
                         name="RefusalContentPart",
                     ),
                 },
@@ -362,13 +410,18 @@ _ASSISTANT_CONTENT = OneOf(
 
 def _message(members: dict[str, Any], path: str) -> Message:
     content = members.get("content")
+    parts: tuple[TextPart, ...] = ()
+    if isinstance(content, list):
+        parts = tuple(content)
+        content = "".join(part.text for part in parts)
     return Message(
         members["role"],
-        content if content is None or isinstance(content, str) else "".join(content),
+        content,
         name=members.get("name"),
         tool_calls=members.get("tool_calls"),
         tool_call_id=members.get("tool_call_id"),
         function_call=members.get("function_call"),
+        parts=parts,
     )
 
 
@@ -392,6 +445,7 @@ TOOL_CALL = Object(
             Object((Member("name", String(), REQUIRED), Member("arguments", String(), REQUIRED))),
             REQUIRED,
         ),
+        _CACHE_CONTROL,
     ),
     name="ToolCall",
 )
@@ -467,8 +521,13 @@ _TOOL = Object(
             Object((*_FUNCTION_MEMBERS, Member("strict", Boolean())), build=_tool),
             REQUIRED,
         ),
+        _CACHE_CONTROL,
     ),
-    build=lambda tool, path: tool["function"],
+    build=lambda tool, path: (
+        tool["function"]
+        if tool["cache_control"] is None
+        else dataclasses.replace(tool["function"], cache_control=tool["cache_control"])
+    ),
     name="Tool",
 )
 _FUNCTION = Object(
@@ -596,6 +655,33 @@ _PREDICTION = Object(
 )
 
 
+PROMPT_CACHE_MEMBERS = (
+    Member(
+        "prompt_cache_key",
+        String(),
+        description="Sent on to an OpenAI-compatible upstream: requests that share it share"
+        " a cache.",
+    ),
+    Member(
+        "prompt_cache_options",
+        Object(
+            (
+                Member("mode", Enum(("implicit", "explicit"))),
+                Member("ttl", Enum(("30m",))),
+            )
+        ),
+        description="Sent on to an OpenAI-compatible upstream.",
+    ),
+    Member(
+        "prompt_cache_retention",
+        Enum(("in_memory", "24h")),
+        description="Sent on to an OpenAI-compatible upstream (earlier models'"
+        " prompt_cache_options).",
+    ),
+)
+"""OpenAI's prompt cache parameters, the same in both its APIs."""
+PROMPT_CACHE_PARAMETERS = tuple(member.name for member in PROMPT_CACHE_MEMBERS)
+
 METADATA = Map(
     String(max_length=512), max_properties=16, max_key_length=64, expected="a metadata object"
 )
@@ -659,22 +745,7 @@ CHAT_COMPLETION_REQUEST = Parameters(
         Member("parallel_tool_calls", Boolean()),
         Member("prediction", _PREDICTION, description="Accepted; not used to speed answers up."),
         Member("presence_penalty", _PENALTY),
-        Member("prompt_cache_key", String()),
-        Member(
-            "prompt_cache_options",
-            Object(
-                (
-                    Member("mode", Enum(("implicit", "explicit"))),
-                    Member("ttl", Enum(("30m",))),
-                )
-            ),
-            description="Accepted; a hint for OpenAI's prompt cache.",
-        ),
-        Member(
-            "prompt_cache_retention",
-            Enum(("in_memory", "24h")),
-            description="Deprecated: see prompt_cache_options. Accepted.",
-        ),
+        *PROMPT_CACHE_MEMBERS,
         Member("reasoning_effort", Enum(REASONING_EFFORTS)),
         Member("response_format", _RESPONSE_FORMAT),
         Member("safety_identifier", String()),
@@ -911,6 +982,30 @@ def _calls_as_tools(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         result = {"role": "tool", "tool_call_id": call_id, "content": following["content"] or ""}
         converted[i + 1] = result
     return messages if converted is None else converted
+
+
+def without_cache_markers(body: dict[str, Any]) -> dict[str, Any]:
+    """A valid request ``body`` without the ``cache_control`` markers of its messages'
+    parts and calls and of its tools (``body`` itself has none changed); a content of
+    one text part is its text, as it was before a marker made it a list."""
+    messages = []
+    for message in body["messages"]:
+        content, calls = message.get("content"), message.get("tool_calls")
+        if isinstance(content, list):
+            parts = [_unmarked(part) for part in content]
+            one = len(parts) == 1 and parts[0]["type"] == "text"
+            message = {**message, "content": parts[0]["text"] if one else parts}
+        if calls:
+            message = {**message, "tool_calls": [_unmarked(call) for call in calls]}
+        messages.append(message)
+    unmarked = {**body, "messages": messages}
+    if body.get("tools"):
+        unmarked["tools"] = [_unmarked(tool) for tool in body["tools"]]
+    return unmarked
+
+
+def _unmarked(item: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in item.items() if key != "cache_control"}
 
 
 # JSON Schemas: bounded before anything (a grammar, an upstream request) is built from one.

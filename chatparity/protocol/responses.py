@@ -20,10 +20,14 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal, get_args
 
+from .breakpoints import cache_marked
 from .enums import REASONING_EFFORTS, SERVICE_TIERS, TOOL_CHOICE_MODES, VERBOSITIES
 from .errors import APIError, invalid_json
 from .request import (
+    CACHE_CONTROL,
     METADATA,
+    PROMPT_CACHE_MEMBERS,
+    PROMPT_CACHE_PARAMETERS,
     ChatRequest,
     SchemaTooComplex,
     check_schema,
@@ -297,11 +301,17 @@ _ITEM_STATUS = Enum(ITEM_STATUSES)
 
 
 def _part(text_key: str, kind: str) -> Object:
-    return Object(
-        (Member(text_key, _TEXT, REQUIRED),),
-        build=lambda part, path: {"type": kind, "text": part[text_key]},
-        name=f"{kind.title().replace('_', '')}Part",
-    )
+    members: tuple[Member, ...] = (Member(text_key, _TEXT, REQUIRED),)
+    if text_key == "text":  # a text part may carry Anthropic's cache marker
+        members += (Member("cache_control", CACHE_CONTROL),)
+
+    def build(part: dict[str, Any], path: str) -> dict[str, Any]:
+        built = {"type": kind, "text": part[text_key]}
+        if part.get("cache_control") is not None:
+            built["cache_control"] = part["cache_control"]
+        return built
+
+    return Object(members, build=build, name=f"{kind.title().replace('_', '')}Part")
 
 
 _PART = Tagged(
@@ -598,7 +608,7 @@ RESPONSES_REQUEST = Parameters(
             String(),
             description="A stored response of the key (or its owner): its conversation goes first.",
         ),
-        Member("prompt_cache_key", String()),
+        *PROMPT_CACHE_MEMBERS,
         Member(
             "reasoning",
             Object(
@@ -753,7 +763,7 @@ def _chat_parameters(
     """The Chat Completions parameters the Responses parameters ``given`` stand for,
     ``functions`` the functions offered."""
     chat: dict[str, Any] = {"model": given["model"], "stream": given.get("stream", False)}
-    for name in ("temperature", "top_p", "user", "service_tier"):
+    for name in ("temperature", "top_p", "user", "service_tier", *PROMPT_CACHE_PARAMETERS):
         if name in given:
             chat[name] = given[name]
     if "max_output_tokens" in given:
@@ -800,17 +810,19 @@ def _joined(parts: list[dict[str, Any]]) -> str:
 
 
 def conversation(
-    items: list[dict[str, Any]], names: ToolNames = NO_NAMESPACES
+    items: list[dict[str, Any]], names: ToolNames = NO_NAMESPACES, *, marked_from: int = 0
 ) -> list[dict[str, Any]]:
     """``items`` (input items and earlier output items, oldest first) as Chat Completions
     messages: a run of function calls is one assistant message with ``tool_calls``
     (the text message just before it, if any), each output a tool message; a call of
-    a namespace's function by the flat name ``names`` give it. OpenAI's 400 for a
-    call without its output or an output without its call."""
+    a namespace's function by the flat name ``names`` give it. The text parts of the
+    items from ``marked_from`` on keep their cache markers (those of earlier responses'
+    items are not sent again). OpenAI's 400 for a call without its output or an output
+    without its call."""
     messages: list[dict[str, Any]] = []
     unanswered: list[str] = []
     calling: dict[str, Any] | None = None  # the assistant message of the current run of calls
-    for item in items:
+    for position, item in enumerate(items):
         kind = item["type"]
         if kind == "function_call":
             if calling is None:
@@ -842,7 +854,16 @@ def conversation(
             continue
         if unanswered:
             raise _no_tool_output(unanswered[0])
-        messages.append({"role": item["role"], "content": _joined(item["content"])})
+        parts = item["content"]
+        marked = position >= marked_from and any("cache_control" in part for part in parts)
+        messages.append(
+            {
+                "role": item["role"],
+                "content": [{**part, "type": "text"} for part in parts]
+                if marked
+                else _joined(parts),
+            }
+        )
     if unanswered:
         raise _no_tool_output(unanswered[0])
     return messages
@@ -854,7 +875,7 @@ def as_chat_request(
     """The Chat Completions request that serves ``request``, continuing ``history`` (the
     items of the responses before it, oldest first); OpenAI's 400 if there is nothing
     to answer, or the conversation breaks a rule."""
-    messages = conversation([*history, *request.input], request.names)
+    messages = conversation([*history, *request.input], request.names, marked_from=len(history))
     if request.instructions is not None:
         messages.insert(0, {"role": "system", "content": request.instructions})
     if not messages:
@@ -875,5 +896,7 @@ def as_chat_request(
             error.param = "input"
         raise
     if request.hosted_tools:
-        return dataclasses.replace(chat, hosted_tools=request.hosted_tools)
+        chat = dataclasses.replace(chat, hosted_tools=request.hosted_tools)
+    if cache_marked(chat):
+        chat = dataclasses.replace(chat, translated_markers=True)
     return chat

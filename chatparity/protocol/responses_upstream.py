@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from .events import Event
-from .request import ChatRequest, Message
+from .request import PROMPT_CACHE_PARAMETERS, ChatRequest, Message
 from .responses import MIN_OUTPUT_TOKENS
 from .upstream import (
     ChunkReader,
@@ -40,7 +40,9 @@ def upstream_request(request: ChatRequest, model: str, forwarded: dict[str, Any]
         "stream": True,
         "store": False,
     }
-    for name in ("temperature", "top_p", "parallel_tool_calls", "user", "metadata"):
+    # The prompt cache's parameters are the same in both APIs.
+    for name in ("temperature", "top_p", "parallel_tool_calls", "user", "metadata",
+                 *PROMPT_CACHE_PARAMETERS):  # fmt: skip
         if name in forwarded:
             body[name] = forwarded[name]
     if "service_tier" in forwarded:

@@ -41,7 +41,7 @@ from .events import (
     TopLogprob,
     Usage,
 )
-from .request import CHAT_COMPLETION_REQUEST
+from .request import CHAT_COMPLETION_REQUEST, PROMPT_CACHE_PARAMETERS
 from .tokens import approximate_tokens
 
 MAX_REPORTED_TOKENS = 10**9
@@ -388,24 +388,54 @@ def _tokens(text: str, whole: bool) -> int:
 
 
 def believable_usage(usage: dict[str, Any], most_completion_tokens: int) -> Usage | None:
-    """An upstream's ``usage`` object as :class:`Usage`, if every count in it is a whole
-    number from 0 to :data:`MAX_REPORTED_TOKENS` (the details may be left out), with no
-    more completion tokens than ``most_completion_tokens``; else None."""
+    """An upstream's ``usage`` object, in Chat Completions' names, as :class:`Usage` if it
+    can be believed (see :func:`believed_usage`); the details may be left out. The cache
+    writes OpenRouter reports (``prompt_tokens_details.cache_write_tokens``) are 5m's."""
     prompt_details = usage.get("prompt_tokens_details") or {}
     completion_details = usage.get("completion_tokens_details") or {}
     if not isinstance(prompt_details, dict) or not isinstance(completion_details, dict):
         return None
-    prompt, completion, cached, reasoning = (
-        _count(usage.get("prompt_tokens")),
-        _count(usage.get("completion_tokens")),
-        _count(prompt_details.get("cached_tokens") or 0),
-        _count(completion_details.get("reasoning_tokens") or 0),
+    return believed_usage(
+        usage.get("prompt_tokens"),
+        usage.get("completion_tokens"),
+        most_completion_tokens,
+        cached=prompt_details.get("cached_tokens") or 0,
+        reasoning=completion_details.get("reasoning_tokens") or 0,
+        write_5m=prompt_details.get("cache_write_tokens") or 0,
     )
-    if prompt is None or completion is None or cached is None or reasoning is None:
+
+
+def believed_usage(
+    prompt: Any,
+    completion: Any,
+    most_completion_tokens: int,
+    *,
+    cached: Any = 0,
+    reasoning: Any = 0,
+    write_5m: Any = 0,
+    write_1h: Any = 0,
+) -> Usage | None:
+    """An upstream's counts as :class:`Usage` (``prompt``: every input token, those read
+    from and written to its cache among them), if each is a whole number from 0 to
+    :data:`MAX_REPORTED_TOKENS`, the completion no more than ``most_completion_tokens``
+    and the cache's tokens no more than the prompt; else None."""
+    sent = (prompt, completion, cached, reasoning, write_5m, write_1h)
+    counts = [count for count in map(_count, sent) if count is not None]
+    if len(counts) < len(sent):
         return None
-    if completion > most_completion_tokens:
+    prompt_tokens, completion_tokens, read, thought, written_5m, written_1h = counts
+    if completion_tokens > most_completion_tokens:
         return None
-    return Usage(prompt, completion, cached_tokens=cached, reasoning_tokens=reasoning)
+    if read + written_5m + written_1h > prompt_tokens:
+        return None
+    return Usage(
+        prompt_tokens,
+        completion_tokens,
+        cached_tokens=read,
+        reasoning_tokens=thought,
+        cache_write_5m_tokens=written_5m,
+        cache_write_1h_tokens=written_1h,
+    )
 
 
 def _count(value: Any) -> int | None:
@@ -444,8 +474,9 @@ def _logprobs(logprobs: Any) -> list[TokenLogprob] | None:
 # an alias forwards them: service_tier (a dearer tier), store and metadata (the
 # conversation kept upstream), web_search_options (paid searches), audio and
 # modalities (audio output), prediction (rejected predicted tokens are billed),
-# user, safety_identifier and prompt_cache_key (claims the gateway cannot check,
-# made in the name of the upstream's account).
+# user and safety_identifier (claims the gateway cannot check, made in the name of
+# the upstream's account). The prompt cache's parameters are forwarded: without them
+# an agent's cached prefix is not found, and its input is billed in full.
 FORWARDED = frozenset(
     {
         "messages",
@@ -469,6 +500,7 @@ FORWARDED = frozenset(
         "function_call",
         "reasoning_effort",
         "verbosity",
+        *PROMPT_CACHE_PARAMETERS,
     }
 )
 

@@ -23,6 +23,7 @@ from chatparity.accounting.batching import OncePerInterval
 from chatparity.accounting.limits import Change, Lease, RedisCounters
 from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
 from chatparity.protocol.errors import APIError
+from chatparity.protocol.events import Usage
 from chatparity.protocol.request import parse_chat_request
 from chatparity.protocol.tokens import prompt_bound
 from tests import services
@@ -64,6 +65,19 @@ class LimitTestCase(TestCase):
 
     async def limit(self, **fields):
         await save(self.key, **fields)
+
+    async def admit(self):
+        """Admit, as the gateway would, ``Hi`` with ``max_tokens`` 1: HI + 1 tokens."""
+        key = await ApiKey.objects.aget(pk=self.key.pk)
+        messages = [{"role": "user", "content": "Hi"}]
+        chat = parse_chat_request({"model": "echo", "messages": messages, "max_tokens": 1})
+        estimate = limits.Estimate.of(chat, self.alias, prompt_bound(chat))
+        return await limits.admit(key, self.alias, estimate)
+
+    async def standing(self):
+        """What the key has used of each of its limits, by name."""
+        key = await ApiKey.objects.aget(pk=self.key.pk)
+        return {name: used for name, used, _ in await limits.standing(key)}
 
     def ask(self, model="echo", **body):
         messages = [{"role": "user", "content": "Hi"}]
@@ -394,6 +408,70 @@ class CompletionCapTests(LimitTestCase):
         assert (await self.ask(max_tokens=7)).status_code == 200
 
 
+class CacheCostTests(LimitTestCase):
+    """A cost budget reserves what a request can be charged at most, every prompt token
+    written to the provider's cache for an hour, and is charged the provider's formula:
+    reads at a tenth, writes at 1.25 and 2 times the input price (Anthropic's)."""
+
+    # The backend reports Anthropic's usage: 5 input tokens, 20 read from the cache, 5
+    # written for 5 minutes and 10 for an hour (40 in OpenAI's prompt_tokens).
+    CACHED = {"prompt_tokens": 40, "cached_tokens": 20, "cache_write_5m_tokens": 5,
+              "cache_write_1h_tokens": 10}  # fmt: skip
+
+    @classmethod
+    def setUpTestData(cls):
+        super().setUpTestData()
+        backend = Backend.objects.create(
+            name="caching", kind="scripted",
+            options={"script": ["Hello", " there"], "provider": "anthropic", "usage": cls.CACHED},
+        )  # fmt: skip
+        cls.caching = ModelAlias.objects.create(
+            public_id="caching", backend=backend, input_price=1000, output_price=2000
+        )
+
+    async def spent(self):
+        key = await ApiKey.objects.aget(pk=self.key.pk)
+        (standing,) = await limits.standing(key)
+        return standing.used
+
+    async def test_a_cost_budget_reserves_every_prompt_token_at_the_one_hour_write_price(self):
+        # HI tokens at $0.002 (twice $0.001) and 2 completion tokens at $0.002: $0.104.
+        await self.limit(cost_budget=Decimal("0.1039"), budget_period="day")
+        refused = await self.ask(model="caching", max_tokens=2)
+        assert refused.status_code == 429
+        assert "requested $0.104." in refused.json()["error"]["message"]
+        await self.limit(cost_budget=Decimal("0.104"))
+        assert (await self.ask(model="caching", max_tokens=2)).status_code == 200
+
+    async def test_the_request_is_charged_the_providers_formula(self):
+        await self.limit(cost_budget=Decimal(1))
+        answer = await self.ask(model="caching", max_tokens=2)
+        assert answer.status_code == 200
+        # 5 x $0.001 + 20 x $0.0001 + 5 x $0.00125 + 10 x $0.002 + 2 x $0.002
+        cost = Decimal("0.03725")
+        row = await RequestLog.objects.aget()
+        assert (row.prompt_tokens, row.cached_tokens) == (40, 20)
+        assert (row.cache_write_5m_tokens, row.cache_write_1h_tokens) == (5, 10)
+        assert row.cost == cost
+        assert await self.spent() == cost
+
+    async def test_a_request_too_cheap_for_a_micro_dollar_is_counted_as_its_row_says(self):
+        # text-embedding-3-small's price: 3 tokens cost $0.00000006; counted in micro-dollars
+        # (as before) nothing was spent, however many were made.
+        await save(self.alias, input_price=Decimal("0.02"), output_price=Decimal("0.02"))
+        await self.limit(cost_budget=Decimal(1))
+        for _ in range(3):
+            assert (await self.ask(max_tokens=2)).status_code == 200
+        rows = [row.cost async for row in RequestLog.objects.all()]
+        assert rows == [Decimal("0.00000006")] * 3
+        assert await self.spent() == Decimal("0.00000018")
+
+    async def test_without_a_provider_the_bound_is_the_input_price(self):
+        await save(self.alias, input_price=1000, output_price=2000)
+        await self.limit(cost_budget=Decimal("0.054"))  # HI x $0.001 + 2 x $0.002
+        assert (await self.ask(max_tokens=2)).status_code == 200
+
+
 class RedisRequestsPerMinuteTests(OnRedis, RequestsPerMinuteTests):
     pass
 
@@ -411,6 +489,10 @@ class RedisCompletionCapTests(OnRedis, CompletionCapTests):
 
 
 class RedisBudgetTests(OnRedis, BudgetTests):
+    pass
+
+
+class RedisCacheCostTests(OnRedis, CacheCostTests):
     pass
 
 
@@ -463,15 +545,11 @@ class AdmissionRaceTests(LimitTestCase):
                 completion = rng.randint(0, estimate.completion_tokens)
                 used.append((estimate.prompt_tokens, completion))
                 held -= 1
-                await admission.settle(estimate.prompt_tokens, completion)
+                await admission.settle(Usage(estimate.prompt_tokens, completion))
 
         await asyncio.gather(*(client(random.Random(i)) for i in range(self.CLIENTS)))
         assert refusals == {429}
         return used, peak
-
-    async def standing(self):
-        key = await ApiKey.objects.aget(pk=self.key.pk)
-        return {name: used for name, used, _ in await limits.standing(key)}
 
     async def test_requests_per_minute_is_exact(self):
         await self.limit(requests_per_minute=50)
@@ -501,7 +579,7 @@ class AdmissionRaceTests(LimitTestCase):
         await save(self.alias, input_price=Decimal("1000"), output_price=Decimal("2000"))
         await self.limit(cost_budget=Decimal("0.5"))
         used, _ = await self.race()
-        cost = sum(self.alias.cost_of(p, c) for p, c in used)
+        cost = sum(self.alias.cost_of(Usage(p, c)) for p, c in used)
         assert 0 < cost <= Decimal("0.5")
 
     async def test_requests_in_flight_never_pass_the_limit(self):
@@ -607,13 +685,6 @@ def test_a_killed_workers_slot_is_free_within_its_lease(redis_url):
 class LeaseTests(LimitTestCase):
     """A request's slot is renewed while it lives, and given back when it ends."""
 
-    async def admit(self):
-        key = await ApiKey.objects.aget(pk=self.key.pk)
-        messages = [{"role": "user", "content": "Hi"}]
-        chat = parse_chat_request({"model": "echo", "messages": messages, "max_tokens": 1})
-        estimate = limits.Estimate.of(chat, self.alias, prompt_bound(chat))
-        return await limits.admit(key, self.alias, estimate)
-
     async def test_a_live_request_keeps_its_slot_past_its_first_lease(self):
         await self.limit(max_concurrent=1)
         with (
@@ -624,11 +695,35 @@ class LeaseTests(LimitTestCase):
             await asyncio.sleep(2)
             with pytest.raises(APIError):
                 await self.admit()
-            await admission.settle(1, 1)
-            await (await self.admit()).settle(1, 1)
+            await admission.settle(Usage(1, 1))
+            await (await self.admit()).settle(Usage(1, 1))
 
 
 class RedisLeaseTests(OnRedis, LeaseTests):
+    pass
+
+
+class SettleOnceTests(LimitTestCase):
+    """An admission settles once: the ledger guards its own settlement, and the
+    admission's promise holds for any other caller too."""
+
+    async def test_settling_twice_corrects_the_tokens_once_and_frees_only_its_own_slot(self):
+        await clear_of_a_new_minute()
+        await self.limit(tokens_per_minute=1000, max_concurrent=1)
+        first = await self.admit()  # HI + 1 tokens reserved
+        await first.settle(Usage(1, 1))  # 2 used
+        second = await self.admit()  # the slot the first gave back
+        await first.settle(Usage(1, 1))
+        assert await self.standing() == {"tokens this minute": 2 + HI + 1, "requests in flight": 1}
+        with pytest.raises(APIError) as refused:  # the second still holds the key's one slot
+            await self.admit()
+        assert "in flight" in refused.value.message
+        await second.settle(Usage(1, 1))
+        await second.settle(Usage(1, 1))
+        assert await self.standing() == {"tokens this minute": 4, "requests in flight": 0}
+
+
+class RedisSettleOnceTests(OnRedis, SettleOnceTests):
     pass
 
 
@@ -708,7 +803,7 @@ class RedisAwayTests(LimitTestCase):
             self.server.stop()
             with self.assertLogs("chatparity.accounting.limits") as logs:
                 for admission in admissions:
-                    await admission.settle(1, 1)
+                    await admission.settle(Usage(1, 1))
         assert len([line for line in logs.output if "not settled" in line]) == 1
 
     async def test_the_admin_says_when_usage_is_unknown(self):

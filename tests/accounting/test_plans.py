@@ -4,11 +4,14 @@ key's budget: never passed under concurrency, on the cache or on Redis, in one p
 or several."""
 
 import asyncio
+import contextlib
 import datetime
 import json
 import random
 import time
 from decimal import Decimal
+from types import SimpleNamespace
+from unittest import mock
 
 import orjson
 import pytest
@@ -20,6 +23,7 @@ from django.utils import timezone
 from chatparity.accounting import keys, limits
 from chatparity.models import ApiKey, Backend, ModelAlias, Plan, hash_key
 from chatparity.protocol.errors import APIError
+from chatparity.protocol.events import Usage
 from chatparity.protocol.request import parse_chat_request
 from chatparity.protocol.tokens import prompt_bound
 from tests.accounting.test_limits import HI
@@ -191,6 +195,58 @@ class RedisOwnerBudgetTests(OnRedis, OwnerBudgetTests):
     pass
 
 
+MID_MONTH = datetime.datetime(2031, 5, 15, 12, tzinfo=datetime.UTC)
+
+
+@contextlib.contextmanager
+def budgets_reckoned_at(moment):
+    """Budget periods as they stand at ``moment``: whatever today's date, the day
+    before is in the same month."""
+
+    class Clock(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return moment.astimezone(tz)
+
+    clock = SimpleNamespace(datetime=Clock, timedelta=datetime.timedelta, UTC=datetime.UTC)
+    with mock.patch.object(limits, "datetime", clock):
+        yield
+
+
+class OwnerBudgetPeriodTests(PlanTestCase):
+    """The owners' budgets have a period of their own, apart from the budget of each key
+    made under the plan: a daily allowance per user beside monthly keys, or the reverse."""
+
+    async def spent_yesterday(self, tokens):
+        yesterday = MID_MONTH - datetime.timedelta(days=1)
+        await sync_to_async(logged)(at=yesterday, api_key=self.server, total_tokens=tokens)
+
+    async def test_a_daily_owner_allowance_starts_afresh_each_day(self):
+        await self.set_plan(owner_token_budget=100, owner_budget_period="day",
+                            budget_period="month")  # fmt: skip
+        await self.spent_yesterday(98)
+        with budgets_reckoned_at(MID_MONTH):
+            assert (await self.ask(self.laptop_plaintext)).status_code == 200
+            plan = await Plan.objects.aget(pk=self.plan.pk)
+            standing = await limits.owner_standing(self.alice.pk, plan)
+        assert standing == [("tokens this day (all your keys)", 3, 100)]
+
+    async def test_a_monthly_owner_cap_does_not_start_afresh_each_day(self):
+        await self.set_plan(owner_token_budget=100, owner_budget_period="month",
+                            budget_period="day")  # fmt: skip
+        await self.spent_yesterday(98)
+        with budgets_reckoned_at(MID_MONTH):
+            refused = await self.ask(self.laptop_plaintext)
+        assert refused.status_code == 429
+        error = refused.json()["error"]
+        assert error["code"] == "insufficient_quota"
+        assert "Budget: tokens this month (all your keys), limit 100, used 98" in error["message"]
+
+
+class RedisOwnerBudgetPeriodTests(OnRedis, OwnerBudgetPeriodTests):
+    pass
+
+
 async def clear_of_a_new_month():
     """Wait, if need be, so that a short race does not straddle two budget periods."""
     now = datetime.datetime.now(datetime.UTC)
@@ -231,7 +287,7 @@ class OwnerBudgetRaceTests(PlanTestCase):
                 await asyncio.sleep(0.01 * rng.random())
                 completion = rng.randint(0, estimate.completion_tokens)
                 used.append(estimate.prompt_tokens + completion)
-                await admission.settle(estimate.prompt_tokens, completion)
+                await admission.settle(Usage(estimate.prompt_tokens, completion))
 
         await asyncio.gather(
             *(client(random.Random(i), grants[i % 3]) for i in range(self.CLIENTS))
@@ -276,7 +332,7 @@ def hammer_owner(url: str, owner_id: int, key_ids: list[int], budget: int, seed:
                 continue
             completion = rng.randint(0, 20)
             await asyncio.sleep(rng.random() / 100)
-            await admission.settle(10, completion)
+            await admission.settle(Usage(10, completion))
             used += 10 + completion
         return used
 

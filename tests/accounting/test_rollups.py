@@ -12,14 +12,14 @@ from decimal import Decimal
 import orjson
 import pytest
 from django.db import connection, connections
+from django.db.migrations.executor import MigrationExecutor
 from django.test.utils import CaptureQueriesContext
 
 from chatparity.accounting import journal, rollups, spool
 from chatparity.accounting.inserts import insert_rows
 from chatparity.accounting.record import UsageRecord
 from chatparity.models import (
-    DURATION_BUCKETS,
-    FIRST_TOKEN_BUCKETS,
+    HISTOGRAM_KEYS,
     LATENCY_BOUNDS_MS,
     ApiKey,
     DailyAliasUsage,
@@ -36,9 +36,11 @@ DAY1, DAY2, DAY3 = datetime.date(2025, 3, 1), datetime.date(2025, 3, 2), datetim
 ALIASES = ("gpt", "llama", "")
 DEPLOYMENTS = ("vllm-1/llama", "vllm-2/llama", "")  # "": none served it (refused first)
 ENDPOINTS = ("chat.completions", "responses", "messages")
-SUMS = ("requests", "errors", "cancelled", "prompt_tokens", "completion_tokens",
-        "total_tokens", "cached_tokens", "reasoning_tokens", "cost", "first_tokens",
-        *DURATION_BUCKETS, *FIRST_TOKEN_BUCKETS)  # fmt: skip
+TOKENS = ("prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens",
+          "reasoning_tokens", "cache_write_5m_tokens", "cache_write_1h_tokens")  # fmt: skip
+SUMS = ("requests", "errors", "cancelled", *TOKENS, "cost", "cache_hits", "cache_misses",
+        "cost_saved", "first_tokens", "duration_histogram", "first_token_histogram")  # fmt: skip
+CACHE_STATES = ("", "", "hit", "semantic", "partial", "miss", "bypass")
 
 on_postgresql = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="concurrent writers need PostgreSQL"
@@ -69,7 +71,11 @@ def varied_rows(count, seed, days=(DAY1, DAY2, DAY3), prefixes=("sk-cp-AAAA", "s
                 total_tokens=prompt + completion,
                 cached_tokens=prompt // 3,
                 reasoning_tokens=completion // 4,
+                cache_write_5m_tokens=prompt // 5,
+                cache_write_1h_tokens=prompt // 7,
                 cost=Decimal(chance.randrange(0, 10**6)) / 10**8,
+                cache=(cache := chance.choice(CACHE_STATES)),
+                cost_saved=Decimal(chance.randrange(0, 10**6)) / 10**8 if cache else 0,
                 duration_ms=chance.choice([0.0, 5.0, 5.5, 999.9, 400_000.0])
                 if index % 7 == 0
                 else chance.lognormvariate(6, 1.5),
@@ -92,7 +98,9 @@ def bucket_of(ms):
 def summed(rows, per):
     """The log rows summed in Python per the fields ``per`` (a day is created_at's UTC
     date): what the rollups must say."""
-    totals = defaultdict(Counter)
+    totals = defaultdict(
+        lambda: Counter(duration_histogram=Counter(), first_token_histogram=Counter())
+    )
     for row in rows:
         facts = {"day": row.created_at.astimezone(datetime.UTC).date()}
         of = tuple(facts[name] if name in facts else getattr(row, name) for name in per)
@@ -100,16 +108,20 @@ def summed(rows, per):
         total["requests"] += 1
         total["errors"] += row.status_code >= 400 or row.error_type != ""
         total["cancelled"] += row.cancelled
-        for name in ("prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens",
-                     "reasoning_tokens"):  # fmt: skip
+        for name in TOKENS:
             total[name] += getattr(row, name)
         total["cost"] += Decimal(row.cost)
+        total["cache_hits"] += row.cache in ("hit", "semantic")
+        total["cache_misses"] += row.cache in ("miss", "partial")
+        total["cost_saved"] += Decimal(row.cost_saved)
         total["duration_ms"] += row.duration_ms
-        total[DURATION_BUCKETS[bucket_of(row.duration_ms)]] += 1
+        total["duration_histogram"][HISTOGRAM_KEYS[bucket_of(row.duration_ms)]] += 1
         if row.time_to_first_token_ms is not None:
             total["first_tokens"] += 1
             total["first_token_ms"] += row.time_to_first_token_ms
-            total[FIRST_TOKEN_BUCKETS[bucket_of(row.time_to_first_token_ms)]] += 1
+            total["first_token_histogram"][
+                HISTOGRAM_KEYS[bucket_of(row.time_to_first_token_ms)]
+            ] += 1
     return totals
 
 
@@ -270,3 +282,26 @@ def test_a_day_rebuilt_while_rows_are_written_counts_each_row_once():
         writer.join()
     assert rebuilt
     assert_rollups_sum_the_log()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_site_upgraded_from_before_the_rollups_gets_them_from_its_log():
+    # Migration 0011 fills the rollups with reconcile(), with the models of its time,
+    # which hold none of the measures added since (cache writes among them).
+    executor = MigrationExecutor(connection)
+    before = [("chatparity", "0010_round3")]
+    executor.migrate(before)
+    old_log = executor.loader.project_state(before).apps.get_model("chatparity", "RequestLog")
+    logged_at = noon(DAY1)
+    old_log.objects.create(request_id="req-old", key_prefix="sk-cp-OLD", status_code=200,
+                           duration_ms=5.0, prompt_tokens=7, cached_tokens=3,
+                           cost=Decimal("0.00000123"))  # fmt: skip
+    old_log.objects.update(created_at=logged_at)
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes())
+    (rollup,) = DailyKeyUsage.objects.all()
+    assert (rollup.day, rollup.requests, rollup.prompt_tokens, rollup.cached_tokens) == (
+        DAY1, 1, 7, 3,
+    )  # fmt: skip
+    assert (rollup.cache_write_5m_tokens, rollup.cache_write_1h_tokens) == (0, 0)
+    assert rollup.cost == Decimal("0.00000123")

@@ -4,6 +4,7 @@ that bills a token for each byte it reads (:mod:`tests.support.metered`), on eve
 and every ``wire_api``; then the rule itself, and a killed worker's requests."""
 
 import asyncio
+from decimal import Decimal
 
 import orjson
 from asgiref.sync import sync_to_async
@@ -67,7 +68,7 @@ class MeteredTestCase:
                 name=f"metered-{wire_api}", kind="openai", base_url=cls.upstream.base_url,
                 secret="sk-metered", timeout=30, options={"wire_api": wire_api, "retries": 0},
             )  # fmt: skip
-            for behaviour in ("answers", "silent", "hangs"):
+            for behaviour in ("answers", "silent", "hangs", "cached-hangs"):
                 ModelAlias.objects.create(
                     public_id=f"{wire_api}-{behaviour}", backend=backend, model=behaviour, max_n=8
                 )
@@ -168,6 +169,36 @@ class HangUpTests(MeteredTestCase, TransactionTestCase):
 
     async def test_a_whole_message_left_while_awaited(self):
         await self.hang_up("messages", "messages", stream=False)
+
+    async def test_a_message_stream_left_keeps_the_cache_reads_announced_and_their_price(self):
+        # Anthropic's message_start says half the prompt was read from its cache: a client
+        # that leaves is charged those tokens as reads, at a tenth of the input price.
+        await ModelAlias.objects.filter(public_id="messages-cached-hangs").aupdate(
+            input_price=3, output_price=15
+        )
+        key, plaintext = await sync_to_async(ApiKey.objects.create_key)("leaves")
+        path, body, first_token = ENDPOINTS["messages"]
+        headers = [("authorization", f"Bearer {plaintext}"), ("content-type", "application/json")]
+        communicator = ApplicationCommunicator(
+            FastPath(get_asgi_application()), http_scope("POST", path, headers)
+        )
+        request = {**body("messages-cached-hangs"), "stream": True}
+        await communicator.send_input({"type": "http.request", "body": orjson.dumps(request)})
+        assert (await communicator.receive_output(timeout=30))["status"] == 200
+        received = b""
+        while first_token not in received:
+            received += (await communicator.receive_output(timeout=30))["body"]
+        await communicator.send_input({"type": "http.disconnect"})
+        await communicator.wait(timeout=10)
+        row = await RequestLog.objects.aget(api_key=key)
+        (sent,) = self.upstream.sent("cached-hangs")
+        read = sent.prompt_tokens // 2
+        assert (row.cancelled, row.prompt_tokens, row.cached_tokens) == (
+            True, sent.prompt_tokens, read,
+        )  # fmt: skip
+        assert row.cost == (
+            (sent.prompt_tokens - read) * 3 + read * Decimal("0.3") + row.completion_tokens * 15
+        ) / Decimal(10**6)
 
     async def test_under_a_plans_owner_budget(self):
         owner = await User.objects.acreate(username="owner")
@@ -296,18 +327,33 @@ class TestSettledUsage:
 
     def test_a_reported_usage_is_what_is_charged(self):
         reported = Usage(120, 7)
-        assert settled_usage(900, [None, 80], reported, 3, answered=True) == reported
+        assert settled_usage(900, [None, Usage(80, 1)], reported, 3, answered=True) == reported
 
     def test_a_request_left_midway_is_charged_each_calls_prompt(self):
         usage = settled_usage(900, [None, None, None], None, 5, answered=True)
         assert (usage.prompt_tokens, usage.completion_tokens, usage.counted) == (2700, 5, True)
 
     def test_the_prompt_an_upstream_announced_stands_for_its_call(self):
-        assert settled_usage(900, [300, None], None, 0, answered=True).prompt_tokens == 1200
+        usage = settled_usage(900, [Usage(300, 1), None], None, 0, answered=True)
+        assert usage.prompt_tokens == 1200
 
     def test_a_backend_that_notes_no_call_made_one_once_it_answered(self):
         assert settled_usage(900, [], None, 2, answered=True).prompt_tokens == 900
         assert settled_usage(900, [], None, 0, answered=False).prompt_tokens == 0
+
+    def test_a_request_left_midway_keeps_the_cache_reads_and_writes_announced(self):
+        # Anthropic's message_start: 300 input tokens, 200 of them read from the cache and
+        # 50 written for an hour; the second call announced nothing.
+        announced = Usage(300, 1, cached_tokens=200, cache_write_1h_tokens=50)
+        usage = settled_usage(900, [announced, None], None, 4, answered=True)
+        assert usage == Usage(1200, 4, cached_tokens=200, cache_write_1h_tokens=50, counted=True)
+
+    def test_a_usage_the_backend_counted_keeps_the_cache_announced(self):
+        announced = Usage(300, 1, cached_tokens=100, cache_write_5m_tokens=20)
+        counted = Usage(400, 5, reasoning_tokens=3, counted=True)
+        assert settled_usage(900, [announced], counted, 5, answered=True) == Usage(
+            400, 5, cached_tokens=100, reasoning_tokens=3, cache_write_5m_tokens=20, counted=True
+        )
 
     def test_a_usage_the_backend_counted_is_never_below_what_was_sent(self):
         counted = Usage(4, 2, counted=True)
@@ -326,6 +372,36 @@ def test_a_killed_workers_request_is_settled_on_its_prompt():
     lines = journal._begin_line(record) + journal._progress_line(record)
     (row,) = journal.interrupted_rows(lines)
     assert (row.prompt_tokens, row.completion_tokens, row.total_tokens) == (8_000, 7, 8_007)
-    assert row.cost == alias.cost_of(8_000, 7)
+    assert row.cost == alias.cost_of(Usage(8_000, 7))
     begun_only = journal.interrupted_rows(journal._begin_line(record))
     assert (begun_only[0].prompt_tokens, begun_only[0].completion_tokens) == (4_000, 0)
+
+
+def test_a_killed_workers_request_keeps_the_cache_its_upstream_announced():
+    messages = Backend(pk=1, name="anthropic", kind="openai", options={"wire_api": "messages"})
+    alias = ModelAlias(public_id="claude", backend=messages, input_price=3, output_price=15)
+    record = UsageRecord(request_id="req-killed", key_prefix="sk-cp-abcd", model_alias=alias)
+    record.alias, record.reserved_prompt = "claude", 20_000
+    record.upstream.sent()
+    record.upstream.announced(Usage(12_345, 1, cached_tokens=10_000, cache_write_5m_tokens=1_500,
+                                    cache_write_1h_tokens=500))  # fmt: skip
+    record.completion_tokens_sent = 678
+    lines = journal._begin_line(record) + journal._progress_line(record)
+    (row,) = journal.interrupted_rows(lines)
+    assert (row.prompt_tokens, row.cached_tokens) == (12_345, 10_000)
+    assert (row.cache_write_5m_tokens, row.cache_write_1h_tokens) == (1_500, 500)
+    # At Anthropic's ratios of the blank cache prices, as the request would have been.
+    assert row.cost == Decimal("0.02283")
+
+
+def test_an_older_journals_rows_are_still_recovered():
+    # Before cache prices: two prices, and each call's prompt as a number.
+    begin = {"begin": "req-old", "at": 1.0, "endpoint": "chat.completions", "api_key_id": None,
+             "key_prefix": "sk-cp-abcd", "alias": "priced", "backend": "up",
+             "upstream_model": "m", "stream": True, "n": 1, "client_ip": None,
+             "user_agent": "", "prompt_tokens": 900, "prices": ["1000", "2000"]}  # fmt: skip
+    progress = {"progress": "req-old", "seen": 2.0, "completion_id": "", "completion_tokens": 3,
+                "prompts": [300, None]}  # fmt: skip
+    (row,) = journal.interrupted_rows(orjson.dumps(begin) + b"\n" + orjson.dumps(progress))
+    assert (row.prompt_tokens, row.completion_tokens) == (1_200, 3)
+    assert row.cost == Decimal("1.206")

@@ -1,9 +1,11 @@
 """aliases/: CRUD, the backend named by its name, public ids unique case-insensitively;
 bad defaults, fallbacks, forwarded parameters or max_n are a 400 on their field."""
 
+import sys
+
 import pytest
 
-from chatparity.models import ApiKey, ModelAlias
+from chatparity.models import ApiKey, Backend, ModelAlias
 from tests.configs import BAD_ALIASES, GOOD_ALIAS
 
 from .helpers import url
@@ -134,3 +136,43 @@ def test_an_update_is_checked_as_the_row_it_makes(admin_client, alias, spare):
     assert "cannot fall back to itself" in itself.json()["fallbacks"][0]
     alias.refresh_from_db()
     assert alias.fallbacks == []
+
+
+def test_fill_prices_sets_the_catalogs_for_the_upstream_model(admin_client, backend):
+    anthropic = Backend.objects.create(name="anthropic", kind="openai",
+                                       base_url="https://api.anthropic.com/v1",
+                                       options={"wire_api": "messages"})  # fmt: skip
+    opus = ModelAlias.objects.create(public_id="opus", model="claude-opus-4-1", backend=anthropic)
+    response = admin_client.post(url("alias-fill-prices", opus.pk))
+    assert response.status_code == 200, response.content
+    prices = ("input_price", "output_price", "cached_input_price", "cache_write_5m_price",
+              "cache_write_1h_price")  # fmt: skip
+    filled = ["15.000000", "75.000000", "1.500000", "18.750000", "30.000000"]
+    assert [response.json()[name] for name in prices] == filled
+    opus.refresh_from_db()
+    assert [str(getattr(opus, name)) for name in prices] == filled
+
+
+def test_fill_prices_of_a_model_the_catalog_does_not_know_is_a_400(admin_client, alias):
+    response = admin_client.post(url("alias-fill-prices", alias.pk))
+    assert response.status_code == 400
+    assert response.json() == {"model": ["The catalog does not know 'SmolLM2'."]}
+
+
+def test_fill_prices_without_the_catalog_is_a_501(admin_client, alias, monkeypatch):
+    monkeypatch.setitem(sys.modules, "genai_prices", None)
+    response = admin_client.post(url("alias-fill-prices", alias.pk))
+    assert response.status_code == 501
+    assert "django-chatparity[prices]" in response.json()["detail"]
+
+
+def test_cache_prices_are_read_and_written_blank_by_default(admin_client, alias):
+    detail = admin_client.get(url("alias-detail", alias.pk)).json()
+    assert (detail["cached_input_price"], detail["cache_write_1h_price"]) == (None, None)
+    body = {"cache_write_5m_price": "3.75"}
+    assert (
+        admin_client.patch(url("alias-detail", alias.pk), body, content_type=JSON).json()[
+            "cache_write_5m_price"
+        ]
+        == "3.750000"
+    )

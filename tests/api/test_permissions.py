@@ -4,7 +4,7 @@ import pytest
 from django.contrib.auth.models import Permission
 from rest_framework.authtoken.models import Token
 
-from chatparity.models import ApiKey, Backend, ModelAlias, StoredResponse
+from chatparity.models import ApiKey, Backend, ModelAlias, Plan, StoredResponse
 from tests.support.logs import logged
 
 from .helpers import url
@@ -24,6 +24,7 @@ NEEDS = [
     ("get", "alias-list", False, "view_modelalias"),
     ("post", "alias-list", False, "add_modelalias"),
     ("get", "alias-detail", True, "view_modelalias"),
+    ("post", "alias-fill-prices", True, "change_modelalias"),
     ("patch", "alias-detail", True, "change_modelalias"),
     ("delete", "alias-detail", True, "delete_modelalias"),
     ("get", "backend-list", False, "view_backend"),
@@ -31,6 +32,11 @@ NEEDS = [
     ("get", "backend-detail", True, "view_backend"),
     ("patch", "backend-detail", True, "change_backend"),
     ("delete", "backend-detail", True, "delete_backend"),
+    ("get", "plan-list", False, "view_plan"),
+    ("post", "plan-list", False, "add_plan"),
+    ("get", "plan-detail", True, "view_plan"),
+    ("patch", "plan-detail", True, "change_plan"),
+    ("delete", "plan-detail", True, "delete_plan"),
     ("get", "log-list", False, "view_requestlog"),
     ("get", "log-detail", True, "view_requestlog"),
     ("get", "usage", False, "view_requestlog"),
@@ -46,6 +52,8 @@ BODIES = {
     "key-detail": {"name": "renamed"},
     "alias-detail": {"model": "renamed"},
     "backend-detail": {"timeout": 5},
+    "plan-list": {"name": "new"},
+    "plan-detail": {"priority": 5},
 }
 ALL = sorted({codename for *_, codename in NEEDS})
 
@@ -55,13 +63,14 @@ def rows():
     """One row of each model, by url name prefix; the backend "spare" is unused."""
     spare = Backend.objects.create(name="spare", kind="local")
     backend = Backend.objects.create(name="unused", kind="local")
-    alias = ModelAlias.objects.create(public_id="unused", backend=spare)
+    alias = ModelAlias.objects.create(public_id="unused", backend=spare, model="claude-opus-4-1")
     key, _ = ApiKey.objects.create_key("k")
     response = StoredResponse.objects.create(
         id="resp_1", api_key=key, model="m", status="completed", response={}
     )
     return {
         "key": key, "alias": alias, "backend": backend, "log": logged(), "response": response,
+        "plan": Plan.objects.create(name="starter"),
     }  # fmt: skip
 
 

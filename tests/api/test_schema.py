@@ -9,6 +9,7 @@ from .helpers import url
 PATHS = {
     "/api/keys/", "/api/keys/{id}/", "/api/keys/{id}/revoke/", "/api/keys/{id}/reactivate/",
     "/api/aliases/", "/api/aliases/{id}/", "/api/backends/", "/api/backends/{id}/",
+    "/api/plans/", "/api/plans/{id}/",
     "/api/logs/", "/api/logs/{id}/", "/api/usage/", "/api/usage/latency/", "/api/responses/",
     "/api/responses/{id}/",
 }  # fmt: skip
@@ -20,6 +21,16 @@ def test_schema_endpoint_lists_the_paths(admin_client):
     document = response.json()
     assert document["openapi"].startswith("3.")
     assert set(document["paths"]) >= PATHS
+
+
+def test_schema_documents_a_plans_members_by_id_and_name(admin_client):
+    document = admin_client.get(url("schema"), {"format": "json"}).json()
+    plan = document["components"]["schemas"]["Plan"]["properties"]
+    assert plan["users"]["items"]["type"] == "integer"
+    assert plan["groups"]["items"]["type"] == "string"
+    assert plan["allowed_aliases"]["items"]["type"] == "string"
+    assert {"get", "post"} <= set(document["paths"]["/api/plans/"])
+    assert {"get", "put", "patch", "delete"} <= set(document["paths"]["/api/plans/{id}/"])
 
 
 def test_schema_documents_the_write_only_secret_and_the_log_filters(admin_client):

@@ -3,7 +3,7 @@ added to, changed nor deleted by anyone, superusers included."""
 
 from django.contrib.auth.models import Permission, User
 from django.core.checks import run_checks
-from django.test import TestCase
+from django.test import Client, TestCase
 
 from chatparity.audit.models import AuditEntry
 from chatparity.models import Plan
@@ -70,3 +70,22 @@ def test_the_middleware_is_required(settings):
 
 def test_with_the_middleware_no_error():
     assert "chatparity_audit.E001" not in {message.id for message in run_checks()}
+
+
+class AuditListTests(TestCase):
+    def test_each_entry_says_when_who_from_where_and_what_changed(self):
+        admin = User.objects.create_superuser("root")
+        client = Client(REMOTE_ADDR="203.0.113.7")
+        client.force_login(admin)
+        client.post("/admin/chatparity/plan/add/", {
+            "name": "pro <b>", "priority": "0", "all_aliases": "on", "budget_period": "month",
+            "owner_budget_period": "month",
+        })  # fmt: skip
+        response = client.get(CHANGELIST)
+        assert response.context["cl"].list_display == ["time", "who", "change"]
+        html = response.content.decode()
+        assert (
+            '<td class="field-who">root<div class="chatparity-muted">admin · 203.0.113.7</div></td>'
+            in html
+        )
+        assert '<td class="field-change">created plan: pro &lt;b&gt;</td>' in html

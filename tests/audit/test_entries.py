@@ -3,14 +3,17 @@ whichever part of the site made it (the admin, the management API, the portal, a
 management command, code), with who, from where, and each field before and after;
 never a secret."""
 
+import contextlib
 import json
 from decimal import Decimal
 from io import StringIO
 
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import Group, User, update_last_login
 from django.core.management import call_command
 from django.db import transaction
+from django.db.models import F
 from django.test import Client, TestCase
+from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from chatparity.audit.models import AuditEntry
@@ -274,3 +277,144 @@ class SecretTests(AuditTestCase):
         text = self.all_entries_text()
         assert plaintext not in text
         assert key.hashed_key not in text
+
+
+class BulkChangeTests(AuditTestCase):
+    """A queryset's update() and delete() on keys, aliases, backends and plans leave an
+    entry for each row they change, as save() and delete() do."""
+
+    def test_a_revoke_by_update_leaves_an_entry(self):
+        key, _ = ApiKey.objects.create_key("laptop")
+        assert ApiKey.objects.filter(pk=key.pk).update(is_active=False) == 1
+        entry = entries(key)[-1]
+        assert (entry.action, entry.source, entry.object_repr) == ("update", "code", str(key))
+        assert entry.changes == {"is_active": {"before": True, "after": False}}
+
+    def test_an_entry_for_each_row_changed_and_none_for_one_already_so(self):
+        on = [Backend.objects.create(name=f"on{n}", kind="local") for n in range(2)]
+        off = Backend.objects.create(name="off", kind="local", enabled=False)
+        assert Backend.objects.filter(name__in=["on0", "on1", "off"]).update(enabled=False) == 3
+        for backend in on:
+            assert entries(backend)[-1].changes == {"enabled": {"before": True, "after": False}}
+        assert len(entries(off)) == 1  # its creation only
+
+    def test_an_expression_is_recorded_as_the_values_it_gave(self):
+        plan = Plan.objects.create(name="pro", priority=3)
+        Plan.objects.update(priority=F("priority") + 2)
+        assert entries(plan)[-1].changes == {"priority": {"before": 3, "after": 5}}
+
+    def test_bulk_update_and_an_update_through_a_related_manager(self):
+        owner = User.objects.create_user("erin")
+        key, _ = ApiKey.objects.create_key("erins", owner=owner)
+        owner.apikey_set.update(requests_per_minute=60)
+        self.alias.description = "small"
+        ModelAlias.objects.bulk_update([self.alias], ["description"])
+        assert entries(key)[-1].changes == {"requests_per_minute": {"before": None, "after": 60}}
+        assert entries(self.alias)[-1].changes == {"description": {"before": "", "after": "small"}}
+
+    def test_a_secret_set_by_update_is_never_shown(self):
+        Backend.objects.filter(pk=self.backend.pk).update(secret=SECRET)
+        assert entries(self.backend)[-1].changes == {"secret": {"before": "", "after": "(secret)"}}
+        assert SECRET not in json.dumps(list(AuditEntry.objects.values()), default=str)
+
+    def test_an_update_rolled_back_leaves_no_entry(self):
+        before = AuditEntry.objects.count()
+        with contextlib.suppress(RuntimeError), transaction.atomic():
+            ModelAlias.objects.update(enabled=False)
+            raise RuntimeError
+        assert AuditEntry.objects.count() == before
+
+    def test_stamping_a_key_as_used_is_no_change_and_costs_no_query(self):
+        # The log writer stamps last_used_at with update(): one statement, as before.
+        key, _ = ApiKey.objects.create_key("laptop")
+        with self.assertNumQueries(1):
+            ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())
+        assert len(entries(key)) == 1
+
+    def test_a_queryset_delete_leaves_an_entry_for_each_row(self):
+        keys = [ApiKey.objects.create_key(f"k{n}")[0] for n in range(2)]
+        ApiKey.objects.filter(pk__in=[key.pk for key in keys]).delete()
+        for key in keys:
+            assert entries(key)[-1].action == "delete"
+            assert entries(key)[-1].changes["name"] == {"before": key.name, "after": None}
+
+
+class UserAccessTests(AuditTestCase):
+    """What gives a user access or takes it away: their groups (a plan, the portal's
+    permission) and whether they may sign in; nothing else of theirs."""
+
+    def test_a_user_who_joins_a_plan_giving_group_leaves_an_entry(self):
+        plan = Plan.objects.create(name="team plan")
+        team = Group.objects.create(name="team")
+        team.chatparity_plans.add(plan)
+        erin = User.objects.create_user("erin")
+        assert Plan.objects.for_owner(erin.pk) is None
+        erin.groups.add(team)
+        assert Plan.objects.for_owner(erin.pk) == plan
+        (entry,) = entries(erin)
+        assert (entry.action, entry.object_repr) == ("update", "erin")
+        assert entry.changes == {"groups": {"before": [], "after": ["team"]}}
+
+    def test_from_the_groups_side_too(self):
+        team = Group.objects.create(name="team")
+        erin, frank = User.objects.create_user("erin"), User.objects.create_user("frank")
+        team.user_set.add(erin, frank)
+        team.user_set.remove(frank)
+        team.user_set.clear()
+        assert [e.changes["groups"] for e in entries(erin)] == [
+            {"before": [], "after": ["team"]},
+            {"before": ["team"], "after": []},
+        ]
+        assert [e.changes["groups"] for e in entries(frank)] == [
+            {"before": [], "after": ["team"]},
+            {"before": ["team"], "after": []},
+        ]
+
+    def test_in_the_admin_with_who_did_it(self):
+        team = Group.objects.create(name="team")
+        erin = User.objects.create_user("erin")
+        client = Client(REMOTE_ADDR="203.0.113.9")
+        client.force_login(self.admin)
+        form = {
+            "username": "erin", "is_active": "on", "groups": [team.pk],
+            "date_joined_0": "2025-01-01", "date_joined_1": "00:00:00",
+        }  # fmt: skip
+        assert client.post(f"/admin/auth/user/{erin.pk}/change/", form).status_code == 302
+        (entry,) = entries(erin)
+        assert (entry.source, entry.actor_name, entry.ip) == ("admin", "root", "203.0.113.9")
+        assert entry.changes == {"groups": {"before": [], "after": ["team"]}}
+
+    def test_deactivating_and_reactivating_a_user(self):
+        erin = User.objects.create_user("erin")
+        erin.is_active = False
+        erin.save()
+        erin.is_active = True
+        erin.save(update_fields=["is_active"])
+        assert [e.changes for e in entries(erin)] == [
+            {"is_active": {"before": True, "after": False}},
+            {"is_active": {"before": False, "after": True}},
+        ]
+
+    def test_deleting_a_group_records_what_its_members_lost(self):
+        team = Group.objects.create(name="team")
+        erin = User.objects.create_user("erin")
+        erin.groups.add(team)
+        team.delete()
+        assert entries(erin)[-1].changes == {"groups": {"before": ["team"], "after": []}}
+
+    def test_a_users_creation_sign_in_and_other_changes_leave_none(self):
+        erin = User.objects.create_user("erin", password="pw")
+        erin.first_name = "Erin"
+        erin.save()
+        with self.assertNumQueries(1):  # the last login stamped: nothing read before it
+            update_last_login(None, erin)
+        assert entries(erin) == []
+
+    def test_the_admin_filters_entries_about_users(self):
+        erin = User.objects.create_user("erin")
+        erin.groups.add(Group.objects.create(name="team"))
+        client = Client()
+        client.force_login(self.admin)
+        listing = client.get("/admin/chatparity_audit/auditentry/", {"type": "user"})
+        assert listing.status_code == 200
+        assert list(listing.context["cl"].result_list) == entries(erin)

@@ -1,17 +1,22 @@
 """The embedded llama.cpp backend, on the real SmolLM2 model."""
 
 import asyncio
+import ctypes
 import json
 import re
 import sys
 import threading
+from dataclasses import replace
 from unittest import mock
 
 import jsonschema
+import numpy as np
 import pytest
+from llama_cpp import Llama
 
 from chatparity.backends.base import BackendConfig, current_caller
 from chatparity.backends.local import SMOLLM2_PACKAGE, LocalBackend, smollm2_model_path
+from chatparity.backends.prompt_cache import BLOCK_TOKENS, common_prefix
 from chatparity.protocol.completion import CompletionAccumulator
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
@@ -579,3 +584,193 @@ def test_a_tools_parameters_past_the_local_bounds_are_a_400_naming_the_tool(back
         "tools[1].function.parameters",
         "invalid_function_parameters",
     )
+
+
+# Prompt reuse: a prompt that starts as one its caller sent before evaluates only what
+# follows, whatever ran on the context since (the prompt cache), and says how much it reused.
+
+BOXES = " ".join(
+    f"Item {number} is a {('red', 'blue', 'green')[number % 3]} box." for number in range(40)
+)
+
+
+def session(topic, boxes=BOXES):
+    """The first turn of a session: a system prompt of its own spanning several blocks."""
+    return [Message("system", f"{topic}. {boxes}"), Message("user", "What colour is item 7?")]
+
+
+def chat(messages, **fields):
+    fields.setdefault("temperature", 0)
+    fields.setdefault("max_tokens", 12)
+    return ChatRequest(model="smollm2", messages=messages, body={}, **fields)
+
+
+def next_turn(request, answer, question, **fields):
+    messages = [*request.messages, Message("assistant", answer), Message("user", question)]
+    return chat(messages, temperature=request.temperature, seed=request.seed, **fields)
+
+
+def turn(backend, request, caller):
+    """The events ``request`` streams when ``caller`` (an API key) asks it."""
+
+    async def collect():
+        current_caller.set(caller)
+        return [event async for event in backend.stream(request, "x")]
+
+    return asyncio.run(collect())
+
+
+def tokens_of(backend, request):
+    local = asyncio.run(backend.model())
+    return np.asarray(local.tokenize(local.prompt(request)), dtype=np.intc)
+
+
+def saved_by(backend, caller):
+    return [saved for saved in backend._model.prompt_cache.saved() if saved.owner == caller]
+
+
+@pytest.fixture(scope="module")
+def one_context():
+    """A model with one context: once another prompt ran on it, a caller's next turn
+    comes from the prompt cache."""
+    return LocalBackend(BackendConfig(name="one", kind="local", options={"contexts": 1}))
+
+
+def test_a_sessions_next_turn_evaluates_only_what_is_new_and_says_the_rest_was_cached(backend):
+    first = chat(session("Boxes in a shed"), temperature=0.8)
+    events = turn(backend, first, "session")
+    assert events[-1].cached_tokens == 0
+    second = next_turn(first, text_of(events), "And item 8?")
+    usage = turn(backend, second, "session")[-1]
+    assert events[-1].prompt_tokens <= usage.cached_tokens < usage.prompt_tokens
+
+
+def test_interleaved_sessions_each_reuse_their_own_prompt_and_no_more(one_context):
+    shed, attic = (
+        chat(session("Boxes in a shed"), temperature=0.8),
+        chat(session("Boxes in an attic"), temperature=0.8),
+    )
+    shed_first, attic_first = turn(one_context, shed, "two"), turn(one_context, attic, "two")
+    # The attic shares the chat template's opening with the shed, and only that.
+    shared = common_prefix(tokens_of(one_context, shed), tokens_of(one_context, attic))
+    assert attic_first[-1].cached_tokens == shared < 10
+    for request, first in ((shed, shed_first), (attic, attic_first)):
+        usage = turn(one_context, next_turn(request, text_of(first), "And item 8?"), "two")[-1]
+        assert first[-1].prompt_tokens <= usage.cached_tokens < usage.prompt_tokens
+
+
+def test_a_prompt_differing_in_one_token_in_the_middle_reuses_only_up_to_that_token(one_context):
+    original = chat(session("Boxes in a barn"), temperature=0.8)
+    changed = chat(session("Boxes in a barn", BOXES.replace("Item 20 is", "Item 20 was")))
+    turn(one_context, original, "middle")
+    turn(one_context, chat(session("Something else entirely")), "middle")  # the context moves on
+    common = common_prefix(tokens_of(one_context, original), tokens_of(one_context, changed))
+    assert 100 < common < len(tokens_of(one_context, original)) - 100
+    sampled = turn(one_context, replace(changed, temperature=0.8), "middle")
+    assert sampled[-1].cached_tokens == common
+    greedy, cold = turn(one_context, changed, "middle"), turn(one_context, changed, "middle-cold")
+    assert greedy[-1].cached_tokens == common // BLOCK_TOKENS * BLOCK_TOKENS
+    assert cold[-1].cached_tokens == 0
+    assert text_of(greedy) == text_of(cold)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [{"temperature": 0}, {"temperature": 1.0, "seed": 11}],
+    ids=["greedy", "seeded"],
+)
+def test_a_reproducible_request_reusing_a_prompt_answers_as_evaluated_from_nothing(
+    one_context, sampling
+):
+    caller, cold_caller = f"exact {sampling}", f"cold {sampling}"
+    first = chat(session("Boxes in a cellar"), **sampling)
+    answer = text_of(turn(one_context, first, caller))
+    turn(one_context, chat(session("Something else entirely")), caller)
+    second = next_turn(first, answer, "And item 8?", logprobs=True, top_logprobs=3)
+    reused, cold = turn(one_context, second, caller), turn(one_context, second, cold_caller)
+    assert reused[-1].cached_tokens > 0
+    assert reused[-1].cached_tokens % BLOCK_TOKENS == 0
+    assert cold[-1].cached_tokens == 0
+    # The same text, and every logprob the same to the last bit.
+    assert [e for e in reused if isinstance(e, TextDelta)] == [
+        e for e in cold if isinstance(e, TextDelta)
+    ]
+
+
+def test_another_caller_never_reuses_a_prompt_it_did_not_send(one_context):
+    request = chat(session("Boxes in a van"))
+    turn(one_context, request, "alice")
+    assert turn(one_context, request, "bob")[-1].cached_tokens == 0
+    assert turn(one_context, request, "alice")[-1].cached_tokens > 0
+
+
+def test_a_saved_prompt_llama_cpp_refuses_is_dropped_and_the_prompt_evaluated_whole(one_context):
+    request = chat(session("Boxes on a boat"))
+    answer = text_of(turn(one_context, request, "refused"))
+    turn(one_context, chat(session("Something else entirely")), "refused")
+    (kept,) = [
+        saved
+        for saved in saved_by(one_context, "refused")
+        if common_prefix(saved.tokens, tokens_of(one_context, request)) > 100
+    ]
+    ctypes.memset(kept.state, 0xFF, len(kept.state))  # no longer a state llama.cpp reads
+    again = turn(one_context, request, "refused")
+    assert again[-1].cached_tokens == 0
+    assert text_of(again) == answer
+    assert kept not in one_context._model.prompt_cache.saved()
+
+
+def test_a_choice_failing_midway_leaves_nothing_of_its_context_to_reuse(one_context, monkeypatch):
+    request = chat(session("Boxes in a lorry"))
+    evaluate, third_token_at = Llama.eval, len(tokens_of(one_context, request)) + 2
+
+    def fail_on_the_third_token(llama, tokens):
+        if len(tokens) == 1 and llama.n_tokens == third_token_at:
+            raise RuntimeError("llama_decode returned -3")
+        evaluate(llama, tokens)
+
+    monkeypatch.setattr(Llama, "eval", fail_on_the_third_token)
+    with pytest.raises(APIError) as failed:
+        turn(one_context, request, "failing")
+    assert failed.value.status == 500
+    monkeypatch.undo()
+    assert saved_by(one_context, "failing") == []
+    assert turn(one_context, request, "failing")[-1].cached_tokens == 0
+
+
+def test_past_its_budget_the_prompt_cache_drops_the_oldest_and_stays_within_it(backend):
+    prompts = [chat(session(f"Shelf {shelf}", BOXES[:300])) for shelf in "ABCD"]
+    turn(backend, prompts[0], "budget")
+    (one,) = saved_by(backend, "budget")
+    budget = one.size * 5 // 2  # room for two such prompts with their answers, not three
+    small = LocalBackend(
+        BackendConfig(
+            name="small", kind="local", options={"contexts": 1, "prompt_cache_bytes": budget}
+        )
+    )
+    for request in prompts:
+        turn(small, request, "budget")
+        assert 0 < small._model.prompt_cache.size <= budget
+    kept = small._model.prompt_cache.saved()
+    assert len(kept) == 2
+    for saved, request in zip(kept, prompts[2:], strict=True):
+        prompt = tokens_of(small, request)
+        assert common_prefix(saved.tokens, prompt) == len(prompt)
+    # The first shelf's state is gone: only what it shares with those kept is reused.
+    first = tokens_of(small, prompts[0])
+    shared = max(common_prefix(saved.tokens, first) for saved in kept)
+    again = turn(small, replace(prompts[0], temperature=0.8), "budget")
+    assert again[-1].cached_tokens == shared < 20
+
+
+def test_with_no_budget_a_context_reuses_its_callers_last_prompt_only():
+    unkept = LocalBackend(
+        BackendConfig(name="unkept", kind="local", options={"contexts": 1, "prompt_cache_bytes": 0})
+    )
+    shed = chat(session("Boxes in a shed"), temperature=0.8)
+    first = turn(unkept, shed, "unkept")
+    again = turn(unkept, shed, "unkept")
+    assert again[-1].cached_tokens == first[-1].prompt_tokens - 1
+    turn(unkept, chat(session("Boxes in an attic"), temperature=0.8), "unkept")
+    assert turn(unkept, shed, "unkept")[-1].cached_tokens < 10
+    assert unkept._model.prompt_cache.saved() == []

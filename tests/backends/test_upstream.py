@@ -65,8 +65,9 @@ UNFORWARDED = {
     "modalities": ["text"],
     "user": "u-1",
     "safety_identifier": "s-1",
-    "prompt_cache_key": "k-1",
 }
+# What finds an agent's cached prefix: forwarded, else its input is billed in full.
+PROMPT_CACHE = {"prompt_cache_key": "session-1", "prompt_cache_retention": "24h"}
 SAMPLING = {
     "temperature": 0.5,
     "top_p": 0.9,
@@ -94,6 +95,13 @@ class AllowListTests(UpstreamTestCase):
         sent = self.upstream.bodies["whole"]
         assert sent.keys() == {"model", "messages", "stream", *SAMPLING}
         assert {name: sent[name] for name in SAMPLING} == SAMPLING
+
+    async def test_the_prompt_caches_parameters_reach_it(self):
+        assert (await self.ask("whole", **PROMPT_CACHE)).status_code == 200
+        assert self.upstream.bodies["whole"].items() >= PROMPT_CACHE.items()
+        options = {"prompt_cache_options": {"mode": "explicit", "ttl": "30m"}}
+        assert (await self.post("up-whole", **options)).status_code == 200
+        assert self.upstream.bodies["whole"].items() >= options.items()
 
     async def test_tools_and_formats_reach_it(self):
         tool = {"type": "function", "function": {"name": "get_weather"}}

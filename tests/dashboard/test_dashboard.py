@@ -2,6 +2,7 @@
 
 import datetime
 import re
+from decimal import Decimal
 
 import pytest
 from django.contrib.auth.models import Permission
@@ -70,11 +71,12 @@ def test_page_is_an_admin_page_with_title_and_breadcrumbs(admin_client):
     assert response.context["site_header"]  # each_context of the admin site
 
 
-def test_per_key_table_counts_requests_tokens_and_errors(admin_client):
+def test_per_key_table_counts_requests_tokens_errors_cache_reads_and_cost(admin_client):
     alpha, _ = ApiKey.objects.create_key("alpha")
     beta, _ = ApiKey.objects.create_key("beta")
     for tokens in (10, 20, 30):
-        log(key=alpha, total_tokens=tokens)
+        log(key=alpha, total_tokens=tokens, prompt_tokens=tokens, cached_tokens=tokens // 2,
+            cost=Decimal("0.00012345"))  # fmt: skip
     log(key=alpha, status_code=500, error_type="server_error")
     log(days_ago(1), key=beta, total_tokens=7)
     log(key_prefix="cp-gone", total_tokens=1)  # a deleted key keeps its prefix
@@ -83,26 +85,47 @@ def test_per_key_table_counts_requests_tokens_and_errors(admin_client):
         response,
         f'<tr class="key-row" data-key-prefix="{alpha.prefix}"><td>alpha</td>'
         f'<td><code>{alpha.prefix}…</code></td><td class="num">4</td><td class="num">60</td>'
-        '<td class="num">1</td></tr>',
+        '<td class="num">1</td><td class="num" data-cache-read-share>50.0%</td>'
+        '<td class="num" data-cost="0.00037035">0.0004</td></tr>',
         html=True,
     )
     assertContains(
         response,
         f'<tr class="key-row" data-key-prefix="{beta.prefix}"><td>beta</td>'
         f'<td><code>{beta.prefix}…</code></td><td class="num">1</td><td class="num">7</td>'
-        '<td class="num">0</td></tr>',
-        html=True,
+        '<td class="num">0</td><td class="num" data-cache-read-share>—</td>',
     )
     assertContains(response, 'data-key-prefix="cp-gone"')
     assert totals(response) == {
         "requests": "6", "tokens": "68", "errors": "1", "error-rate": "16.7%",
+        "cost": "$0.0004", "cache-read-share": "50.0%",
     }  # fmt: skip
+    assertContains(response, 'data-cost="0.00037035" data-total="cost"')
+
+
+def test_prompt_caching_per_alias_reads_writes_share_and_cost(admin_client):
+    log(alias="claude", prompt_tokens=1000, cached_tokens=900, cache_write_5m_tokens=40,
+        cache_write_1h_tokens=60, cost=Decimal("0.00123"))  # fmt: skip
+    log(alias="claude", prompt_tokens=1000, cache_write_1h_tokens=1000, cost=Decimal("0.006"))
+    log(alias="smollm2", prompt_tokens=50)
+    response = admin_client.get(URL)
+    html = response.content.decode()
+    table = re.search(r'<table id="caching-by-alias".*?</table>', html, re.S).group(0)
+    rows = [
+        [re.sub(r"<[^>]+>", "", cell) for cell in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        for row in re.findall(r"<tr class=\"alias-row\".*?</tr>", table)
+    ]
+    assert rows == [
+        ["claude", "2000", "900", "40", "1060", "45.0%", "0.0072"],
+        ["smollm2", "50", "0", "0", "0", "0.0%", "0.0000"],
+    ]
+    assert 'data-cost="0.00723000"' in table
 
 
 def test_latency_percentiles_and_error_rates_per_alias(admin_client):
-    """Percentiles from the rollups' histograms: exact where the values fill their
-    buckets evenly (1 to 20 ms), else placed within the bucket (the p95 of 2 to 40 ms
-    falls on 38 ms, in the bucket (30, 50], and reads 46)."""
+    """Percentiles from the rollups' histograms, each within 10% of the true value:
+    the p95 of 2 to 40 ms falls on 38 ms, in the bucket (36, 43], and reads 39; the p95
+    of 1 and 3 seconds on 3,000 ms, in (2,700, 3,000], and reads 2,850."""
     for ms in range(1, 21):
         log(alias="fast", duration_ms=float(ms), time_to_first_token_ms=2.0 * ms)
     log(alias="slow", duration_ms=1000.0)
@@ -112,19 +135,40 @@ def test_latency_percentiles_and_error_rates_per_alias(admin_client):
         response,
         '<tr class="alias-row" data-alias="fast"><td>fast</td><td class="num">20</td>'
         '<td class="num">0.0%</td><td class="num">10</td><td class="num">19</td>'
-        '<td class="num">20</td><td class="num">46</td></tr>',
+        '<td class="num">19</td><td class="num">39</td></tr>',
         html=True,
     )
     assertContains(
         response,
         '<tr class="alias-row" data-alias="slow"><td>slow</td><td class="num">2</td>'
-        '<td class="num">50.0%</td><td class="num">1000</td><td class="num">3000</td>'
+        '<td class="num">50.0%</td><td class="num">930</td><td class="num">2850</td>'
         '<td class="num">—</td><td class="num">—</td></tr>',
         html=True,
     )
     assert totals(response)["error-rate"] == "4.5%"  # 1 of 22
     latency = chart(response, "latency-by-alias")
-    assert 'data-series="p95 latency" data-category="slow" data-value="3000"' in latency
+    assert 'data-series="p95 latency" data-category="slow" data-value="2850"' in latency
+
+
+def test_the_response_cache_s_hit_rate_and_savings_per_alias(admin_client):
+    """Hits (semantic ones too) over lookups (misses, partial hits); requests that passed
+    it by, or whose alias has none, are not lookups."""
+    for cache in ("hit", "semantic", "miss", "partial", "bypass"):
+        log(alias="cached", cache=cache, cost_saved="0.25" if cache != "miss" else "0")
+    log(alias="uncached")
+    response = admin_client.get(URL)
+    assertContains(
+        response,
+        '<tr class="cache-row" data-alias="cached"><td>cached</td><td class="num">2</td>'
+        '<td class="num">2</td><td class="num">50.0%</td><td class="num">1.0000</td></tr>',
+        html=True,
+    )
+    assertNotContains(response, '<tr class="cache-row" data-alias="uncached">')
+
+
+def test_no_response_cache_no_table(admin_client):
+    log(alias="uncached")
+    assertNotContains(admin_client.get(URL), 'id="cache-by-alias"')
 
 
 def test_each_aliass_requests_are_split_by_the_deployment_that_served_them(admin_client):

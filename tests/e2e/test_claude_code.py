@@ -13,6 +13,7 @@ import pytest
 
 from tests.e2e.conftest import ROOT
 from tests.scripted import Call, ScriptedUpstream
+from tests.support.prompt_cache import CachingUpstream, markers
 
 pytestmark = pytest.mark.e2e
 
@@ -136,7 +137,7 @@ def test_claude_code_through_an_upstream_that_speaks_the_messages_api(
     assert (path, headers["anthropic-version"]) == ("/v1/messages", "2023-06-01")
     first, last = upstream.requests
     assert {"Read", "Bash"} <= {tool["name"] for tool in first["tools"]}
-    assert isinstance(first["system"], str)
+    assert any("cache_control" in block for block in first["system"]), "its markers, as sent"
     results = [
         block
         for turn in last["messages"]
@@ -145,4 +146,32 @@ def test_claude_code_through_an_upstream_that_speaks_the_messages_api(
         if block["type"] == "tool_result"
     ]
     assert "water the plants" in results[-1]["content"]
+    assert_logged(daphne_server)
+
+
+def test_claude_codes_second_turn_reads_the_prompt_cache(claude, daphne_server, task, tmp_path):
+    """Through chatparity to an upstream that caches prompts as Anthropic does: Claude
+    Code's markers reach it, and its second request reads what the first wrote."""
+    caching = CachingUpstream(
+        {
+            "scripted-model": [
+                Call("Read", {"file_path": str(task / "task.txt")}),
+                "The task says: water the plants.",
+            ]
+        }
+    )
+    try:
+        scripted_alias(daphne_server, caching, "messages")
+        finished = print_mode(claude, daphne_server, task, tmp_path)
+    finally:
+        caching.close()
+    assert finished.stdout.strip() == "The task says: water the plants."
+    first, second = caching.requests
+    assert list(markers(first)), "Claude Code marks its prompt"
+    assert list(markers(second)), "and moves its marker on"
+    wrote, read = caching.reported
+    assert wrote["cache_creation_input_tokens"] > 0
+    assert read["cache_read_input_tokens"] >= wrote["cache_creation_input_tokens"] // 2
+    rows = daphne_server.written_rows(alias=ALIAS)[-2:]
+    assert [row["cached_tokens"] for row in rows] == [0, read["cache_read_input_tokens"]]
     assert_logged(daphne_server)

@@ -150,3 +150,30 @@ def test_llama_cpp_server_fails_with_its_real_defects(llama_cpp_server):
         "cors.preflight",  # it lets every origin's pages call it
         "cors.response",
     }
+
+
+def test_every_check_passes_again_on_answers_from_the_response_cache(daphne_server):
+    """The whole suite twice on an alias that keeps every answer (the example project's
+    response cache, in its memory): the second run is answered from the cache, stream
+    or object whichever form filled each entry, and passes every check."""
+    daphne_server.manage(
+        "shell",
+        "-c",
+        "from chatparity.models import Backend, ModelAlias;"
+        " local = ModelAlias.objects.get(public_id='smollm2');"
+        " ModelAlias.objects.create(public_id='smollm2-cached', backend=local.backend,"
+        " model=local.model, response_cache={'enabled': True, 'nonreproducible': True,"
+        " 'tool_calls': True})",
+    )
+    daphne_server.wait_for_models("smollm2-cached")
+    arguments = [daphne_server.base_url, "--key", daphne_server.key, "--model", "smollm2-cached"]
+    for _ in range(2):
+        out = StringIO()
+        call_command("chatparity_conformance", *arguments, "--skip", "embeddings", stdout=out)
+    table = out.getvalue()
+    print(table)
+    assert table.splitlines()[-1].endswith(" passed, 0 failed")
+    hits = daphne_server.written_rows(alias="smollm2-cached", cache="hit")
+    rows = daphne_server.log_rows(alias="smollm2-cached")
+    print(f"{len(hits)} of {len(rows)} rows of the two runs answered from the cache")
+    assert len(hits) >= 20  # every answer the first run kept was read again

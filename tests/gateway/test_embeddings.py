@@ -18,19 +18,13 @@ from chatparity.backends.embedder import MODEL_PACKAGE
 from chatparity.models import ApiKey, Backend, Endpoint, ModelAlias, RequestLog
 from chatparity.protocol.embeddings import floats
 from tests.asgi import FastPathTestCase
-from tests.scripted import SCRIPTED, ScriptedUpstream, scripted_vector
+from tests.scripted import SCRIPTED, WithScriptedUpstream, scripted_vector
 
 SETTINGS = {**SCRIPTED, "FIRST_BYTE_TIMEOUT": 5}
 
 
 @override_settings(CHATPARITY=SETTINGS)
-class EmbeddingsTestCase(FastPathTestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.upstream = ScriptedUpstream()
-        super().setUpClass()
-        cls.addClassCleanup(cls.upstream.close)
-
+class EmbeddingsTestCase(WithScriptedUpstream, FastPathTestCase):
     @classmethod
     def setUpTestData(cls):
         super().setUpTestData()
@@ -216,6 +210,17 @@ class UpstreamTests(EmbeddingsTestCase):
             assert item["embedding"] == pytest.approx(scripted_vector(text, 4), rel=1e-6)
         assert self.upstream.requests[-1]["model"] == "text-embedding"
         assert answer["model"] == "up-embed"
+
+    async def test_user_goes_upstream_only_when_the_alias_forwards_it(self):
+        status, _, answer = await self.embed(model="up-embed", input="a", user="u-1")
+        assert status == 200, answer
+        assert "user" not in self.upstream.requests[-1]
+        alias = await ModelAlias.objects.aget(public_id="up-embed")
+        alias.forwarded_params = ["user"]
+        await alias.asave(update_fields=["forwarded_params"])  # as the admin saves it
+        status, _, answer = await self.embed(model="up-embed", input="a", user="u-1")
+        assert status == 200, answer
+        assert self.upstream.requests[-1]["user"] == "u-1"
 
     async def test_a_malformed_upstream_falls_back_to_the_embedded_model(self):
         status, _, answer = await self.embed(model="up-failing", input="hello")

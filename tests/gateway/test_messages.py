@@ -256,6 +256,18 @@ class ErrorTests(MessagesTestCase):
             == "messages.0.content.0.type: 'image' content blocks are not supported by this server."
         )
 
+    async def test_a_fifth_cache_breakpoint_is_refused_as_anthropic_refuses_it(self):
+        marked = {"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}}
+        body = {
+            "model": "echo",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": [marked] * 5}],
+        }
+        message, headers = await self.assert_error(400, "invalid_request_error", body=body)
+        assert message == "A maximum of 4 blocks with cache_control may be provided. Found 5."
+        row = await RequestLog.objects.aget(request_id=headers["request-id"])
+        assert (row.endpoint, row.status_code) == ("messages", 400)
+
     async def test_a_body_too_large_is_request_too_large(self):
         with override_settings(CHATPARITY={**SETTINGS, "MAX_BODY_BYTES": 100}):
             body = {
@@ -316,6 +328,28 @@ class CountTokensTests(MessagesTestCase):
         status, _, content = await self.post("/v1/messages/count_tokens", body)
         assert status == 200
         assert orjson.loads(content)["input_tokens"] > 540_000 // 4
+
+    async def test_cache_markers_change_no_count(self):
+        marker = {"type": "ephemeral", "ttl": "1h"}
+        tool = {"name": "read", "description": "Reads.", "input_schema": {"type": "object"}}
+        bare = {
+            "model": "echo",
+            "system": [{"type": "text", "text": "Rules."}],
+            "messages": HI,
+            "tools": [tool],
+        }
+        marked = {
+            **bare,
+            "system": [{"type": "text", "text": "Rules.", "cache_control": marker}],
+            "tools": [{**tool, "cache_control": marker}],
+            "cache_control": marker,
+        }
+        counts = []
+        for body in (bare, marked):
+            status, _, content = await self.post("/v1/messages/count_tokens", body)
+            assert status == 200
+            counts.append(orjson.loads(content)["input_tokens"])
+        assert counts[0] == counts[1]
 
     async def test_a_count_for_a_model_it_may_not_use_is_a_request_too(self):
         # Security round 4: a 404 for an unknown model never counted against the key.

@@ -74,3 +74,100 @@ def test_messages_never_answer_a_5xx(api, path):
         fuzz(schema[path]["POST"], mode, client, statuses)
     print(f"\n{sum(statuses.values())} cases for POST {path}:", dict(statuses))
     assert statuses[200]  # not only validation: some were answered
+
+
+# Cache markers anywhere Anthropic takes one and where it does not, of any shape.
+
+MARKERS = st.one_of(
+    st.none(),
+    st.builds(
+        lambda ttl: {"type": "ephemeral"} if ttl is None else {"type": "ephemeral", "ttl": ttl},
+        st.sampled_from([None, "5m", "1h", "2h", "", 5]),
+    ),
+    st.sampled_from([{"type": "persistent"}, {}, {"ttl": "1h"}, "ephemeral", [], None]),
+)
+TEXTS = st.sampled_from(["Hi", "", " ", "Rules of the house."])
+
+
+def _marked(block, marker):
+    return block if marker is None else {**block, "cache_control": marker}
+
+
+def _text(words, marker):
+    return _marked({"type": "text", "text": words}, marker)
+
+
+MARKED_BODIES = st.fixed_dictionaries(
+    {
+        "system": st.lists(st.builds(_text, TEXTS, MARKERS), max_size=3),
+        "tools": st.lists(
+            st.builds(
+                lambda i, marker: _marked(
+                    {"name": f"tool_{i}", "input_schema": {"type": "object"}}, marker
+                ),
+                st.integers(0, 1000),
+                MARKERS,
+            ),
+            max_size=3,
+            unique_by=lambda tool: tool["name"],
+        ),
+        "first": st.lists(st.builds(_text, TEXTS, MARKERS), min_size=1, max_size=3),
+        "thinking": st.builds(
+            lambda marker: _marked(
+                {"type": "thinking", "thinking": "Hm.", "signature": "s"}, marker
+            ),
+            MARKERS,
+        ),
+        "last": st.lists(st.builds(_text, TEXTS, MARKERS), min_size=1, max_size=3),
+        "cache_control": MARKERS,
+    }
+)
+
+
+def _markers(body):
+    """The markers of an answered body, in Anthropic's order."""
+    blocks = [*body["tools"], *body["system"]]
+    blocks += [block for turn in body["messages"] for block in turn["content"]]
+    return [block["cache_control"] for block in blocks if block.get("cache_control") is not None]
+
+
+def test_cache_markers_of_any_shape_never_answer_a_5xx(api):
+    """Markers where Anthropic takes them and where it does not (thinking, empty text),
+    too many, of an unknown ttl or type: a 400 in Anthropic's envelope, never a 5xx; what
+    is answered holds at most four, none of an hour after one of five minutes."""
+    _, client = api
+    statuses = Counter()
+
+    @bounded(RANDOM_EXAMPLES)
+    @given(drawn=MARKED_BODIES, stream=st.booleans())
+    def run(drawn, stream):
+        body = {
+            "model": ALIAS,
+            "max_tokens": 16,
+            "stream": stream,
+            "system": drawn["system"],
+            "tools": drawn["tools"],
+            "messages": [
+                {"role": "user", "content": drawn["first"]},
+                {
+                    "role": "assistant",
+                    "content": [drawn["thinking"], {"type": "text", "text": "Ok"}],
+                },
+                {"role": "user", "content": drawn["last"]},
+            ],
+        }
+        if drawn["cache_control"] is not None:
+            body["cache_control"] = drawn["cache_control"]
+        response = client.post("/v1/messages", json=body)
+        assert_messages_answer(response)
+        statuses[response.status_code] += 1
+        if response.status_code == 200:
+            ttls = [marker.get("ttl", "5m") for marker in _markers(body)]
+            assert len(ttls) <= 4
+            if "5m" in ttls:
+                assert "1h" not in ttls[ttls.index("5m") :]
+
+    run()
+    print("\ncache markers:", dict(statuses))
+    assert statuses[200]
+    assert statuses[400]

@@ -24,6 +24,7 @@ from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Finish, TextDelta, ToolCallDelta, Usage
 from chatparity.transport.fastpath import FastPath
 from tests.asgi import FastPathTestCase, http_scope, reply_body
+from tests.scripted import WithScriptedUpstream
 from tests.support import routed
 from tests.support.waiting import until
 from tests.support.wire import TWO_DELTAS
@@ -522,14 +523,22 @@ AGENTS = {
 WEB_SEARCH = {"type": "web_search", "external_web_access": False}
 
 
-class ToolsTests(ResponsesTestCase):
+class ToolsTests(WithScriptedUpstream, ResponsesTestCase):
     """Namespaces served on every backend, hosted tools as the alias's policy says."""
+
+    upstream_scripts = {"chatting": ["Hello"], "messaging": ["Hello"]}
 
     @classmethod
     def setUpTestData(cls):
         super().setUpTestData()
         alias("closing", ["call", "call_1", "agents__close", '{"id":1}'])
         alias("strict", "Hi")
+        for model, wire_api in (("chatting", "chat"), ("messaging", "messages")):
+            backend = Backend.objects.create(
+                name=model, kind="openai", base_url=cls.upstream.base_url, secret="sk-up",
+                timeout=5, options={"wire_api": wire_api, "retries": 0},
+            )  # fmt: skip
+            ModelAlias.objects.create(public_id=model, backend=backend, model=model)
 
     async def test_a_call_of_a_namespaces_function_comes_back_with_the_namespace(self):
         for stream in (False, True):
@@ -587,6 +596,17 @@ class ToolsTests(ResponsesTestCase):
         assert not ScriptBackend.served[0].hosted_tools
         row = await RequestLog.objects.filter(alias="strict").aget()
         assert (row.status_code, row.error_code) == (400, "unsupported_value")
+
+    async def test_passed_only_to_the_responses_api_else_left_out_and_named_on_the_row(self):
+        # An upstream on the Chat Completions or Messages wire has no field for them:
+        # "pass" cannot pass them there, and the operator is told they were left out.
+        with override_settings(CHATPARITY={**SETTINGS, "HOSTED_TOOLS": {"*": "pass"}}):
+            for model in ("chatting", "messaging"):
+                status, response = await self.create(model=model, input="Hi", tools=[WEB_SEARCH])
+                assert status == 200, response
+                assert "tools" not in self.upstream.requests[-1]
+                row = await RequestLog.objects.alatest("id")
+                assert (row.alias, row.omitted_tools) == (model, ["web_search"])
 
     async def test_every_policy_refuses_a_model_no_alias_serves_as_unknown(self):
         with override_settings(CHATPARITY={**SETTINGS, "HOSTED_TOOLS": {"*": "refuse"}}):

@@ -85,6 +85,28 @@ class RequestMetricsTests(ObservedTestCase):
             name="scripted-midway", kind="scripted", options={"script": ["Hi", "<error>"]}
         )
         ModelAlias.objects.create(public_id="midway", backend=midway)
+        caching = Backend.objects.create(
+            name="scripted-caching", kind="scripted",
+            options={"script": ["Hello"], "provider": "anthropic",
+                     "usage": {"prompt_tokens": 1000, "cached_tokens": 600, "reasoning_tokens": 1,
+                               "cache_write_5m_tokens": 100, "cache_write_1h_tokens": 200}},
+        )  # fmt: skip
+        ModelAlias.objects.create(public_id="caching", backend=caching, input_price=500_000,
+                                  output_price=500_000)  # fmt: skip
+
+    async def test_tokens_are_counted_by_kind_and_the_cost_at_the_providers_formula(self):
+        kinds = ("prompt", "completion", "cache_read", "cache_write_5m", "cache_write_1h",
+                 "reasoning")  # fmt: skip
+        before = Samples(
+            *(key_of("chatparity_tokens_total", alias="caching", kind=kind) for kind in kinds),
+            key_of("chatparity_cost_total", alias="caching"),
+        )
+        assert (await self.post("caching")).status_code == 200
+        added = [before.added("chatparity_tokens_total", alias="caching", kind=kind)
+                 for kind in kinds]  # fmt: skip
+        assert added == [1000, 1, 600, 100, 200, 1]
+        # (100 + 600 x 0.1 + 100 x 1.25 + 200 x 2 + 1) x $0.50
+        assert before.added("chatparity_cost_total", alias="caching") == 343.0
 
     async def test_a_request_is_counted_with_its_labels_tokens_cost_and_times(self):
         labels = {

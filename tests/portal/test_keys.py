@@ -416,6 +416,21 @@ class KeyCreatedTests(PortalTestCase):
         scoped = self.create(name="scoped", aliases=[self.smollm2.pk])
         assert shown(scoped, "models") == "smollm2"
         assert "ANTHROPIC_MODEL=smollm2" in shown(scoped, "code-claude-code")
+        assert 'id="snippet-model"' not in scoped.content.decode()  # nothing to choose
+
+    def test_a_chooser_holds_each_models_own_snippets(self):
+        created = self.create()
+        html = created.content.decode()
+        options = re.search(r'<select id="snippet-model">(.*?)</select>', html, re.S)[1]
+        assert re.findall(r"<option>(.*?)</option>", options) == ["other", "smollm2"]
+        data = re.search(r'<script id="snippets-by-model"[^>]*>(.*?)</script>', html, re.S)[1]
+        by_model = orjson.loads(unescape(data))
+        assert sorted(by_model) == ["other", "smollm2"]
+        assert by_model["other"]["curl"].strip() == shown(created, "code-curl")  # shown first
+        for model, texts in by_model.items():
+            assert f"ANTHROPIC_MODEL={model}\n" in texts["claude-code"]
+            assert f'"model": "{model}"' in texts["curl"]
+            assert plaintext_of(created) in texts["openai-python"]
 
     @override_settings(ROOT_URLCONF="tests.support.portal_only_urls")
     def test_a_site_without_the_api_mounted_is_told_so(self):

@@ -60,24 +60,42 @@ class UsageTests(TestCase):
         page = self.client.get("/portal/usage/", {"month": "2025-03"})
         assert page.status_code == 200
         assert table(page, "by-day") == [
-            ["2025-03-01", "1", "10", "5", "15", "0.0010"],
-            ["2025-03-02", "2", "110", "10", "120", "0.0110"],
+            ["2025-03-01", "1", "10", "0", "0", "5", "15", "0.0%", "0.0010", "—", "0.0000"],
+            ["2025-03-02", "2", "110", "0", "0", "10", "120", "0.0%", "0.0110", "—", "0.0000"],
         ]
         assert table(page, "by-alias") == [
-            ["gpt", "1", "10", "5", "15", "0.0010"],
-            ["smollm2", "2", "110", "10", "120", "0.0110"],
+            ["gpt", "1", "10", "0", "0", "5", "15", "0.0%", "0.0010", "—", "0.0000"],
+            ["smollm2", "2", "110", "0", "0", "10", "120", "0.0%", "0.0110", "—", "0.0000"],
         ]
-        assert table(page, "total") == [["3", "120", "15", "135", "0.0120"]]
+        assert table(page, "total") == [
+            ["3", "120", "0", "0", "15", "135", "0.0%", "0.0120", "—", "0.0000"]
+        ]
 
     def test_another_month_holds_only_its_rows(self):
         page = self.client.get("/portal/usage/", {"month": "2025-04"})
-        assert table(page, "total") == [["1", "10", "5", "15", "0.0010"]]
-        assert table(page, "by-day") == [["2025-04-01", "1", "10", "5", "15", "0.0010"]]
+        assert table(page, "total") == [
+            ["1", "10", "0", "0", "5", "15", "0.0%", "0.0010", "—", "0.0000"]
+        ]
+        assert table(page, "by-day") == [
+            ["2025-04-01", "1", "10", "0", "0", "5", "15", "0.0%", "0.0010", "—", "0.0000"]
+        ]
 
     def test_another_users_rows_never_count(self):
         self.client.force_login(self.bob)
         page = self.client.get("/portal/usage/", {"month": "2025-03"})
-        assert table(page, "total") == [["1", "9,999", "5", "10,004", "0.0010"]]
+        assert table(page, "total") == [
+            ["1", "9,999", "0", "0", "5", "10,004", "0.0%", "0.0010", "—", "0.0000"]
+        ]
+
+    def test_the_response_cache_s_hit_rate_and_what_it_saved(self):
+        may = datetime.datetime(2025, 5, 1, tzinfo=UTC)
+        used(self.laptop, may, cache="miss")
+        for key in (self.laptop, self.server):
+            used(key, may, prompt=0, completion=0, cost="0", cache="hit", cost_saved="0.001")
+        page = self.client.get("/portal/usage/", {"month": "2025-05"})
+        assert table(page, "total") == [
+            ["3", "10", "0", "0", "5", "15", "0.0%", "0.0010", "67%", "0.0020"]
+        ]
 
     def test_a_month_that_is_not_one_is_a_400(self):
         # 9999-12 is a month, whose end no date can hold: a 400 too, not a 500.
@@ -140,7 +158,7 @@ class RecentRequestsTests(TestCase):
         assert [row[2] for row in rows] == [f"model-{m}" for m in (4, 3, 2, 1, 0)]
         assert rows[0] == [
             "2025-03-01 00:04:00", f"laptop {self.key.prefix}…", "model-4", "chat.completions",
-            "200", "15", "0.001000", "120",
+            "200", "15", "0", "0", "0.001000", "120",
         ]  # fmt: skip
 
     def test_never_a_body_nor_another_users_request(self):

@@ -1,6 +1,8 @@
 """parse_messages_request and as_chat_request: Anthropic's Messages request, validated
 in Anthropic's words, and the chat request that serves it; Anthropic's error envelope."""
 
+import re
+
 import pytest
 
 from chatparity.protocol import errors
@@ -15,7 +17,8 @@ from chatparity.protocol.messages import (
     error_status,
     parse_messages_request,
 )
-from chatparity.protocol.request import Limits, ResponseFormat, Tool, ToolChoice
+from chatparity.protocol.request import Limits, ResponseFormat, TextPart, Tool, ToolChoice
+from chatparity.protocol.tokens import approximate_request_tokens, prompt_bound
 
 NO_LIMITS = Limits()
 WEATHER = {
@@ -83,9 +86,9 @@ def test_system_as_a_string_or_text_blocks_goes_first():
     assert request.messages[0].role == "system"
     assert request.messages[0].content == "You are Claude Code. Be brief."
     assert request.body["messages"][0]["content"] == [
-        {"type": "text", "text": "You are Claude Code."},
+        {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
         {"type": "text", "text": " Be brief."},
-    ], "an upstream gets the blocks as text parts"
+    ], "an upstream gets the blocks as text parts, with their markers"
 
 
 def test_a_tool_round_trip_is_an_assistant_call_and_a_tool_message():
@@ -244,7 +247,13 @@ def test_sampling_and_stopping_are_the_chat_parameters():
 def test_tools_are_functions_whose_parameters_are_their_input_schema():
     request = chat(tools=[{**WEATHER, "strict": True, "cache_control": {"type": "ephemeral"}}])
     assert request.tools == [
-        Tool("get_weather", "The weather in a city.", WEATHER["input_schema"], strict=True)
+        Tool(
+            "get_weather",
+            "The weather in a city.",
+            WEATHER["input_schema"],
+            strict=True,
+            cache_control={"type": "ephemeral"},
+        )
     ]
     assert request.tool_choice == ToolChoice("auto")
     assert request.parallel_tool_calls
@@ -359,7 +368,6 @@ def test_parameters_accepted_and_ignored_are_not_sent_on():
         diagnostics={},
         fallbacks="default",
         fallback_credit_token="tok",
-        cache_control={"type": "ephemeral", "ttl": "1h"},
         mcp_servers=[],
         thinking={"type": "enabled", "budget_tokens": 1024},
         max_tokens=2048,
@@ -555,3 +563,184 @@ def test_context_length_errors_are_worded_as_claude_code_reads_them():
     )
     upstreams = APIError("The upstream model returned an error.", code="context_length_exceeded")
     assert error_body(upstreams, "r")["error"]["message"].startswith("prompt is too long: ")
+
+
+# Prompt caching: markers carried to the chat request, refused where Anthropic refuses them.
+
+MARK = {"type": "ephemeral"}
+HOUR = {"type": "ephemeral", "ttl": "1h"}
+
+
+def text(words, marker=None):
+    block = {"type": "text", "text": words}
+    return block if marker is None else {**block, "cache_control": marker}
+
+
+def test_markers_ride_on_the_chat_requests_parts_calls_and_tools():
+    request = chat(
+        cache_control=MARK,
+        system=[text("Rules.", HOUR)],
+        tools=[{**WEATHER, "cache_control": HOUR}],
+        messages=[
+            {"role": "user", "content": [text("Weather?")]},
+            {"role": "assistant", "content": [{**CALL, "cache_control": MARK}]},
+            {"role": "user", "content": [{**RESULT, "cache_control": MARK}]},
+        ],
+    )
+    system, user, assistant, tool = request.messages
+    assert system.parts == (TextPart("Rules.", HOUR),)
+    assert (user.parts, user.content) == ((), "Weather?"), "an unmarked block stays a string"
+    assert assistant.tool_calls[0]["cache_control"] == MARK
+    assert tool.parts == (TextPart("Sunny", MARK),), "the result's marker, on its one part"
+    assert request.tools[0].cache_control == HOUR
+    assert request.cache_control == MARK
+    assert request.translated_markers, "an OpenAI-compatible upstream is sent none of them"
+
+
+def test_a_request_without_markers_is_as_before():
+    request = chat(system=[text("Rules.")])
+    assert (request.cache_control, request.translated_markers) == (None, False)
+    assert request.messages[0].parts == ()
+
+
+def test_counting_a_request_with_markers_gives_the_same_count():
+    """Markers change no count, as Anthropic counts."""
+    bare = {
+        "system": [text("Rules of the house.")],
+        "tools": [WEATHER],
+        "messages": [{"role": "user", "content": [text("Weather?"), text("In Paris.")]}],
+    }
+    marked = {
+        "system": [text("Rules of the house.", HOUR)],
+        "tools": [{**WEATHER, "cache_control": HOUR}],
+        "messages": [{"role": "user", "content": [text("Weather?"), text("In Paris.", MARK)]}],
+        "cache_control": MARK,
+    }
+    counted = [
+        approximate_request_tokens(as_chat_request(parse(counting=True, **body), NO_LIMITS))
+        for body in (bare, marked)
+    ]
+    assert counted[0] == counted[1]
+    assert prompt_bound(chat(**bare)) == prompt_bound(chat(**marked))
+
+
+def five(**where):
+    """A body with five markers (four blocks' and its own), and ``where``'s changes."""
+    body = {
+        "system": [text("a", HOUR), text("b", HOUR)],
+        "messages": [{"role": "user", "content": [text("c", MARK), text("d", MARK), text("e")]}],
+        "cache_control": MARK,
+    }
+    return {**body, **where}
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (five(), "A maximum of 4 blocks with cache_control may be provided. Found 5."),
+        (
+            five(cache_control=None, tools=[{**WEATHER, "cache_control": HOUR}]),
+            "A maximum of 4 blocks with cache_control may be provided. Found 5.",
+        ),
+        (
+            {"system": [text("a", MARK), text("b", HOUR)]},
+            "system.1.cache_control.ttl: a ttl='1h' cache_control block must not come after a"
+            " ttl='5m' cache_control block. Note that blocks are processed in the following"
+            " order: `tools`, `system`, `messages`.",
+        ),
+        (
+            {
+                "tools": [{**WEATHER, "cache_control": MARK}],
+                "messages": [{"role": "user", "content": [text("Hi", HOUR)]}],
+            },
+            "messages.0.content.0.cache_control.ttl: a ttl='1h' cache_control block must not"
+            " come after a ttl='5m' cache_control block. Note that blocks are processed in the"
+            " following order: `tools`, `system`, `messages`.",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [text("Hi"), text("", MARK)]}]},
+            "messages.0.content.1.text: cache_control cannot be set for empty text blocks",
+        ),
+        (
+            {"system": [text("", MARK)]},
+            "system.0.text: cache_control cannot be set for empty text blocks",
+        ),
+        (
+            {
+                "messages": [
+                    *HI,
+                    {
+                        "role": "assistant",
+                        "content": [
+                            {
+                                "type": "thinking",
+                                "thinking": "Hm.",
+                                "signature": "s",
+                                "cache_control": MARK,
+                            },
+                            text("Hello"),
+                        ],
+                    },
+                    *HI,
+                ]
+            },
+            "messages.1.content.0.thinking.cache_control: Extra inputs are not permitted",
+        ),
+        (
+            {
+                "messages": [
+                    *HI,
+                    {
+                        "role": "assistant",
+                        "content": [
+                            {"type": "redacted_thinking", "data": "x", "cache_control": None},
+                            text("Hi"),
+                        ],
+                    },
+                    *HI,
+                ]
+            },
+            "messages.1.content.0.redacted_thinking.cache_control: Extra inputs are not permitted",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "Weather?"},
+                    {"role": "assistant", "content": [CALL]},
+                    {"role": "user", "content": [{**RESULT, "content": [text("Sunny", MARK)]}]},
+                ]
+            },
+            "messages.2.content.0.tool_result.content.0.cache_control: cache_control may not be"
+            " specified within `tool_result.content`. Instead, place it directly on"
+            " `tool_result`",
+        ),
+        (
+            {"system": [text("a", {"type": "ephemeral", "ttl": "2h"})]},
+            "Invalid value: '2h'. Supported values are: '5m' and '1h'.",
+        ),
+        (
+            {"system": [text("a", {"type": "persistent"})]},
+            "Invalid value: 'persistent'. Supported values are: 'ephemeral'.",
+        ),
+    ],
+)
+def test_markers_anthropic_refuses_are_refused_in_its_words(body, message):
+    assert refused(**body).message == message
+    with pytest.raises(APIError, match=re.escape(message)):
+        parse(counting=True, **{k: v for k, v in body.items()})
+
+
+def test_four_markers_and_a_requests_own_on_a_marked_last_block_are_taken():
+    assert chat(**five(system=[text("a", HOUR)])).cache_control == MARK
+    last_marked = five(messages=[{"role": "user", "content": [text("c", MARK), text("d", MARK)]}])
+    assert chat(**last_marked).cache_control == MARK, "the request's own marks that same block"
+    assert (
+        chat(
+            system=[text("a", HOUR), text("b", MARK)],
+            messages=[{"role": "user", "content": [text("c", MARK)]}],
+        )
+        .messages[0]
+        .parts[1]
+        .cache_control
+        == MARK
+    )

@@ -17,7 +17,13 @@ import pytest
 from chatparity.protocol import errors
 from chatparity.protocol.events import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from chatparity.protocol.ids import call_id_of
-from chatparity.protocol.messages_stream import PING, MessageEncoder, sse_event, tool_input
+from chatparity.protocol.messages_stream import (
+    PING,
+    MessageEncoder,
+    sse_event,
+    tool_input,
+    usage_object,
+)
 
 GOLDEN = Path(__file__).parent / "golden"
 USAGE = Usage(prompt_tokens=9, completion_tokens=3, cached_tokens=2)
@@ -313,3 +319,31 @@ def test_no_finisher_from_the_backend_ends_the_turn():
 )
 def test_a_calls_input_is_an_object(arguments, expected):
     assert tool_input(arguments) == expected
+
+
+def test_the_usage_of_a_cached_prompt_in_anthropics_names():
+    """Anthropic's ``input_tokens`` leaves out the cache's reads and writes; the writes
+    are told by lifetime."""
+    usage = Usage(1303, 7, cached_tokens=1000, cache_write_5m_tokens=100, cache_write_1h_tokens=200)
+    assert usage_object(usage) == {
+        "input_tokens": 3,
+        "cache_creation_input_tokens": 300,
+        "cache_read_input_tokens": 1000,
+        "cache_creation": {"ephemeral_5m_input_tokens": 100, "ephemeral_1h_input_tokens": 200},
+        "output_tokens": 7,
+    }
+    events, _ = events_of([TextDelta(0, "Hi"), Finish(0, "stop"), usage])
+    assert events[-2]["usage"] == usage_object(usage), "message_delta: the cumulative usage"
+    assert "cache_creation" not in usage_object(USAGE), "no writes, nothing to split"
+
+
+def test_message_start_carries_the_usage_an_upstream_announced():
+    """A Messages upstream says in its own message_start what it read from its cache and
+    wrote to it: the SDKs keep that message_start's ``cache_creation``."""
+    announced = Usage(1303, 1, cached_tokens=1000, cache_write_1h_tokens=300)
+    start = encoder().opening(announced)[0]["message"]["usage"]
+    assert start == {**usage_object(announced), "service_tier": "standard"}
+    assert start["cache_creation"] == {
+        "ephemeral_5m_input_tokens": 0,
+        "ephemeral_1h_input_tokens": 300,
+    }

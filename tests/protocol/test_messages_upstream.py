@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from chatparity.protocol.events import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from chatparity.protocol.messages import as_chat_request as messages_as_chat
+from chatparity.protocol.messages import parse_messages_request
 from chatparity.protocol.messages_upstream import (
     DEFAULT_MAX_TOKENS,
     MessagesEventReader,
@@ -40,6 +42,17 @@ CALLING = [
     },
     {"role": "tool", "tool_call_id": CALL_ID, "content": "Sunny"},
 ]
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "input_schema": WEATHER["function"]["parameters"],
+    "description": "The weather in a city.",
+}
+TOOL_USE = {
+    "type": "tool_use",
+    "id": TOOL_USE_ID,
+    "name": "get_weather",
+    "input": {"city": "Paris"},
+}
 GOLDEN = Path(__file__).parent / "golden"
 EVERYTHING = frozenset({"tools", "temperature", "top_p", "stop", "response_format", "user"})
 
@@ -245,7 +258,9 @@ def test_a_stream_of_thinking_and_text():
         Finish(0, "stop"),
     ]
     assert reader.done
-    assert reader.usage == Usage(19, 6, cached_tokens=5, reasoning_tokens=3)
+    assert reader.usage == Usage(
+        19, 6, cached_tokens=5, reasoning_tokens=3, cache_write_5m_tokens=3
+    ), "the cache's writes, of 5 minutes when their lifetime is not said"
 
 
 def test_a_stream_of_a_tool_use():
@@ -399,3 +414,184 @@ def test_deltas_of_blocks_never_started_and_unknown_events_are_passed_over():
         + frame({"type": "brand_new_event"})
     )
     assert events == []
+
+
+# Prompt caching: the markers a client set, where it set them; the cache's usage read.
+
+HOUR = {"type": "ephemeral", "ttl": "1h"}
+MARK = {"type": "ephemeral"}
+MARKED = {
+    "model": "alias",
+    "max_tokens": 64,
+    "system": [
+        {"type": "text", "text": "You are Claude Code.", "cache_control": HOUR},
+        {"type": "text", "text": "Be brief."},
+    ],
+    "tools": [{**WEATHER_TOOL, "cache_control": HOUR}],
+    "messages": [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "<reminder>"},
+                {"type": "text", "text": "Weather?"},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "Looking."}, {**TOOL_USE, "cache_control": MARK}],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": TOOL_USE_ID,
+                    "content": "Sunny",
+                    "cache_control": MARK,
+                },
+                {"type": "text", "text": "Thanks"},
+            ],
+        },
+    ],
+}
+
+
+def marked(body, **options):
+    """The /messages body for a Messages request of ``body``, as its backend writes it."""
+    request = messages_as_chat(parse_messages_request(body, Limits()), Limits())
+    forwarded = {name: request.body[name] for name in ("messages", "tools") if name in request.body}
+    return upstream_request(request, "claude-sonnet-4-5", forwarded, **options)
+
+
+def test_a_marked_request_reaches_the_upstream_block_for_block_as_sent():
+    body = marked(MARKED)
+    for name in ("system", "tools", "messages"):
+        assert body[name] == MARKED[name], name
+    assert "cache_control" not in body
+
+
+def test_a_requests_own_marker_reaches_the_upstream():
+    """Anthropic's automatic caching: the marker on the request, not on a block."""
+    body = marked({**MARKED, "tools": [WEATHER_TOOL], "cache_control": HOUR})
+    assert body["cache_control"] == HOUR
+    assert (
+        marked(
+            {
+                "model": "a",
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": "Hi"}],
+                "cache_control": MARK,
+            }
+        )["cache_control"]
+        == MARK
+    )
+
+
+def test_an_upstream_that_refuses_ttl_gets_each_marker_without_it():
+    body = marked(MARKED, cache_ttl=False)
+    assert body["system"][0]["cache_control"] == MARK
+    assert body["tools"][0]["cache_control"] == MARK
+    assert body["messages"][1]["content"][1]["cache_control"] == MARK
+
+
+def test_a_chat_clients_markers_on_parts_reach_the_upstream():
+    """OpenRouter's form: markers on text parts (a tool's result: on its block)."""
+    body = asked(
+        messages=[
+            {
+                "role": "system",
+                "content": [{"type": "text", "text": "Rules.", "cache_control": HOUR}],
+            },
+            *CALLING[:2],
+            {
+                "role": "tool",
+                "tool_call_id": CALL_ID,
+                "content": [{"type": "text", "text": "Sunny", "cache_control": MARK}],
+            },
+            {"role": "user", "content": "   "},
+        ]
+    )
+    assert body["system"] == [{"type": "text", "text": "Rules.", "cache_control": HOUR}]
+    result = body["messages"][-1]["content"][0]
+    assert result == {
+        "type": "tool_result",
+        "tool_use_id": TOOL_USE_ID,
+        "content": "Sunny",
+        "cache_control": MARK,
+    }
+
+
+def test_a_request_without_markers_is_written_as_before():
+    body = asked(
+        messages=[
+            {
+                "role": "system",
+                "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}],
+            },
+        ]
+    )
+    assert body["system"] == "AB"
+    assert body["messages"] == [{"role": "user", "content": [{"type": "text", "text": "Hi there"}]}]
+    assert "cache_control" not in json.dumps(body)
+
+
+def usage_of(start_usage, delta_usage):
+    stream = frame({"type": "message_start", "message": {"usage": start_usage}}) + "".join(
+        frame(event)
+        for event in (
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": "Hi"},
+            },
+            {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": delta_usage},
+            {"type": "message_stop"},
+        )
+    )
+    return read(stream)[1].usage
+
+
+def test_cache_reads_and_writes_by_lifetime_are_read_from_message_start_and_message_delta():
+    start = {
+        "input_tokens": 3,
+        "cache_read_input_tokens": 1000,
+        "cache_creation_input_tokens": 300,
+        "cache_creation": {"ephemeral_5m_input_tokens": 100, "ephemeral_1h_input_tokens": 200},
+        "output_tokens": 1,
+    }
+    delta = {
+        "input_tokens": 3,
+        "cache_read_input_tokens": 1000,
+        "cache_creation_input_tokens": 300,
+        "output_tokens": 7,
+    }
+    assert usage_of(start, delta) == Usage(
+        1303, 7, cached_tokens=1000, cache_write_5m_tokens=100, cache_write_1h_tokens=200
+    )
+    assert usage_of({"input_tokens": 3, "output_tokens": 1}, delta) == Usage(
+        1303, 7, cached_tokens=1000, cache_write_5m_tokens=300
+    ), "the delta's cumulative counts stand; writes of no said lifetime are 5m's"
+
+
+@pytest.mark.parametrize(
+    "lifetimes",
+    [
+        {"ephemeral_1h_input_tokens": 301},  # more of an hour than was written
+        {"ephemeral_1h_input_tokens": -1},
+        {"ephemeral_1h_input_tokens": "x"},
+    ],
+)
+def test_cache_writes_that_cannot_be_believed_are_counted_instead(lifetimes):
+    start = {"input_tokens": 3, "cache_creation_input_tokens": 300, "cache_creation": lifetimes}
+    usage = usage_of(start, {"output_tokens": 2})
+    assert usage.counted
+    assert (usage.cached_tokens, usage.cache_write_tokens) == (0, 0)

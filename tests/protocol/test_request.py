@@ -8,11 +8,13 @@ from chatparity.protocol.request import (
     ChatRequest,
     Message,
     ResponseFormat,
+    TextPart,
     Tool,
     ToolChoice,
     functions_as_tools,
     parse_chat_request,
     with_defaults,
+    without_cache_markers,
 )
 from tests.support.wire import HI, WEATHER
 
@@ -106,8 +108,8 @@ def test_every_field_is_parsed():
         model="smollm2",
         messages=[
             Message("system", "Answer in JSON."),
-            Message("developer", "Be brief."),
-            Message("user", "Weather ?", name="ada"),
+            Message("developer", "Be brief.", parts=(TextPart("Be brief."),)),
+            Message("user", "Weather ?", name="ada", parts=(TextPart("Weather "), TextPart("?"))),
             Message("assistant", None, tool_calls=[CALL]),
             Message("tool", "Sunny", tool_call_id="call_1"),
         ],
@@ -209,7 +211,10 @@ def test_null_means_not_given():
         pytest.param(
             {"messages": [*HI, {"role": "assistant", "content": [REFUSED_PART, TEXT_PART]}]},
             "messages",
-            [Message("user", "Hi"), Message("assistant", "I can't.Hi")],
+            [
+                Message("user", "Hi"),
+                Message("assistant", "I can't.Hi", parts=(TextPart("I can't."), TextPart("Hi"))),
+            ],
             id="an assistant's refusal and text parts are its content",
         ),
         pytest.param(
@@ -1312,3 +1317,68 @@ def test_a_null_function_result_is_an_empty_tool_result():
 def test_defaults_apply_to_what_the_client_does_not_set_under_either_name(defaults, sent, merged):
     assert with_defaults(defaults, sent) == merged
     parse_chat_request(with_defaults(defaults, body(**sent)))
+
+
+# Cache markers, as OpenRouter's clients put them on chat parts and tools.
+
+MARK = {"type": "ephemeral", "ttl": "1h"}
+
+
+def test_markers_on_parts_calls_and_tools_are_kept():
+    call = {**CALL, "cache_control": MARK}
+    request = parse_chat_request(
+        body(
+            messages=[
+                {
+                    "role": "system",
+                    "content": [{"type": "text", "text": "Rules.", "cache_control": MARK}],
+                },
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+            ],
+            tools=[{**WEATHER, "cache_control": MARK}],
+        )
+    )
+    assert request.messages[0].parts == (TextPart("Rules.", MARK),)
+    assert request.messages[2].tool_calls == [call]
+    assert request.tools[0].cache_control == MARK
+    assert not request.translated_markers, "the client's own: sent to a chat upstream as sent"
+
+
+def test_a_body_without_its_markers():
+    sent = body(
+        messages=[
+            {"role": "user", "content": [{"type": "text", "text": "Hi", "cache_control": MARK}]},
+            {"role": "assistant", "content": None, "tool_calls": [{**CALL, "cache_control": MARK}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+        ],
+        tools=[{**WEATHER, "cache_control": MARK}],
+    )
+    unmarked = without_cache_markers(sent)
+    assert "cache_control" not in str(unmarked)
+    assert unmarked["messages"][0]["content"] == "Hi", "as it was before its marker"
+    assert unmarked["tools"] == [WEATHER]
+    assert "cache_control" in str(sent), "the body itself is left as it was"
+
+
+@pytest.mark.parametrize(
+    ("marker", "message"),
+    [
+        (
+            {"type": "ephemeral", "ttl": "2h"},
+            "Invalid value: '2h'. Supported values are: '5m' and '1h'.",
+        ),
+        ({"ttl": "5m"}, "Missing required parameter: 'messages[0].content[0].cache_control.type'."),
+        (
+            "ephemeral",
+            "Invalid type for 'messages[0].content[0].cache_control': expected an object, but"
+            " got a string instead.",
+        ),
+    ],
+)
+def test_a_marker_of_the_wrong_shape_is_refused(marker, message):
+    part = {"type": "text", "text": "Hi", "cache_control": marker}
+    with pytest.raises(APIError) as caught:
+        parse_chat_request(body(messages=[{"role": "user", "content": [part]}]))
+    assert caught.value.message == message

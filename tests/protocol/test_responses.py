@@ -6,7 +6,7 @@ import itertools
 import pytest
 
 from chatparity.protocol.errors import APIError
-from chatparity.protocol.request import Limits, ResponseFormat, Tool, ToolChoice
+from chatparity.protocol.request import Limits, ResponseFormat, TextPart, Tool, ToolChoice
 from chatparity.protocol.responses import (
     as_chat_request,
     conversation,
@@ -270,6 +270,29 @@ def test_a_flat_name_too_long_is_shortened_and_stays_apart_from_its_neighbours()
     assert names.called(close) == {"name": "close", "namespace": "n" * 60}
 
 
+def test_two_namespaces_whose_joined_names_collide_get_two_flat_names():
+    # a + b__c and a__b + c both join to a__b__c: each call must reach its own function.
+    first = {**AGENTS, "name": "a", "tools": [{**WEATHER, "name": "b__c"}]}
+    second = {**AGENTS, "name": "a__b", "tools": [{**WEATHER, "name": "c"}]}
+    request = parse(input="Hi", tools=[first, second])
+    offered = [tool.name for tool in as_chat_request(request, [], NO_LIMITS).tools]
+    assert len(set(offered)) == 2
+    names = request.names
+    assert offered == [names.flat_name("a", "b__c"), names.flat_name("a__b", "c")]
+    assert names.called(offered[0]) == {"name": "b__c", "namespace": "a"}
+    assert names.called(offered[1]) == {"name": "c", "namespace": "a__b"}
+
+
+@pytest.mark.parametrize(("length", "kept"), [(64, True), (65, False)])
+def test_a_joined_name_is_kept_up_to_the_longest_function_name(length, kept):
+    namespace = "n" * (length - len("__close"))
+    names = parse(input="Hi", tools=[{**AGENTS, "name": namespace}]).names
+    flat = names.flat_name(namespace, "close")
+    assert (flat == f"{namespace}__close") is kept
+    assert len(flat) <= 64
+    assert names.called(flat) == {"name": "close", "namespace": namespace}
+
+
 def test_the_same_tools_give_the_same_flat_names_on_every_turn():
     tools = [{**WEATHER, "name": "agents__spawn"}, AGENTS, {**AGENTS, "name": "more"}]
     assert parse(input="Hi", tools=tools).names == parse(input="Again", tools=tools).names
@@ -477,3 +500,62 @@ def test_a_text_over_the_content_limit_is_refused_where_it_is():
         parse(Limits(max_content_chars=3), input=[{"role": "user", "content": "four"}])
     assert caught.value.param == "input[0].content"
     assert caught.value.code == "string_above_max_length"
+
+
+# Prompt caching.
+
+MARK = {"type": "ephemeral"}
+
+
+def test_the_prompt_caches_parameters_are_the_chat_requests():
+    served = chat(
+        input="Hi",
+        prompt_cache_key="session-1",
+        prompt_cache_retention="24h",
+        prompt_cache_options={"mode": "explicit", "ttl": "30m"},
+    )
+    assert served.body["prompt_cache_key"] == "session-1"
+    assert served.body["prompt_cache_retention"] == "24h"
+    assert served.body["prompt_cache_options"] == {"mode": "explicit", "ttl": "30m"}
+
+
+def test_markers_on_text_parts_ride_on_the_chat_requests_parts():
+    """OpenRouter's form, for an upstream that speaks Anthropic's Messages API."""
+    parts = [
+        {"type": "input_text", "text": "Rules."},
+        {"type": "input_text", "text": "Weather?", "cache_control": MARK},
+    ]
+    served = chat(input=[{"role": "user", "content": parts}])
+    assert served.messages[0].content == "Rules.Weather?"
+    assert [part.cache_control for part in served.messages[0].parts] == [None, MARK]
+    assert served.translated_markers, "a chat upstream is sent none"
+    assert not chat(input="Hi").translated_markers
+
+
+def test_the_markers_of_earlier_responses_items_are_not_sent_again():
+    """Stored items keep what was sent; only the new input's markers count."""
+    marked = [
+        {"role": "user", "content": [{"type": "input_text", "text": "Hi", "cache_control": MARK}]}
+    ]
+    earlier = parse(input=marked).input
+    served = chat(earlier, input=marked)
+    assert [m.parts for m in served.messages] == [(), (TextPart("Hi", MARK),)]
+
+
+def test_an_invalid_marker_is_refused_in_openais_words():
+    error = refused(
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "input_text",
+                        "text": "Hi",
+                        "cache_control": {"type": "ephemeral", "ttl": "9h"},
+                    }
+                ],
+            }
+        ]
+    )
+    assert error.message == "Invalid value: '9h'. Supported values are: '5m' and '1h'."
+    assert error.param == "input[0].content[0].cache_control.ttl"

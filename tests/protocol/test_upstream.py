@@ -111,10 +111,17 @@ class TestChunkReader:
             {"prompt_tokens": 9, "completion_tokens": 2, "prompt_tokens_details": [1]},
             {"prompt_tokens": 9, "completion_tokens": 2,
              "completion_tokens_details": {"reasoning_tokens": -1}},
+            {"prompt_tokens": 9, "completion_tokens": 2,
+             "prompt_tokens_details": {"cached_tokens": 10}},
+            {"prompt_tokens": 9, "completion_tokens": 2,
+             "prompt_tokens_details": {"cached_tokens": -1}},
+            {"prompt_tokens": 9, "completion_tokens": 2,
+             "prompt_tokens_details": {"cached_tokens": 5, "cache_write_tokens": 5}},
         ],
         ids=[
             "negative", "above-bound", "fraction", "huge-number", "boolean", "superscript",
             "thousands-of-digits", "missing", "details-not-an-object", "negative-detail",
+            "more-cached-than-the-prompt", "negative-cached", "more-cache-than-the-prompt",
         ],
     )  # fmt: skip
     def test_usage_that_cannot_be_believed_is_counted_and_kept_for_the_log(self, usage):
@@ -123,6 +130,13 @@ class TestChunkReader:
         reader.read(message(chunk))
         assert reader.usage == Usage(3, 1, counted=True)
         assert reader.refused_usage == usage
+
+    def test_cache_reads_and_openrouters_cache_writes_are_read(self):
+        details = {"cached_tokens": 6, "cache_write_tokens": 2}
+        usage = {"prompt_tokens": 9, "completion_tokens": 4, "prompt_tokens_details": details}
+        assert believable_usage(usage, 4) == Usage(
+            9, 4, cached_tokens=6, cache_write_5m_tokens=2
+        ), "every input token in prompt_tokens, OpenAI's meaning: the cache's among them"
 
     def test_usage_written_as_integral_numbers_or_digit_strings_is_believed(self):
         usage = {"prompt_tokens": "9", "completion_tokens": 4.0}

@@ -9,6 +9,9 @@ and 10 for each message's markers), and answers as the request's model says:
 - ``hangs``: its first token (after ``message_start`` and its prompt, for Messages),
   then nothing more, the connection held open; a whole completion never comes.
 
+A model named ``cached-<behaviour>`` behaves alike, and a Messages upstream says half
+its prompt was read from its cache (``cache_read_input_tokens`` in ``message_start``).
+
 It ignores ``n``: each request is answered with one choice. What each request was sent
 and what it counted are kept in :attr:`MeteredUpstream.calls`.
 """
@@ -117,7 +120,9 @@ def _messages(model: str, prompt: int, *, usage: bool) -> list[str]:
     started = {"id": "msg_up", "type": "message", "role": "assistant", "model": model,
                "content": [], "stop_reason": None, "stop_sequence": None}  # fmt: skip
     if usage:
-        started["usage"] = {"input_tokens": prompt, "output_tokens": 1}
+        read = prompt // 2 if model.startswith("cached-") else 0
+        started["usage"] = {"input_tokens": prompt - read, "cache_read_input_tokens": read,
+                            "output_tokens": 1}  # fmt: skip
     events = [
         {"type": "message_start", "message": started},
         {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
@@ -176,12 +181,12 @@ class MeteredUpstream(Loopback):
         path: str,
         body: dict[str, Any],
     ) -> None:
-        model, prompt = body["model"], self.calls[-1].prompt_tokens
+        model, prompt = body["model"].removeprefix("cached-"), self.calls[-1].prompt_tokens
         usage = model != "silent"
         if not body.get("stream"):
             if model == "hangs":
                 await self._hold(reader)
-            payload = json.dumps(_chat_whole(model, prompt, usage=usage)).encode()
+            payload = json.dumps(_chat_whole(body["model"], prompt, usage=usage)).encode()
             writer.write(
                 b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                 + f"Content-Length: {len(payload)}\r\n\r\n".encode()
