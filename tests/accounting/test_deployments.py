@@ -14,6 +14,7 @@ from chatparity.accounting import limits
 from chatparity.accounting.deployments import Outcome
 from chatparity.conf import DEFAULTS
 from chatparity.models import Backend, Deployment, ModelAlias
+from chatparity.protocol.events import Usage
 from tests.support.processes import in_a_process
 
 pytestmark = pytest.mark.django_db
@@ -219,10 +220,10 @@ def test_a_quota_holds_requests_per_minute_and_in_flight(store):
         assert first is not None
         assert second is not None
         assert await take() is None  # two in flight
-        await first.settle(4, 5)
+        await first.settle(Usage(4, 5))
         third = await take()
         assert third is not None
-        await second.settle(0, 0)
+        await second.settle(Usage(0, 0))
         assert await take() is None  # three this minute
         used = await limits.counters().values(list(quota.counters(int(time.time() // 60))))
         return used
@@ -239,7 +240,7 @@ def test_in_flight_is_counted_without_a_limit(store):
         held = [await limits.hold(shared.quota(of), 1) for _ in range(5)]
         snapshot = await shared.snapshot([of], 1)
         for hold in held:
-            await hold.settle(1, 1)
+            await hold.settle(Usage(1, 1))
         after = await shared.snapshot([of], 1)
         return snapshot, after
 
@@ -262,7 +263,7 @@ def take_quota(url: str, scope: str, seed: int, limit: int, concurrency: int) ->
             if hold is not None:
                 admitted += 1
                 await asyncio.sleep(rng.random() / 200)
-                await hold.settle(1, 1)
+                await hold.settle(Usage(1, 1))
         return admitted
 
     async def clients():

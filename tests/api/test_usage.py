@@ -177,4 +177,4 @@ def test_latency_per_deployment_of_each_alias(admin_client, db):
         ("a/m", 2, 0.0),
         ("b/m", 1, 1.0),
     ]
-    assert response.json()[0]["ttft_p50_ms"] == 10.0
+    assert response.json()[0]["ttft_p50_ms"] == 9.5  # 10 ms, read within its bucket
