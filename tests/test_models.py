@@ -209,6 +209,30 @@ class TestDeployment:
              " from 1 without a gap (tiers used: 2)."),
         ]  # fmt: skip
 
+    def test_blank_cache_prices_over_deployments_of_another_provider_are_reported(self, db):
+        chat = Backend.objects.create(name="oai", kind="openai", base_url="https://o.test/v1")
+        messages = Backend.objects.create(
+            name="ant", kind="openai", base_url="https://a.test/v1",
+            options={"wire_api": "messages"},
+        )  # fmt: skip
+        mixed = ModelAlias.objects.create(public_id="mixed", backend=chat, model="m")
+        Deployment.objects.create(alias=mixed, backend=messages, model="m")
+
+        def reported():
+            found = run_checks(tags=[Tags.database], databases=["default"])
+            return [m.msg for m in found if m.id == "chatparity.W042"]
+
+        assert reported() == [
+            "model alias 'mixed': its blank cached_input_price, cache_write_5m_price,"
+            " cache_write_1h_price take the ratios of its own backend's provider (openai)"
+            " for every request, also those served by ant/m, whose upstream bills by"
+            " another's."
+        ]
+        ModelAlias.objects.filter(pk=mixed.pk).update(
+            cached_input_price=1, cache_write_5m_price=1, cache_write_1h_price=1
+        )
+        assert reported() == []
+
 
 class TestApiKeyExpiry:
     def test_a_key_expires_at_the_instant_it_names(self):
