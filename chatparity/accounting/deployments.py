@@ -413,12 +413,19 @@ class _RedisState:
 # -- Django's cache ------------------------------------------------------------------
 
 
+def whole_seconds(ttl: float) -> int:
+    """A timeout for Django's cache, rounded up: its Redis and memcached backends drop
+    the fraction, and a timeout of 0 expires a value at once (a trial claimed for 0.3 s
+    was no claim, a session kept 0.3 s not kept)."""
+    return max(1, math.ceil(ttl))
+
+
 def _count(key: str, amount: int, ttl: float) -> int:
-    cache.add(key, 0, ttl)
+    cache.add(key, 0, whole_seconds(ttl))
     try:
         return int(cache.incr(key, amount))
     except ValueError:  # expired in between
-        cache.set(key, amount, ttl)
+        cache.set(key, amount, whole_seconds(ttl))
         return amount
 
 
@@ -480,7 +487,7 @@ class _CacheState:
 
     async def claim(self, deployment: Deployment, seconds: float) -> bool:
         claimed: bool = await self.store.call(
-            cache.add, f"{scope(deployment)}:trial", uuid.uuid4().hex, max(seconds, 0.001)
+            cache.add, f"{scope(deployment)}:trial", uuid.uuid4().hex, whole_seconds(seconds)
         )
         return claimed
 
@@ -508,7 +515,7 @@ class _CacheState:
                 kept = (outcome.first_event_ms, *cache.get(key, ()))[: settings.samples]
                 cache.set(key, kept, DAY)
             if outcome.session and deployment.pk is not None:
-                cache.set(outcome.session, deployment.pk, settings.sticky_seconds)
+                cache.set(outcome.session, deployment.pk, whole_seconds(settings.sticky_seconds))
             return 0.0
         _count(named["errors"], 1, window_ttl)
         failures = _count(named["failures"], 1, DAY)
@@ -525,7 +532,7 @@ class _CacheState:
             return 0.0
         ends = now + cool
         if ends * 1000 > float(found.get(named["until"], 0)):
-            cache.set(named["until"], ends * 1000, cool + HALF_OPEN_SECONDS)
+            cache.set(named["until"], ends * 1000, whole_seconds(cool + HALF_OPEN_SECONDS))
         cache.delete(named["failures"])
         return ends
 
