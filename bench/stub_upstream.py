@@ -15,7 +15,18 @@ streams are open, how many completions were served and how many connections
 were accepted. ``--latency`` makes every completion and embedding wait that long
 before its answer (GetBusbar's method: an upstream that answers after 20 ms).
 
+For routing (``bench/routing.py``, the e2e routing proof): ``--first-token-delay``
+waits that long before a completion's first byte (a slower deployment);
+``--stream-seconds`` spreads a stream's content chunks over that many seconds (long
+streams); ``--limit-after N --limit-seconds W --retry-after R`` answers 429 with
+``Retry-After: R`` to every completion for W seconds once N were served (``POST
+/bench/limit`` with ``{"seconds": W, "retry_after": R}`` starts such a window at
+once); ``--record`` keeps each completion request's arrival (Unix time) and status
+in the stats' ``arrivals``, which also count the 429s (``limited``).
+
     python bench/stub_upstream.py --port 9100 [--chunks 20] [--hold --delay 1] [--latency 0.02]
+        [--first-token-delay 0.02] [--stream-seconds 0] [--limit-after N
+        --limit-seconds 8 --retry-after 5] [--record]
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ import asyncio
 import base64
 import json
 import struct
+import time
 
 MODEL = "stub-model"
 DIMENSIONS = 1536  # text-embedding-3-small's
@@ -87,11 +99,33 @@ def _json_response(payload: object, status: str = "200 OK") -> bytes:
 class Stub:
     """The canned responses, and the state of held streams."""
 
-    def __init__(self, chunks: int, delay: float, hold: bool, latency: float = 0) -> None:
+    def __init__(
+        self,
+        chunks: int,
+        delay: float,
+        hold: bool,
+        latency: float = 0.0,
+        *,
+        first_token_delay: float = 0.0,
+        stream_seconds: float = 0.0,
+        limit_after: int | None = None,
+        limit_seconds: float = 0.0,
+        retry_after: float = 5.0,
+        record: bool = False,
+    ) -> None:
         self.chunks = chunks
         self.delay = delay
         self.hold = hold
         self.latency = latency
+        self.first_token_delay = first_token_delay
+        self.stream_seconds = stream_seconds
+        self.limit_after = limit_after
+        self.limit_seconds = limit_seconds
+        self.retry_after = retry_after
+        self.limited_until = 0.0  # time.time() when the current 429 window ends
+        self.record = record
+        self.arrivals: list[tuple[float, int]] = []
+        self.limited = 0
         self.released = asyncio.Event()
         self.open_streams = 0
         self.served = 0
@@ -184,6 +218,31 @@ class Stub:
         )
         return _head("200 OK", "application/json", len(body)) + body
 
+    def _rate_limited(self) -> bytes | None:
+        """The 429 to answer now, if within a window of them (which begins once
+        ``limit_after`` completions were served)."""
+        now = time.time()
+        if self.limit_after is not None and self.served >= self.limit_after:
+            self.limit_after = None
+            self.limited_until = now + self.limit_seconds
+        if now >= self.limited_until:
+            return None
+        self.limited += 1
+        body = _dumps(
+            {
+                "error": {
+                    "message": "Rate limit reached for requests",
+                    "type": "requests",
+                    "param": None,
+                    "code": "rate_limit_exceeded",
+                }
+            }
+        )
+        return (
+            f"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+            f"Retry-After: {self.retry_after:g}\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+
     async def _route(
         self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter
     ) -> None:
@@ -193,6 +252,15 @@ class Stub:
             writer.write(self._embeddings(body))
             self.served += 1
         elif method == "POST" and path.endswith("/chat/completions"):
+            refusal = self._rate_limited()
+            if self.record:
+                self.arrivals.append((time.time(), 200 if refusal is None else 429))
+            if refusal is not None:
+                writer.write(refusal)
+                await writer.drain()
+                return
+            if self.first_token_delay:
+                await asyncio.sleep(self.first_token_delay)
             request = json.loads(body or b"{}")
             if not request.get("stream"):
                 writer.write(self.completion)
@@ -201,6 +269,8 @@ class Stub:
                 usage = isinstance(options, dict) and bool(options.get("include_usage"))
                 if self.hold:
                     await self._held_stream(writer, usage)
+                elif self.stream_seconds:
+                    await self._long_stream(writer, usage)
                 else:
                     writer.write(self.streams[usage])
             self.served += 1
@@ -212,11 +282,18 @@ class Stub:
         elif method == "POST" and path == "/bench/hold":
             self.released.clear()
             writer.write(_json_response({"holding": True}))
+        elif method == "POST" and path == "/bench/limit":
+            asked = json.loads(body or b"{}")
+            self.retry_after = float(asked.get("retry_after", self.retry_after))
+            self.limited_until = time.time() + float(asked.get("seconds", 0))
+            writer.write(_json_response({"limited_until": self.limited_until}))
         elif method == "GET" and path == "/bench/stats":
             stats = {
                 "open_streams": self.open_streams,
                 "served": self.served,
                 "connections": self.connections,
+                "limited": self.limited,
+                "arrivals": self.arrivals,
             }
             writer.write(_json_response(stats))
         else:
@@ -241,8 +318,26 @@ class Stub:
         finally:
             self.open_streams -= 1
 
+    async def _long_stream(self, writer: asyncio.StreamWriter, usage: bool) -> None:
+        """A stream whose content chunks come spread over ``stream_seconds``."""
+        self.open_streams += 1
+        try:
+            frames = self.frames[usage]
+            writer.write(_head("200 OK", "text/event-stream") + _http_chunk(frames[0]))
+            await writer.drain()
+            pause = self.stream_seconds / max(1, self.chunks)
+            for frame in frames[1 : 1 + self.chunks]:
+                await asyncio.sleep(pause)
+                writer.write(_http_chunk(frame))
+                await writer.drain()
+            writer.write(
+                b"".join(_http_chunk(frame) for frame in frames[1 + self.chunks :]) + b"0\r\n\r\n"
+            )
+        finally:
+            self.open_streams -= 1
 
-async def main() -> None:
+
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9100)
@@ -250,8 +345,33 @@ async def main() -> None:
     parser.add_argument("--hold", action="store_true", help="hold streams until /bench/release")
     parser.add_argument("--delay", type=float, default=1.0, help="seconds between held chunks")
     parser.add_argument("--latency", type=float, default=0, help="seconds before each answer")
-    args = parser.parse_args()
-    stub = Stub(args.chunks, args.delay, args.hold, args.latency)
+    parser.add_argument("--first-token-delay", type=float, default=0.0)
+    parser.add_argument("--stream-seconds", type=float, default=0.0)
+    parser.add_argument("--limit-after", type=int, default=None)
+    parser.add_argument("--limit-seconds", type=float, default=0.0)
+    parser.add_argument("--retry-after", type=float, default=5.0)
+    parser.add_argument("--record", action="store_true", help="keep each request's arrival")
+    return parser.parse_args(argv)
+
+
+def stub_of(args: argparse.Namespace) -> Stub:
+    return Stub(
+        args.chunks,
+        args.delay,
+        args.hold,
+        args.latency,
+        first_token_delay=args.first_token_delay,
+        stream_seconds=args.stream_seconds,
+        limit_after=args.limit_after,
+        limit_seconds=args.limit_seconds,
+        retry_after=args.retry_after,
+        record=args.record,
+    )
+
+
+async def main() -> None:
+    args = arguments()
+    stub = stub_of(args)
     server = await asyncio.start_server(stub.serve, args.host, args.port, backlog=4096)
     async with server:
         await server.serve_forever()

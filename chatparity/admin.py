@@ -1,7 +1,8 @@
-"""Admin for keys, backends, aliases and the request log."""
+"""Admin for keys, backends, aliases and their deployments, and the request log."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime
 import io
@@ -23,7 +24,8 @@ from django.contrib.admin.views.main import PAGE_VAR, ChangeList
 from django.core.exceptions import ValidationError
 from django.core.handlers.asgi import ASGIRequest
 from django.core.paginator import Paginator
-from django.db.models import Count, Max, Min, QuerySet
+from django.db.models import Count, Max, Min, Prefetch, QuerySet
+from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -35,6 +37,7 @@ from django.utils.text import capfirst
 from django.utils.translation import gettext
 
 from .accounting import catalog, limits
+from .accounting import deployments as shared
 from .accounting.rollups import FAILED
 from .gateway import probe
 from .kinds import kinds
@@ -43,11 +46,13 @@ from .models import (
     Backend,
     CacheState,
     DailyAliasUsage,
+    Deployment,
     Endpoint,
     ModelAlias,
     Plan,
     RequestLog,
     StoredResponse,
+    deployments_problem,
 )
 
 
@@ -359,6 +364,111 @@ class BackendAdmin(admin.ModelAdmin):
                 self.message_user(request, f"{backend.name}: {trial.error}", messages.ERROR)
 
 
+class DeploymentForm(forms.ModelForm):
+    """A deployment; the alias's own (``primary``) has its backend and model from the
+    alias, edited above."""
+
+    class Meta:
+        model = Deployment
+        fields = [
+            "backend", "model", "name", "weight", "tier", "requests_per_minute",
+            "tokens_per_minute", "max_in_flight", "enabled",
+        ]  # fmt: skip
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.primary:
+            for name in ("backend", "model"):
+                self.fields[name].disabled = True
+                self.fields[name].help_text = "The alias's own: change it above."
+
+
+class DeploymentFormSet(BaseInlineFormSet):
+    """An alias's deployments as they will be once saved, refused when no deployment
+    could serve, or a tier is left without one (:func:`deployments_problem`); its own
+    deployment is never deleted here."""
+
+    def clean(self) -> None:
+        super().clean()
+        kept = []
+        for form in self.forms:
+            cleaned = getattr(form, "cleaned_data", None)
+            if not cleaned or (form.instance.pk is None and not form.has_changed()):
+                continue  # invalid (said on the form), or an extra form left empty
+            if not cleaned.get("DELETE"):
+                kept.append(form.instance)
+            elif form.instance.primary:
+                raise ValidationError(
+                    "The alias's own backend cannot be deleted here: change the alias's"
+                    " backend above, or disable its deployment."
+                )
+        if not any(form.instance.primary for form in self.forms):
+            kept.append(Deployment(primary=True))  # made with the alias, as it is by default
+        problem = deployments_problem(kept)
+        if problem:
+            raise ValidationError(problem)
+
+    def save_existing(self, form: Any, obj: Deployment, commit: bool = True) -> Deployment:
+        if obj.primary:  # as the alias, saved just before, says now
+            obj.backend, obj.model = self.instance.backend, self.instance.model
+        saved: Deployment = super().save_existing(form, obj, commit)
+        return saved
+
+
+def _health_text(health: shared.Health, now: float) -> str:
+    """A deployment's state as the alias's page shows it."""
+    if health.cooling(now):
+        until = datetime.datetime.fromtimestamp(health.cooling_until, datetime.UTC)
+        state = f"cooling until {until:%H:%M:%S} UTC ({health.cooling_until - now:.0f} s)"
+    elif health.probing:
+        state = "cooled down, being tried again"
+    elif health.half_open:
+        state = "cooled down, to be tried again"
+    elif health.failures:
+        state = f"failing ({health.failures} in a row)"
+    else:
+        state = "healthy"
+    ttft = shared.percentile(health.samples, 50)
+    share = health.error_share
+    return "; ".join(
+        [
+            state,
+            f"{health.in_flight} in flight",
+            f"first token p50 {ttft:.0f} ms" if ttft is not None else "first token: not measured",
+            f"errors {share:.0%} of {health.requests}" if share is not None else "no errors",
+        ]
+    )
+
+
+class DeploymentInline(admin.TabularInline):
+    """An alias's deployments, each with its state now (shared by every worker)."""
+
+    model = Deployment
+    form = DeploymentForm
+    formset = DeploymentFormSet
+    extra = 0
+    readonly_fields = ["state"]
+
+    snapshot: shared.Snapshot | None = None
+    """The state of the page's alias's deployments, read once for the page."""
+
+    def get_formset(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> Any:
+        if obj is not None and self.snapshot is None:
+            rows = list(Deployment.objects.filter(alias=obj).select_related("backend"))
+            with contextlib.suppress(limits.Unavailable):
+                self.snapshot = async_to_sync(shared.snapshot)(rows, obj.pk, samples="stream")
+        return super().get_formset(request, obj, **kwargs)
+
+    @admin.display(description="state now")
+    def state(self, deployment: Deployment) -> str:
+        if deployment.pk is None:
+            return "—"
+        if self.snapshot is None:
+            return "unknown (the counters are unavailable)"
+        health = self.snapshot.health.get(shared.scope(deployment), shared.HEALTHY)
+        return _health_text(health, self.snapshot.now)
+
+
 class TryItForm(forms.Form):
     prompt = forms.CharField(initial=probe.TRY_PROMPT, widget=forms.Textarea(attrs={"rows": 3}))
     max_tokens = forms.IntegerField(initial=64, min_value=1, max_value=1024)
@@ -374,6 +484,7 @@ class ModelAliasAdmin(admin.ModelAdmin):
     search_fields = ["public_id", "model", "description"]
     list_select_related = ["backend"]
     actions = ["try_it", "purge_response_cache", "fill_prices"]
+    inlines = [DeploymentInline]
 
     @admin.action(description="Purge their response cache", permissions=["change"])
     def purge_response_cache(self, request: HttpRequest, queryset: QuerySet[ModelAlias]) -> None:
@@ -406,7 +517,9 @@ class ModelAliasAdmin(admin.ModelAdmin):
                     form.cleaned_data["prompt"],
                     form.cleaned_data["max_tokens"],
                 )
-                for alias in queryset.select_related("backend")
+                for alias in queryset.select_related("backend").prefetch_related(
+                    Prefetch("deployments", Deployment.objects.select_related("backend"))
+                )
             ]
         context = {
             **self.admin_site.each_context(request),
@@ -469,6 +582,7 @@ CSV_COLUMNS = [
     "output_tokens_per_second", "client_ip", "user_agent", "cache_write_5m_tokens",
     "cache_write_1h_tokens", "cost",
 ]  # fmt: skip
+CSV_COLUMNS += ["deployment", "deployments_tried"]  # which deployment of the alias served it
 
 
 # Rows of the CSV export a query reads, and streams, at a time.

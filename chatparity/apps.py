@@ -14,10 +14,10 @@ class ChatparityConfig(AppConfig):
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
         from .accounting.keys import forget
-        from .models import ApiKey, Backend, ModelAlias, Plan, check_aliases_added
+        from .models import ApiKey, Backend, Deployment, ModelAlias, Plan, check_aliases_added
 
         # A change saved in this process applies to the very next request.
-        for model in (ApiKey, ModelAlias, Backend, Plan):
+        for model in (ApiKey, ModelAlias, Backend, Plan, Deployment):
             uid = f"chatparity.forget.{model.__name__}"
             post_save.connect(forget, sender=model, dispatch_uid=uid)
             post_delete.connect(forget, sender=model, dispatch_uid=uid)

@@ -8,7 +8,7 @@ import os
 import shutil
 import stat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -22,7 +22,14 @@ from .accounting import spool
 from .backends.command import CommandConfigError, parse_declaration
 from .conf import DEFAULTS, app_settings
 from .gateway.responses import HOSTED_TOOLS_POLICIES
+from .kinds import price_provider
 from .transport.cors import origin_problem
+
+if TYPE_CHECKING:
+    from .models import Deployment, ModelAlias
+
+# An alias's cache prices, each blank at its provider's ratio to the input price.
+CACHE_PRICES = ("cached_input_price", "cache_write_5m_price", "cache_write_1h_price")
 
 
 @register()
@@ -328,17 +335,43 @@ def check_stored_secrets(
 def check_stored_configuration(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """Backends and aliases the admin would refuse to save as they are (saved before
-    it checked them, or written some other way): each fails at request time."""
-    from .models import Backend, ModelAlias
+    """Backends, aliases and deployments the admin would refuse to save as they are
+    (saved before it checked them, or written some other way): each fails at request
+    time. An alias whose deployments could not serve it is one of them."""
+    from .models import Backend, Deployment, ModelAlias, deployments_problem
 
     messages: list[CheckMessage] = []
     for database in databases or ():
         try:
+            deployed = Deployment.objects.using(database).select_related("alias", "backend")
+            deployments = list(deployed.select_related("alias__backend"))
             rows = [*Backend.objects.using(database), *ModelAlias.objects.using(database)]
         except DatabaseError:
             continue  # not migrated yet
-        for row in rows:
+        groups: dict[ModelAlias, list[Deployment]] = {}
+        for deployment in deployments:
+            groups.setdefault(deployment.alias, []).append(deployment)
+        for alias, group in groups.items():
+            problem = deployments_problem(group)
+            if problem:
+                messages.append(
+                    Warning(
+                        f"model alias {str(alias)!r}: {problem}",
+                        hint="Open it in the admin and correct its deployments.",
+                        id="chatparity.W041",
+                    )
+                )
+            apart = priced_apart(alias, group)
+            if apart:
+                messages.append(
+                    Warning(
+                        f"model alias {str(alias)!r}: {apart}",
+                        hint="Set its cache prices (or fill them from the catalog) to what"
+                        " every deployment's upstream charges.",
+                        id="chatparity.W042",
+                    )
+                )
+        for row in [*rows, *deployments]:
             try:
                 row.clean()
             except ValidationError as error:
@@ -353,6 +386,26 @@ def check_stored_configuration(
                     )
                 )
     return messages
+
+
+def priced_apart(alias: ModelAlias, deployments: list[Deployment]) -> str:
+    """What is priced wrong when ``alias`` leaves a cache price blank and some of its
+    enabled ``deployments`` bill prompt caching by another provider than its own
+    backend's: a blank is its own backend's provider's ratio, whichever deployment
+    served the request (docs/routing.md). "" when nothing is."""
+    blank = [name for name in CACHE_PRICES if getattr(alias, name) is None]
+    apart = [
+        str(d)
+        for d in deployments
+        if d.enabled and price_provider(d.backend.kind, d.backend.options) != alias.provider
+    ]
+    if not (blank and apart):
+        return ""
+    return (
+        f"its blank {', '.join(blank)} take the ratios of its own backend's provider"
+        f" ({alias.provider or 'none'}) for every request, also those served by"
+        f" {', '.join(apart)}, whose upstream bills by another's."
+    )
 
 
 @register()

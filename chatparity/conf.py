@@ -108,6 +108,30 @@ DEFAULTS: dict[str, Any] = {
     # Seconds a request waits for its backend's first event (fallbacks included)
     # before it ends with 504 request_timeout (an error frame once headers went out).
     "FIRST_BYTE_TIMEOUT": 60.0,
+    # How aliases of several deployments route (docs/routing.md). A deployment cools
+    # down after FAILURES failures in a row, or a FAILURE_SHARE of its requests failing
+    # over the last FAILURE_WINDOW seconds (once it had MIN_REQUESTS there): for the
+    # upstream's Retry-After when it sends one (at most MAX_COOLDOWN_SECONDS), else for
+    # COOLDOWN_SECONDS, doubled each time it cools again without having recovered (at
+    # most MAX_COOLDOWN_SECONDS); then one request tries it. A request waits at most
+    # MAX_WAIT_SECONDS for a deployment to come back when all are cooling (never past
+    # its deadline). Lowest latency ranks by the LATENCY_PERCENTILE of the last
+    # LATENCY_SAMPLES times to first token, and sends EXPLORATION of the requests to
+    # another deployment. A session sticks to its deployment for STICKY_SECONDS after
+    # its last request.
+    "ROUTING": {
+        "FAILURES": 3,
+        "FAILURE_SHARE": 0.5,
+        "FAILURE_WINDOW": 60.0,
+        "MIN_REQUESTS": 10,
+        "COOLDOWN_SECONDS": 5.0,
+        "MAX_COOLDOWN_SECONDS": 300.0,
+        "MAX_WAIT_SECONDS": 10.0,
+        "LATENCY_PERCENTILE": 50,
+        "LATENCY_SAMPLES": 20,
+        "EXPLORATION": 0.05,
+        "STICKY_SECONDS": 3600.0,
+    },
     # Seconds a response of /v1/responses made with ``store`` on is kept (OpenAI: 30
     # days); older ones are neither readable nor continued, and
     # ``chatparity_expire_responses`` deletes them.
@@ -222,6 +246,7 @@ class AppSettings:
     MAX_UPSTREAM_LINE_BYTES: Setting[int] = Setting()
     KEEPALIVE_SECONDS: Setting[float] = Setting()
     FIRST_BYTE_TIMEOUT: Setting[float] = Setting()
+    ROUTING: Setting[dict[str, Any]] = Setting()
     RESPONSES_RETENTION: Setting[float] = Setting()
     STORED_RESPONSE_BYTES: Setting[dict[str, int]] = Setting()
     HOSTED_TOOLS: Setting[dict[str, str]] = Setting()

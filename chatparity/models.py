@@ -1,8 +1,9 @@
-"""API keys, backends, model aliases and the request log."""
+"""API keys, backends, model aliases and their deployments, and the request log."""
 
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from django.utils import timezone
 
 from .conf import app_settings
 from .encryption import EncryptedTextField
-from .kinds import config_errors, price_provider
+from .kinds import backend_class, config_errors, price_provider
 from .protocol.caching import parse_cache_options
 from .protocol.errors import APIError
 from .protocol.events import Usage
@@ -360,12 +361,50 @@ def check_default_params(params: Any) -> None:
         raise ValueError(error.message) from None
 
 
+class Routing(models.TextChoices):
+    """How an alias of several deployments chooses one for a request (docs/routing.md)."""
+
+    WEIGHTED = "weighted", "weighted: in proportion to the weights"
+    LEAST_BUSY = "least_busy", "least busy: fewest requests in flight"
+    LOWEST_LATENCY = "lowest_latency", "lowest latency: fastest recent time to first token"
+    MOST_HEADROOM = "most_headroom", "most headroom: most of its quota left"
+
+
+class StickySessions(models.TextChoices):
+    """Whether a request that names its session goes where the session went last."""
+
+    AUTO = "auto", "when an upstream caches prompts"
+    ON = "on", "on"
+    OFF = "off", "off"
+
+
 class ModelAlias(models.Model):
-    """A public model id mapped to a backend, an upstream model and defaults."""
+    """A public model id mapped to a backend, an upstream model and defaults; served by
+    its deployments (the first of which is its own backend and model)."""
 
     public_id = models.CharField(max_length=200, help_text="Matched case-insensitively.")
-    backend = models.ForeignKey(Backend, on_delete=models.PROTECT, related_name="aliases")
+    backend = models.ForeignKey(
+        Backend,
+        on_delete=models.PROTECT,
+        related_name="aliases",
+        help_text="Its first deployment's: more deployments may serve it too.",
+    )
     model = models.CharField(max_length=200, blank=True, help_text="Effective upstream model.")
+    routing = models.CharField(
+        max_length=20,
+        choices=Routing.choices,
+        default=Routing.WEIGHTED,
+        help_text="How a request chooses among the deployments of the first tier available.",
+    )
+    sticky_sessions = models.CharField(
+        max_length=4,
+        choices=StickySessions.choices,
+        default=StickySessions.AUTO,
+        help_text="A request naming its session (x-session-id, prompt_cache_key,"
+        " metadata.user_id, safety_identifier, user) goes to the deployment that served"
+        " the session last while it is healthy and within its quota, so its upstream's"
+        " prompt cache stays warm.",
+    )
     default_params = models.JSONField(
         default=dict, blank=True, help_text="Request parameters applied when the client omits them."
     )
@@ -449,6 +488,15 @@ class ModelAlias(models.Model):
     def __str__(self) -> str:
         return self.public_id
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save, with its first deployment (``primary``) serving its backend and model."""
+        super().save(*args, **kwargs)
+        fields = kwargs.get("update_fields")
+        if fields is None or {"backend", "backend_id", "model"} & set(fields):
+            Deployment.objects.using(self._state.db).update_or_create(
+                alias=self, primary=True, defaults={"backend": self.backend, "model": self.model}
+            )
+
     @cached_property
     def provider(self) -> str | None:
         """The provider whose prices its backend's upstream bills by
@@ -496,6 +544,17 @@ class ModelAlias(models.Model):
                 errors[field] = str(exc)
         if self.max_n is not None and not 1 <= self.max_n <= MAX_N:
             errors["max_n"] = f"Give a number of choices from 1 to {MAX_N}, or leave it blank."
+        if self.pk is not None and self.backend_id is not None:
+            clash = (
+                Deployment.objects.db_manager(self._state.db)
+                .filter(alias=self, primary=False, backend=self.backend_id, model=self.model)
+                .first()
+            )
+            if clash is not None:
+                errors["model"] = (
+                    f"Deployment {clash} of this alias serves this backend and model already:"
+                    " delete it, or choose another model."
+                )
         if errors:
             raise refused(errors)
 
@@ -536,6 +595,133 @@ class ModelAlias(models.Model):
         ]
         if missing:
             raise ValueError(f"No alias is named {', '.join(map(repr, missing))}.")
+
+
+class Deployment(models.Model):
+    """One upstream serving an alias: a backend and its model, with a weight, a tier and
+    the upstream key's own quota. An alias's first deployment (``primary``) is its own
+    backend and model, made and kept with the alias; more may be added."""
+
+    alias = models.ForeignKey(ModelAlias, on_delete=models.CASCADE, related_name="deployments")
+    backend = models.ForeignKey(Backend, on_delete=models.PROTECT, related_name="deployments")
+    model = models.CharField(
+        max_length=200, blank=True, help_text="The upstream model. Blank: the model asked for."
+    )
+    name = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="How the log, the dashboard and the metrics name it. Blank: backend/model.",
+    )
+    weight = models.FloatField(
+        default=1.0,
+        help_text="Its share of the tier's requests against the others' (fractions honoured):"
+        " 0 drains it.",
+    )
+    tier = models.PositiveSmallIntegerField(
+        default=1,
+        help_text="Tier 1 serves while any of its deployments is available; tier 2 only"
+        " when none is, and so on.",
+    )
+    requests_per_minute = _limit("Of the upstream key (not any client's). Blank: no limit.")
+    tokens_per_minute = _limit("Of the upstream key (not any client's). Blank: no limit.")
+    max_in_flight = _limit("Requests it may serve at once. Blank: no limit.")
+    enabled = models.BooleanField(default=True)
+    primary = models.BooleanField(
+        default=False,
+        editable=False,
+        help_text="The alias's own backend and model, edited on the alias.",
+    )
+
+    objects = AuditedQuerySet["Deployment"].as_manager()
+
+    class Meta:
+        ordering = ["tier", "-primary", "pk"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["alias", "backend", "model"], name="chatparity_deployment_once"
+            ),
+            models.UniqueConstraint(
+                fields=["alias"],
+                condition=models.Q(primary=True),
+                name="chatparity_deployment_one_primary",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(weight__gte=0), name="chatparity_deployment_weight"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(tier__gte=1), name="chatparity_deployment_tier"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.label
+
+    @property
+    def label(self) -> str:
+        """Its name, else ``backend/model`` (its backend's name alone for no model)."""
+        if self.name:
+            return self.name
+        return f"{self.backend.name}/{self.model}" if self.model else self.backend.name
+
+    @property
+    def has_quota(self) -> bool:
+        return (
+            self.requests_per_minute is not None
+            or self.tokens_per_minute is not None
+            or self.max_in_flight is not None
+        )
+
+    def clean(self) -> None:
+        """A finite weight of 0 or more, a tier from 1, a backend serving what the alias's
+        own backend serves (chat, embeddings)."""
+        errors = {}
+        if not (isinstance(self.weight, int | float) and math.isfinite(self.weight)):
+            errors["weight"] = "Give a number of 0 or more: 0 drains the deployment."
+        elif self.weight < 0:
+            errors["weight"] = (
+                f"A weight cannot be negative ({self.weight}): give 0 to drain the deployment,"
+                " or a positive share."
+            )
+        if self.tier is not None and self.tier < 1:
+            errors["tier"] = "Tiers are numbered from 1 (used first)."
+        if self.alias_id is not None and self.backend_id is not None:
+            serves = _serves(self.alias.backend.kind)
+            if serves and not set(serves) & set(_serves(self.backend.kind)):
+                errors["backend"] = (
+                    f"Backend {self.backend.name!r} serves neither of what the alias's backend"
+                    f" serves ({' nor '.join(serves)}): choose a backend that does."
+                )
+        if errors:
+            raise refused(errors)
+
+
+def _serves(kind: str) -> tuple[str, ...]:
+    """What a backend of ``kind`` serves: ``chat``, ``embeddings`` (none if unknown)."""
+    try:
+        cls = backend_class(kind)
+    except (KeyError, ImportError):
+        return ()
+    return tuple(name for name, method in (("chat", "stream"), ("embeddings", "embed"))
+                 if hasattr(cls, method))  # fmt: skip
+
+
+def deployments_problem(deployments: Collection[Deployment]) -> str:
+    """What is wrong with an alias served by ``deployments`` (enabled or not), in words
+    that say what to change; "" when nothing is."""
+    serving = [d for d in deployments if d.enabled and d.weight is not None and d.weight > 0]
+    if not serving:
+        return (
+            "No deployment is enabled with a weight above 0: enable one (or give one a"
+            " weight), or disable the alias instead."
+        )
+    tiers = sorted({d.tier for d in deployments if d.tier is not None})
+    missing = [tier for tier in range(1, tiers[-1] + 1) if tier not in tiers] if tiers else []
+    if missing:
+        return (
+            f"Tier {missing[0]} has no deployment: number the tiers from 1 without a gap"
+            f" (tiers used: {', '.join(map(str, tiers))})."
+        )
+    return ""
 
 
 class PlanQuerySet(AuditedQuerySet["Plan"]):
@@ -711,6 +897,14 @@ class RequestLog(models.Model):
     alias = models.CharField(max_length=200, blank=True)
     backend = models.CharField(max_length=100, blank=True)
     upstream_model = models.CharField(max_length=200, blank=True)
+    deployment = models.CharField(
+        max_length=200, blank=True, help_text="The deployment of the alias that served it."
+    )
+    deployments_tried = models.PositiveSmallIntegerField(
+        default=0,
+        help_text="Deployments asked, the one that served included (fallbacks' too):"
+        " more than 1 when one failed before answering.",
+    )
     stream = models.BooleanField(default=False)
     n = models.PositiveIntegerField(default=1)
     status_code = models.PositiveSmallIntegerField()
@@ -978,6 +1172,26 @@ class DailyAliasUsage(DailyUsage):
 
     def __str__(self) -> str:
         return f"{self.day} {self.alias} {self.endpoint}"
+
+
+class DailyDeploymentUsage(DailyUsage):
+    """All keys' requests to one alias served by one of its deployments through one
+    endpoint on one UTC day: the dashboard's split by deployment."""
+
+    deployment = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        verbose_name = "daily usage of a deployment"
+        verbose_name_plural = "daily usage of deployments"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["day", "alias", "deployment", "endpoint"],
+                name="chatparity_deployment_day_once",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.alias} {self.deployment} {self.endpoint}"
 
 
 def check_aliases_added(

@@ -95,6 +95,15 @@ class Observer:
     def upstream_retry(self, backend: str) -> None:
         """The ``openai`` backend ``backend`` asks its upstream again."""
 
+    def deployment_answered(
+        self, record: UsageRecord, seconds: float, failure: BaseException | None
+    ) -> None:
+        """The deployment ``record.deployment`` of ``record.alias`` sent its first event
+        ``seconds`` after it was asked, or failed with ``failure`` before it."""
+
+    def deployment_cooled(self, alias: str, deployment: str, seconds: float) -> None:
+        """The deployment ``deployment`` of ``alias`` cools down for ``seconds``."""
+
     def fallback(self, backend: str) -> None:
         """The backend ``backend`` failed before its first event: a fallback serves."""
 

@@ -25,15 +25,18 @@ def postgres_url():
 
 @pytest.fixture(autouse=True)
 def _forget_lookups():
-    """Each test reads keys and aliases afresh, stamps its keys as used and counts its
-    requests from zero: the last test's data was rolled back."""
+    """Each test reads keys and aliases afresh, stamps its keys as used, counts its
+    requests from zero and knows of no deployment's cooldown: the last test's data was
+    rolled back."""
     from django.core.cache import cache
 
     from chatparity.accounting import inserts, keys, spool
+    from chatparity.gateway import routing
 
     cache.clear()
     keys.forget()
     inserts._stamped.clear()
+    routing.forget()
     yield
     keys.forget()
     # Rows a test spooled are not the next test's to write: its database is new.

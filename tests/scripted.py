@@ -22,21 +22,29 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from chatparity.backends.base import BackendConfig
+from chatparity.protocol.embeddings import Embeddings, EmbeddingsRequest
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import Event, Finish, TextDelta, ToolCallDelta, Usage
 from chatparity.protocol.request import ChatRequest
+from chatparity.protocol.upstream import UpstreamError
 
 # CHATPARITY settings that add the "scripted" backend kind.
-SCRIPTED = {"BACKEND_CLASSES": {"scripted": "tests.scripted.ScriptedBackend"}}
+SCRIPTED = {
+    "BACKEND_CLASSES": {
+        "scripted": "tests.scripted.ScriptedBackend",
+        "scripted-embedder": "tests.scripted.ScriptedEmbedder",
+    }
+}
 
 
 class ScriptedBackend:
     """``options["script"]``: a list of text pieces, ``"<fail>"``, ``"<error>"``,
-    ``"<hang>"``, function calls (``{"call": name, "arguments": json_text}``) or
-    ``"<call every tool>"`` (a call of each function offered, in order, with ``{}``).
-    Each step is a completion token: a request's token limit cuts the script there.
-    Its usage: a prompt token, else ``options["usage"]`` (a prompt's tokens, cache reads
-    and writes as :class:`Usage` names them)."""
+    ``"<rate-limited>"`` (an upstream's 429, with ``options["retry_after"]`` seconds
+    when given), ``"<refuse>"`` (a 400), ``"<hang>"``, function calls (``{"call": name,
+    "arguments": json_text}``) or ``"<call every tool>"`` (a call of each function
+    offered, in order, with ``{}``). Each step is a completion token: a request's token
+    limit cuts the script there. Its usage: a prompt token, else ``options["usage"]`` (a
+    prompt's tokens, cache reads and writes as :class:`Usage` names them)."""
 
     system_fingerprint = "fp_scripted"
     hanging = 0
@@ -65,6 +73,10 @@ class ScriptedBackend:
                 raise RuntimeError("backend crashed")
             if step == "<error>":
                 raise APIError("upstream refused", status=502, type="server_error", code="bad")
+            if step == "<rate-limited>":
+                raise self.rate_limited()
+            if step == "<refuse>":
+                raise APIError("the upstream refused this request", param="messages")
             if step == "<hang>":
                 ScriptedBackend.hanging += 1
                 try:
@@ -86,6 +98,11 @@ class ScriptedBackend:
         return Usage(**{"prompt_tokens": 1, **self.config.options.get("usage", {})},
                      completion_tokens=sent)  # fmt: skip
 
+    def rate_limited(self) -> UpstreamError:
+        error = UpstreamError("rate limited", status=429, type="requests", code="rate_limit")
+        error.retry_after = self.config.options.get("retry_after")
+        return error
+
     def _steps(self, request: ChatRequest) -> list[Any]:
         every_tool = [{"call": tool.name, "arguments": "{}"} for tool in request.tools]
         return [
@@ -93,6 +110,21 @@ class ScriptedBackend:
             for step in self.config.options.get("script", [])
             for each in (every_tool if step == "<call every tool>" else [step])
         ]
+
+
+class ScriptedEmbedder(ScriptedBackend):
+    """Embeds too (kind ``scripted-embedder``): each input's vector is one number, the
+    length of the backend's name; its script's ``"<error>"`` or ``"<rate-limited>"``
+    fails the request as in a stream."""
+
+    async def embed(self, request: EmbeddingsRequest, model: str) -> Embeddings:
+        script = self.config.options.get("script", [])
+        if "<error>" in script:
+            raise APIError("upstream refused", status=502, type="server_error", code="bad")
+        if "<rate-limited>" in script:
+            raise self.rate_limited()
+        vector = struct.pack("<f", float(len(self.config.name)))
+        return Embeddings([vector] * len(request.inputs), prompt_tokens=len(request.inputs))
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,20 @@ from django.utils import timezone
 
 from chatparity import admin as chatparity_admin
 from chatparity.accounting import catalog
+from chatparity.accounting import deployments as shared
+from chatparity.accounting.deployments import Outcome
 from chatparity.accounting.inserts import insert_rows
 from chatparity.admin import RequestLogAdmin
 from chatparity.kinds import kinds
-from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog, StoredResponse, hash_key
+from chatparity.models import (
+    ApiKey,
+    Backend,
+    Deployment,
+    ModelAlias,
+    RequestLog,
+    StoredResponse,
+    hash_key,
+)
 from tests.configs import BAD_ALIASES, BAD_BACKENDS, GOOD_ALIAS, GOOD_BACKENDS
 from tests.scripted import SCRIPTED
 from tests.support.logs import logged, noon
@@ -568,6 +578,22 @@ class TestModelAliasAdmin:
         assert ModelAlias.objects.get(public_id="opus").input_price == 0
 
 
+def deployment_forms(*deployments, initial=0):
+    """The deployments inline's fields: the management form's, then each deployment's
+    (a dict of its fields, given ``id`` for one saved), as the admin's page posts them."""
+    data = {
+        "deployments-TOTAL_FORMS": str(len(deployments)),
+        "deployments-INITIAL_FORMS": str(initial),
+        "deployments-MIN_NUM_FORMS": "0",
+        "deployments-MAX_NUM_FORMS": "1000",
+    }
+    for index, fields in enumerate(deployments):
+        defaults = {"weight": "1", "tier": "1", "enabled": "on"}
+        for name, value in {**defaults, **fields}.items():
+            data[f"deployments-{index}-{name}"] = value
+    return data
+
+
 class TestModelAliasForm:
     """The alias form refuses what a request would refuse, on the field at fault."""
 
@@ -580,7 +606,8 @@ class TestModelAliasForm:
         data = {
             "public_id": "new", "backend": spare.backend.pk, "model": "", "max_n": "",
             "enabled": "on", "listed": "on", "owned_by": "chatparity", "input_price": "0",
-            "output_price": "0",
+            "output_price": "0", "routing": "weighted", "sticky_sessions": "auto",
+            **deployment_forms(),
         }  # fmt: skip
         for name in ("default_params", "fallbacks", "forwarded_params", "response_cache"):
             empty = {} if name in ("default_params", "response_cache") else []
@@ -607,6 +634,97 @@ class TestModelAliasForm:
         saved = ModelAlias.objects.get(public_id="new")
         assert (saved.cached_input_price, saved.cache_write_5m_price) == (None, None)
         assert saved.cache_write_1h_price == Decimal("7.5")
+
+
+class TestDeploymentInline:
+    """An alias's deployments are edited on its page, each shown with its state now."""
+
+    @pytest.fixture
+    def alias(self, db, settings):
+        settings.CHATPARITY = SCRIPTED
+        own, other = (
+            Backend.objects.create(name=name, kind="scripted") for name in ("own", "other")
+        )
+        alias = ModelAlias.objects.create(public_id="group", backend=own, model="m")
+        Deployment.objects.create(alias=alias, backend=other, model="m2", weight=2)
+        return alias
+
+    def change(self, client, alias, *deployments, **fields):
+        """Post the alias's page with its fields and ``deployments`` (the saved ones
+        first, in their order, changed as given)."""
+        saved = list(alias.deployments.order_by("tier", "-primary", "pk"))
+        forms = []
+        for index, changes in enumerate(deployments):
+            row = saved[index] if index < len(saved) else None
+            base = {} if row is None else {
+                "id": str(row.pk), "alias": str(alias.pk), "backend": str(row.backend_id),
+                "model": row.model, "weight": str(row.weight), "tier": str(row.tier),
+                "enabled": "on" if row.enabled else "",
+            }  # fmt: skip
+            forms.append({**base, **changes})
+        data = {
+            "public_id": alias.public_id, "backend": str(alias.backend_id), "model": alias.model,
+            "max_n": "", "enabled": "on", "listed": "on", "owned_by": "chatparity",
+            "input_price": "0", "output_price": "0", "routing": "weighted",
+            "sticky_sessions": "auto", "default_params": "{}", "fallbacks": "[]",
+            "forwarded_params": "[]", **fields,
+            **deployment_forms(*forms, initial=len(saved)),
+        }  # fmt: skip
+        return client.post(reverse("admin:chatparity_modelalias_change", args=[alias.pk]), data)
+
+    def test_the_page_lists_each_deployment_with_its_state(self, admin_client, alias):
+        other = alias.deployments.get(primary=False)
+        async_to_sync(shared.told)(other, Outcome(failed=True, retry_after=120))
+        response = admin_client.get(reverse("admin:chatparity_modelalias_change", args=[alias.pk]))
+        text = page(response)
+        assert "healthy; 0 in flight; first token: not measured; no errors" in text
+        assert re.search(r"cooling until \d\d:\d\d:\d\d UTC \((119|120) s\)", text)
+        assert "errors 100% of 1" in text
+
+    def test_a_deployment_added_on_the_page_serves_the_alias(self, admin_client, alias):
+        third = Backend.objects.create(name="third", kind="scripted")
+        response = self.change(
+            admin_client, alias, {}, {}, {"backend": str(third.pk), "model": "m3", "weight": "0.5",
+                                          "tier": "2", "requests_per_minute": "60"},
+        )  # fmt: skip
+        assert response.status_code == 302, response.context["inline_admin_formsets"]
+        added = alias.deployments.get(backend=third)
+        assert (added.weight, added.tier, added.requests_per_minute) == (0.5, 2, 60)
+
+    def test_its_own_deployment_follows_the_aliass_backend(self, admin_client, alias):
+        other = Backend.objects.get(name="other")
+        response = self.change(
+            admin_client, alias, {"weight": "3"}, {}, backend=str(other.pk), model="moved"
+        )
+        assert response.status_code == 302
+        own = alias.deployments.get(primary=True)
+        assert (own.backend, own.model, own.weight) == (other, "moved", 3.0)
+
+    @pytest.mark.parametrize(
+        ("changes", "words"),
+        [
+            ([{"enabled": ""}, {"enabled": ""}], "No deployment is enabled with a weight above 0"),
+            ([{"weight": "0"}, {"weight": "0"}], "No deployment is enabled with a weight above 0"),
+            ([{}, {"tier": "3"}], "Tier 2 has no deployment"),
+            ([{"DELETE": "on"}, {}], "The alias's own backend cannot be deleted here"),
+        ],
+    )
+    def test_a_group_that_could_not_serve_is_refused_saying_what_to_change(
+        self, admin_client, alias, changes, words
+    ):
+        response = self.change(admin_client, alias, *changes)
+        assert response.status_code == 200
+        (formset,) = response.context["inline_admin_formsets"]
+        assert words in " ".join(formset.formset.non_form_errors())
+        assert list(alias.deployments.values_list("enabled", "weight", "tier")) == [
+            (True, 1.0, 1),
+            (True, 2.0, 1),
+        ]
+
+    def test_a_negative_weight_is_refused_on_its_field(self, admin_client, alias):
+        response = self.change(admin_client, alias, {}, {"weight": "-1"})
+        (formset,) = response.context["inline_admin_formsets"]
+        assert "cannot be negative" in formset.formset.forms[1].errors["weight"][0]
 
 
 def exported(response) -> list[dict[str, str]]:

@@ -7,11 +7,11 @@ from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
-from django.test import TestCase, TransactionTestCase, override_settings
+from django.test import TestCase, override_settings
 
 from chatparity import encryption
 from chatparity.models import Backend
+from tests.support.migrating import MigratingTestCase
 
 SECRET = "sk-upstream-very-secret-4242"
 OLD_KEY, NEW_KEY = Fernet.generate_key().decode(), Fernet.generate_key().decode()
@@ -162,20 +162,11 @@ class RotateCommandTests(TestCase):
         assert plaintext_of(column(kept), NEW_KEY) == SECRET
 
 
-class MigrationTests(TransactionTestCase):
+class MigrationTests(MigratingTestCase):
     """0006_security encrypts the plaintext secrets 0005 left, and decrypts them when unapplied."""
 
     BEFORE = [("chatparity", "0005_limits_and_budgets")]
     AFTER = [("chatparity", "0006_security")]
-
-    def migrate(self, targets):
-        executor = MigrationExecutor(connection)
-        executor.migrate(targets)
-        return executor.loader.project_state(targets).apps
-
-    def tearDown(self):
-        executor = MigrationExecutor(connection)
-        executor.migrate(executor.loader.graph.leaf_nodes())
 
     def test_plaintext_rows_are_encrypted_and_unapplying_restores_them(self):
         old_apps = self.migrate(self.BEFORE)

@@ -3,6 +3,7 @@ admin and the management API run), each error on the field at fault; a key is fo
 alias or for those selected, never both."""
 
 import datetime
+import math
 from decimal import Decimal
 from unittest import mock
 
@@ -14,7 +15,14 @@ from django.db.models import F
 
 from chatparity.backends import config_errors
 from chatparity.conf import DEFAULTS
-from chatparity.models import ApiKey, Backend, ModelAlias, Prices
+from chatparity.models import (
+    ApiKey,
+    Backend,
+    Deployment,
+    ModelAlias,
+    Prices,
+    deployments_problem,
+)
 from chatparity.protocol.events import Usage
 from chatparity.signals import rows_updated
 from tests.configs import BAD_ALIASES, BAD_BACKENDS, GOOD_ALIAS, GOOD_BACKENDS
@@ -120,6 +128,110 @@ def test_stored_rows_that_would_be_refused_are_reported_by_check_database(spare)
         ),
         ("chatparity.W040", "model alias 'broken': fallbacks: No alias is named 'nowhere'."),
     ]
+
+
+class TestDeployment:
+    """A deployment's own fields; an alias's deployments together."""
+
+    @pytest.fixture
+    def group(self, spare, settings):
+        settings.CHATPARITY = SCRIPTED
+        return spare
+
+    def deployment(self, alias, **fields):
+        return Deployment(alias=alias, backend=alias.backend, model="other", **fields)
+
+    @pytest.mark.parametrize(
+        ("fields", "field", "words"),
+        [
+            ({"weight": -0.5}, "weight", "A weight cannot be negative (-0.5): give 0 to drain"),
+            ({"weight": math.nan}, "weight", "Give a number of 0 or more"),
+            ({"weight": math.inf}, "weight", "Give a number of 0 or more"),
+            ({"tier": 0}, "tier", "numbered from 1"),
+        ],
+    )
+    def test_a_bad_deployment_is_refused_on_its_field(self, group, fields, field, words):
+        errors = refusal(self.deployment(group, **fields))
+        assert words in errors[field][0]
+
+    def test_a_deployment_serves_what_the_aliass_backend_serves(self, group):
+        embedder = Backend.objects.create(name="embedder", kind="embedder")
+        refused = Deployment(alias=group, backend=embedder, model="x")
+        assert (
+            "serves neither of what the alias's backend serves (chat)"
+            in (refusal(refused)["backend"][0])
+        )
+        self.deployment(group, weight=0.001, tier=2).full_clean()
+
+    def test_the_same_backend_and_model_twice_is_refused(self, group):
+        self.deployment(group).save()
+        assert "already exists" in refusal(self.deployment(group))["__all__"][0]
+
+    def test_an_aliass_backend_and_model_another_deployment_has_is_refused(self, group):
+        self.deployment(group).save()
+        group.model = "other"
+        assert "serves this backend and model already" in refusal(group)["model"][0]
+
+    @pytest.mark.parametrize(
+        ("rows", "words"),
+        [
+            ([], "No deployment is enabled"),
+            ([{"enabled": False}, {"weight": 0}], "No deployment is enabled"),
+            ([{}, {"tier": 3}], "Tier 2 has no deployment: number the tiers from 1 without a gap"),
+            ([{"tier": 2}], "Tier 1 has no deployment"),
+            ([{}, {"tier": 2, "enabled": False}], ""),  # a tier all disabled: served by tier 1
+            ([{"weight": 0}, {"weight": 0.0001}], ""),
+        ],
+    )
+    def test_deployments_that_could_not_serve_their_alias_say_what_to_change(self, rows, words):
+        problem = deployments_problem([Deployment(**fields) for fields in rows])
+        assert words in problem if words else problem == ""
+
+    def test_an_aliass_own_deployment_is_made_and_kept_with_it(self, group):
+        (own,) = Deployment.objects.filter(alias=group)
+        assert (own.backend, own.model, own.primary, own.weight, own.tier) == (
+            group.backend, "", True, 1.0, 1,
+        )  # fmt: skip
+        group.model = "renamed"
+        group.save(update_fields=["model"])
+        own.refresh_from_db()
+        assert own.model == "renamed"
+        group.description = "other fields leave it alone"
+        with mock.patch.object(Deployment.objects, "update_or_create") as touched:
+            group.save(update_fields=["description"])
+        touched.assert_not_called()
+
+    def test_deployments_that_could_not_serve_are_reported_by_check_database(self, group):
+        Deployment.objects.filter(alias=group).update(tier=2)
+        found = run_checks(tags=[Tags.database], databases=["default"])
+        assert [(m.id, m.msg) for m in found if m.id == "chatparity.W041"] == [
+            ("chatparity.W041", "model alias 'spare': Tier 1 has no deployment: number the tiers"
+             " from 1 without a gap (tiers used: 2)."),
+        ]  # fmt: skip
+
+    def test_blank_cache_prices_over_deployments_of_another_provider_are_reported(self, db):
+        chat = Backend.objects.create(name="oai", kind="openai", base_url="https://o.test/v1")
+        messages = Backend.objects.create(
+            name="ant", kind="openai", base_url="https://a.test/v1",
+            options={"wire_api": "messages"},
+        )  # fmt: skip
+        mixed = ModelAlias.objects.create(public_id="mixed", backend=chat, model="m")
+        Deployment.objects.create(alias=mixed, backend=messages, model="m")
+
+        def reported():
+            found = run_checks(tags=[Tags.database], databases=["default"])
+            return [m.msg for m in found if m.id == "chatparity.W042"]
+
+        assert reported() == [
+            "model alias 'mixed': its blank cached_input_price, cache_write_5m_price,"
+            " cache_write_1h_price take the ratios of its own backend's provider (openai)"
+            " for every request, also those served by ant/m, whose upstream bills by"
+            " another's."
+        ]
+        ModelAlias.objects.filter(pk=mixed.pk).update(
+            cached_input_price=1, cache_write_5m_price=1, cache_write_1h_price=1
+        )
+        assert reported() == []
 
 
 class TestApiKeyExpiry:

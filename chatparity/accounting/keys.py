@@ -32,12 +32,13 @@ from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 from django.core.exceptions import FieldDoesNotExist
 from django.db import DatabaseError
-from django.db.models import Q
+from django.db.models import Prefetch, Q
 
 from .. import signals
 from ..conf import app_settings
-from ..models import ApiKey, ModelAlias, Plan
+from ..models import ApiKey, Deployment, ModelAlias, Plan
 from ..protocol import errors
+from . import deployments
 from .batching import OncePerInterval, PerLoop, detached, reconnecting
 
 logger = logging.getLogger(__name__)
@@ -70,18 +71,19 @@ class Grant:
 
 @dataclass(frozen=True, slots=True)
 class Aliases:
-    """The enabled aliases, by lower-cased public id, each with its backend."""
+    """The enabled aliases, by lower-cased public id, each with its backend and its
+    deployments."""
 
     by_id: dict[str, ModelAlias]
 
     def find(self, model: str, grant: Grant | None, *, servable: bool = True) -> ModelAlias | None:
         """The alias ``model`` names (case-insensitively), if ``grant`` may use it (no
         grant: an admin's trial, which may use every alias) and, when ``servable``,
-        its backend is enabled."""
+        a deployment of it may serve (enabled, on an enabled backend)."""
         alias = self.by_id.get(model.lower())
         if alias is None or (grant is not None and not grant.may_use(alias)):
             return None
-        if servable and not alias.backend.enabled:
+        if servable and not deployments.serving(alias):
             return None
         return alias
 
@@ -223,5 +225,10 @@ def _load_grant(hashed_key: str) -> Grant | None:
 
 @reconnecting
 def _load_aliases() -> Aliases:
-    rows = ModelAlias.objects.filter(enabled=True).select_related("backend")
+    deployed = Deployment.objects.select_related("backend")
+    rows = (
+        ModelAlias.objects.filter(enabled=True)
+        .select_related("backend")
+        .prefetch_related(Prefetch("deployments", queryset=deployed))
+    )
     return Aliases({alias.public_id.lower(): alias for alias in rows})

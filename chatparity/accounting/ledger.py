@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 from .. import signals
-from ..models import ModelAlias, RequestLog
+from ..models import Deployment, ModelAlias, RequestLog
 from ..protocol import errors
 from ..protocol.errors import APIError
 from ..protocol.events import Event, Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
@@ -47,6 +47,12 @@ class Accounting:
     def __init__(self, record: UsageRecord) -> None:
         self.record = record
         self.admission: Admission | None = None
+        self.estimate: limits.Estimate | None = None
+        """What the request was last admitted as (its tokens, which a deployment's quota
+        holds too)."""
+        self.deployment_hold: Admission | None = None
+        """The quota of the deployment asked last (:func:`~.limits.hold`), settled with
+        the request's own."""
         self._row: RequestLog | None = None
         self._settled = False
         for observer in signals.observers:
@@ -82,6 +88,15 @@ class Accounting:
         record.model_alias = alias
         record.backend, record.upstream_model = alias.backend.name, alias.model
 
+    def deployed(self, deployment: Deployment, hold: Admission | None) -> None:
+        """The request is asked of ``deployment`` (of the alias serving it), holding
+        ``hold`` of its quota."""
+        record = self.record
+        record.backend, record.upstream_model = deployment.backend.name, deployment.model
+        record.deployment = deployment.label
+        record.deployments_tried += 1
+        self.deployment_hold = hold
+
     async def admit(self, alias: ModelAlias, chat: ChatRequest, prompt_tokens: int) -> ChatRequest:
         """Reserve ``chat`` as ``alias`` serves it: its prompt (``prompt_tokens``, as its
         backend counts it or at its bound) once per choice and its completion cap in every
@@ -98,6 +113,7 @@ class Accounting:
         """Reserve ``estimate`` on ``alias`` (None: under the key's own limits alone), or
         raise the 429 of a limit that refuses it. A request admitted already, before it
         read what it continues, has its reservation made ``estimate`` on ``alias``."""
+        self.estimate = estimate
         if self.admission is not None:
             await self.admission.switch(alias, estimate)
             self.record.reserved_prompt = estimate.prompt_per_choice
@@ -210,9 +226,11 @@ class Accounting:
         if self._settled:
             return
         self._settled = True
+        usage = self.record.tokens
+        if self.deployment_hold is not None:
+            await self.deployment_hold.settle(usage)
         if self.admission is None:
             return
-        usage = self.record.tokens
         try:
             await self.admission.settle(usage)
         except Exception:  # the counters' store: a slot it keeps expires on its own

@@ -268,6 +268,11 @@ class RedisCounters:
         """Raise unless Redis answers (within :data:`REDIS_TIMEOUT`)."""
         await self._clients.get().ping()
 
+    async def run(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run another module's Lua ``script`` here (the deployments' state), with the
+        same time-out and rest after a failure; :class:`Unavailable` if it fails so."""
+        return await self._eval(script, keys, args)
+
     async def _eval(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         from redis.exceptions import ConnectionError, TimeoutError
 
@@ -330,6 +335,11 @@ class CacheCounters:
 
     def __init__(self) -> None:
         self._resting = _Resting()
+
+    async def call(self, function: Callable[..., Any], *args: Any) -> Any:
+        """Call ``function(*args)`` on Django's cache for another module (the deployments'
+        state), resting after a failure; :class:`Unavailable` if it fails so."""
+        return await self._call(function, *args)
 
     async def _call(self, function: Callable[..., Any], *args: Any) -> Any:
         self._resting.check()
@@ -1043,6 +1053,79 @@ def _units(cost: Decimal) -> int:
     """A cost in :data:`COST_UNITS`, rounded as the log rounds it (half to even): what a
     request's row says it cost, and what its rollups sum (SQLite's sums are floats)."""
     return int(cost.quantize(COST_PRECISION) * COST_UNITS)
+
+
+# -- an upstream's own quota (a deployment's) ---------------------------------------
+
+CACHE_SLOTS = 64
+"""In Django's cache, the requests in flight of an upstream without a maximum are counted
+up to this many (each a cache key, see :class:`CacheCounters`); beyond, served uncounted."""
+
+
+@dataclass(frozen=True)
+class Quota:
+    """What one upstream (a deployment of an alias) may take, whichever clients ask:
+    requests and tokens per minute and requests in flight (None: no limit), counted
+    under ``scope``. Its requests in flight are counted even with no limit."""
+
+    scope: str
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    max_in_flight: int | None = None
+
+    def counters(self, minute: int) -> tuple[str, str]:
+        """The counters of its requests and its tokens in ``minute``."""
+        return _window(self.scope, "requests", minute), _window(self.scope, "tokens", minute)
+
+    @property
+    def slots(self) -> str:
+        """The set (in Redis; the prefix of its slots in the cache) of its requests in flight."""
+        return f"{self.scope}:inflight"
+
+
+async def hold(quota: Quota, tokens: int) -> Admission | None:
+    """Reserve one request of ``tokens`` under ``quota``, with a slot in flight: an
+    :class:`Admission` (of no key or alias) that :meth:`Admission.settle` makes exact
+    and frees, whose slot is renewed meanwhile; None when the quota refuses it. Never
+    raises: while the counters cannot be reached, the request is held unreserved (an
+    upstream over its quota says so itself, with a 429)."""
+    store = counters()
+    admission = Admission(None, None, store)
+    minute = int(time.time() // 60)
+    reset_in = (minute + 1) * 60 - time.time()
+    requests, tokens_counter = quota.counters(minute)
+    limits = (quota.requests_per_minute, quota.tokens_per_minute)
+    charges = [
+        Charge(kind, counter, limit or 0, amount, _WINDOW_TTL, resets_in=reset_in)
+        for kind, counter, limit, amount in (
+            ("requests", requests, limits[0], 1),
+            ("tokens", tokens_counter, limits[1], tokens),
+        )
+    ]
+    limited = quota.max_in_flight is not None
+    if limited:
+        most = quota.max_in_flight
+    else:
+        most = 2**31 if isinstance(store, RedisCounters) else CACHE_SLOTS
+    lease: Lease | None = Lease(quota.slots, int(most or 0))
+    changes = [
+        Change(charge.counter, charge.reserved, limit, charge.ttl)
+        for charge, limit in zip(charges, limits, strict=True)
+    ]
+    try:
+        refusal, _ = await store.reserve(changes, lease)
+        if refusal is not None and refusal.index < 0 and not limited:
+            lease = None  # a cache's slots all taken: served, uncounted in flight
+            refusal, _ = await store.reserve(changes, None)
+    except Unavailable as exc:
+        _outage_log.warning("chatparity: deployment quotas not checked: %s", exc)
+        return admission
+    if refusal is not None:
+        return None
+    admission.charges, admission.lease = charges, lease
+    if lease is not None:
+        _renewers.get().add(store, lease)
+    return admission
 
 
 # The bytes each key's stored responses hold, counted from the database this often.

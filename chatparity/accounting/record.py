@@ -39,6 +39,10 @@ class UsageRecord:
     alias: str = ""
     backend: str = ""
     upstream_model: str = ""
+    deployment: str = ""
+    """The deployment of the alias that serves it (its label)."""
+    deployments_tried: int = 0
+    """Deployments asked so far, fallbacks' included."""
     stream: bool = False
     n: int = 1
     status_code: int = 200
@@ -118,6 +122,8 @@ class UsageRecord:
             alias=self.alias,
             backend=self.backend,
             upstream_model=self.upstream_model,
+            deployment=self.deployment,
+            deployments_tried=self.deployments_tried,
             stream=self.stream,
             n=self.n,
             status_code=self.status_code,

@@ -1,5 +1,5 @@
-"""The log's daily rollups (DailyKeyUsage, DailyAliasUsage, DailyKeyTotal), which every
-report reads.
+"""The log's daily rollups (DailyKeyUsage, DailyAliasUsage, DailyKeyTotal,
+DailyDeploymentUsage), which every report reads.
 
 The log writer adds each batch of rows to their days' rollups in the transaction that
 inserts them (:func:`record`): no query on a request's path, and rows that come late
@@ -35,6 +35,7 @@ from ..models import (
     ApiKey,
     CacheState,
     DailyAliasUsage,
+    DailyDeploymentUsage,
     DailyKeyTotal,
     DailyKeyUsage,
     RequestLog,
@@ -64,6 +65,7 @@ HISTOGRAMS = (
 )
 
 KeyGrain = tuple[datetime.date, str, str, str]  # day, key prefix, alias, endpoint
+DeploymentGrain = tuple[datetime.date, str, str, str]  # day, alias, deployment, endpoint
 
 
 def grain(model: type[Model]) -> tuple[str, ...]:
@@ -112,6 +114,26 @@ class Tally:
     sums: list[Any] = field(default_factory=_empty_sums)
     histograms: tuple[Counter[int], Counter[int]] = field(default_factory=_empty_histograms)
 
+    def count(self, row: RequestLog) -> None:
+        """Add one log row."""
+        sums = self.sums
+        sums[_AT["requests"]] += 1
+        sums[_AT["errors"]] += row.status_code >= 400 or bool(row.error_type)
+        sums[_AT["cancelled"]] += row.cancelled
+        for name in TOKENS:
+            sums[_AT[name]] += getattr(row, name)
+        sums[_AT["cost"]] += Decimal(row.cost)
+        sums[_AT["cache_hits"]] += row.cache in CACHE_HITS
+        sums[_AT["cache_misses"]] += row.cache in CACHE_MISSES
+        sums[_AT["cost_saved"]] += Decimal(row.cost_saved)
+        sums[_AT["duration_ms"]] += row.duration_ms
+        self.histograms[0][bucket(row.duration_ms)] += 1
+        first_token = row.time_to_first_token_ms
+        if first_token is not None:
+            sums[_AT["first_token_ms"]] += first_token
+            sums[_AT["first_tokens"]] += 1
+            self.histograms[1][bucket(first_token)] += 1
+
     def add(self, other: Tally) -> None:
         self.sums = list(map(operator.add, self.sums, other.sums))
         for counts, more in zip(self.histograms, other.histograms, strict=True):
@@ -136,23 +158,18 @@ def tally(rows: Iterable[RequestLog]) -> dict[KeyGrain, Tally]:
         entry = groups.get(of)
         if entry is None:
             entry = groups[of] = Tally(row.api_key_id)
-        sums = entry.sums
-        sums[_AT["requests"]] += 1
-        sums[_AT["errors"]] += row.status_code >= 400 or bool(row.error_type)
-        sums[_AT["cancelled"]] += row.cancelled
-        for name in TOKENS:
-            sums[_AT[name]] += getattr(row, name)
-        sums[_AT["cost"]] += Decimal(row.cost)
-        sums[_AT["cache_hits"]] += row.cache in CACHE_HITS
-        sums[_AT["cache_misses"]] += row.cache in CACHE_MISSES
-        sums[_AT["cost_saved"]] += Decimal(row.cost_saved)
-        sums[_AT["duration_ms"]] += row.duration_ms
-        entry.histograms[0][bucket(row.duration_ms)] += 1
-        first_token = row.time_to_first_token_ms
-        if first_token is not None:
-            sums[_AT["first_token_ms"]] += first_token
-            sums[_AT["first_tokens"]] += 1
-            entry.histograms[1][bucket(first_token)] += 1
+        entry.count(row)
+    return groups
+
+
+def tally_by_deployment(rows: Iterable[RequestLog]) -> dict[DeploymentGrain, Tally]:
+    """The ``rows`` a deployment served summed per day, alias, deployment and endpoint."""
+    groups: dict[DeploymentGrain, Tally] = {}
+    for row in rows:
+        if row.deployment:
+            assert row.created_at is not None  # set by the insert
+            of = (utc_day(row.created_at), row.alias, row.deployment, row.endpoint)
+            groups.setdefault(of, Tally()).count(row)
     return groups
 
 
@@ -181,6 +198,9 @@ def record(rows: Sequence[RequestLog], connection: BaseDatabaseWrapper) -> None:
         (DailyAliasUsage, summed_per(groups, (0, 2, 3))),
         (DailyKeyTotal, summed_per(groups, (0, 1))),
     ]
+    by_deployment = tally_by_deployment(rows)
+    if by_deployment:
+        rollups.append((DailyDeploymentUsage, by_deployment))
     with connection.cursor() as cursor:
         for model, tallies in rollups:
             cursor.executemany(
@@ -278,13 +298,17 @@ def reconcile(day: datetime.date, *, using: str | None = None, apps: Apps = glob
         apps.get_model("chatparity", name)
         for name in ("RequestLog", "DailyKeyUsage", "DailyAliasUsage", "DailyKeyTotal")
     )
+    try:
+        per_deployment = [apps.get_model("chatparity", "DailyDeploymentUsage")]
+    except LookupError:  # a migration's models from before deployments (0021)
+        per_deployment = []
     database = using or router.db_for_write(log)
     connection = connections[database]
     start = day_start(day)
     rows = log.objects.using(database).filter(
         created_at__gte=start, created_at__lt=start + datetime.timedelta(days=1)
     )
-    models = (per_key, per_alias, per_key_total)
+    models = (per_key, per_alias, per_key_total, *per_deployment)
     rollups = [model.objects.using(database).filter(day=day) for model in models]
     with transaction.atomic(using=database):
         if connection.vendor == "postgresql":
@@ -295,7 +319,7 @@ def reconcile(day: datetime.date, *, using: str | None = None, apps: Apps = glob
             return False
         for days_rollups in rollups:
             days_rollups.delete()
-        groups, owners = _log_tallies(day, rows)
+        groups, owners = _log_tallies(day, rows, ("key_prefix", "alias", "endpoint"))
         rebuilt: list[tuple[type[Model], Mapping[Any, Tally], dict[Any, dict[str, Any]]]] = [
             (
                 per_key,
@@ -308,6 +332,10 @@ def reconcile(day: datetime.date, *, using: str | None = None, apps: Apps = glob
             (per_alias, summed_per(groups, (0, 2, 3)), {}),
             (per_key_total, summed_per(groups, (0, 1)), {}),
         ]
+        for model in per_deployment:
+            served = rows.exclude(deployment="")
+            by_deployment, _ = _log_tallies(day, served, ("alias", "deployment", "endpoint"))
+            rebuilt.append((model, by_deployment, {}))
         for model, tallies, more in rebuilt:
             model._default_manager.using(database).bulk_create(
                 [
@@ -324,11 +352,11 @@ def reconcile(day: datetime.date, *, using: str | None = None, apps: Apps = glob
 
 
 def _log_tallies(
-    day: datetime.date, rows: QuerySet[Any]
+    day: datetime.date, rows: QuerySet[Any], per: tuple[str, str, str]
 ) -> tuple[dict[KeyGrain, Tally], dict[KeyGrain, int | None]]:
-    """``rows`` (of ``day``) summed per key, alias and endpoint by the database, and the
-    owner of each grain's key."""
-    per = ("key_prefix", "alias", "endpoint")
+    """``rows`` (of ``day``) summed per the fields ``per`` (a key, alias and endpoint, or
+    an alias, deployment and endpoint) by the database, and the owner of each grain's
+    last key."""
     groups: dict[KeyGrain, Tally] = {}
     owners: dict[KeyGrain, int | None] = {}
     aggregates = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 from copy import copy
 from typing import Any
@@ -14,17 +15,20 @@ from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.validators import UniqueValidator
 
+from ..accounting import deployments
 from ..accounting.reports import DIMENSIONS, Dimension, LogFilter, cache_read_share
 from ..kinds import kinds
 from ..models import (
     ApiKey,
     Backend,
     BudgetPeriod,
+    Deployment,
     Endpoint,
     ModelAlias,
     Plan,
     RequestLog,
     StoredResponse,
+    deployments_problem,
 )
 
 
@@ -120,7 +124,8 @@ class ModelAliasSerializer(serializers.ModelSerializer[ModelAlias]):
             "forwarded_params", "cache_breakpoints", "enabled", "listed", "owned_by",
             "context_window", "description", "requests_per_minute", "tokens_per_minute",
             "input_price", "output_price", "cached_input_price", "cache_write_5m_price",
-            "cache_write_1h_price", "response_cache", "created_at",
+            "cache_write_1h_price", "response_cache", "created_at", "routing",
+            "sticky_sessions",
         ]  # fmt: skip
         extra_kwargs = {
             "public_id": {
@@ -142,6 +147,80 @@ class ModelAliasSerializer(serializers.ModelSerializer[ModelAlias]):
             setattr(alias, name, value)
         alias.clean()
         return attrs
+
+
+class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
+    """A deployment of an alias: ``alias`` by its public id, ``backend`` by its name.
+
+    The alias's own deployment (``primary``) is made with the alias and follows its
+    backend and model (change them on the alias); it is never deleted here. A change
+    that would leave the alias without a deployment to serve it (none enabled with a
+    weight above 0), or a tier without a deployment, is a 400 that says what to change.
+    ``state`` is the deployment's state now, shared by every worker.
+    """
+
+    alias = AliasField(help_text="The alias's public id.")
+    backend = serializers.SlugRelatedField[Backend](
+        slug_field="name", queryset=Backend.objects.all(), help_text="The backend's name."
+    )
+    state = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Deployment
+        fields = [
+            "id", "alias", "backend", "model", "name", "weight", "tier", "requests_per_minute",
+            "tokens_per_minute", "max_in_flight", "enabled", "primary", "state",
+        ]  # fmt: skip
+        read_only_fields = ["primary"]
+
+    def get_state(self, deployment: Deployment) -> dict[str, Any] | None:
+        """``in_flight``, ``cooling_until`` (ISO time, or null), ``half_open``,
+        ``failures`` (in a row), ``error_share`` (of ``requests`` over the failure
+        window), ``first_token_p50_ms``; null while the counters cannot be read."""
+        snapshot = self.context.get("snapshots", {}).get(deployment.alias_id)
+        if snapshot is None:
+            return None
+        health = snapshot.health.get(deployments.scope(deployment), deployments.HEALTHY)
+        cooling = health.cooling(snapshot.now)
+        return {
+            "in_flight": health.in_flight,
+            "cooling_until": datetime.datetime.fromtimestamp(
+                health.cooling_until, datetime.UTC
+            ).isoformat()
+            if cooling
+            else None,
+            "half_open": health.half_open,
+            "failures": health.failures,
+            "requests": health.requests,
+            "error_share": health.error_share,
+            "first_token_p50_ms": deployments.percentile(health.samples, 50),
+        }
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """``Deployment.clean()``, then the alias's deployments as they would be."""
+        deployment = copy(self.instance) if self.instance is not None else Deployment()
+        if deployment.primary and {"backend", "model", "alias"} & {
+            name for name, value in attrs.items() if value != getattr(deployment, name)
+        }:
+            raise serializers.ValidationError(
+                "This is the alias's own deployment: change its backend and model on the alias."
+            )
+        for name, value in attrs.items():
+            setattr(deployment, name, value)
+        deployment.clean()
+        check_group(deployment.alias, deployment)
+        return attrs
+
+
+def check_group(alias: ModelAlias, changed: Deployment | None, *, deleted: bool = False) -> None:
+    """Refuse (a 400) ``alias``'s deployments with ``changed`` saved (or ``deleted``)
+    when they could not serve it, saying what to change."""
+    group = [d for d in alias.deployments.all() if changed is None or d.pk != changed.pk]
+    if changed is not None and not deleted:
+        group.append(changed)
+    problem = deployments_problem(group)
+    if problem:
+        raise serializers.ValidationError(problem)
 
 
 class PlanSerializer(serializers.ModelSerializer[Plan]):
@@ -489,3 +568,9 @@ class LatencyRowSerializer(serializers.Serializer[Any]):
     p95_ms = serializers.FloatField(allow_null=True)
     ttft_p50_ms = serializers.FloatField(allow_null=True, help_text="Time to first token.")
     ttft_p95_ms = serializers.FloatField(allow_null=True, help_text="Time to first token.")
+
+
+class DeploymentLatencyRowSerializer(LatencyRowSerializer):
+    """Latency of one deployment of an alias, as :class:`LatencyRowSerializer` says it."""
+
+    deployment = serializers.CharField(help_text="The deployment that served the requests.")

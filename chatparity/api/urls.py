@@ -12,6 +12,7 @@ router = SimpleRouter()
 router.register("keys", views.ApiKeyViewSet, basename="key")
 router.register("aliases", views.ModelAliasViewSet, basename="alias")
 router.register("backends", views.BackendViewSet, basename="backend")
+router.register("deployments", views.DeploymentViewSet, basename="deployment")
 router.register("plans", views.PlanViewSet, basename="plan")
 router.register("logs", views.RequestLogViewSet, basename="log")
 router.register("responses", views.StoredResponseViewSet, basename="response")
@@ -20,5 +21,6 @@ urlpatterns = [
     *router.urls,
     path("usage/", views.UsageView.as_view(), name="usage"),
     path("usage/latency/", views.LatencyView.as_view(), name="usage-latency"),
+    path("usage/deployments/", views.DeploymentLatencyView.as_view(), name="usage-deployments"),
     path("schema/", views.SchemaView.as_view(), name="schema"),
 ]

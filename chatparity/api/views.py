@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from asgiref.sync import async_to_sync
 from django.db.models import Model, ProtectedError, QuerySet
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from drf_spectacular.views import SpectacularAPIView
@@ -26,8 +27,9 @@ from rest_framework.serializers import BaseSerializer
 from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
-from ..accounting import catalog, reports
-from ..models import ApiKey, Backend, ModelAlias, Plan, RequestLog, StoredResponse
+from ..accounting import catalog, deployments, reports
+from ..accounting.limits import Unavailable
+from ..models import ApiKey, Backend, Deployment, ModelAlias, Plan, RequestLog, StoredResponse
 from . import serializers
 
 if TYPE_CHECKING:
@@ -186,6 +188,55 @@ class ModelAliasViewSet(StaffModelViewSet[ModelAlias]):
         return Response(self.get_serializer(alias).data)
 
 
+class DeploymentViewSet(StaffModelViewSet[Deployment]):
+    """Deployments of the aliases: where each alias's requests are routed
+    (docs/routing.md). ``?alias=<public id>`` lists one alias's."""
+
+    queryset = Deployment.objects.select_related("alias", "backend").order_by(
+        "alias__public_id", "tier", "-primary", "pk"
+    )
+    serializer_class = serializers.DeploymentSerializer
+
+    def get_queryset(self) -> QuerySet[Deployment]:
+        rows = super().get_queryset()
+        alias = self.request.query_params.get("alias")
+        return rows.filter(alias__public_id__iexact=alias) if alias else rows
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        """With the state now of the deployments shown (none when writing)."""
+        context = super().get_serializer_context()
+        if self.request.method in ("GET", "HEAD"):
+            context["snapshots"] = self._snapshots()
+        return context
+
+    def _snapshots(self) -> dict[int, deployments.Snapshot]:
+        if self.action == "retrieve":
+            rows = [self.get_object()]
+        else:
+            rows = list(self.filter_queryset(self.get_queryset()))
+        by_alias: dict[int, list[Deployment]] = {}
+        for row in rows:
+            by_alias.setdefault(row.alias_id, []).append(row)
+        snapshots = {}
+        for alias_id, group in by_alias.items():
+            try:
+                snapshots[alias_id] = async_to_sync(deployments.snapshot)(
+                    group, alias_id, samples="stream"
+                )
+            except Unavailable:
+                continue
+        return snapshots
+
+    def perform_destroy(self, instance: Deployment) -> None:
+        if instance.primary:
+            raise InUse(
+                "This is the alias's own deployment: change the alias's backend, or disable"
+                " this deployment, or delete the alias."
+            )
+        serializers.check_group(instance.alias, instance, deleted=True)
+        super().perform_destroy(instance)
+
+
 class BackendViewSet(StaffModelViewSet[Backend]):
     """Backends. Their secret can be written but is never shown."""
 
@@ -310,6 +361,21 @@ class LatencyView(ReportView):
         log_filter = parse_query(request, serializers.LogFilterSerializer).log_filter()
         latency = reports.latency_by_alias(log_filter)
         return Response(serializers.LatencyRowSerializer(latency, many=True).data)
+
+
+class DeploymentLatencyView(ReportView):
+    """Latency by deployment from :func:`chatparity.accounting.reports.latency_by_deployment`."""
+
+    @extend_schema(
+        parameters=[serializers.LogFilterSerializer],
+        responses=serializers.DeploymentLatencyRowSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        """Per alias and deployment: requests, error rate, p50/p95 duration and time to
+        first token, of every key (``key`` is not asked)."""
+        log_filter = parse_query(request, serializers.LogFilterSerializer).log_filter()
+        latency = reports.latency_by_deployment(log_filter)
+        return Response(serializers.DeploymentLatencyRowSerializer(latency, many=True).data)
 
 
 class SchemaView(StaffAPIView, SpectacularAPIView):

@@ -1,5 +1,5 @@
-"""Audit entries written by the model signals of keys, aliases, backends and plans, and
-of what gives the site's users access or takes it away.
+"""Audit entries written by the model signals of keys, aliases (and their deployments),
+backends and plans, and of what gives the site's users access or takes it away.
 
 A save is compared with the row as the database held it just before (read in
 ``pre_save``), so an entry lists only the fields that really changed; a
@@ -37,12 +37,12 @@ from django.db.models.signals import m2m_changed, post_delete, post_save, pre_de
 
 from .. import actors
 from ..encryption import EncryptedTextField
-from ..models import STAMPS, ApiKey, Backend, ModelAlias, Plan
+from ..models import STAMPS, ApiKey, Backend, Deployment, ModelAlias, Plan
 from ..signals import rows_updated
 from .models import Action, AuditEntry
 from .signals import audit_logged
 
-AUDITED: tuple[type[models.Model], ...] = (ApiKey, ModelAlias, Backend, Plan)
+AUDITED: tuple[type[models.Model], ...] = (ApiKey, ModelAlias, Backend, Plan, Deployment)
 # Of the site's user model, what an entry follows: whether they may sign in, and their
 # groups. Their creation and deletion are the site's own.
 USER_FIELDS = ("is_active",)

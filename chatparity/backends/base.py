@@ -17,6 +17,9 @@ from ..protocol.request import ChatRequest
 current_caller: ContextVar[str] = ContextVar("chatparity_caller", default="")
 """Who asks, in the task of the request (the gateway names its API key), so a backend
 that many keys share can take turns among them."""
+asks_again: ContextVar[bool] = ContextVar("chatparity_asks_again", default=True)
+"""Whether a backend asks its upstream again itself after a failure before the first
+event: not while another deployment of the alias may serve the request instead."""
 
 upstream_calls: ContextVar[UpstreamCalls | None] = ContextVar("chatparity_calls", default=None)
 """Where a backend that calls an upstream notes each call it sends and the prompt the

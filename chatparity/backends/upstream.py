@@ -17,7 +17,11 @@ numbers that cannot be believed (see
 counted from what arrived, and the log row says so (``usage_counted``).
 
 Before the first event, refused or reset connections and 5xx answers are
-retried with backoff; the view then falls over to the alias's fallbacks.
+retried with backoff (unless another deployment of the alias may serve: see
+:data:`~chatparity.backends.base.asks_again`); the view then falls over to the
+alias's other deployments, then its fallbacks. An error answer's ``Retry-After``
+(or ``retry-after-ms``) is kept on the error (``UpstreamError.retry_after``): the
+deployment cools down for that long.
 
 Each call is noted in :data:`~.base.upstream_calls` as it is sent (and taken back
 when the upstream refuses it), with the prompt the upstream says it read as soon as
@@ -92,10 +96,18 @@ from ..protocol.upstream import (
     UpstreamError,
     excerpt,
     malformed,
+    retry_after,
     upstream_error,
 )
 from . import _http1
-from .base import BackendConfig, http_base_url, known_options, number_option, upstream_calls
+from .base import (
+    BackendConfig,
+    asks_again,
+    http_base_url,
+    known_options,
+    number_option,
+    upstream_calls,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +180,10 @@ class UpstreamBackend:
     (``bench/transports.py`` measures others in its place)."""
 
     check_base_url = staticmethod(http_base_url)
+
+    prompt_caching = True
+    """Its upstreams reuse a prompt they saw (OpenAI's, Anthropic's, vLLM's, llama.cpp's
+    servers): an alias's sessions stick to a deployment unless it says otherwise."""
 
     def __init__(self, config: BackendConfig) -> None:
         self.check_options(config.options)
@@ -427,7 +443,8 @@ class UpstreamBackend:
         head = (
             b"".join([observer.upstream_headers() for observer in observers]) if observers else b""
         )
-        for attempt in range(self.retries + 1):
+        retries = self.retries if asks_again.get() else 0
+        for attempt in range(retries + 1):
             failure: APIError
             calls.sent()
             try:
@@ -465,7 +482,7 @@ class UpstreamBackend:
                 failure = await self._error(response)
                 if response.status not in _RETRYABLE_STATUS:
                     raise failure
-            if attempt == self.retries:
+            if attempt == retries:
                 raise failure
             for observer in observers:
                 observer.upstream_retry(self.config.name)
@@ -483,7 +500,9 @@ class UpstreamBackend:
             payload: Any = orjson.loads(body)
         except orjson.JSONDecodeError:
             payload = body.decode("utf-8", "replace")
-        return upstream_error(payload, status=response.status)
+        error = upstream_error(payload, status=response.status)
+        error.retry_after = retry_after(response.headers)
+        return error
 
     def _reported(self, error: UpstreamError) -> UpstreamError:
         """``error``, what the upstream sent logged, its own message passed on when the

@@ -25,6 +25,7 @@ from ..accounting.reports import (
     cache_by_alias,
     cache_read_percent,
     latency_by_alias,
+    latency_by_deployment,
     usage,
 )
 from ..models import ApiKey, DailyAliasUsage, Endpoint, ModelAlias, RequestLog
@@ -213,6 +214,14 @@ def latency_table(log_filter: LogFilter) -> tuple[list[dict[str, Any]], str]:
     return table, chart
 
 
+def deployment_table(log_filter: LogFilter) -> list[dict[str, Any]]:
+    """Per alias and deployment: latency and error rate, for every key."""
+    return [
+        {**row, "label": _alias_label(row["alias"]), "error_percent": row["error_rate"] * 100}
+        for row in latency_by_deployment(log_filter)
+    ]
+
+
 class UsageDashboardAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Charts and tables of the request log: the only page of UsageDashboard in the admin."""
 
@@ -277,6 +286,7 @@ class UsageDashboardAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 caching=caching_table(log_filter),
             )
             context["latency"], context["latency_chart"] = latency_table(log_filter)
+            context["deployments"] = deployment_table(log_filter)
             context["cache"] = cache_by_alias(log_filter)
         return TemplateResponse(
             request, "admin/chatparity_dashboard/usagedashboard/change_list.html", context

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..accounting import limits
+from ..accounting import deployments, limits
 from ..accounting.batching import OncePerInterval, PerLoop
 from ..accounting.keys import Grant
 from ..accounting.ledger import Accounting
@@ -140,11 +140,16 @@ def scope_of(grant: Grant, options: CacheOptions) -> str:
 
 
 def served_by(alias: ModelAlias) -> list[Any]:
-    """What serves an alias's requests, as the key names it: the alias, its backend
-    (where it sends requests) and upstream model, the parameters it forwards."""
-    backend = alias.backend
+    """What serves an alias's requests, as the key names it: the alias, each deployment
+    that may serve it (its backend, where that sends requests, and its upstream model:
+    an answer kept is not served once the deployments change), the parameters it
+    forwards."""
+    deployed = sorted(
+        (d.backend.pk, d.backend.kind, d.backend.base_url, d.model)
+        for d in deployments.serving(alias)
+    )
     forwarded = sorted(name for name in alias.forwarded_params or () if isinstance(name, str))
-    return [alias.pk, backend.pk, backend.kind, backend.base_url, alias.model, forwarded]
+    return [alias.pk, deployed, forwarded]
 
 
 def entry_key(alias: ModelAlias, scope: str, kind: str, digest: str) -> str:

@@ -3,15 +3,16 @@ of the chat endpoints.
 
 The request is validated by :mod:`chatparity.protocol.embeddings` (the model
 first: an unknown one is OpenAI's 404 whatever else is wrong), served by the
-alias it names if that alias's backend embeds (else a 400 naming the model),
-admitted under the alias's and the key's limits for its input tokens (counted
-exactly where the backend tokenizes, as the embedded model does; else texts at
-their bound, the most an upstream's usage is believed; the reservation made
-exact by the usage), and
-answered by the backend, or, if it is unavailable (502, 503, 504), by the
-alias's fallbacks that embed. No answer within ``FIRST_BYTE_TIMEOUT`` seconds
-is a 504. The log row is an ``embeddings`` row: its input tokens and cost,
-never a vector (with ``LOG_BODIES`` the request body is kept, the answer not).
+alias it names if a deployment of that alias embeds (else a 400 naming the
+model), admitted under the alias's and the key's limits for its input tokens
+(counted exactly where its one deployment tokenizes, as the embedded model does;
+else texts at their bound, the most an upstream's usage is believed; the
+reservation made exact by the usage), and answered by one of its deployments
+(:mod:`.routing`: another when one fails before answering), or, if they are
+unavailable (502, 503, 504), by the alias's fallbacks that embed. No answer
+within ``FIRST_BYTE_TIMEOUT`` seconds is a 504. The log row is an ``embeddings``
+row: its input tokens and cost, never a vector (with ``LOG_BODIES`` the request
+body is kept, the answer not).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..accounting.limits import Estimate
 from ..backends import get_backend, serves_embeddings
 from ..backends.base import EmbeddingBackend, current_caller, upstream_calls
 from ..conf import app_settings
-from ..models import Endpoint, ModelAlias
+from ..models import Deployment, Endpoint, ModelAlias
 from ..protocol import errors
 from ..protocol.embeddings import (
     Embeddings,
@@ -52,6 +53,7 @@ from .pipeline import (
     serve,
     serving,
 )
+from .routing import Route, first_answer
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +77,11 @@ async def _embed(body: Any, accounting: Accounting, grant: Grant) -> Reply:
             alias = await serving(request.model, grant, accounting)
             vectors = await _looked_up(request, alias, grant, accounting)
             if vectors is None:
-                embedded = answered = await _answer(request, alias, grant, accounting)
+                embedded = answered = await _answer(
+                    request, alias, grant, accounting, deadline.when()
+                )
             elif vectors.missing:
-                embedded = await _answer(vectors.asked(), alias, grant, accounting)
+                embedded = await _answer(vectors.asked(), alias, grant, accounting, deadline.when())
                 answered = vectors.answer(embedded)
             else:  # every vector from the cache
                 embedded, answered = None, vectors.answer(None)
@@ -109,54 +113,72 @@ async def _looked_up(
 
 
 async def _answer(
-    request: EmbeddingsRequest, alias: ModelAlias, grant: Grant, accounting: Accounting
+    request: EmbeddingsRequest,
+    alias: ModelAlias,
+    grant: Grant,
+    accounting: Accounting,
+    deadline: float | None = None,
 ) -> Embeddings:
-    """``request`` admitted on ``alias`` and embedded by its backend, or else by its
-    fallbacks that embed, in order."""
+    """``request`` admitted on ``alias`` and embedded by one of its deployments that
+    embed (:mod:`.routing`), or else by its fallbacks', in order."""
     accounting.served_by(alias)
-    if not serves_embeddings(alias.backend):
+    route = Route(alias, accounting, serves_embeddings, deadline=deadline)
+    if route.empty:
         raise errors.not_an_embedding_model(alias.public_id)
-    backend, served = await _counted(alias, request)
+    served = await _counted(alias, request, route)
     await accounting.reserve(alias, Estimate(counted_tokens(served), 0))
     current_caller.set(accounting.caller)  # in this request's task: its backends see it
     upstream_calls.set(accounting.record.upstream)
     fallbacks = list(alias.fallbacks)
     try:
         while True:
-            try:
-                return await accounting.answer(backend.embed(served, alias.model))
-            except APIError as error:
-                if error.status not in _UNAVAILABLE:
-                    raise
-                failed = alias
-                alias, backend, served = await _fall_back(
-                    fallbacks, request, grant, accounting, error
-                )
-                logger.warning(
-                    "chatparity: %s failed (%s), falling back to %s", failed, error, alias
-                )
+            failure = await _embedded(route, served, accounting)
+            if not isinstance(failure, APIError):
+                return failure
+            if failure.status not in _UNAVAILABLE:
+                raise failure
+            failed = alias
+            alias, route, served = await _fall_back(
+                fallbacks, request, grant, accounting, failure, deadline
+            )
+            logger.warning("chatparity: %s failed (%s), falling back to %s", failed, failure, alias)
     finally:
         accounting.backend_done()
 
 
+async def _embedded(
+    route: Route, request: EmbeddingsRequest, accounting: Accounting
+) -> Embeddings | APIError:
+    """``request`` embedded by a deployment of ``route``'s alias; else why none did."""
+
+    async def ask(deployment: Deployment) -> Embeddings:
+        backend = get_backend(deployment.backend)
+        assert isinstance(backend, EmbeddingBackend), "its kind serves embeddings"
+        return await accounting.answer(backend.embed(request, deployment.model))
+
+    return await first_answer(route, ask)
+
+
 async def _counted(
-    alias: ModelAlias, request: EmbeddingsRequest
-) -> tuple[EmbeddingBackend, EmbeddingsRequest]:
-    """The backend of ``alias`` and ``request`` as it is to embed it: with the parameters
-    the alias forwards and, where the backend tokenizes, its texts as token ids (which
-    :func:`counted_tokens` counts exactly; texts are counted at their bound)."""
-    backend = get_backend(alias.backend)
-    assert isinstance(backend, EmbeddingBackend), "its kind serves embeddings"
+    alias: ModelAlias, request: EmbeddingsRequest, route: Route
+) -> EmbeddingsRequest:
+    """``request`` as ``alias``'s deployments are to embed it: with the parameters the
+    alias forwards and, when its one deployment tokenizes, its texts as token ids (which
+    :func:`counted_tokens` counts exactly). Texts are counted at their bound: the most
+    any of several deployments is believed to bill."""
     served = dataclasses.replace(
         request,
         forwarded_params=frozenset(
             name for name in alias.forwarded_params or () if isinstance(name, str)
         ),
     )
-    tokenize = getattr(backend, "tokenized", None)
+    if route.group.shared:
+        return served
+    (deployment,) = route.group.deployments
+    tokenize = getattr(get_backend(deployment.backend), "tokenized", None)
     if tokenize is not None:
-        served = await tokenize(served, alias.model)
-    return backend, served
+        served = await tokenize(served, deployment.model)
+    return served
 
 
 async def _fall_back(
@@ -165,17 +187,19 @@ async def _fall_back(
     grant: Grant,
     accounting: Accounting,
     failure: APIError,
-) -> tuple[ModelAlias, EmbeddingBackend, EmbeddingsRequest]:
+    deadline: float | None,
+) -> tuple[ModelAlias, Route, EmbeddingsRequest]:
     """The next of ``fallbacks`` that embeds, ``grant`` may use and whose limits admit
-    ``request``, the admission moved to it, with its backend and the request as it
+    ``request``, the admission moved to it, with its route and the request as it
     embeds it; else the last refusal of a limit, or ``failure``."""
     while (alias := await first_usable(fallbacks, grant, serves_embeddings)) is not None:
+        route = Route(alias, accounting, serves_embeddings, deadline=deadline)
         try:
-            backend, served = await _counted(alias, request)
+            served = await _counted(alias, request, route)
             await accounting.reserve(alias, Estimate(counted_tokens(served), 0))
         except APIError as refusal:
             failure = refusal
             continue
         accounting.fell_back(alias)
-        return alias, backend, served
+        return alias, route, served
     raise failure

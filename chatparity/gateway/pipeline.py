@@ -34,7 +34,7 @@ from ..accounting.record import UsageRecord
 from ..backends import ChatBackend, get_backend, serves_chat
 from ..backends.base import current_caller, upstream_calls
 from ..conf import app_settings
-from ..models import Backend, ModelAlias
+from ..models import Backend, Deployment, ModelAlias
 from ..models import Endpoint as LoggedEndpoint
 from ..protocol import errors
 from ..protocol.breakpoints import with_breakpoints
@@ -53,7 +53,7 @@ from ..protocol.request import (
 )
 from ..protocol.stream import DONE, ChunkEncoder, sse
 from ..protocol.tokens import prompt_bound
-from . import cache, semantic
+from . import cache, routing, semantic
 from .auth import authenticate
 
 logger = logging.getLogger(__name__)
@@ -599,7 +599,9 @@ async def _answer(
                 lookup = await _looked_up(requested, alias, grant, accounting, wire)
                 if lookup is not None and lookup.hit is not None:
                     return _replayed(lookup.hit, accounting, wire)
-            chat, backend, events, first = await _begin(requested, alias, grant, accounting)
+            chat, backend, events, first = await _begin(
+                requested, alias, grant, accounting, deadline.when()
+            )
     except TimeoutError:
         if not deadline.expired():
             raise
@@ -649,34 +651,52 @@ async def _begin(
     alias: ModelAlias,
     grant: Grant | None,
     accounting: Accounting,
+    deadline: float | None = None,
 ) -> tuple[ChatRequest, ChatBackend, AsyncIterator[Event], Event]:
-    """Admit the request on ``alias`` and return the first event of its backend, or
-    else of its fallbacks in order.
+    """Admit the request on ``alias`` and return the first event of one of its
+    deployments (:mod:`.routing`), or else of its fallbacks' in order.
 
     Each alias serves the request on its own terms: its defaults, its maximum
     ``n``, its rate limits and its prices. Only here, before the client has seen
-    a byte, may a request move elsewhere.
+    a byte, may a request move elsewhere. ``deadline``: when (the event loop's
+    time) the first event is waited for no more.
     """
     fallbacks = list(alias.fallbacks)
     accounting.served_by(alias)
-    if not serves_chat(alias.backend):
+    route = routing.Route(
+        alias, accounting, serves_chat, stream=requested.stream, deadline=deadline
+    )
+    if route.empty:
         raise errors.not_a_chat_model(alias.public_id)
-    backend = get_backend(alias.backend)
     chat = _as_served_by(alias, requested)
-    chat = await accounting.admit(alias, chat, await reserved_prompt(backend, chat, alias.model))
+    chat = await accounting.admit(alias, chat, await _prompt_reserved(route, chat))
     current_caller.set(accounting.caller)  # in this request's task: its backends see it
     upstream_calls.set(accounting.record.upstream)
     while True:
-        events = aiter(backend.stream(chat, alias.model))
-        try:
-            return chat, backend, events, await accounting.first_event(events)
-        except APIError as error:
-            if error.status not in _UNAVAILABLE:
-                raise
-            failed = alias
-            alias, chat = await _fall_back(fallbacks, requested, grant, accounting, error)
-            backend = get_backend(alias.backend)
-            logger.warning("chatparity: %s failed (%s), falling back to %s", failed, error, alias)
+        failure = await _first_event(route, chat, accounting)
+        if not isinstance(failure, APIError):
+            return chat, *failure
+        if failure.status not in _UNAVAILABLE:
+            raise failure
+        failed = alias
+        alias, chat, route = await _fall_back(
+            fallbacks, requested, grant, accounting, failure, deadline
+        )
+        logger.warning("chatparity: %s failed (%s), falling back to %s", failed, failure, alias)
+
+
+async def _first_event(
+    route: routing.Route, chat: ChatRequest, accounting: Accounting
+) -> tuple[ChatBackend, AsyncIterator[Event], Event] | APIError:
+    """The backend of a deployment of ``route``'s alias, its events and the first of
+    them; else why none of its deployments answered."""
+
+    async def ask(deployment: Deployment) -> tuple[ChatBackend, AsyncIterator[Event], Event]:
+        backend = get_backend(deployment.backend)
+        events = aiter(backend.stream(chat, deployment.model))
+        return backend, events, await accounting.first_event(events)
+
+    return await routing.first_answer(route, ask)
 
 
 async def reserved_prompt(backend: ChatBackend, chat: ChatRequest, model: str) -> int:
@@ -691,15 +711,26 @@ async def reserved_prompt(backend: ChatBackend, chat: ChatRequest, model: str) -
     return counted
 
 
+async def _prompt_reserved(route: routing.Route, chat: ChatRequest) -> int:
+    """The prompt admission reserves for ``chat`` on ``route``'s alias: as its one
+    deployment counts it, else at the bound no tokenizer passes (what any of several
+    deployments may be billed)."""
+    if route.group.shared:
+        return prompt_bound(chat)
+    (deployment,) = route.group.deployments
+    return await reserved_prompt(get_backend(deployment.backend), chat, deployment.model)
+
+
 async def _fall_back(
     fallbacks: list[str],
     requested: ChatRequest,
     grant: Grant | None,
     accounting: Accounting,
     failure: APIError,
-) -> tuple[ModelAlias, ChatRequest]:
+    deadline: float | None = None,
+) -> tuple[ModelAlias, ChatRequest, routing.Route]:
     """The next of ``fallbacks`` that may serve the request, the admission moved to it,
-    with the request as it serves it.
+    with the request as it serves it and its route through the alias's deployments.
 
     An alias is skipped when ``grant`` may not use it, when the request is not valid
     there (its maximum ``n``), or when its own limits refuse it; when none is left,
@@ -711,9 +742,12 @@ async def _fall_back(
             chat = _as_served_by(alias, requested)
         except APIError:
             continue
+        route = routing.Route(
+            alias, accounting, serves_chat, stream=requested.stream, deadline=deadline
+        )
         try:
-            counted = await reserved_prompt(get_backend(alias.backend), chat, alias.model)
-            return alias, await accounting.switch(alias, chat, counted)
+            counted = await _prompt_reserved(route, chat)
+            return alias, await accounting.switch(alias, chat, counted), route
         except APIError as refusal:
             failure = refusal
     raise failure
@@ -756,14 +790,14 @@ def _max_n(alias: ModelAlias) -> int:
 async def first_usable(
     public_ids: list[str], grant: Grant | None, serves: Callable[[Backend], bool] = serves_chat
 ) -> ModelAlias | None:
-    """Pop ``public_ids`` up to the first alias that exists, ``grant`` may use and
-    ``serves`` the endpoint (given its backend's row)."""
+    """Pop ``public_ids`` up to the first alias that exists, ``grant`` may use and that
+    has a deployment that ``serves`` the endpoint (given its backend's row)."""
     while public_ids:
         try:
             alias = await _resolve(public_ids.pop(0), grant)
         except APIError:
             continue
-        if serves(alias.backend):
+        if routing.group(alias, serves).tiers:
             return alias
     return None
 

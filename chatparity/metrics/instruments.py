@@ -89,6 +89,25 @@ FALLBACKS = Counter(
     "Requests moved to a fallback alias, by the backend that failed.",
     ["backend"],
 )
+DEPLOYMENT_REQUESTS = Counter(
+    "chatparity_deployment_requests",
+    "Requests asked of each deployment of an alias, by how it answered before its first"
+    " event: answered, failed (a 5xx, refused, timed out), rate_limited (a 429), refused"
+    " (another 4xx).",
+    ["alias", "deployment", "outcome"],
+)
+DEPLOYMENT_FIRST_EVENT = Histogram(
+    "chatparity_deployment_first_event_seconds",
+    "From a deployment asked to its first event (the first token of a stream, the whole"
+    " answer otherwise): what lowest-latency routing ranks by.",
+    ["alias", "deployment"],
+    buckets=_LATENCY,
+)
+DEPLOYMENT_COOLDOWNS = Counter(
+    "chatparity_deployment_cooldowns",
+    "Times a deployment was cooled down (by this worker's requests).",
+    ["alias", "deployment"],
+)
 LOG_ROWS = Counter(
     "chatparity_log_rows",
     "Request log rows: written, spooled (the database was away), lost, drained from the spool.",
@@ -204,6 +223,23 @@ def _children(
 
 
 @functools.cache
+def _deployment(alias: str, deployment: str) -> tuple[Any, Any, Any, Any, Any]:
+    return (
+        DEPLOYMENT_REQUESTS.labels(alias, deployment, "answered"),
+        DEPLOYMENT_REQUESTS.labels(alias, deployment, "failed"),
+        DEPLOYMENT_REQUESTS.labels(alias, deployment, "rate_limited"),
+        DEPLOYMENT_REQUESTS.labels(alias, deployment, "refused"),
+        DEPLOYMENT_FIRST_EVENT.labels(alias, deployment),
+    )
+
+
+def _outcome(failure: BaseException) -> int:
+    """Which of :func:`_deployment`'s counters a failure counts in."""
+    status = getattr(failure, "status", 500)
+    return 2 if status == 429 else 1 if status >= 500 else 3
+
+
+@functools.cache
 def _lookups(cache: str, hit: bool) -> Any:
     return CACHE_LOOKUPS.labels(cache, "hit" if hit else "miss")
 
@@ -248,6 +284,22 @@ class Metrics(Observer):
         if record.error is not None and record.backend_answered is not None:
             UPSTREAM_ERRORS.labels(record.backend, "midway").inc()
         _tally.soon()
+
+    def deployment_answered(
+        self, record: UsageRecord, seconds: float, failure: BaseException | None
+    ) -> None:
+        if isinstance(failure, asyncio.CancelledError):
+            return
+        of = _deployment(record.alias, record.deployment)
+        if failure is None:
+            _tally.amounts[of[0]] += 1
+            _tally.observe(of[4], seconds)
+        else:
+            _tally.amounts[of[_outcome(failure)]] += 1
+        _tally.soon()
+
+    def deployment_cooled(self, alias: str, deployment: str, seconds: float) -> None:
+        DEPLOYMENT_COOLDOWNS.labels(alias, deployment).inc()
 
     def rate_limited(self, kind: str) -> None:
         RATE_LIMITED.labels(kind).inc()

@@ -17,8 +17,11 @@ upstream sends instead (an error, something malformed) becomes an
 
 from __future__ import annotations
 
+import email.utils
+import math
 import re
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,7 +100,8 @@ class UpstreamError(APIError):
     ``detail`` is what the upstream sent (its error message, or an excerpt), for the
     server's log; ``upstream_message`` its own error message, if it sent one. Upstream
     texts may name internal hosts or carry secrets: they reach clients only when a
-    backend opts in.
+    backend opts in. ``retry_after``: the seconds it asked to wait, if it said
+    (:func:`retry_after`).
     """
 
     def __init__(
@@ -106,6 +110,48 @@ class UpstreamError(APIError):
         super().__init__(message, **fields)
         self.detail = detail
         self.upstream_message = upstream_message
+        self.retry_after: float | None = None
+
+
+MAX_RETRY_AFTER = 86_400.0
+"""The longest wait an upstream's answer is believed to ask for."""
+
+
+def retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """The seconds an upstream's answer asks to wait before asking again: its
+    ``retry-after-ms`` (OpenAI's), else its ``Retry-After`` in seconds or as an HTTP
+    date (RFC 9110); None when it says nothing that can be believed (a negative or
+    unreadable value, more than a day)."""
+    milliseconds = headers.get("retry-after-ms")
+    if milliseconds is not None:
+        seconds = _number(milliseconds)
+        if seconds is not None:
+            return _believed(seconds / 1000)
+    given = headers.get("retry-after")
+    if given is None:
+        return None
+    seconds = _number(given)
+    if seconds is not None:
+        return _believed(seconds)
+    try:
+        moment = email.utils.parsedate_to_datetime(given)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if moment.tzinfo is None:
+        return None
+    return _believed(max(0.0, moment.timestamp() - (time.time() if now is None else now)))
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _believed(seconds: float) -> float | None:
+    return seconds if 0 <= seconds <= MAX_RETRY_AFTER else None
 
 
 # What an upstream's type, code or param must look like to be passed on: identifiers

@@ -23,6 +23,7 @@ from chatparity.models import (
     LATENCY_BOUNDS_MS,
     ApiKey,
     DailyAliasUsage,
+    DailyDeploymentUsage,
     DailyKeyTotal,
     DailyKeyUsage,
     DailyUsage,
@@ -33,6 +34,7 @@ from tests.support.logs import logged_without_rollups, noon
 
 DAY1, DAY2, DAY3 = datetime.date(2025, 3, 1), datetime.date(2025, 3, 2), datetime.date(2025, 3, 3)
 ALIASES = ("gpt", "llama", "")
+DEPLOYMENTS = ("vllm-1/llama", "vllm-2/llama", "")  # "": none served it (refused first)
 ENDPOINTS = ("chat.completions", "responses", "messages")
 TOKENS = ("prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens",
           "reasoning_tokens", "cache_write_5m_tokens", "cache_write_1h_tokens")  # fmt: skip
@@ -59,6 +61,7 @@ def varied_rows(count, seed, days=(DAY1, DAY2, DAY3), prefixes=("sk-cp-AAAA", "s
                 request_id=f"req-{seed}-{index}",
                 key_prefix=chance.choice(prefixes),
                 alias=chance.choice(ALIASES),
+                deployment=chance.choice(DEPLOYMENTS),
                 endpoint=chance.choice(ENDPOINTS),
                 status_code=status,
                 error_type="" if status == 200 and chance.random() < 0.9 else "server_error",
@@ -129,9 +132,11 @@ def in_rollups(model, per):
 def assert_rollups_sum_the_log(rows=None):
     """Every rollup holds exactly the log's rows (``rows``, else those in the table)."""
     rows = list(RequestLog.objects.all()) if rows is None else rows
-    for model in (DailyKeyUsage, DailyAliasUsage, DailyKeyTotal):
+    deployed = [row for row in rows if row.deployment]
+    for model in (DailyKeyUsage, DailyAliasUsage, DailyKeyTotal, DailyDeploymentUsage):
         per = rollups.grain(model)
-        expected, found = summed(rows, per), in_rollups(model, per)
+        counted = deployed if model is DailyDeploymentUsage else rows
+        expected, found = summed(counted, per), in_rollups(model, per)
         assert set(found) == set(expected), model
         latency = issubclass(model, DailyUsage)
         measures = SUMS if latency else rollups.TOTALS
@@ -159,7 +164,7 @@ def test_a_batch_is_one_insert_and_one_upsert_per_rollup_whatever_its_size():
     with CaptureQueriesContext(connection) as queries:
         insert_rows(varied_rows(120, seed=2))
     statements = [q["sql"] for q in queries if "chatparity_" in q["sql"]]
-    assert len(statements) == 4
+    assert len(statements) == 5  # the log, then the rollups of keys, aliases, totals, deployments
     assert all("ON CONFLICT" in upsert for upsert in statements[1:])
 
 

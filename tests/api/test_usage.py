@@ -171,3 +171,17 @@ def test_latency_takes_the_same_filters(admin_client, db):
         url("usage-latency"), {"since": "2025-03-02", "key": "sk-cp-AAAA"}
     ).json()
     assert (gpt["requests"], gpt["p50_ms"]) == (1, 66)  # 70 ms
+
+
+def test_latency_per_deployment_of_each_alias(admin_client, db):
+    for ms in (10.0, 20.0):
+        logged(DAY1, alias="group", deployment="a/m", duration_ms=ms, time_to_first_token_ms=ms)
+    logged(DAY1, alias="group", deployment="b/m", duration_ms=500.0, status_code=502)
+    logged(DAY2, alias="other", deployment="c")
+    response = admin_client.get(url("usage-deployments"), {"alias": "GROUP"})
+    assert response.status_code == 200
+    assert [(row["deployment"], row["requests"], row["error_rate"]) for row in response.json()] == [
+        ("a/m", 2, 0.0),
+        ("b/m", 1, 1.0),
+    ]
+    assert response.json()[0]["ttft_p50_ms"] == 9.5  # 10 ms, read within its bucket

@@ -18,7 +18,7 @@ from rest_framework.authtoken.models import Token
 
 from chatparity.audit.models import AuditEntry
 from chatparity.audit.signals import audit_logged
-from chatparity.models import ApiKey, Backend, ModelAlias, Plan
+from chatparity.models import ApiKey, Backend, Deployment, ModelAlias, Plan
 from tests.support.users import portal_user
 
 SECRET = "sk-upstream-very-secret-value"
@@ -123,6 +123,19 @@ class ChangeTests(AuditTestCase):
         assert entries(self.alias)[-1].changes == {
             "backend": {"before": "local", "after": "upstream"}
         }
+
+    def test_an_aliass_deployments_added_and_changed(self):
+        other = Backend.objects.create(name="upstream", kind="openai", base_url="https://x.test")
+        deployment = Deployment.objects.create(
+            alias=self.alias, backend=other, model="m", weight=0.5
+        )
+        deployment.weight = 2
+        deployment.save()
+        created, changed = entries(deployment)
+        assert created.action == "create"
+        assert created.object_repr == "upstream/m"
+        assert created.changes["alias"] == {"before": None, "after": "smollm2"}
+        assert changed.changes == {"weight": {"before": 0.5, "after": 2.0}}
 
     def test_a_deletion_keeps_what_the_object_was(self):
         plan = Plan.objects.create(name="gone", owner_token_budget=5000)

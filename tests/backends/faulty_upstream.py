@@ -287,6 +287,16 @@ def behaviours(upstream: FaultyUpstream) -> dict[str, Handler]:
             await _send(writer, data(chunk("tick ")))
             await asyncio.sleep(0.05)
 
+    async def retry_after(writer):
+        body = json.dumps({"error": {"message": "slow down", "type": "requests"}}).encode()
+        writer.write(
+            b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+            b"Retry-After: 7\r\nConnection: close\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
+
     async def slow_first_byte(writer):
         await asyncio.sleep(30)
 
@@ -345,6 +355,7 @@ def behaviours(upstream: FaultyUpstream) -> dict[str, Handler]:
             w, 429, {"error": {"message": "slow down", "type": "requests", "code": "rate_limit"}}
         ),
         "server-error": lambda w: _json(w, 500, {"error": {"message": "boom"}}),
+        "retry-after": retry_after,
         # Anthropic's envelope and its status for a service too busy.
         "overloaded": lambda w: _json(
             w,

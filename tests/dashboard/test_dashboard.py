@@ -171,6 +171,33 @@ def test_no_response_cache_no_table(admin_client):
     assertNotContains(admin_client.get(URL), 'id="cache-by-alias"')
 
 
+def test_each_aliass_requests_are_split_by_the_deployment_that_served_them(admin_client):
+    for ms in (10.0, 20.0, 30.0):
+        log(alias="group", deployment="vllm-1/llama", duration_ms=ms, time_to_first_token_ms=ms)
+    log(alias="group", deployment="vllm-2/llama", duration_ms=1000.0, status_code=502)
+    log(alias="group", deployment="", status_code=429)  # refused before any deployment
+    log(alias="other", deployment="")
+    response = admin_client.get(URL)
+    assertContains(
+        response,
+        '<tr class="deployment-row" data-alias="group" data-deployment="vllm-1/llama">'
+        '<td>group</td><td>vllm-1/llama</td><td class="num">3</td><td class="num">0.0%</td>'
+        '<td class="num">19</td><td class="num">29</td><td class="num">19</td>'
+        '<td class="num">29</td></tr>',  # 20 and 30 ms, read within their buckets
+        html=True,
+    )
+    assertContains(
+        response,
+        '<tr class="deployment-row" data-alias="group" data-deployment="vllm-2/llama">'
+        '<td>group</td><td>vllm-2/llama</td><td class="num">1</td><td class="num">100.0%</td>'
+        '<td class="num">930</td><td class="num">930</td><td class="num">—</td>'
+        '<td class="num">—</td></tr>',
+        html=True,
+    )
+    assert response.content.decode().count('class="deployment-row"') == 2
+    assertNotContains(admin_client.get(URL, {"alias": "other"}), 'id="latency-by-deployment"')
+
+
 def test_charts_stack_requests_and_tokens_per_day_by_alias(admin_client):
     log(days_ago(1), alias="a", total_tokens=5)
     log(days_ago(1), alias="a", total_tokens=5)

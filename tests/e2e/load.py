@@ -63,6 +63,7 @@ class Outcome:
     seconds: float = 0.0  # from sending to the end (or the hang-up)
     started: float = 0.0  # time.monotonic() at the headers
     ended: float = 0.0  # time.monotonic() at the end
+    session: str = ""  # the x-session-id it sent, if any
 
     @property
     def tokens(self) -> int:
@@ -212,13 +213,14 @@ async def call(
     *,
     hang_up_after: int | None = None,
     read: float | None = None,
+    headers: dict[str, str] | None = None,
 ) -> Outcome:
-    """Send ``body`` and read the answer as a client does; what it saw. ``hang_up_after``:
-    close the connection after that many content deltas; ``read``: after that many
-    seconds without the end."""
+    """Send ``body`` (with ``headers`` too) and read the answer as a client does; what it
+    saw. ``hang_up_after``: close the connection after that many content deltas;
+    ``read``: after that many seconds without the end."""
     outcome = Outcome(kind, 0)
     sent = time.monotonic()
-    headers = {"Authorization": f"Bearer {key}"}
+    headers = {**(headers or {}), "Authorization": f"Bearer {key}"}
     try:
         async with (
             asyncio.timeout(read),

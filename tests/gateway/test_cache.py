@@ -20,7 +20,7 @@ from chatparity.accounting.reports import LogFilter, cache_by_alias
 from chatparity.conformance import chat as chat_judges
 from chatparity.conformance import messages as messages_judges
 from chatparity.conformance import responses as responses_judges
-from chatparity.models import ApiKey, Backend, ModelAlias, Plan, RequestLog
+from chatparity.models import ApiKey, Backend, Deployment, ModelAlias, Plan, RequestLog
 from tests.scripted import ScriptedBackend, WithScriptedUpstream, scripted_vector
 from tests.services import free_port
 from tests.support.caching import (
@@ -229,6 +229,25 @@ class Scoped(ResponseCacheTestCase):
         _, headers, content = await self.post(CHAT, GREEDY)
         assert headers["x-chatparity-cache"] == "miss"
         assert orjson.loads(content)["choices"][0]["message"]["content"] == "Hello"
+
+    async def test_a_changed_deployment_is_a_new_key(self):
+        """Every deployment's upstream model: an answer one deployment gave is not served
+        once the alias's deployments change (one added, one's model changed)."""
+        await self.post(CHAT, GREEDY)
+        _, headers, _ = await self.post(CHAT, GREEDY)
+        assert headers["x-chatparity-cache"] == "hit"
+        twin = await Backend.objects.acreate(
+            name="twin", kind="scripted", options={"script": ["Hello", " there"]}
+        )
+        added = await Deployment.objects.acreate(alias=self.alias, backend=twin, model="m1")
+        _, headers, _ = await self.post(CHAT, GREEDY)
+        assert headers["x-chatparity-cache"] == "miss"
+        _, headers, _ = await self.post(CHAT, GREEDY)
+        assert headers["x-chatparity-cache"] == "hit"
+        added.model = "m2"
+        await added.asave()
+        _, headers, _ = await self.post(CHAT, GREEDY)
+        assert headers["x-chatparity-cache"] == "miss"
 
 
 class WhatIsKept(ResponseCacheTestCase):

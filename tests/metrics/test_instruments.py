@@ -8,8 +8,9 @@ from django.test import TestCase, override_settings
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram
 
 from chatparity import signals
+from chatparity.gateway import routing
 from chatparity.metrics.instruments import Metrics, _Tally, flush
-from chatparity.models import ApiKey, Backend, ModelAlias
+from chatparity.models import ApiKey, Backend, Deployment, ModelAlias
 from tests.scripted import SCRIPTED
 from tests.support.upstream import UpstreamTestCase
 
@@ -268,3 +269,45 @@ def test_a_tallied_histogram_reads_as_one_observed_directly():
     assert samples["direct_count"] == samples["tallied_count"] == 8
     for (name, le), value in buckets.items():
         assert buckets[("tallied" if name == "direct" else "direct", le)] == value
+
+
+@override_settings(CHATPARITY=SCRIPTED)
+class DeploymentMetricsTests(ObservedTestCase):
+    """Each deployment of an alias: how it answered, how fast, how often it cooled down."""
+
+    @classmethod
+    def setUpTestData(cls):
+        cls.key, cls.plaintext = ApiKey.objects.create_key("deployments")
+        backends = {
+            name: Backend.objects.create(name=f"m-{name}", kind="scripted", options=options)
+            for name, options in {
+                "good": {"script": ["Hi"]},
+                "bad": {"script": ["<error>"]},
+                "limited": {"script": ["<rate-limited>"], "retry_after": 60},
+            }.items()
+        }
+        alias = ModelAlias.objects.create(public_id="spread", backend=backends["bad"])
+        Deployment.objects.create(alias=alias, backend=backends["limited"])
+        Deployment.objects.create(alias=alias, backend=backends["good"], weight=0.001)
+
+    async def test_each_deployments_answers_failures_and_cooldowns_are_counted(self):
+        names = ("answered", "failed", "rate_limited")
+        counted = [
+            key_of("chatparity_deployment_requests_total", alias="spread",
+                   deployment=f"m-{backend}", outcome=outcome)
+            for backend, outcome in zip(("good", "bad", "limited"), names, strict=True)
+        ]  # fmt: skip
+        cooled = key_of("chatparity_deployment_cooldowns_total", alias="spread",
+                        deployment="m-limited")  # fmt: skip
+        timed = key_of("chatparity_deployment_first_event_seconds_count", alias="spread",
+                       deployment="m-good")  # fmt: skip
+        before = Samples(*counted, cooled, timed)
+        for _ in range(4):
+            assert (await self.post("spread")).status_code == 200
+            await routing.told()
+
+        def added(key):
+            return before.added(key[0], **dict(key[1]))
+
+        assert [added(key) for key in counted] == [4, 3, 1]  # bad failed 3 times: cooled
+        assert (added(cooled), added(timed)) == (1, 4)

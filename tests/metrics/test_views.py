@@ -1,6 +1,7 @@
 """``GET /metrics`` answers only the scrapers the settings allow: a bearer token, or an
 address in an allowed network; nobody by default."""
 
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -8,8 +9,9 @@ from unittest import mock
 
 from django.test import AsyncRequestFactory, TestCase, override_settings
 
-from chatparity.accounting import limits, spool
+from chatparity.accounting import deployments, limits, spool
 from chatparity.metrics.views import metrics
+from chatparity.models import Backend, Deployment, ModelAlias
 from tests.support import spools
 
 TOKEN = "scrape-token-0123456789"
@@ -102,3 +104,26 @@ class SpoolTests(TestCase):
         assert "cannot be used to count" in said.records[0].getMessage()
         assert "can be used to count again" in said.records[1].getMessage()
         assert "chatparity_log_rows_spooled 0.0" in mended.content.decode()
+
+
+@override_settings(CHATPARITY={**metrics_settings(ALLOWED_NETWORKS=["127.0.0.0/8"])})
+class DeploymentStateTests(TestCase):
+    async def test_each_deployments_state_now_is_in_the_exposition(self):
+        own = await Backend.objects.acreate(name="own", kind="local")
+        other = await Backend.objects.acreate(name="other", kind="local")
+        alias = await ModelAlias.objects.acreate(public_id="pair", backend=own, model="m")
+        second = await Deployment.objects.acreate(alias=alias, backend=other, model="n")
+        await deployments.told(second, deployments.Outcome(failed=True, retry_after=90))
+        request = AsyncRequestFactory().get("/metrics")
+        request.META["REMOTE_ADDR"] = "127.0.0.1"
+        text = (await metrics(request)).content.decode()
+        assert 'chatparity_deployment_up{alias="pair",deployment="own/m"} 1.0' in text
+        assert 'chatparity_deployment_up{alias="pair",deployment="other/n"} 0.0' in text
+        cooling = re.search(
+            r'chatparity_deployment_cooling_seconds\{alias="pair",deployment="other/n"\} (\S+)',
+            text,
+        )
+        assert cooling is not None
+        assert 85 < float(cooling.group(1)) <= 90
+        assert 'chatparity_deployment_error_share{alias="pair",deployment="other/n"} 1.0' in text
+        assert 'chatparity_deployment_in_flight{alias="pair",deployment="own/m"} 0.0' in text

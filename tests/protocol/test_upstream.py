@@ -13,6 +13,7 @@ from chatparity.protocol.upstream import (
     SSEReader,
     UpstreamError,
     believable_usage,
+    retry_after,
     upstream_error,
 )
 
@@ -319,3 +320,27 @@ class TestUpstreamError:
             "code": "upstream_error",
         }
         assert "proxy 10.0.0.7 says no" in error.detail
+
+
+NOW = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
+
+
+@pytest.mark.parametrize(
+    ("headers", "seconds"),
+    [
+        ({"retry-after": "5"}, 5.0),
+        ({"retry-after": " 2.5 "}, 2.5),
+        ({"retry-after-ms": "1500", "retry-after": "9"}, 1.5),  # OpenAI's, more precise
+        ({"retry-after-ms": "soon", "retry-after": "9"}, 9.0),
+        ({"retry-after": "Tue, 14 Nov 2023 22:13:50 GMT"}, 30.0),
+        ({"retry-after": "Tue, 14 Nov 2023 22:13:00 GMT"}, 0.0),  # passed: ask again now
+        ({"retry-after": "-3"}, None),
+        ({"retry-after": "nan"}, None),
+        ({"retry-after": "999999"}, None),  # more than a day: not believed
+        ({"retry-after": "whenever"}, None),
+        ({"retry-after": "Tue, 14 Nov 2023 22:13:50"}, None),  # no zone: no moment
+        ({}, None),
+    ],
+)
+def test_an_upstreams_retry_after_is_read_in_seconds(headers, seconds):
+    assert retry_after(headers, now=NOW) == seconds

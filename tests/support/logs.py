@@ -30,9 +30,9 @@ def logged(day=None, *, at=None, **fields):
     return RequestLog.objects.filter(request_id=row.request_id).latest("pk")
 
 
-def logged_without_rollups(rows):
+def logged_without_rollups(rows, log=RequestLog):
     """``rows`` (unsaved, each with its created_at) in the log as a version before the
-    rollups wrote them: no rollup counts them."""
+    rollups wrote them: no rollup counts them. ``log``: the rows' model (a migration's)."""
     times = [row.created_at for row in rows]
-    for row, created_at in zip(RequestLog.objects.bulk_create(rows), times, strict=True):
-        RequestLog.objects.filter(pk=row.pk).update(created_at=created_at)
+    for row, created_at in zip(log.objects.bulk_create(rows), times, strict=True):
+        log.objects.filter(pk=row.pk).update(created_at=created_at)
