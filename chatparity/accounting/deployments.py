@@ -315,6 +315,18 @@ return cooled
 )
 
 
+# The one trial of a deployment back from its cooldown, claimed only while it still is:
+# a request whose snapshot was read before the last trial failed (and cooled it down
+# anew) would otherwise claim a second trial. KEYS: trial, until. ARGV: token, ms.
+_CLAIM = (
+    _NOW
+    + """
+if tonumber(redis.call('GET', KEYS[2]) or '0') > now then return 0 end
+return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) and 1 or 0
+"""
+)
+
+
 class _RedisState:
     def __init__(self, store: limits.RedisCounters) -> None:
         self.store = store
@@ -371,10 +383,13 @@ class _RedisState:
         )
 
     async def claim(self, deployment: Deployment, seconds: float) -> bool:
-        script = "return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) and 1 or 0"
-        key = f"{scope(deployment)}:trial"
+        name = scope(deployment)
         return bool(
-            await self.store.run(script, [key], [uuid.uuid4().hex, max(1, int(seconds * 1000))])
+            await self.store.run(
+                _CLAIM,
+                [f"{name}:trial", f"{name}:until"],
+                [uuid.uuid4().hex, max(1, int(seconds * 1000))],
+            )  # fmt: skip
         )
 
     async def unclaim(self, deployment: Deployment) -> None:
@@ -486,10 +501,15 @@ class _CacheState:
         return Snapshot(now, health, sequence=seq, sticky=sticky)
 
     async def claim(self, deployment: Deployment, seconds: float) -> bool:
-        claimed: bool = await self.store.call(
-            cache.add, f"{scope(deployment)}:trial", uuid.uuid4().hex, whole_seconds(seconds)
-        )
+        claimed: bool = await self.store.call(self._claim, scope(deployment), seconds)
         return claimed
+
+    @staticmethod
+    def _claim(name: str, seconds: float) -> bool:
+        # As _CLAIM: a cooldown begun since the snapshot (the last trial failed) wins.
+        if float(cache.get(f"{name}:until", 0)) > time.time() * 1000:
+            return False
+        return bool(cache.add(f"{name}:trial", uuid.uuid4().hex, whole_seconds(seconds)))
 
     async def unclaim(self, deployment: Deployment) -> None:
         await self.store.call(cache.delete, f"{scope(deployment)}:trial")

@@ -164,6 +164,18 @@ def test_a_failed_trial_cools_the_deployment_again(store):
     assert not state.probing  # the trial is over: the next one once this cooldown ends
 
 
+def test_no_trial_is_claimed_once_the_last_one_cooled_the_deployment_again(store):
+    # A request whose snapshot was read while the deployment was half-open, before the
+    # trial failed: its claim comes after the trial ended, in a cooldown.
+    back = deployment()
+    tell(back, failed=True, retry_after=0.1)
+    time.sleep(0.2)
+    assert health(back)[1].half_open  # what the late request saw
+    assert asyncio.run(shared.claim(back, 10))
+    tell(back, failed=True, trial=True, retry_after=30, rate_limited=True)
+    assert not asyncio.run(shared.claim(back, 10))
+
+
 def test_a_trial_given_up_may_be_claimed_by_another(store):
     back = deployment()
     tell(back, failed=True, retry_after=0.1)
