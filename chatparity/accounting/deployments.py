@@ -384,13 +384,9 @@ class _RedisState:
 
     async def claim(self, deployment: Deployment, seconds: float) -> bool:
         name = scope(deployment)
-        return bool(
-            await self.store.run(
-                _CLAIM,
-                [f"{name}:trial", f"{name}:until"],
-                [uuid.uuid4().hex, max(1, int(seconds * 1000))],
-            )  # fmt: skip
-        )
+        keys = [f"{name}:trial", f"{name}:until"]
+        args = [uuid.uuid4().hex, max(1, int(seconds * 1000))]
+        return bool(await self.store.run(_CLAIM, keys, args))
 
     async def unclaim(self, deployment: Deployment) -> None:
         await self.store.run("redis.call('DEL', KEYS[1])", [f"{scope(deployment)}:trial"], [])
