@@ -13,7 +13,8 @@ from django.test import TestCase, override_settings
 from chatparity.accounting import inserts, limits
 from chatparity.accounting.ledger import Accounting
 from chatparity.accounting.record import UsageRecord
-from chatparity.models import ApiKey, Backend, ModelAlias, RequestLog
+from chatparity import signals
+from chatparity.models import ApiKey, Backend, Deployment, ModelAlias, RequestLog
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import ReasoningDelta, TextDelta
 from chatparity.protocol.request import parse_chat_request
@@ -156,6 +157,110 @@ class CloseTests(TestCase):
 
 class RedisCloseTests(OnRedis, CloseTests):
     pass
+
+
+class Heard(signals.Observer):
+    """What an observer was told, in order."""
+
+    def __init__(self):
+        self.told = []
+
+    def admitting(self, record):
+        self.told.append(("admitting", record.request_id))
+
+    def admitted(self, record, refusal):
+        self.told.append(("admitted", record.request_id, type(refusal).__name__))
+
+    def backend_done(self, record):
+        self.told.append(("backend_done", record.request_id))
+
+
+@override_settings(CHATPARITY=SCRIPTED)
+class AccountingTests(TestCase):
+    """What the accounting of one request notes, and what it tells observers."""
+
+    @classmethod
+    def setUpTestData(cls):
+        cls.key, _ = ApiKey.objects.create_key("noted", token_budget=1_000)
+        cls.backend = Backend.objects.create(
+            name="scripted", kind="scripted", options={"script": ["Hello"]}
+        )
+        cls.alias = ModelAlias.objects.create(public_id="echo", backend=cls.backend)
+
+    def setUp(self):
+        from django.core.cache import cache
+
+        cache.clear()
+        self.heard = Heard()
+        signals.observe(self.heard)
+        self.addCleanup(signals.unobserve, self.heard)
+
+    def test_the_caller_is_the_key_else_who_made_the_trial(self):
+        # Who takes turns on a shared backend and whose sessions stick: one name a key.
+        keyed = Accounting(UsageRecord(request_id="req-1", api_key=self.key, key_prefix="x"))
+        assert keyed.caller == f"key {self.key.pk}"
+        assert Accounting(UsageRecord(request_id="req-2", key_prefix="admin")).caller == "admin"
+
+    def test_each_deployment_asked_is_counted_and_the_last_names_the_row(self):
+        other = Backend.objects.create(name="other", kind="scripted", options={"script": ["x"]})
+        first = Deployment.objects.get(alias=self.alias, primary=True)
+        second = Deployment.objects.create(alias=self.alias, backend=other, model="m2")
+        accounting = Accounting(UsageRecord(request_id="req-3"))
+        accounting.served_by(self.alias)
+        accounting.deployed(first, None)
+        assert accounting.record.deployments_tried == 1
+        accounting.deployed(second, None)
+        record = accounting.record
+        assert record.deployments_tried == 2
+        assert (record.deployment, record.backend, record.upstream_model) == (
+            second.label, "other", "m2",
+        )  # fmt: skip
+
+    async def test_a_request_without_max_tokens_is_held_to_what_its_budget_left(self):
+        unbounded = parse_chat_request(
+            {"model": "echo", "messages": [{"role": "user", "content": "Hi"}]}
+        )
+        accounting = Accounting(UsageRecord(request_id="req-4", api_key=self.key))
+        served = await accounting.admit(self.alias, unbounded, 10)
+        assert served.completion_limit == 1_000 - 10  # what the budget leaves after the prompt
+        await accounting.close()
+        bounded = Accounting(UsageRecord(request_id="req-5", api_key=self.key))
+        assert await bounded.admit(self.alias, CHAT, 10) is CHAT  # its own limit, unchanged
+        await bounded.close()
+
+    async def test_observers_hear_the_admission_and_the_backends_end(self):
+        accounting = Accounting(UsageRecord(request_id="req-6", api_key=self.key))
+        await accounting.admit(self.alias, CHAT, 1)
+        accounting.backend_done()
+        await accounting.close()
+        refused = Accounting(UsageRecord(request_id="req-7", api_key=self.key))
+        with pytest.raises(APIError):
+            await refused.admit(self.alias, CHAT, 5_000)  # past the budget
+        await refused.close()
+        assert self.heard.told == [
+            ("admitting", "req-6"),
+            ("admitted", "req-6", "NoneType"),
+            ("backend_done", "req-6"),
+            ("admitting", "req-7"),
+            ("admitted", "req-7", "APIError"),
+        ]
+
+    def test_a_failure_before_the_reply_sets_its_status_and_during_it_keeps_200(self):
+        before = Accounting(UsageRecord(request_id="req-8"))
+        before.fail(APIError("gone", status=502, type="upstream_error"))
+        assert before.record.status_code == 502
+        during = Accounting(UsageRecord(request_id="req-9"))
+        during.fail(APIError("gone", status=502, type="upstream_error"), streaming=True)
+        assert during.record.status_code == 200
+        assert during.record.error.status == 502
+
+    def test_only_a_failure_that_is_no_api_error_is_logged_as_a_bug(self):
+        with self.assertLogs("chatparity", "ERROR") as logged:
+            error = Accounting(UsageRecord(request_id="req-10")).fail(KeyError("bug"))
+            Accounting(UsageRecord(request_id="req-11")).fail(APIError("refused", param="x"))
+        assert error.status == 500
+        assert len(logged.records) == 1
+        assert logged.records[0].getMessage() == "chatparity: unexpected failure"
 
 
 class OverheadHeaderTests(UpstreamTestCase):
