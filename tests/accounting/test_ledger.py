@@ -10,10 +10,10 @@ from asgiref.testing import ApplicationCommunicator
 from django.core.asgi import get_asgi_application
 from django.test import TestCase, override_settings
 
+from chatparity import signals
 from chatparity.accounting import inserts, limits
 from chatparity.accounting.ledger import Accounting
 from chatparity.accounting.record import UsageRecord
-from chatparity import signals
 from chatparity.models import ApiKey, Backend, Deployment, ModelAlias, RequestLog
 from chatparity.protocol.errors import APIError
 from chatparity.protocol.events import ReasoningDelta, TextDelta
