@@ -255,12 +255,14 @@ class AccountingTests(TestCase):
         assert during.record.error.status == 502
 
     def test_only_a_failure_that_is_no_api_error_is_logged_as_a_bug(self):
+        bug = KeyError("bug")
         with self.assertLogs("chatparity", "ERROR") as logged:
-            error = Accounting(UsageRecord(request_id="req-10")).fail(KeyError("bug"))
+            error = Accounting(UsageRecord(request_id="req-10")).fail(bug)
             Accounting(UsageRecord(request_id="req-11")).fail(APIError("refused", param="x"))
         assert error.status == 500
         assert len(logged.records) == 1
         assert logged.records[0].getMessage() == "chatparity: unexpected failure"
+        assert logged.records[0].exc_info[1] is bug  # the bug, not the refusal
 
 
 class OverheadHeaderTests(UpstreamTestCase):
