@@ -126,7 +126,7 @@ class CostTests(TestCase):
         assert share[1] == f"{reads / prompt * 100:.1f}"
 
         usage = await self.async_client.get(reverse("chatparity-api:usage"), {"group_by": "alias"})
-        assert sum(Decimal(group["cost"]) for group in usage.json()) == total
+        assert sum(Decimal(group["cost"]) for group in usage.json()["results"]) == total
 
         await self.async_client.aforce_login(self.owner)
         month = datetime.datetime.now(datetime.UTC).strftime("%Y-%m")

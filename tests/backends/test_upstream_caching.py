@@ -180,7 +180,7 @@ async def reports_total_the_rows(client, owner, rows):
     shown = re.search(rb'data-cost="([^"]+)" data-total="cost"', dashboard)
     assert Decimal(shown[1].decode()) == total
     usage = await client.get(reverse("chatparity-api:usage"), {"group_by": "alias"})
-    assert sum(Decimal(group["cost"]) for group in usage.json()) == total
+    assert sum(Decimal(group["cost"]) for group in usage.json()["results"]) == total
     await client.aforce_login(owner)
     month = datetime.datetime.now(datetime.UTC).strftime("%Y-%m")
     portal = (await client.get("/portal/usage/", {"month": month})).content
