@@ -155,18 +155,19 @@ def create_key(request: HttpRequest) -> HttpResponse:
     logger.info("chatparity.portal: %s created key %s", request.user.get_username(), key.prefix)
     urls = api_urls(request)
     models = chat_aliases(usable_aliases(key, plan))
+    per_model = {model: snippets(urls, plaintext, model) for model in models} if urls else {}
     context = {
         "key": key,
         "plaintext": plaintext,
         "urls": urls,
         "models": models,
-        "snippets": snippets(urls, plaintext, models[0]) if urls and models else [],
-        # The same snippets for each model, which the page's model chooser puts in place.
+        "snippets": per_model[models[0]] if per_model else [],
+        # Each model's snippets, which the page's model chooser puts in place.
         "snippets_by_model": {
-            model: {snippet.slug: snippet.text for snippet in snippets(urls, plaintext, model)}
-            for model in models
+            model: {snippet.slug: snippet.text for snippet in written}
+            for model, written in per_model.items()
         }
-        if urls and len(models) > 1
+        if len(per_model) > 1
         else {},
     }
     return render(request, "key_created.html", context, status=201)
