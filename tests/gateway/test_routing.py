@@ -357,8 +357,12 @@ class TrialTests(RoutedTestCase):
         await self.alias("trial", "brief", "a")
         # Until the weighted choice has asked it once (where the sequence starts
         # depends on the alias's id): it cools down for 0.3 s.
-        while (await self.answered_by("trial")) and (await self.rows())[-1].deployments_tried < 2:
-            pass
+        for _ in range(4):  # of two deployments weighted alike, it is asked within two
+            await self.answered_by("trial")
+            if (await self.rows())[-1].deployments_tried == 2:
+                break
+        else:
+            raise AssertionError("the weighted choice never asked the cooling deployment")
         first = len(await self.rows())
         # Its trial is refused for longer: however long the 8 take (PostgreSQL is
         # slower), its cooldown cannot end again among them.
